@@ -1,0 +1,102 @@
+"""Model architectures by name, without torch: sizes, parameter counts, training FLOPs.
+
+The same presets build real models in `calibrate.models` (torch) and give the simulator its
+parameter count and FLOPs per token (no torch). A preset may also be a path to a Hugging Face
+`config.json` of a LLaMA-style model.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class PresetError(ValueError):
+    """An unknown preset name or an unreadable / incomplete config.json."""
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """A LLaMA-style decoder: sizes as in transformers' LlamaConfig."""
+
+    name: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_size: int
+    vocab_size: int
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size"):
+            if getattr(self, field) <= 0:
+                raise PresetError(f"model {self.name}: {field} must be a positive integer")
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise PresetError(f"model {self.name}: hidden_size/num_heads/num_kv_heads do not divide")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def params(self) -> int:
+        """Parameter count: embeddings, per layer (q, k, v, o, gate/up/down, 2 RMSNorms), final norm, head."""
+        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
+        per_layer = h * h + 2 * h * kv + h * h + 3 * h * self.ffn_size + 2 * h
+        embed = self.vocab_size * h
+        head = 0 if self.tie_embeddings else self.vocab_size * h
+        return embed + self.num_layers * per_layer + h + head
+
+    def train_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token, Kaplan et al. (2020): 6·N_matmul + 6·L·seq·h.
+
+        N_matmul counts every weight used in a matrix multiply (the input embedding is a
+        lookup, so it is excluded; the LM head is included). The second term is attention's
+        QKᵀ and AV products (2·L·seq·h per token forward, ×3 for forward + backward).
+        """
+        n_matmul = self.params - self.vocab_size * self.hidden_size
+        if self.tie_embeddings:
+            n_matmul += self.vocab_size * self.hidden_size
+        return 6.0 * n_matmul + 6.0 * self.num_layers * seq_len * self.hidden_size
+
+
+PRESETS: dict[str, ModelArch] = {
+    # OpenDiLoCo's 150M model (the paper's): about 215M parameters with untied embeddings.
+    "llama-150m": ModelArch("llama-150m", 1024, 12, 16, 16, 2688, 32000),
+    "llama-60m": ModelArch("llama-60m", 1024, 3, 16, 16, 2688, 32000),
+    "llama-1b": ModelArch("llama-1b", 2048, 22, 32, 4, 5632, 32000),
+    # Small enough to train on a laptop CPU in seconds.
+    "tiny": ModelArch("tiny", 64, 2, 2, 2, 256, 1024),
+}
+
+
+def load_arch(preset_or_path: str, base_dir: Path | None = None) -> ModelArch:
+    """A preset by name, or a LLaMA config.json (relative paths resolve against base_dir)."""
+    if preset_or_path in PRESETS:
+        return PRESETS[preset_or_path]
+    if not preset_or_path.endswith(".json"):
+        raise PresetError(f"unknown model preset {preset_or_path!r}; expected one of "
+                          f"{', '.join(PRESETS)} or a path to a config.json")
+    path = Path(preset_or_path)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    try:
+        cfg = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PresetError(f"{path}: model config file not found") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PresetError(f"{path}: not a readable JSON model config ({exc})") from None
+    try:
+        return ModelArch(
+            name=str(path),
+            hidden_size=int(cfg["hidden_size"]),
+            num_layers=int(cfg["num_hidden_layers"]),
+            num_heads=int(cfg["num_attention_heads"]),
+            num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            ffn_size=int(cfg["intermediate_size"]),
+            vocab_size=int(cfg["vocab_size"]),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        )
+    except KeyError as exc:
+        raise PresetError(f"{path}: key {exc.args[0]!r} missing; expected a LLaMA config.json") from None

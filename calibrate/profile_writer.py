@@ -1,0 +1,91 @@
+"""Writing a profile CSV row by row, so an interrupted calibration keeps what it finished.
+
+Each new row is committed by rewriting the whole (small) file to a temporary name and
+`os.replace`-ing it over the profile: the file on disk is always complete rows under the
+header, never half a line, even if the process is killed mid-write. A rerun into the same
+file loads the rows already there and measures only the missing batch sizes; a file made for
+another device, model, seq_len or dtype is refused (ProfileError).
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+from pathlib import Path
+
+from calibrate.profiles import COLUMNS, IDENTITY, ProfileError, read_profile_frame
+
+
+def format_cell(value) -> str:
+    """CSV text of one value: '' for None, lowercase booleans, full-precision floats."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def check_writable(path: Path) -> None:
+    """ProfileError unless `path` can be created or replaced (checked before any measuring)."""
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.exists() and not path.is_file():
+        raise ProfileError(f"{path}: not a regular file; expected a path for the profile CSV")
+    if not parent.is_dir():
+        raise ProfileError(f"{path}: directory {str(parent)!r} does not exist; expected an existing directory")
+    try:  # os.access says yes to root even on read-only mounts: try for real
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ProfileError(f"{path}: directory {str(parent)!r} is not writable ({exc.strerror}); "
+                           "expected a writable output path") from None
+
+
+class ProfileWriter:
+    """The rows of one profile file: those already on disk plus those appended now."""
+
+    def __init__(self, path: str | Path, identity: dict[str, str]):
+        """Open `path` for a profile of `identity` (IDENTITY column -> value as written)."""
+        self.path = Path(path)
+        check_writable(self.path)
+        self.identity = {k: format_cell(identity[k]) for k in IDENTITY}
+        self.rows: list[dict[str, str]] = []
+        if self.path.exists():
+            frame = read_profile_frame(self.path)
+            for column in IDENTITY:
+                have = sorted(set(frame[column]))
+                if have and have != [self.identity[column]]:
+                    raise ProfileError(
+                        f"{self.path}: column {column!r}: file holds {', '.join(map(repr, have))}; expected "
+                        f"{self.identity[column]!r} (a profile is one device, model, seq_len and dtype; "
+                        "use another --out)")
+            self.rows = frame[list(COLUMNS)].to_dict("records")
+
+    def measured(self) -> dict[int, dict[str, str]]:
+        """Rows already in the file, by batch size."""
+        return {int(row["batch_size"]): row for row in self.rows}
+
+    def append(self, row: dict) -> None:
+        """Add one row (every column of COLUMNS) and commit the file atomically."""
+        missing = [c for c in COLUMNS if c not in row]
+        if missing:
+            raise ValueError(f"profile row lacks column {missing[0]!r}")
+        self.rows.append({c: format_cell(row[c]) for c in COLUMNS})
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(self.rows)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent or ".")
+        try:
+            with os.fdopen(fd, "w", newline="") as handle:
+                handle.write(buffer.getvalue())
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise

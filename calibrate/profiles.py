@@ -1,0 +1,236 @@
+"""Calibration profiles as a timing and memory model t(b), m(b) (torch-free: the simulator reads it).
+
+A profile is the tidy CSV `geodt calibrate` writes (DESIGN.md, "Profiles"): one row per batch
+size tried, OOM rows included. `ProfileModel` turns it into
+
+- step_s(b): exact at measured batches, piecewise linear between them, and the affine
+  least-squares fit t0 + c·b outside them (above the largest and below the smallest);
+- peak_mem_bytes(b): the same scheme over the rows that carry memory;
+- fits(b) / max_batch(): OOM rows bound the batch; the memory model and the device's total
+  memory bound it where no OOM was seen.
+
+`leave_one_out` predicts each measured step time from the other rows (`geodt profile check`).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+COLUMNS: tuple[str, ...] = (
+    "device_name", "device_index", "gpu_key", "model", "seq_len", "dtype", "batch_size",
+    "step_s_median", "step_s_p10", "step_s_p90", "repeats", "peak_mem_bytes", "mem_total_bytes",
+    "oom", "tokens_per_s", "sm_util_pct", "mem_util_pct", "power_w", "torch_version",
+    "cuda_version", "driver_version", "host", "measured_at",
+)
+# Columns that must hold one value across the file: one profile = one device, model, shape.
+IDENTITY: tuple[str, ...] = ("device_name", "device_index", "gpu_key", "model", "seq_len", "dtype")
+DTYPES = ("bf16", "fp16", "fp32")
+_BOOL = {"true": True, "false": False, "1": True, "0": False}
+# Upper bound of the search for the largest batch allowed by the memory model alone.
+_SEARCH_CAP = 1 << 24
+
+
+class ProfileError(ValueError):
+    """A profile that cannot be used: '<path>: <column or row>: expected ...'."""
+
+
+def read_profile_frame(path: str | Path) -> pd.DataFrame:
+    """The profile CSV as strings (empty cells as ''), columns checked; ProfileError otherwise."""
+    path = Path(path)
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: file not found; expected a calibration profile CSV") from None
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise ProfileError(f"{path}: unreadable ({type(exc).__name__}); expected a profile CSV") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    extra = [c for c in frame.columns if c not in COLUMNS]
+    if missing:
+        raise ProfileError(f"{path}: column {missing[0]!r} missing; expected columns {', '.join(COLUMNS)}")
+    if extra:
+        raise ProfileError(f"{path}: column {extra[0]!r} unknown; expected columns {', '.join(COLUMNS)}")
+    return frame
+
+
+def _number(path, row: int, column: str, text: str, *, required: bool, positive: bool = True) -> float | None:
+    if text.strip() == "":
+        if required:
+            raise ProfileError(f"{path}: row {row} {column}: empty; expected a number")
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise ProfileError(f"{path}: row {row} {column}: {text!r}; expected a number") from None
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ProfileError(f"{path}: row {row} {column}: {text!r}; expected a positive finite number")
+    return value
+
+
+class _Curve:
+    """Piecewise-linear interpolation inside the measured points, affine least squares outside."""
+
+    def __init__(self, xs: np.ndarray, ys: np.ndarray):
+        order = np.argsort(xs)
+        self.xs, self.ys = xs[order].astype(float), ys[order].astype(float)
+        if len(self.xs) >= 2:
+            slope, intercept = np.polyfit(self.xs, self.ys, 1)
+            self.intercept, self.slope = float(intercept), float(slope)
+        else:
+            # One point cannot fix a fixed cost: assume none (t proportional to b).
+            self.intercept, self.slope = 0.0, float(self.ys[0] / self.xs[0])
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if xs[0] <= x <= xs[-1]:
+            return float(np.interp(x, xs, ys))
+        value = self.intercept + self.slope * x
+        if value <= 0:
+            # A fit with a negative fixed cost, far below the data: scale the nearest point.
+            near = 0 if x < xs[0] else -1
+            value = float(ys[near] * x / xs[near])
+        return value
+
+
+class ProfileModel:
+    """Step time and memory per batch size of one device, from a calibration profile."""
+
+    def __init__(self, frame: pd.DataFrame, source: str = "<profile>"):
+        """Build from a frame of profile rows (strings, as `read_profile_frame` returns)."""
+        self.source = source
+        frame = frame.astype(str)
+        if len(frame) == 0:
+            raise ProfileError(f"{source}: no rows; expected at least one measured batch size")
+        for column in IDENTITY:
+            values = sorted(set(frame[column]))
+            if len(values) != 1:
+                raise ProfileError(f"{source}: column {column!r} holds {values}; expected one value "
+                                   "(one device, model, seq_len and dtype per profile)")
+        first = frame.iloc[0]
+        self.device_name: str = first["device_name"]
+        self.gpu_key: str = first["gpu_key"]
+        self.model: str = first["model"]
+        self.dtype: str = first["dtype"]
+        if self.dtype not in DTYPES:
+            raise ProfileError(f"{source}: column 'dtype': {self.dtype!r}; expected one of {', '.join(DTYPES)}")
+        self.seq_len = int(_number(source, 1, "seq_len", first["seq_len"], required=True))
+
+        batches, times, mems, mem_batches, ooms, totals = [], [], [], [], [], []
+        for i, row in enumerate(frame.to_dict("records"), start=1):
+            try:
+                batch = int(row["batch_size"])
+            except ValueError:
+                batch = 0
+            if batch <= 0:
+                raise ProfileError(f"{source}: row {i} batch_size: {row['batch_size']!r}; expected a positive integer")
+            oom = _BOOL.get(row["oom"].strip().lower())
+            if oom is None:
+                raise ProfileError(f"{source}: row {i} oom: {row['oom']!r}; expected true or false")
+            total = _number(source, i, "mem_total_bytes", row["mem_total_bytes"], required=False)
+            if total is not None:
+                totals.append(total)
+            if batch in batches or batch in ooms:
+                raise ProfileError(f"{source}: row {i} batch_size: {batch} appears twice; expected one row per batch")
+            if oom:
+                ooms.append(batch)
+                continue
+            batches.append(batch)
+            times.append(_number(source, i, "step_s_median", row["step_s_median"], required=True))
+            mem = _number(source, i, "peak_mem_bytes", row["peak_mem_bytes"], required=False)
+            if mem is not None:
+                mems.append(mem)
+                mem_batches.append(batch)
+        if not batches:
+            raise ProfileError(f"{source}: column 'step_s_median': no batch ran without OOM; "
+                               "expected at least one timed batch")
+        if ooms and min(ooms) <= max(batches):
+            raise ProfileError(f"{source}: column 'oom': batch {min(ooms)} ran out of memory but "
+                               f"{max(batches)} did not; expected OOM only above every fitting batch")
+        self.mem_total_bytes: float | None = min(totals) if totals else None
+        self.measured_batches: tuple[int, ...] = tuple(sorted(batches))
+        self.oom_batches: tuple[int, ...] = tuple(sorted(ooms))
+        self._time = _Curve(np.array(batches), np.array(times))
+        self._mem = _Curve(np.array(mem_batches), np.array(mems)) if mems else None
+        self._measured_time = dict(zip(batches, times))
+
+    @classmethod
+    def from_csv(cls, path: str | Path, *, seq_len: int | None = None, dtype: str | None = None,
+                 model: str | None = None) -> "ProfileModel":
+        """Read and check a profile; one measured at another seq_len/dtype/model is an error."""
+        profile = cls(read_profile_frame(path), source=str(path))
+        for column, want, have in (("seq_len", seq_len, profile.seq_len), ("dtype", dtype, profile.dtype),
+                                   ("model", model, profile.model)):
+            if want is not None and str(want) != str(have):
+                raise ProfileError(f"{path}: column {column!r}: measured at {have!r}; expected {want!r} "
+                                   "(recalibrate for this scenario)")
+        return profile
+
+    def step_s(self, batch: int) -> float:
+        """Seconds per training step at this batch size (see the module docstring)."""
+        if batch <= 0:
+            raise ValueError(f"batch {batch}: expected a positive integer")
+        return self._time(batch)
+
+    def fit(self) -> tuple[float, float]:
+        """(t0_s, per_sample_s): the affine least-squares fit t0 + c·b of the measured step times."""
+        return self._time.intercept, self._time.slope
+
+    def peak_mem_bytes(self, batch: int) -> float | None:
+        """Peak memory at this batch size, or None when the profile records no memory (CPU)."""
+        if batch <= 0:
+            raise ValueError(f"batch {batch}: expected a positive integer")
+        return None if self._mem is None else self._mem(batch)
+
+    def fits(self, batch: int) -> bool:
+        """Whether a step at this batch size fits in the device's memory."""
+        if self.oom_batches and batch >= self.oom_batches[0]:
+            return False
+        if batch in self._measured_time:
+            return True
+        mem = self.peak_mem_bytes(batch)
+        return not (mem is not None and self.mem_total_bytes is not None and mem > self.mem_total_bytes)
+
+    def max_batch(self) -> int | None:
+        """The largest batch known to fit; None when nothing bounds it (no OOM, no memory model)."""
+        has_memory_model = self._mem is not None and self.mem_total_bytes is not None
+        if not self.oom_batches and not has_memory_model:
+            return None
+        lo = max(self.measured_batches)  # measured without OOM, so it fits
+        if not has_memory_model:
+            return lo
+        hi = self.oom_batches[0] if self.oom_batches else _SEARCH_CAP
+        if self.fits(hi - 1):
+            if not self.oom_batches:
+                return None  # the memory model never reaches the device's total
+            return hi - 1
+        while hi - lo > 1:  # fits(lo) and not fits(hi): memory grows with the batch
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.fits(mid) else (lo, mid)
+        return lo
+
+    def measured_step_s(self) -> dict[int, float]:
+        """The measured median step time of each non-OOM batch."""
+        return dict(sorted(self._measured_time.items()))
+
+
+def leave_one_out(model_or_df: "ProfileModel | pd.DataFrame") -> pd.DataFrame:
+    """Predict each measured batch's step time from the other rows (needs two or more).
+
+    Columns: batch_size, predicted_s, measured_s, error_pct (signed, of the measured value).
+    A left-out end point is predicted by the fit of the others, an inner one by interpolation.
+    """
+    model = model_or_df if isinstance(model_or_df, ProfileModel) else ProfileModel(model_or_df, "<frame>")
+    measured = model.measured_step_s()
+    if len(measured) < 2:
+        raise ProfileError(f"{model.source}: column 'batch_size': {len(measured)} timed batch; "
+                           "expected at least 2 for leave-one-out")
+    rows = []
+    for batch, step_s in measured.items():
+        others = {b: t for b, t in measured.items() if b != batch}
+        curve = _Curve(np.array(list(others)), np.array(list(others.values())))
+        predicted = curve(batch)
+        rows.append({"batch_size": batch, "predicted_s": predicted, "measured_s": step_s,
+                     "error_pct": 100.0 * (predicted - step_s) / step_s})
+    return pd.DataFrame(rows, columns=["batch_size", "predicted_s", "measured_s", "error_pct"])

@@ -1,0 +1,1 @@
+"""geodt: the command line that composes calibrate/, simulator/ and real/."""

@@ -1,0 +1,3 @@
+from geodt.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,51 @@
+"""The `geodt` command: a table of subcommands, each a `main(argv) -> int` imported lazily.
+
+Lazy imports keep `geodt simulate` free of torch: only the subcommand that runs is imported.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, function, one-line help)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "simulate": ("simulator.cli", "simulate_main", "simulate DiLoCo rounds for each strategy"),
+    "plan": ("simulator.cli", "plan_main", "print and write one strategy's plan"),
+    "sweep": ("simulator.sweep_cli", "main", "what-if sweeps over node mixes"),
+    "calibrate": ("calibrate.cli", "calibrate_main", "measure step time and memory per batch"),
+    "profile": ("calibrate.cli", "profile_main", "inspect a calibration profile (profile check)"),
+    "run": ("geodt.run_cmd", "run_main", "real DiLoCo training with a strategy's plan"),
+    "validate": ("geodt.run_cmd", "validate_main", "simulate and run a plan, compare them"),
+    "paper": ("geodt.paper", "main", "regenerate the papers' tables and figures"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: geodt COMMAND [options]   (geodt COMMAND --help for each)", "", "commands:"]
+    for name, (_, _, text) in COMMANDS.items():
+        lines.append(f"  {name:<10} {text}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"geodt: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    module_name, function_name, _ = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            print(f"geodt: command {name!r} is not available in this build", file=sys.stderr)
+            return 2
+        raise
+    return int(getattr(module, function_name)(rest) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

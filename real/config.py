@@ -1,0 +1,254 @@
+"""The executor's inputs as frozen dataclasses: the plan (plan.csv) and the scenario sections it reads.
+
+`real/` never imports the simulator: it reads the files the simulator writes. From the
+resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
+(rounds) and `[diloco]`; `[network]`, `[[nodes]]` and `[simulation]` belong to the simulator
+and are ignored. Unknown keys in the sections read here are errors. Every error is a
+`ConfigError` whose message names the file, the key and what was expected.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+AVERAGING_MODES = ("uniform", "tokens", "normalized")
+DTYPES = ("bf16", "fp16", "fp32")
+PLAN_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s",
+                "tokens_per_round", "comm_s")
+# Top-level keys of a scenario; those not read here are the simulator's business.
+SCENARIO_TOP_KEYS = {"name", "seed", "model", "training", "network", "diloco", "nodes",
+                     "simulation", "description"}
+# Keys the simulator may write in the sections read here that the executor does not need
+# (the plan carries per-node batch size and local steps).
+IGNORED_MODEL_KEYS = {"params", "flops_per_token"}
+IGNORED_TRAINING_KEYS = {"local_steps", "batch_size"}
+
+
+class ConfigError(ValueError):
+    """Bad executor input; str() is the whole one-line report (file, key, expectation)."""
+
+
+class _FieldError(ValueError):
+    def __init__(self, key: str, expected: str):
+        super().__init__(f"{key}: {expected}")
+        self.key, self.expected = key, expected
+
+
+def _positive(key: str, value, kind=float, allow_zero: bool = False):
+    ok_type = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        ok_type = isinstance(value, int) and not isinstance(value, bool)
+    if not ok_type or (value < 0 if allow_zero else value <= 0) or (kind is float and not math.isfinite(value)):
+        what = "a non-negative" if allow_zero else "a positive"
+        raise _FieldError(key, f"expected {what} {'integer' if kind is int else 'number'}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    preset: str
+    seq_len: int
+    dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.preset, str) or not self.preset:
+            raise _FieldError("model.preset", "expected a preset name or a config.json path "
+                              "(the executor needs a buildable model)")
+        _positive("model.seq_len", self.seq_len, int)
+        if self.dtype not in DTYPES:
+            raise _FieldError("model.dtype", f"expected one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+
+@dataclass(frozen=True)
+class DilocoSpec:
+    """DiLoCo hyper-parameters (OpenDiLoCo's defaults where the scenario leaves them out)."""
+
+    inner_lr: float = 4e-4
+    weight_decay: float = 0.1
+    warmup_steps: int = 1000
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    averaging: str = "uniform"
+    betas: tuple[float, float] = (0.9, 0.95)
+    cosine_min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        _positive("diloco.inner_lr", self.inner_lr)
+        _positive("diloco.weight_decay", self.weight_decay, allow_zero=True)
+        _positive("diloco.warmup_steps", self.warmup_steps, int, allow_zero=True)
+        _positive("diloco.outer_lr", self.outer_lr)
+        m = self.outer_momentum
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
+            raise _FieldError("diloco.outer_momentum", f"expected a number in [0, 1), got {m!r}")
+        if self.averaging not in AVERAGING_MODES:
+            raise _FieldError("diloco.averaging",
+                              f"expected one of {', '.join(AVERAGING_MODES)}, got {self.averaging!r}")
+        b = self.betas
+        if (not isinstance(b, tuple) or len(b) != 2
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < 1 for x in b)):
+            raise _FieldError("diloco.betas", f"expected two numbers in [0, 1), got {b!r}")
+        r = self.cosine_min_lr_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+            raise _FieldError("diloco.cosine_min_lr_ratio", f"expected a number in [0, 1], got {r!r}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the executor reads from a resolved scenario."""
+
+    seed: int
+    model: ModelSpec
+    rounds: int
+    diloco: DilocoSpec = field(default_factory=DilocoSpec)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise _FieldError("seed", f"expected a non-negative integer, got {self.seed!r}")
+        _positive("training.rounds", self.rounds, int)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node: str
+    gpus: int
+    batch_size: int
+    local_steps: int
+    step_s: float
+    tokens_per_round: int
+
+    def __post_init__(self) -> None:
+        if not self.node:
+            raise _FieldError("node", "expected a non-empty node name")
+        _positive("gpus", self.gpus, int)
+        _positive("batch_size", self.batch_size, int)
+        _positive("local_steps", self.local_steps, int)
+        _positive("step_s", self.step_s)
+        _positive("tokens_per_round", self.tokens_per_round, int, allow_zero=True)
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str
+    nodes: tuple[NodePlan, ...]
+    comm_s: float
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise _FieldError("node", "expected at least one node row")
+        names = [n.node for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise _FieldError("node", f"expected unique node names, got {names}")
+        _positive("comm_s", self.comm_s, allow_zero=True)
+
+
+def _check_keys(section: dict, allowed: set[str], prefix: str) -> None:
+    for key in section:
+        if key not in allowed:
+            raise _FieldError(f"{prefix}{key}", f"unknown key; expected one of {', '.join(sorted(allowed))}")
+
+
+def _table(data: dict, key: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise _FieldError(key, "expected a table")
+    return value
+
+
+def run_spec_from_dict(data: dict) -> RunSpec:
+    """The executor's view of a parsed scenario; raises _FieldError naming the key."""
+    _check_keys(data, SCENARIO_TOP_KEYS, "")
+    model = _table(data, "model")
+    _check_keys(model, {"preset", "seq_len", "dtype"} | IGNORED_MODEL_KEYS, "model.")
+    if "preset" not in model:
+        raise _FieldError("model.preset", "missing; the executor needs a preset name or config.json")
+    if "seq_len" not in model:
+        raise _FieldError("model.seq_len", "missing; expected a positive integer")
+    training = _table(data, "training")
+    _check_keys(training, {"rounds"} | IGNORED_TRAINING_KEYS, "training.")
+    if "rounds" not in training:
+        raise _FieldError("training.rounds", "missing; expected a positive integer")
+    diloco = dict(_table(data, "diloco"))
+    _check_keys(diloco, set(DilocoSpec.__dataclass_fields__), "diloco.")
+    if "betas" in diloco:
+        betas = diloco["betas"]
+        diloco["betas"] = tuple(betas) if isinstance(betas, list) else betas
+    return RunSpec(
+        seed=data.get("seed", 0),
+        model=ModelSpec(preset=model["preset"], seq_len=model["seq_len"], dtype=model.get("dtype", "fp32")),
+        rounds=training["rounds"],
+        diloco=DilocoSpec(**diloco),
+    )
+
+
+def load_run_spec(path: str | Path) -> RunSpec:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: scenario file not found") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not a readable TOML scenario ({exc})") from None
+    try:
+        return run_spec_from_dict(data)
+    except _FieldError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except TypeError as exc:  # wrong value types that the comparisons above trip over
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _parse_number(text: str, kind):
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+    if kind is int:
+        if not value.is_integer():
+            raise ValueError(f"expected an integer, got {text!r}")
+        return int(value)
+    return value
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read plan.csv (one row per node, the same strategy and comm_s on every row)."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            rows = list(reader)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: plan file not found") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{path}: not a readable CSV plan ({exc})") from None
+    missing = [c for c in PLAN_COLUMNS if c not in header]
+    if missing:
+        raise ConfigError(f"{path}: column {missing[0]}: missing; expected columns {', '.join(PLAN_COLUMNS)}")
+    if not rows:
+        raise ConfigError(f"{path}: node: expected at least one node row")
+    kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float,
+             "tokens_per_round": int, "comm_s": float}
+    nodes, strategies, comms = [], set(), set()
+    for i, row in enumerate(rows, start=2):  # line 1 is the header
+        values = {}
+        for column, kind in kinds.items():
+            try:
+                values[column] = _parse_number((row[column] or "").strip(), kind)
+            except ValueError as exc:
+                raise ConfigError(f"{path}: line {i}: {column}: {exc}") from None
+        strategies.add(row["strategy"])
+        comms.add(values.pop("comm_s"))
+        try:
+            nodes.append(NodePlan(node=row["node"], **values))
+        except _FieldError as exc:
+            raise ConfigError(f"{path}: line {i}: {exc}") from None
+    if len(strategies) != 1:
+        raise ConfigError(f"{path}: strategy: expected one strategy per plan, got {sorted(strategies)}")
+    if len(comms) != 1:
+        raise ConfigError(f"{path}: comm_s: expected the same value on every row, got {sorted(comms)}")
+    try:
+        return Plan(strategy=strategies.pop(), nodes=tuple(nodes), comm_s=comms.pop())
+    except _FieldError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

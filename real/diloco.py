@@ -1,0 +1,109 @@
+"""DiLoCo's arithmetic: the inner learning-rate schedule, averaging weights, the outer step.
+
+A round: every node starts from the global weights θ_g, runs H_i inner AdamW steps to θ_i,
+forms the pseudo-gradient Δ_i = θ_g − θ_i, and the nodes average Δ (all-reduce SUM, then
+divide: gloo has no AVG). The average is a gradient for an outer SGD step with Nesterov
+momentum on θ_g, which every node applies identically and copies into its model. Inner
+optimizer state stays local.
+
+Averaging (each node multiplies its Δ_i by c_i before the SUM; the sum is divided by D):
+- uniform:    c_i = 1,            D = N                   (OpenDiLoCo)
+- tokens:     c_i = tokens_i,     D = Σ tokens
+- normalized: c_i = p_i / H_i,    D = 1 / Σ p_i H_i       with p_i = tokens_i / Σ tokens
+  (FedNova: each Δ_i is divided by its own step count, and the average is rescaled by the
+  weighted mean step count, so nodes that ran more steps do not dominate the direction.)
+The global weights live in one flat fp32 buffer so the sync is a single all-reduce.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from real.config import DilocoSpec
+
+
+def inner_lr(step: int, spec: DilocoSpec, total_steps: int) -> float:
+    """Learning rate of inner step `step` (0-based): linear warm-up, then cosine to min ratio."""
+    if step < spec.warmup_steps:
+        return spec.inner_lr * (step + 1) / spec.warmup_steps
+    span = max(1, total_steps - spec.warmup_steps)
+    progress = min(1.0, (step - spec.warmup_steps) / span)
+    ratio = spec.cosine_min_lr_ratio + (1 - spec.cosine_min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    return spec.inner_lr * ratio
+
+
+def averaging_weights(mode: str, tokens: Sequence[float], local_steps: Sequence[float]) -> tuple[list[float], float]:
+    """(c_i for every node, divisor D) for an averaging mode; see the module docstring."""
+    n = len(tokens)
+    if mode == "uniform":
+        return [1.0] * n, float(n)
+    total = float(sum(tokens))
+    if total <= 0:
+        raise ValueError("averaging by tokens needs a positive token count per round")
+    if mode == "tokens":
+        return [float(t) for t in tokens], total
+    if mode == "normalized":
+        p = [t / total for t in tokens]
+        mean_steps = sum(pi * h for pi, h in zip(p, local_steps))
+        return [pi / h for pi, h in zip(p, local_steps)], 1.0 / mean_steps
+    raise ValueError(f"unknown averaging mode {mode!r}")
+
+
+class OuterState:
+    """Global weights θ_g (flat), the outer momentum buffer, and the pseudo-gradient buffer."""
+
+    def __init__(self, params: Sequence[torch.Tensor]):
+        self.params = list(params)
+        self.sizes = [p.numel() for p in self.params]
+        with torch.no_grad():
+            self.global_flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])
+        self.momentum = torch.zeros_like(self.global_flat)
+        self.delta = torch.empty_like(self.global_flat)
+
+    def _chunks(self, flat: torch.Tensor):
+        return zip(self.params, torch.split(flat, self.sizes))
+
+    @torch.no_grad()
+    def pseudo_gradient(self, coef: float) -> torch.Tensor:
+        """delta = c · (θ_g − θ_local), in place in the flat buffer."""
+        for p, chunk in self._chunks(self.delta):
+            chunk.copy_(p.reshape(-1))
+        torch.sub(self.global_flat, self.delta, out=self.delta)
+        if coef != 1.0:
+            self.delta.mul_(coef)
+        return self.delta
+
+    @torch.no_grad()
+    def outer_step(self, grad: torch.Tensor, lr: float, momentum: float) -> None:
+        """SGD with Nesterov momentum (torch.optim.SGD's formula, dampening 0) on θ_g."""
+        if momentum > 0:
+            self.momentum.mul_(momentum).add_(grad)
+            grad = grad.add(self.momentum, alpha=momentum)
+        self.global_flat.add_(grad, alpha=-lr)
+
+    @torch.no_grad()
+    def load_into_model(self) -> None:
+        for p, chunk in self._chunks(self.global_flat):
+            p.copy_(chunk.view_as(p))
+
+    def state_dict(self) -> dict:
+        return {"global_flat": self.global_flat.cpu(), "momentum": self.momentum.cpu()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("global_flat", "momentum"):
+            value = state[key]
+            if value.shape != self.global_flat.shape:
+                raise ValueError(f"checkpoint {key} has {value.numel()} values; the model has {self.global_flat.numel()}")
+            getattr(self, key).copy_(value)
+
+
+def outer_sync(state: OuterState, spec: DilocoSpec, coef: float, divisor: float,
+               all_reduce: Callable[[torch.Tensor], None]) -> None:
+    """One outer sync: pseudo-gradient, SUM all-reduce, divide, outer step, weights into the model."""
+    delta = state.pseudo_gradient(coef)
+    all_reduce(delta)
+    delta.div_(divisor)
+    state.outer_step(delta, spec.outer_lr, spec.outer_momentum)
+    state.load_into_model()

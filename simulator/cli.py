@@ -1,0 +1,103 @@
+"""`geodt simulate` and `geodt plan`: load a scenario, make plans, simulate, print, write."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from simulator.errors import FieldError, InputError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a scenario key, e.g. training.rounds=20 or nodes.node1.step_time_s=0.1")
+    parser.add_argument("--out", help="output directory (default: out/<scenario name>)")
+
+
+def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
+    """Per node: batch, H, compute, idle, sync, tokens; and a total row."""
+    table = plan_frame[["node", "batch_size", "local_steps"]].merge(
+        summary[["node", "compute_s", "idle_s", "comm_s", "tokens"]], on="node")
+    table.columns = ["node", "batch", "H", "compute_s", "idle_s", "sync_s", "tokens"]
+    total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum()}
+    table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
+    table["tokens"] = table["tokens"].astype("int64")
+    return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+
+
+def _run(argv: list[str], plan_only: bool) -> int:
+    from simulator.engine import ENGINES, simulate, summary
+    from simulator.outputs import check_writable, write_csv, write_text
+    from simulator.scenario import load_scenario
+    from simulator.strategies import STRATEGIES, make_plan
+
+    prog = "geodt plan" if plan_only else "geodt simulate"
+    parser = OneLineParser(prog=prog, description=__doc__)
+    _common(parser)
+    if plan_only:
+        parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
+    else:
+        parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
+                            help=f"strategies to compare (default: all of {', '.join(STRATEGIES)})")
+        parser.add_argument("--engine", default="simpy", help=f"one of {', '.join(ENGINES)} (default simpy)")
+    args = parser.parse_args(argv)
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+        strategies = [args.strategy] if plan_only else (args.strategy or list(STRATEGIES))
+        if not plan_only and args.engine not in ENGINES:
+            raise InputError(f"--engine {args.engine}: unknown engine; expected one of {', '.join(ENGINES)}")
+        try:
+            plans = [make_plan(scenario, s) for s in strategies]
+        except FieldError as exc:
+            raise InputError(f"{args.scenario}: {exc.key}: {exc.expected}") from None
+        results = []
+        for plan in plans:
+            if plan_only:
+                results.append((plan, None, None))
+            else:
+                timeline = simulate(scenario, plan, args.engine)
+                results.append((plan, timeline, summary(timeline, plan)))
+        out = Path(args.out or Path("out") / scenario.name)
+        try:
+            check_writable(out)
+        except OSError as exc:
+            raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
+    except InputError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+
+    plan_frame = pd.concat([p.to_frame() for p, _, _ in results], ignore_index=True)
+    for plan, timeline, summ in results:
+        frame = plan.to_frame()
+        print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
+              f"{scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
+              + (f"; {plan.note}" if plan.note else ""))
+        if plan_only:
+            print(frame.drop(columns=["strategy"]).to_string(index=False))
+        else:
+            print(format_table(summ, frame))
+    write_csv(plan_frame, out / "plan.csv")
+    if not plan_only:
+        write_csv(pd.concat([t for _, t, _ in results], ignore_index=True), out / "timeline.csv")
+        write_csv(pd.concat([s for _, _, s in results], ignore_index=True), out / "summary.csv")
+    write_text(out / "scenario.toml", scenario.to_toml())
+    print(f"\nwrote {out}/")
+    return 0
+
+
+def simulate_main(argv: list[str] | None = None) -> int:
+    return _run(list(sys.argv[1:] if argv is None else argv), plan_only=False)
+
+
+def plan_main(argv: list[str] | None = None) -> int:
+    return _run(list(sys.argv[1:] if argv is None else argv), plan_only=True)

@@ -1,0 +1,34 @@
+"""Atomic output writing: every file appears whole or not at all (temp name, then os.replace)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+
+def write_text(path: str | Path, text: str) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
+    write_text(path, frame.to_csv(index=False, float_format="%.9g"))
+
+
+def check_writable(out_dir: str | Path) -> Path:
+    """The output directory, created if needed; an OSError becomes the caller's one-line error."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise PermissionError(f"{out}: directory is not writable")
+    return out

@@ -1,0 +1,323 @@
+"""Scenarios: the TOML file DESIGN.md specifies, as frozen dataclasses, plus `--set` overrides.
+
+`load_scenario(source, overrides)` takes a path or a built-in name (`paper`, `hetero-cpu`),
+applies `key=value` overrides, validates everything and returns a `Scenario`. Any problem is
+an InputError whose message names the file (or `--set`), the dotted key and what was wanted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+import tomli_w
+
+from calibrate.catalog import CatalogError, get_gpu
+from calibrate.presets import ModelArch, PresetError, load_arch
+from simulator.config import as_table, build, coerce, require_choice, require_positive
+from simulator.errors import FieldError, InputError
+
+BUILTIN_DIR = Path(__file__).with_name("scenarios")
+DTYPES = ("bf16", "fp16", "fp32")
+PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+COLLECTIVES = ("ring", "partitioned")
+AVERAGING = ("uniform", "tokens", "normalized")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What is trained: a preset (or config.json), or a bare parameter count."""
+
+    preset: str | None = None
+    params: float | None = None
+    flops_per_token: float | None = None
+    seq_len: int = 1024
+    dtype: str = "bf16"
+    arch: ModelArch | None = field(default=None, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        require_positive(self, "params", "flops_per_token", "seq_len")
+        require_choice(self, "dtype", DTYPES)
+        if self.preset is None and self.params is None:
+            raise FieldError("preset", "expected a model preset name (or `params = <count>`)")
+
+    def resolve(self, base_dir: Path | None) -> None:
+        if self.preset is not None:
+            try:
+                object.__setattr__(self, "arch", load_arch(self.preset, base_dir))
+            except PresetError as exc:
+                raise FieldError("preset", str(exc)) from None
+
+    @property
+    def param_count(self) -> float:
+        return float(self.params) if self.params is not None else float(self.arch.params)
+
+    @property
+    def train_flops_per_token(self) -> float:
+        """Given `flops_per_token`, else the preset's, else the 6·N rule of thumb."""
+        if self.flops_per_token is not None:
+            return self.flops_per_token
+        if self.arch is not None:
+            return self.arch.train_flops_per_token(self.seq_len)
+        return 6.0 * self.param_count
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    rounds: int = 10
+    local_steps: int = 100
+    batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        require_positive(self, "rounds", "local_steps", "batch_size")
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    bandwidth_gbps: float = 1.0
+    latency_ms: float = 1.0
+    collective: str = "ring"
+    payload_dtype: str = "fp32"
+
+    def __post_init__(self) -> None:
+        require_positive(self, "bandwidth_gbps")
+        if not self.latency_ms >= 0:
+            raise FieldError("latency_ms", f"expected a number >= 0, got {self.latency_ms!r}")
+        require_choice(self, "collective", COLLECTIVES)
+        require_choice(self, "payload_dtype", tuple(PAYLOAD_BYTES))
+
+
+@dataclass(frozen=True)
+class DilocoConfig:
+    """The real executor's hyper-parameters (OpenDiLoCo's defaults); the simulator only checks them."""
+
+    inner_lr: float = 4e-4
+    weight_decay: float = 0.1
+    warmup_steps: int = 1000
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    averaging: str = "uniform"
+
+    def __post_init__(self) -> None:
+        require_positive(self, "inner_lr", "outer_lr")
+        for name in ("weight_decay", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise FieldError(name, f"expected a number >= 0, got {getattr(self, name)!r}")
+        if not 0 <= self.outer_momentum < 1:
+            raise FieldError("outer_momentum", f"expected 0 <= momentum < 1, got {self.outer_momentum!r}")
+        require_choice(self, "averaging", AVERAGING)
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """Simulator-only knobs. jitter_cv: coefficient of variation of each inner step's time."""
+
+    jitter_cv: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.jitter_cv < 10):
+            raise FieldError("jitter_cv", f"expected a number in [0, 10), got {self.jitter_cv!r}")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    gpus: dict[str, int]
+    step_time_s: float | None = None
+    profile: tuple[str, ...] | None = None
+    uplink_gbps: float | None = None
+    intra_node_gbps: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise FieldError("name", "expected a non-empty node name")
+        if not self.gpus:
+            raise FieldError("gpus", 'expected at least one GPU, like { "a30" = 4 }')
+        for key, count in self.gpus.items():
+            try:
+                get_gpu(key)
+            except CatalogError as exc:
+                raise FieldError(f"gpus.{key}", str(exc)) from None
+            if count <= 0:
+                raise FieldError(f"gpus.{key}", f"expected a positive GPU count, got {count!r}")
+        require_positive(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(self.gpus.values())
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nodes: tuple[NodeConfig, ...]
+    seed: int = 0
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(preset="llama-150m"))
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    source: str = field(default="", compare=False)
+
+    @property
+    def base_dir(self) -> Path | None:
+        return Path(self.source).parent if self.source else None
+
+    def to_table(self) -> dict:
+        table = {"name": self.name, "seed": self.seed}
+        for section in ("model", "training", "network", "diloco", "simulation"):
+            table[section] = as_table(getattr(self, section))
+        table["nodes"] = []
+        for node in self.nodes:
+            row = as_table(node)
+            if node.profile is not None:  # absolute, so the resolved file works from anywhere
+                row["profile"] = [str(self.resolve_path(p)) for p in node.profile]
+            table["nodes"].append(row)
+        if self.model.preset is not None and self.model.preset.endswith(".json"):
+            table["model"]["preset"] = str(self.resolve_path(self.model.preset))
+        return table
+
+    def to_toml(self) -> str:
+        """The fully resolved scenario: every key written, so it reproduces this run alone."""
+        return f"# resolved from {self.source}\n" + tomli_w.dumps(self.to_table())
+
+    def resolve_path(self, path: str) -> Path:
+        p = Path(path)
+        return p if p.is_absolute() or self.base_dir is None else (self.base_dir / p).resolve()
+
+    def node(self, name: str) -> NodeConfig:
+        return next(n for n in self.nodes if n.name == name)
+
+
+def builtin_names() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
+
+
+def _read_source(source: str) -> tuple[dict, str]:
+    path = Path(source)
+    if not path.exists() and path.suffix != ".toml" and "/" not in source:
+        if source not in builtin_names():
+            raise InputError(f"{source}: no such scenario file or built-in scenario; "
+                             f"expected a path or one of {', '.join(builtin_names())}")
+        path = BUILTIN_DIR / f"{source}.toml"
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(f"{source}: scenario file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{source}: cannot read scenario file ({exc})") from None
+    try:
+        return tomllib.loads(text), str(path.resolve())
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{source}: (TOML syntax): expected valid TOML, {exc}") from None
+
+
+def _parse_override(text: str) -> tuple[list[str], Any]:
+    if "=" not in text:
+        raise InputError(f"--set {text}: expected key=value, like training.rounds=20")
+    key, raw = text.split("=", 1)
+    path = key.strip().split(".")
+    if not all(path):
+        raise InputError(f"--set {text}: expected a dotted key like network.bandwidth_gbps")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw  # a bare word such as fp16 or ring
+    return path, value
+
+
+def apply_override(table: dict, path: list[str], value: Any, text: str) -> str:
+    """Set table[path] = value and return the key as errors name it.
+
+    Nodes are addressed by name (nodes.<name>.<key>); errors name them nodes[<index>].<key>."""
+    where = table
+    for i, part in enumerate(path[:-1]):
+        if part == "nodes" and i == 0:
+            nodes = table.get("nodes", [])
+            if len(path) < 3:
+                raise InputError(f"--set {text}: expected nodes.<node name>.<key>")
+            name = path[1]
+            match = [n for n in nodes if isinstance(n, dict) and n.get("name") == name]
+            if not match:
+                names = ", ".join(str(n.get("name")) for n in nodes if isinstance(n, dict))
+                raise InputError(f"--set {text}: nodes.{name}: no such node; expected one of {names}")
+            where = match[0]
+            rest = path[2:]
+            for sub in rest[:-1]:
+                where = where.setdefault(sub, {})
+            where[rest[-1]] = value
+            return ".".join([f"nodes[{nodes.index(match[0])}]", *rest])
+        where = where.setdefault(part, {})
+        if not isinstance(where, dict):
+            raise InputError(f"--set {text}: {'.'.join(path[:i + 1])} is not a table")
+    where[path[-1]] = value
+    return ".".join(path)
+
+
+def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """A validated Scenario from a file or built-in name, with `key=value` overrides applied."""
+    table, resolved = _read_source(source)
+    overridden = set()
+    for text in overrides:
+        path, value = _parse_override(text)
+        overridden.add(apply_override(table, path, value, text))
+    try:
+        return _build_scenario(table, resolved)
+    except FieldError as exc:
+        key = exc.key
+        origin = "--set" if any(key == k or key.startswith(k + ".") for k in overridden) else source
+        raise InputError(f"{origin}: {key}: {exc.expected}") from None
+
+
+def _build_scenario(table: dict, source: str) -> Scenario:
+    table = dict(table)
+    raw_nodes = table.pop("nodes", None)
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise FieldError("nodes", "expected at least one [[nodes]] table")
+    nodes = []
+    for i, raw in enumerate(raw_nodes):
+        if isinstance(raw, dict) and isinstance(raw.get("profile"), str):
+            raw = {**raw, "profile": [raw["profile"]]}
+        nodes.append(build(NodeConfig, raw, f"nodes[{i}]"))
+    names = [n.name for n in nodes]
+    for i, name in enumerate(names):
+        if names.index(name) != i:
+            raise FieldError(f"nodes[{i}].name", f"duplicate node name {name!r}; expected unique names")
+    sections = {"model": ModelConfig, "training": TrainingConfig, "network": NetworkConfig,
+                "diloco": DilocoConfig, "simulation": SimulationConfig}
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in sections:
+            kwargs[key] = build(sections[key], value, key)
+        elif key in ("name", "seed"):
+            kwargs[key] = coerce(value, str if key == "name" else int, key)
+        else:
+            raise FieldError(key, f"unknown key; expected one of name, seed, {', '.join(sections)}, nodes")
+    if "name" not in kwargs:
+        raise FieldError("name", "missing; expected a scenario name")
+    if kwargs.get("seed", 0) < 0:
+        raise FieldError("seed", f"expected an integer >= 0, got {kwargs['seed']!r}")
+    kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
+    scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
+    _resolve_model(scenario)
+    _check_profiles(scenario)
+    return scenario
+
+
+def _resolve_model(scenario: Scenario) -> None:
+    try:
+        scenario.model.resolve(scenario.base_dir)
+    except FieldError as exc:
+        raise FieldError(f"model.{exc.key}", exc.expected) from None
+
+
+def _check_profiles(scenario: Scenario) -> None:
+    for i, node in enumerate(scenario.nodes):
+        for j, path in enumerate(node.profile or ()):
+            if not scenario.resolve_path(path).is_file():
+                raise FieldError(f"nodes[{i}].profile", f"profile file {path!r} not found; expected a CSV from geodt calibrate")

@@ -1,0 +1,126 @@
+"""Per-node step-time models t_i(b) and memory limits: catalog estimate, given constant, profile.
+
+Catalog estimate (affine, per GPU type g, per-GPU batch b):
+
+    t_g(b) = t0_g + c_g · b
+    t0_g   = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM · N / mem_bandwidth_g
+    c_g    = flops_per_token · seq_len / (peak_tflops_g(dtype) · 1e12 · MFU)
+
+t0 is the per-step cost that does not grow with the batch: the AdamW update, gradient
+clipping and zeroing stream every parameter's fp32 weight, gradient and two moments through
+memory (OPTIMIZER_BYTES_PER_PARAM bytes each), plus kernel launches. c is the per-sample cost:
+training FLOPs of one sequence at a model FLOPs utilisation MFU of the correct dense peak
+(`calibrate.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
+datasheet headline).
+
+A node with several GPUs runs data-parallel inside: each step waits for its slowest GPU and
+then all-reduces fp32 gradients over the intra-node link (ring, not overlapped with backward:
+a conservative choice):
+
+    t_node(b) = max_g t_g(b) + 2(k−1)/k · 4N bytes / intra_node_bandwidth      (k GPUs)
+
+Precedence (DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
+other batches follow the catalog estimate's shape scaled to it,
+t(b) = step_time_s · est(b) / est(b_base). A `profile` replaces the per-GPU estimate with
+measured t(b) (exact at measured batches, interpolated between, fitted beyond).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from calibrate.catalog import get_gpu, peak_tflops
+from simulator.errors import FieldError
+from simulator.memory import fits_in_memory
+from simulator.scenario import NodeConfig, Scenario
+
+MFU = 0.40
+LAUNCH_OVERHEAD_S = 0.008
+OPTIMIZER_BYTES_PER_PARAM = 36  # AdamW: read+write weight, m, v (24) + read grad (4) + clip read (4) + zero (4)
+GRAD_BYTES_PER_PARAM = 4
+DEFAULT_INTRA_NODE_GBPS = 100.0  # PCIe 3.0 x16 through the host, effective
+
+
+def gpu_step_s(scenario: Scenario, gpu_key: str, batch: int) -> float:
+    """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring)."""
+    spec = get_gpu(gpu_key)
+    n = scenario.model.param_count
+    t0 = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM * n / (spec.memory_bandwidth_gbs * 1e9)
+    flops_per_sample = scenario.model.train_flops_per_token * scenario.model.seq_len
+    c = flops_per_sample / (peak_tflops(spec, scenario.model.dtype) * 1e12 * MFU)
+    return t0 + c * batch
+
+
+def intra_node_allreduce_s(scenario: Scenario, node: NodeConfig) -> float:
+    k = node.gpu_count
+    if k == 1:
+        return 0.0
+    gbps = node.intra_node_gbps or DEFAULT_INTRA_NODE_GBPS
+    grad_bytes = GRAD_BYTES_PER_PARAM * scenario.model.param_count
+    return 2 * (k - 1) / k * grad_bytes * 8 / (gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class NodeTiming:
+    """t_i(b) and the memory limit of one node, from its scenario entry."""
+
+    scenario: Scenario
+    node: NodeConfig
+
+    @cached_property
+    def profiles(self) -> tuple:
+        from calibrate.profiles import ProfileError, ProfileModel  # pandas: only when profiles are used
+
+        models = []
+        index = self.scenario.nodes.index(self.node)
+        for path in self.node.profile or ():
+            try:
+                models.append(ProfileModel.from_csv(
+                    self.scenario.resolve_path(path), seq_len=self.scenario.model.seq_len,
+                    dtype=self.scenario.model.dtype))
+            except ProfileError as exc:
+                raise FieldError(f"nodes[{index}].profile", str(exc)) from None
+        return tuple(models)
+
+    @property
+    def source(self) -> str:
+        if self.node.step_time_s is not None:
+            return "given"
+        return "profile" if self.node.profile else "catalog"
+
+    def estimate_s(self, batch: int) -> float:
+        """Catalog estimate for the whole node: slowest GPU plus the intra-node all-reduce."""
+        slowest = max(gpu_step_s(self.scenario, key, batch) for key in self.node.gpus)
+        return slowest + intra_node_allreduce_s(self.scenario, self.node)
+
+    def step_s(self, batch: int) -> float:
+        """t_i(b) in seconds, by DESIGN.md's precedence: given constant, profile, catalog."""
+        if self.node.step_time_s is not None:
+            base = self.scenario.training.batch_size
+            return self.node.step_time_s * self.estimate_s(batch) / self.estimate_s(base)
+        if self.profiles:
+            measured = max(p.step_s(batch) for p in self.profiles)
+            return measured + intra_node_allreduce_s(self.scenario, self.node)
+        return self.estimate_s(batch)
+
+    def fits(self, batch: int) -> bool:
+        """Whether batch b fits on every GPU of the node: profiles where measured, else the memory model."""
+        if self.profiles:
+            return all(p.fits(batch) for p in self.profiles)
+        return all(fits_in_memory(self.scenario, key, batch) for key in self.node.gpus)
+
+    def max_batch(self, limit: int = 1 << 16) -> int:
+        """The largest batch that fits (searched up to `limit`); 0 if not even batch 1 fits."""
+        lo, hi = 0, 1
+        while hi <= limit and self.fits(hi):
+            lo, hi = hi, hi * 2
+        if hi > limit:
+            return lo
+        while hi - lo > 1:  # fits(lo) and not fits(hi)
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.fits(mid) else (lo, mid)
+        return lo
+
+
+def node_timings(scenario: Scenario) -> list[NodeTiming]:
+    return [NodeTiming(scenario, node) for node in scenario.nodes]
