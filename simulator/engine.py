@@ -18,28 +18,28 @@ SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens"
 
 def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFrame:
     """Timeline (one row per node and round, rounds outer) with DESIGN.md's columns."""
-    compute = compute_matrix(scenario, plan)
-    names = [n.node for n in plan.nodes]
-    if engine == "simpy":
-        rows = sorted(run_simpy(compute, plan.comm_s), key=lambda row: (row[1], row[0]))
-        frame = pd.DataFrame(rows, columns=["node", "round", *TIMELINE_COLUMNS[3:]])
-        frame["node"] = [names[i] for i in frame["node"]]
-    elif engine == "analytic":
-        arrays = run_analytic(compute, plan.comm_s)
-        rounds, n = compute.shape
-        frame = pd.DataFrame({"node": np.tile(names, rounds), "round": np.repeat(np.arange(rounds), n),
-                              **{k: v.ravel() for k, v in arrays.items()}})
-    else:
+    runners = {"simpy": run_simpy, "analytic": run_analytic}
+    if engine not in runners:
         raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
-    frame.insert(0, "strategy", plan.strategy)
+    compute = compute_matrix(scenario, plan)
+    arrays = runners[engine](compute, plan.comm_s)
+    rounds, n = compute.shape
+    names = [p.node for p in plan.nodes]
+    # categorical columns: building 10^5 Python strings would cost more than the simulation
+    frame = pd.DataFrame({
+        "strategy": pd.Categorical.from_codes(np.zeros(rounds * n, dtype=np.int8), [plan.strategy]),
+        "node": pd.Categorical.from_codes(np.tile(np.arange(n), rounds), names),
+        "round": np.repeat(np.arange(rounds), n),
+        **{k: np.ravel(v) for k, v in arrays.items()}})
     return frame[TIMELINE_COLUMNS]
 
 
 def summary(timeline: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """Per node totals over all rounds; utilization = compute / (compute + idle + comm)."""
-    totals = timeline.groupby("node", sort=False)[["compute_s", "idle_s", "comm_s"]].sum().reset_index()
+    totals = timeline.groupby("node", sort=False, observed=True)[["compute_s", "idle_s", "comm_s"]].sum().reset_index()
     rounds = timeline["round"].nunique()
     tokens = {n.node: n.tokens_per_round(plan.seq_len) * rounds for n in plan.nodes}
+    totals["node"] = totals["node"].astype(str)
     totals["tokens"] = totals["node"].map(tokens)
     totals["utilization"] = totals["compute_s"] / (totals["compute_s"] + totals["idle_s"] + totals["comm_s"])
     totals.insert(0, "strategy", plan.strategy)

@@ -30,32 +30,44 @@ class Barrier:
 
 
 class Recorder:
-    """Plain records (node, round, compute_s, idle_s, comm_s, round_start_s, round_end_s)."""
+    """Plain records: per node, one (start, done, released, end) tuple of clock times per round.
 
-    def __init__(self) -> None:
-        self.rows: list[tuple] = []
+    Each node appends to its own list in round order, so no index or sort is needed; the
+    arrays are built once, at the end.
+    """
 
-    def record(self, *row) -> None:
-        self.rows.append(row)
+    FIELDS = ("round_start_s", "done_s", "released_s", "round_end_s")
+
+    def __init__(self, nodes: int) -> None:
+        self.per_node: list[list[tuple]] = [[] for _ in range(nodes)]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Columns as rounds × nodes arrays."""
+        table = np.array(self.per_node, dtype=float)  # nodes × rounds × fields
+        return {name: table[:, :, k].T for k, name in enumerate(self.FIELDS)}
 
 
-def node_process(env, index: int, compute_s: np.ndarray, comm_s: float, barrier: Barrier, recorder: Recorder):
-    for r, busy_s in enumerate(compute_s.tolist()):
+def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, record):
+    timeout, wait = env.timeout, barrier.wait
+    for busy_s in compute_s.tolist():
         start = env.now
-        yield env.timeout(busy_s)
+        yield timeout(busy_s)
         done = env.now
-        yield barrier.wait()
+        yield wait()
         released = env.now
-        yield env.timeout(comm_s)
-        recorder.record(index, r, busy_s, released - done, comm_s, start, env.now)
+        yield timeout(comm_s)
+        record((start, done, released, env.now))
 
 
-def run_simpy(compute: np.ndarray, comm_s: float) -> list[tuple]:
-    """Simulate rounds × nodes; returns the recorder's rows."""
+def run_simpy(compute: np.ndarray, comm_s: float) -> dict[str, np.ndarray]:
+    """Simulate rounds × nodes; arrays (rounds × nodes) of the timeline columns."""
     env = simpy.Environment()
     rounds, n = compute.shape
-    barrier, recorder = Barrier(env, n), Recorder()
+    barrier, recorder = Barrier(env, n), Recorder(n)
     for i in range(n):
-        env.process(node_process(env, i, compute[:, i], comm_s, barrier, recorder))
+        env.process(node_process(env, compute[:, i], comm_s, barrier, recorder.per_node[i].append))
     env.run()
-    return recorder.rows
+    rec = recorder.arrays()
+    return {"compute_s": rec["done_s"] - rec["round_start_s"], "idle_s": rec["released_s"] - rec["done_s"],
+            "comm_s": rec["round_end_s"] - rec["released_s"], "round_start_s": rec["round_start_s"],
+            "round_end_s": rec["round_end_s"]}

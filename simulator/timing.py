@@ -97,6 +97,8 @@ class NodeTiming:
         """t_i(b) in seconds, by DESIGN.md's precedence: given constant, profile, catalog."""
         if self.node.step_time_s is not None:
             base = self.scenario.training.batch_size
+            if batch == base:  # exactly as given, not through a ratio that rounds
+                return self.node.step_time_s
             return self.node.step_time_s * self.estimate_s(batch) / self.estimate_s(base)
         if self.profiles:
             measured = max(p.step_s(batch) for p in self.profiles)

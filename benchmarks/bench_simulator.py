@@ -1,0 +1,78 @@
+"""Simulator throughput: the SimPy engine against a bare SimPy barrier loop, and the analytic path.
+
+Prints node-rounds per second at 1024 nodes × 200 rounds for (1) `simulate(..., "simpy")`
+(engine, recorder and timeline DataFrame included), (2) a bare loop of the same processes,
+timeouts and barrier events with no recording, and (3) `simulate(..., "analytic")`; then the
+ratios engine / bare (goal >= 0.7) and analytic / engine (goal >= 100). Best of --repeats runs.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import numpy as np
+import simpy
+
+from simulator.engine import simulate
+from simulator.engine_simpy import Barrier
+from simulator.scenario import NodeConfig, Scenario, TrainingConfig, ModelConfig
+from simulator.strategies import make_plan
+
+
+def bare_loop(compute: np.ndarray, comm_s: float) -> None:
+    env = simpy.Environment()
+    barrier = Barrier(env, compute.shape[1])
+
+    def node(column):
+        timeout, wait = env.timeout, barrier.wait
+        for busy_s in column.tolist():
+            yield timeout(busy_s)
+            yield wait()
+            yield timeout(comm_s)
+
+    for i in range(compute.shape[1]):
+        env.process(node(compute[:, i]))
+    env.run()
+
+
+def best_of(repeats: int, fn) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--nodes", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    nodes = tuple(NodeConfig(name=f"n{i}", gpus={"a30": 1}, step_time_s=float(s))
+                  for i, s in enumerate(rng.uniform(0.1, 0.5, args.nodes)))
+    scenario = Scenario(name="bench", nodes=nodes, model=ModelConfig(preset="llama-150m"),
+                        training=TrainingConfig(rounds=args.rounds, local_steps=100, batch_size=4))
+    scenario.model.resolve(None)
+    plan = make_plan(scenario, "baseline")
+    compute = np.broadcast_to([n.compute_s for n in plan.nodes], (args.rounds, args.nodes)).copy()
+    node_rounds = args.nodes * args.rounds
+
+    engine_s = best_of(args.repeats, lambda: simulate(scenario, plan, "simpy"))
+    bare_s = best_of(args.repeats, lambda: bare_loop(compute, plan.comm_s))
+    analytic_s = best_of(args.repeats, lambda: simulate(scenario, plan, "analytic"))
+    print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}, simpy {simpy.__version__}")
+    print(f"{args.nodes} nodes x {args.rounds} rounds = {node_rounds} node-rounds, best of {args.repeats}")
+    print(f"engine (simpy, recorded)   {node_rounds / engine_s:12,.0f} node-rounds/s  ({engine_s:.3f} s)")
+    print(f"bare simpy barrier loop    {node_rounds / bare_s:12,.0f} node-rounds/s  ({bare_s:.3f} s)")
+    print(f"analytic path              {node_rounds / analytic_s:12,.0f} node-rounds/s  ({analytic_s:.4f} s)")
+    print(f"engine / bare loop: {bare_s / engine_s:.2f}   (goal >= 0.7)")
+    print(f"analytic / engine:  {engine_s / analytic_s:.0f}x  (goal >= 100x)")
+
+
+if __name__ == "__main__":
+    main()

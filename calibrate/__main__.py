@@ -1,0 +1,5 @@
+"""`python -m calibrate ...` is `geodt calibrate ...`."""
+from calibrate.cli import calibrate_main
+
+if __name__ == "__main__":
+    raise SystemExit(calibrate_main())

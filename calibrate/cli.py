@@ -1,0 +1,217 @@
+"""Entry points: `geodt calibrate` (measure a device into a profile) and `geodt profile check`.
+
+Both return an exit code. Bad input is one line on stderr and exit 2, before anything is
+measured or written. torch is imported only once `calibrate` has checked its arguments, and
+`profile check` never imports it.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from calibrate.presets import PresetError, load_arch
+from calibrate.profiles import ProfileError, ProfileModel, leave_one_out, read_profile_frame
+
+DEFAULT_CPU_MAX_BATCH = 64
+
+
+class UsageError(ValueError):
+    """A bad command-line option (printed as one line, exit 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and a second line
+        raise UsageError(message)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
+    return value
+
+
+def parse_batches(text: str) -> list[int] | tuple[str, int]:
+    """'1,2,4,8' -> [1, 2, 4, 8] (sorted, unique); 'auto' / 'auto:N' -> ('auto', start N, default 1)."""
+    if text == "auto" or text.startswith("auto:"):
+        start = text.partition(":")[2] or "1"
+        if not start.isdigit() or int(start) <= 0:
+            raise UsageError(f"--batch {text!r}: expected auto or auto:N with N a positive integer")
+        return ("auto", int(start))
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"--batch {text!r}: expected a comma-separated list of positive integers "
+                         "(e.g. 1,2,4,8) or auto")
+    return sorted({int(p) for p in parts})
+
+
+def calibrate_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="geodt calibrate", description="Measure training-step time and peak memory per "
+                "batch size on a device, into a profile CSV (DESIGN.md, 'Profiles').")
+    p.add_argument("--device", default="cpu", help="cpu, cuda:N, or all (every CUDA device: one "
+                   "file per device, OUT-cudaN.csv) [cpu]")
+    p.add_argument("--model", default="tiny", help="preset (tiny, llama-60m, llama-150m, llama-1b) "
+                   "or a LLaMA config.json [tiny]")
+    p.add_argument("--seq-len", type=_positive_int, default=1024, help="tokens per sample [1024]")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="autocast dtype [bf16 on CUDA, fp32 on CPU: CPUs without bf16 units run bf16 "
+                   "autocast far slower than fp32]")
+    p.add_argument("--batch", default="1,2,4,8", help="batch sizes per step: 1,2,4,8 or auto "
+                   "(double until OOM, then bisect; auto:N starts at N) [1,2,4,8]")
+    p.add_argument("--repeats", type=_positive_int, default=10, help="timed steps per batch [10]")
+    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed steps per batch first [3]")
+    p.add_argument("--max-batch", type=_positive_int, default=None,
+                   help=f"never try a larger batch [{DEFAULT_CPU_MAX_BATCH} on CPU, unbounded on CUDA]")
+    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads [torch's default]")
+    p.add_argument("--seed", type=_non_negative_int, default=0, help="model init and token seed [0]")
+    p.add_argument("--out", required=True, type=Path, help="profile CSV; an existing one is completed")
+    return p
+
+
+def _out_paths(out: Path, devices: list[str]) -> list[Path]:
+    if len(devices) == 1:
+        return [out]
+    return [out.with_name(f"{out.stem}-{d.replace(':', '')}{out.suffix or '.csv'}") for d in devices]
+
+
+def _table(rows: list[dict]) -> str:
+    import pandas as pd
+
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return "(no rows)"
+    frame = frame.astype(str).replace("", float("nan"))
+    frame["batch_size"] = frame["batch_size"].astype(int)
+    frame = frame.sort_values("batch_size")
+    out = pd.DataFrame({"batch": frame["batch_size"]})
+    for column, scale, name in (("step_s_median", 1e3, "step_ms"), ("step_s_p10", 1e3, "p10_ms"),
+                                ("step_s_p90", 1e3, "p90_ms"), ("tokens_per_s", 1, "tokens/s"),
+                                ("peak_mem_bytes", 2.0 ** -20, "peak_MiB")):
+        out[name] = frame[column].astype(float) * scale
+    out["oom"] = frame["oom"]
+    return out.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="-")
+
+
+def calibrate_main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = calibrate_parser().parse_args(argv)
+        batches = parse_batches(args.batch)
+        arch = load_arch(args.model)
+    except (UsageError, PresetError) as exc:
+        print(f"geodt calibrate: {exc}", file=sys.stderr)
+        return 2
+
+    import torch
+    from tqdm import tqdm
+
+    from calibrate.harness import UNBOUNDED_MAX_BATCH, Calibrator, HarnessError, auto_search, \
+        describe_device, profile_row, resolve_devices
+    from calibrate.profile_writer import ProfileWriter
+
+    try:
+        devices = resolve_devices(args.device)
+        cpu = devices == ["cpu"]
+        dtype = args.dtype or ("fp32" if cpu else "bf16")
+        if not cpu and dtype == "bf16" and not torch.cuda.is_bf16_supported():
+            raise HarnessError(f"--dtype bf16: {args.device} has no bf16 support; expected fp16 or fp32")
+        max_batch = args.max_batch or (DEFAULT_CPU_MAX_BATCH if cpu else UNBOUNDED_MAX_BATCH)
+        if isinstance(batches, tuple) and batches[1] > max_batch:
+            raise HarnessError(f"--batch {args.batch}: starts above --max-batch {max_batch}")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        jobs = []
+        for device, out in zip(devices, _out_paths(args.out, devices)):
+            info = describe_device(device)
+            identity = {"device_name": info.device_name, "device_index": info.device_index,
+                        "gpu_key": info.gpu_key, "model": arch.name, "seq_len": args.seq_len, "dtype": dtype}
+            jobs.append((info, ProfileWriter(out, identity)))
+    except (HarnessError, ProfileError) as exc:
+        print(f"geodt calibrate: {exc}", file=sys.stderr)
+        return 2
+
+    for info, writer in jobs:
+        if not info.gpu_key:
+            print(f"geodt calibrate: warning: {info.device_name!r} matches no GPU catalog key; "
+                  "gpu_key left empty", file=sys.stderr)
+        done = writer.measured()
+        calibrator = None
+        total = None if isinstance(batches, tuple) else len(batches)
+        bar = tqdm(total=total, desc=f"calibrate {info.device}", unit="batch", file=sys.stderr)
+
+        def fits(batch: int) -> bool:
+            nonlocal calibrator
+            if batch not in done:
+                if calibrator is None:  # built lazily: a finished file needs no model
+                    calibrator = Calibrator(arch, args.seq_len, dtype, info.device, args.repeats,
+                                            args.warmup, args.seed)
+                bar.set_postfix(batch=batch)
+                row = profile_row(info, arch.name, args.seq_len, dtype, calibrator.measure(batch))
+                writer.append(row)
+                done[batch] = {k: str(v) for k, v in row.items()}
+            bar.update(1)
+            return done[batch]["oom"].lower() not in ("true", "1")
+
+        try:
+            if isinstance(batches, tuple):
+                largest = auto_search(fits, batches[1], max_batch)
+            else:
+                for batch in batches:
+                    fits(batch)
+                largest = None
+        except KeyboardInterrupt:
+            bar.close()
+            print(f"geodt calibrate: interrupted; {len(writer.rows)} row(s) kept in {writer.path}; "
+                  "rerun the same command to finish", file=sys.stderr)
+            return 130
+        bar.close()
+        print(f"{writer.path}: {info.device_name} [{info.gpu_key or '?'}], {arch.name}, "
+              f"seq_len {args.seq_len}, {dtype}")
+        print(_table(writer.rows))
+        if isinstance(batches, tuple):
+            print(f"largest batch that fits: {largest if largest else 'none'}"
+                  + (f" (capped by --max-batch {max_batch})" if largest == max_batch else ""))
+    return 0
+
+
+def profile_main(argv: list[str] | None = None) -> int:
+    """`geodt profile check PROFILE.csv`: leave-one-out error of the t(b) model."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _Parser(prog="geodt profile", description="Inspect calibration profiles.")
+    sub = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    check = sub.add_parser("check", help="leave-one-out error of the step-time model at each batch")
+    check.add_argument("profile", type=Path)
+    try:
+        args = parser.parse_args(argv)
+        model = ProfileModel(read_profile_frame(args.profile), source=str(args.profile))
+        table = leave_one_out(model)
+    except (UsageError, ProfileError) as exc:
+        print(f"geodt profile: {exc}", file=sys.stderr)
+        return 2
+    t0_s, per_sample_s = model.fit()
+    print(f"{args.profile}: {model.device_name} [{model.gpu_key}], {model.model}, seq_len {model.seq_len}, "
+          f"{model.dtype}; fit t(b) = {t0_s * 1e3:.3f} ms + {per_sample_s * 1e3:.3f} ms x b")
+    shown = table.assign(measured_ms=table["measured_s"] * 1e3, predicted_ms=table["predicted_s"] * 1e3)
+    print(shown[["batch_size", "measured_ms", "predicted_ms", "error_pct"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    abs_err = table["error_pct"].abs()
+    worst = table.loc[abs_err.idxmax()]
+    print(f"leave-one-out |error|: median {abs_err.median():.2f}%, worst {abs_err.max():.2f}% "
+          f"(batch {int(worst['batch_size'])})")
+    if model.max_batch() is not None:
+        print(f"largest batch that fits: {model.max_batch()}")
+    return 0

@@ -1,0 +1,58 @@
+"""`python -m real --plan plan.csv --scenario scenario.toml --out DIR [...]`: run a plan.
+
+The same command is the torchrun entry point: under torchrun each process is one node
+(see README, "Running across machines").
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by `python -m real` and `geodt run` / `geodt validate`."""
+    parser.add_argument("--emulate", action="store_true",
+                        help="pad each inner step to the plan's step_s and each sync to its comm_s")
+    parser.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                        help="multiply every emulated time by X (e.g. 0.1 runs 10x faster)")
+    parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
+    parser.add_argument("--stop-after", type=int, default=None, metavar="R",
+                        help="stop cleanly after R rounds (checkpointed; --resume continues)")
+    parser.add_argument("--data", default=None, metavar="FILE",
+                        help="train on FILE: .npy token array, otherwise raw bytes (default: synthetic Markov corpus)")
+    parser.add_argument("--replicate-data", action="store_true",
+                        help="every node reads the same shard (checks the arithmetic; not for training)")
+    parser.add_argument("--timeout-s", type=float, default=300.0,
+                        help="process-group timeout: how long a lost peer may stall the others")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                        help="auto: nccl when every process has a GPU, else gloo")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address the local rendezvous binds to (not used under torchrun)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per node process (0: auto)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def exec_options(args: argparse.Namespace, out_dir: str):
+    from real.worker import ExecOptions
+
+    return ExecOptions(out_dir=out_dir, emulate=args.emulate, time_scale=args.time_scale, resume=args.resume,
+                       data_path=args.data, replicate_data=args.replicate_data, timeout_s=args.timeout_s,
+                       backend=args.backend, stop_after=args.stop_after, threads=args.threads,
+                       progress=not args.no_progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m real", description=__doc__.splitlines()[0])
+    parser.add_argument("--plan", required=True, help="plan.csv (strategy, node, gpus, batch_size, ...)")
+    parser.add_argument("--scenario", required=True, help="the resolved scenario TOML")
+    parser.add_argument("--out", required=True, help="output directory (trace.csv, checkpoints/)")
+    add_exec_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        opts = exec_options(args, args.out)
+    except ValueError as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
+    from real.launch import launch
+
+    return launch(args.plan, args.scenario, opts, host=args.host)

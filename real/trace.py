@@ -1,0 +1,32 @@
+"""trace.csv: DESIGN.md's timeline columns plus loss and tokens, one row per node and round.
+
+Extra columns: `overrun_steps` (under --emulate, inner steps whose real compute took longer
+than the emulated step time, so the step could not be padded to it), `ckpt_s` (the
+checkpoint written after the sync, outside the round), `local_steps` and `batch_size`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+
+TRACE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s",
+                 "round_end_s", "loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size"]
+
+
+def trace_frame(rows: list[dict], node_order: list[str]) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=TRACE_COLUMNS)
+    order = {name: i for i, name in enumerate(node_order)}
+    frame = frame.sort_values(["round", "node"], key=lambda col: col.map(order) if col.name == "node" else col)
+    return frame.reset_index(drop=True)
+
+
+def write_trace(rows: list[dict], node_order: list[str], path: str | Path) -> pd.DataFrame:
+    """Write the trace whole or not at all (temp file, then os.replace)."""
+    path = Path(path)
+    frame = trace_frame(rows, node_order)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+    return frame
