@@ -1,0 +1,170 @@
+"""ProfileModel and leave_one_out on synthetic profiles: exact numbers (the model is deterministic)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.profile_writer import ProfileWriter
+from calibrate.profiles import COLUMNS, ProfileError, ProfileModel, leave_one_out
+
+ROOT = Path(__file__).resolve().parents[1]
+IDENTITY = {"device_name": "NVIDIA GeForce RTX 3090", "device_index": 0, "gpu_key": "rtx-3090",
+            "model": "llama-150m", "seq_len": 1024, "dtype": "bf16"}
+
+
+def row(batch, step_s=None, mem=None, oom=False, total=24e9):
+    values = dict.fromkeys(COLUMNS)
+    values.update(IDENTITY)
+    values.update(batch_size=batch, step_s_median=step_s, step_s_p10=step_s, step_s_p90=step_s,
+                  repeats=None if oom else 5, peak_mem_bytes=mem, mem_total_bytes=total, oom=oom,
+                  tokens_per_s=None if oom else batch * 1024 / step_s)
+    return values
+
+
+def write(path, rows):
+    writer = ProfileWriter(path, IDENTITY)
+    for r in rows:
+        writer.append(r)
+    return path
+
+
+@pytest.fixture
+def curved(tmp_path):
+    # Not affine: t = 0.01 + 0.002 b + 0.0001 b^2, memory 1e9 + 2e8 b; OOM from 40.
+    rows = [row(b, 0.01 + 0.002 * b + 1e-4 * b * b, 1e9 + 2e8 * b) for b in (1, 2, 4, 8, 16)]
+    rows += [row(40, oom=True), row(64, oom=True)]
+    return ProfileModel.from_csv(write(tmp_path / "p.csv", rows))
+
+
+def test_exact_at_measured_and_linear_between(curved):
+    assert curved.measured_batches == (1, 2, 4, 8, 16)
+    for b in curved.measured_batches:
+        assert curved.step_s(b) == pytest.approx(0.01 + 0.002 * b + 1e-4 * b * b, rel=1e-12)
+    t8, t16 = curved.step_s(8), curved.step_s(16)
+    assert curved.step_s(12) == pytest.approx((t8 + t16) / 2, rel=1e-12)
+    assert curved.step_s(10) == pytest.approx(t8 + (t16 - t8) * 2 / 8, rel=1e-12)
+
+
+def test_extrapolates_by_least_squares_fit(curved):
+    xs = np.array([1, 2, 4, 8, 16.0])
+    slope, intercept = np.polyfit(xs, 0.01 + 0.002 * xs + 1e-4 * xs * xs, 1)
+    assert curved.fit() == pytest.approx((intercept, slope), rel=1e-9)
+    assert curved.step_s(32) == pytest.approx(intercept + slope * 32, rel=1e-9)
+    assert curved.step_s(100) == pytest.approx(intercept + slope * 100, rel=1e-9)
+
+
+def test_below_smallest_uses_fit_and_stays_positive(tmp_path):
+    # Exactly affine points: the fit is the line itself, so below the data too.
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", [row(b, 0.05 + 0.01 * b) for b in (4, 8, 16)]))
+    assert model.fit() == pytest.approx((0.05, 0.01), rel=1e-9)
+    assert model.step_s(1) == pytest.approx(0.06, rel=1e-9)
+    # A negative fixed cost would give t(1) <= 0: the smallest point is scaled instead.
+    model = ProfileModel.from_csv(write(tmp_path / "q.csv", [row(b, -0.05 + 0.01 * b) for b in (8, 16)]))
+    assert model.step_s(2) == pytest.approx(0.03 * 2 / 8, rel=1e-9)
+
+
+def test_single_point_is_proportional(tmp_path):
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", [row(4, 0.2)]))
+    assert model.fit() == (0.0, 0.05)
+    assert model.step_s(4) == 0.2 and model.step_s(8) == pytest.approx(0.4)
+
+
+def test_memory_model_and_limits(curved):
+    assert curved.mem_total_bytes == 24e9
+    assert curved.peak_mem_bytes(8) == pytest.approx(1e9 + 1.6e9)
+    assert curved.peak_mem_bytes(12) == pytest.approx(1e9 + 2.4e9)
+    assert curved.peak_mem_bytes(30) == pytest.approx(1e9 + 6e9)  # affine data: fit is exact
+    assert curved.fits(16) and curved.fits(39)
+    assert not curved.fits(40) and not curved.fits(50)
+    # memory stays under 24 GB up to b = 115, so the OOM row is the bound
+    assert curved.max_batch() == 39
+
+
+def test_memory_total_bounds_without_oom_rows(tmp_path):
+    rows = [row(b, 0.01 * b, 1e9 + 2e8 * b, total=5e9) for b in (1, 2, 4, 8)]
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", rows))
+    assert model.fits(20) and not model.fits(21)  # 1e9 + 2e8*20 = 5e9
+    assert model.max_batch() == 20
+
+
+def test_cpu_profile_is_unbounded(tmp_path):
+    rows = [row(b, 0.01 * b, None, total=None) for b in (1, 2, 4)]
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", rows))
+    assert model.peak_mem_bytes(2) is None and model.mem_total_bytes is None
+    assert model.fits(10_000) and model.max_batch() is None
+
+
+def test_oom_without_memory_model_bounds_at_largest_measured(tmp_path):
+    rows = [row(1, 0.1, total=None), row(2, 0.2, total=None), row(8, oom=True, total=None)]
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", rows))
+    assert model.max_batch() == 2 and model.fits(7) and not model.fits(8)
+
+
+def test_leave_one_out_figures(tmp_path):
+    times = {1: 0.10, 2: 0.12, 4: 0.20, 8: 0.40}
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", [row(b, t) for b, t in times.items()]))
+    table = leave_one_out(model)
+    assert list(table["batch_size"]) == [1, 2, 4, 8]
+    by_batch = table.set_index("batch_size")
+    # inner points: linear interpolation of their neighbours
+    assert by_batch.loc[2, "predicted_s"] == pytest.approx(0.10 + (0.20 - 0.10) / 3, rel=1e-12)
+    assert by_batch.loc[4, "predicted_s"] == pytest.approx(0.12 + (0.40 - 0.12) * 2 / 6, rel=1e-12)
+    # end points: least-squares fit of the other three
+    slope, icpt = np.polyfit([2, 4, 8], [0.12, 0.20, 0.40], 1)
+    assert by_batch.loc[1, "predicted_s"] == pytest.approx(icpt + slope, rel=1e-9)
+    slope, icpt = np.polyfit([1, 2, 4], [0.10, 0.12, 0.20], 1)
+    assert by_batch.loc[8, "predicted_s"] == pytest.approx(icpt + 8 * slope, rel=1e-9)
+    expected = 100 * (by_batch["predicted_s"] - by_batch["measured_s"]) / by_batch["measured_s"]
+    assert np.allclose(by_batch["error_pct"], expected)
+    # the frame form gives the same table
+    frame = pd.read_csv(tmp_path / "p.csv", dtype=str, keep_default_na=False)
+    pd.testing.assert_frame_equal(leave_one_out(frame), table)
+
+
+def test_leave_one_out_exact_on_affine_profile(tmp_path):
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", [row(b, 0.03 + 0.02 * b) for b in (1, 2, 4, 8, 16)]))
+    assert np.abs(leave_one_out(model)["error_pct"]).max() < 1e-9
+
+
+@pytest.mark.parametrize("kwargs, column", [({"seq_len": 512}, "seq_len"), ({"dtype": "fp32"}, "dtype"),
+                                            ({"model": "llama-60m"}, "model")])
+def test_mismatch_with_scenario_is_an_error(tmp_path, kwargs, column):
+    path = write(tmp_path / "p.csv", [row(1, 0.1)])
+    with pytest.raises(ProfileError, match=rf"p.csv: column '{column}'"):
+        ProfileModel.from_csv(path, **kwargs)
+    assert ProfileModel.from_csv(path, seq_len=1024, dtype="bf16", model="llama-150m").step_s(1) == 0.1
+
+
+def test_missing_file_names_path(tmp_path):
+    with pytest.raises(ProfileError, match="nope.csv: file not found"):
+        ProfileModel.from_csv(tmp_path / "nope.csv")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda f: f.drop(columns=["power_w"]), "column 'power_w' missing"),
+    (lambda f: f.assign(extra=1), "column 'extra' unknown"),
+    (lambda f: f.assign(step_s_median=["0.1", "x"]), r"row 2 step_s_median: 'x'; expected a number"),
+    (lambda f: f.assign(step_s_median=["0.1", "-1"]), "row 2 step_s_median"),
+    (lambda f: f.assign(batch_size=["1", "1"]), "row 2 batch_size: 1 appears twice"),
+    (lambda f: f.assign(batch_size=["1", "0"]), "row 2 batch_size"),
+    (lambda f: f.assign(oom=["false", "maybe"]), "row 2 oom"),
+    (lambda f: f.assign(dtype=["bf16", "fp32"]), "column 'dtype' holds"),
+    (lambda f: f.assign(oom=["true", "false"], step_s_median=["", "0.2"]), "column 'oom'"),
+    (lambda f: f.assign(oom=["true", "true"]), "no batch ran without OOM"),
+])
+def test_bad_profiles(tmp_path, edit, message):
+    path = write(tmp_path / "p.csv", [row(1, 0.1), row(2, 0.2)])
+    frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    edit(frame).to_csv(path, index=False)
+    with pytest.raises(ProfileError, match=message):
+        ProfileModel.from_csv(path)
+
+
+def test_profiles_module_is_torch_free():
+    code = "import sys, calibrate.profiles, calibrate.profile_writer; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
