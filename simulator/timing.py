@@ -73,13 +73,19 @@ class NodeTiming:
 
         models = []
         index = self.scenario.nodes.index(self.node)
+        preset = self.scenario.model.preset
         for path in self.node.profile or ():
             try:
-                models.append(ProfileModel.from_csv(
+                profile = ProfileModel.from_csv(
                     self.scenario.resolve_path(path), seq_len=self.scenario.model.seq_len,
-                    dtype=self.scenario.model.dtype))
+                    dtype=self.scenario.model.dtype,
+                    model=None if preset is None or preset.endswith(".json") else preset)
             except ProfileError as exc:
                 raise FieldError(f"nodes[{index}].profile", str(exc)) from None
+            if profile.gpu_key and profile.gpu_key not in self.node.gpus:
+                raise FieldError(f"nodes[{index}].profile", f"{path}: measured on {profile.gpu_key!r}; "
+                                 f"expected one of this node's GPUs ({', '.join(self.node.gpus)})")
+            models.append(profile)
         return tuple(models)
 
     @property

@@ -1,0 +1,176 @@
+"""Tables 1-3 of paper 000, computed by geodt and set beside the paper's own values.
+
+- Table 1: the cluster, GPU by GPU: the paper's TFLOPS and memory against the catalog's.
+- Table 2: per node mean spec TFLOPS, normalised, and the A, B and C allocations.
+- Table 3: idle per node and strategy, predicted from (i) the catalog estimate and (ii) step
+  times inferred from the paper's baseline row (geodt.paper.infer), beside the paper's.
+  Strategies baseline, A, B, C are simulated with THE PAPER'S allocations (A and C are
+  geodt's own; for B geodt's memory model differs, so geodt's B is a separate row `B-geodt`),
+  then every other strategy in simulator.strategies.STRATEGIES with geodt's own plans.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from calibrate.catalog import get_gpu, peak_tflops, spec_tflops
+from geodt.paper import facts
+from geodt.paper.fmt import round_as_printed
+from geodt.paper.infer import Inference, inferred_scenario
+from simulator.engine import simulate, summary
+from simulator.errors import FieldError, InputError
+from simulator.plan import Plan
+from simulator.scenario import Scenario, load_scenario
+from simulator.strategies import STRATEGIES, make_plan, node_plan, uniform_plan
+from simulator.strategies.paper import mean_spec_tflops, normalized_speed
+from simulator.timing import node_timings
+
+SOURCES = ("catalog", "inferred")
+
+
+def table1(scenario: Scenario) -> pd.DataFrame:
+    """One row per (node, GPU type): the paper's figures, the catalog's, and whether they agree."""
+    rows = []
+    for node in scenario.nodes:
+        paper_gpus = {key: (count, tflops, mem) for key, count, tflops, mem in facts.TABLE1[node.name]}
+        for key, count in node.gpus.items():
+            spec = get_gpu(key)
+            p_count, p_tflops, p_mem = paper_gpus[key]
+            geodt_tflops = spec_tflops(spec, scenario.model.dtype)
+            rows.append({
+                "node": node.name, "gpu": key, "count": count, "paper_count": p_count,
+                "paper_tflops": p_tflops, "geodt_spec_tflops": geodt_tflops,
+                "tflops_match": abs(geodt_tflops - p_tflops) < 1e-9,
+                "paper_memory_gb": float(p_mem), "catalog_memory_gb": spec.memory_gb,
+                "memory_match": abs(spec.memory_gb - p_mem) < 1e-9,
+                f"dense_{scenario.model.dtype}_peak_tflops": peak_tflops(spec, scenario.model.dtype),
+            })
+    return pd.DataFrame(rows)
+
+
+def table2(scenario: Scenario) -> pd.DataFrame:
+    """Per node: paper vs geodt average TFLOPS, normalised, A batch, B batch, C local steps."""
+    norm = normalized_speed(scenario, mean_spec_tflops)
+    plans = {name: make_plan(scenario, name) for name in ("A", "B", "C")}
+    rows = []
+    for i, node in enumerate(scenario.nodes):
+        n = node.name
+        avg = mean_spec_tflops(scenario, node)
+        row = {"node": n,
+               "paper_avg_tflops": facts.TABLE2_AVG_TFLOPS[n], "geodt_avg_tflops": avg,
+               "avg_match": round_as_printed(avg, 1) == facts.TABLE2_AVG_TFLOPS[n],
+               "paper_normalized": facts.TABLE2_NORMALIZED[n], "geodt_normalized": norm[i],
+               "normalized_match": round_as_printed(norm[i], 3) == facts.TABLE2_NORMALIZED[n]}
+        for name in ("A", "B"):
+            ours = plans[name].nodes[i].batch_size
+            row.update({f"paper_{name}_batch": facts.TABLE2_BATCH[name][n], f"geodt_{name}_batch": ours,
+                        f"{name}_match": ours == facts.TABLE2_BATCH[name][n]})
+        ours = plans["C"].nodes[i].local_steps
+        row.update({"paper_C_local_steps": facts.TABLE2_LOCAL_STEPS["C"][n], "geodt_C_local_steps": ours,
+                    "C_match": ours == facts.TABLE2_LOCAL_STEPS["C"][n]})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paper_b_plan(scenario: Scenario) -> Plan:
+    """Strategy B with the batches the paper measured (8, 8, 32, 16), H unchanged."""
+    h = scenario.training.local_steps
+    return uniform_plan("B", scenario, [node_plan(t, facts.TABLE2_BATCH["B"][t.node.name], h)
+                                        for t in node_timings(scenario)])
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Simulated plans and per-node results for both step-time sources."""
+
+    scenarios: dict[str, Scenario]     # source -> scenario
+    inference: Inference
+    plans: dict[tuple[str, str], Plan]  # (source, strategy) -> plan
+    per_node: pd.DataFrame              # source, strategy, allocation, node, plan and summary columns
+    skipped: dict[str, str]             # strategy -> why it could not be planned
+
+
+def strategy_names() -> list[str]:
+    """The rows of Table 3: the paper's four, geodt's own B, then every other registered strategy."""
+    others = [s for s in STRATEGIES if s not in facts.PAPER_STRATEGIES]
+    return [*facts.PAPER_STRATEGIES, "B-geodt", *others]
+
+
+def plan_for(scenario: Scenario, name: str) -> Plan:
+    if name == "B":
+        return paper_b_plan(scenario)
+    if name == "B-geodt":
+        plan = make_plan(scenario, "B")
+        return Plan(strategy="B-geodt", nodes=plan.nodes, comm_s=plan.comm_s, seq_len=plan.seq_len, note=plan.note)
+    return make_plan(scenario, name)
+
+
+def predict() -> Predictions:
+    """Simulate every strategy on the paper cluster under both step-time sources (analytic engine)."""
+    inferred, inference = inferred_scenario()
+    scenarios = {"catalog": load_scenario("paper"), "inferred": inferred}
+    plans, frames, skipped = {}, [], {}
+    for source in SOURCES:
+        scenario = scenarios[source]
+        for name in strategy_names():
+            try:
+                plan = plan_for(scenario, name)
+            except (InputError, FieldError) as exc:
+                skipped[name] = str(exc)
+                continue
+            plans[(source, name)] = plan
+            totals = summary(simulate(scenario, plan, "analytic"), plan)
+            frame = plan.to_frame()[["node", "batch_size", "local_steps", "step_s", "tokens_per_round"]]
+            frame = frame.merge(totals.drop(columns="strategy"), on="node")
+            frame.insert(0, "allocation", "paper" if name in facts.PAPER_STRATEGIES else "geodt")
+            frame.insert(0, "strategy", name)
+            frame.insert(0, "source", source)
+            frames.append(frame)
+    return Predictions(scenarios, inference, plans, pd.concat(frames, ignore_index=True), skipped)
+
+
+def table3(pred: Predictions) -> pd.DataFrame:
+    """Idle per node and strategy: paper, catalog estimate, inferred step times, and differences."""
+    wide = pred.per_node.pivot_table(index=["strategy", "node"], columns="source", values="idle_s", sort=False)
+    wide = wide.reset_index()
+    wide.insert(2, "paper_idle_s", [facts.TABLE3_IDLE_S.get(s, {}).get(n, float("nan"))
+                                    for s, n in zip(wide["strategy"], wide["node"])])
+    wide = wide.rename(columns={"catalog": "catalog_idle_s", "inferred": "inferred_idle_s"})
+    wide["inferred_minus_paper_s"] = wide["inferred_idle_s"] - wide["paper_idle_s"]
+    wide["catalog_minus_paper_s"] = wide["catalog_idle_s"] - wide["paper_idle_s"]
+    wide.columns.name = None
+    return wide
+
+
+def strategy_totals(pred: Predictions, scenario_rounds: int) -> pd.DataFrame:
+    """Per source and strategy: total idle, sync, tokens, round time, throughput, idle per token."""
+    rows = []
+    for (source, name), plan in pred.plans.items():
+        part = pred.per_node[(pred.per_node["source"] == source) & (pred.per_node["strategy"] == name)]
+        idle = float(part["idle_s"].sum())
+        tokens = int(plan.tokens_per_round)
+        rows.append({
+            "source": source, "strategy": name,
+            "batch_sizes": " ".join(str(n.batch_size) for n in plan.nodes),
+            "local_steps": " ".join(str(n.local_steps) for n in plan.nodes),
+            "paper_total_idle_s": facts.TABLE3_TOTAL_S.get(name, float("nan")),
+            "total_idle_s": idle, "sync_s_per_round": plan.comm_s,
+            "compute_s_per_round_slowest": max(n.compute_s for n in plan.nodes),
+            "round_s": plan.round_s, "tokens_per_round": tokens,
+            "tokens_per_s": tokens / plan.round_s,
+            "idle_s_per_mtoken": idle / (tokens * scenario_rounds / 1e6),
+            "utilization": float(part["compute_s"].sum() / (part["compute_s"] + part["idle_s"] + part["comm_s"]).sum()),
+        })
+    return pd.DataFrame(rows)
+
+
+def best_geodt_strategy(totals: pd.DataFrame, source: str = "inferred") -> str | None:
+    """Among geodt's own strategies (not the paper's four): the least idle per token, counting only
+    strategies whose throughput (tokens per second of wall time) is at least the baseline's."""
+    part = totals[totals["source"] == source]
+    floor = float(part.loc[part["strategy"] == "baseline", "tokens_per_s"].iloc[0])
+    own = part[~part["strategy"].isin([*facts.PAPER_STRATEGIES, "B-geodt"]) & (part["tokens_per_s"] >= floor)]
+    if own.empty:
+        return None
+    return str(own.sort_values(["idle_s_per_mtoken", "strategy"]).iloc[0]["strategy"])

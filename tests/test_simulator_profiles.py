@@ -1,0 +1,101 @@
+"""Nodes timed by calibration profiles: t(b) exact where measured, slowest GPU rules, B and measured-* use them."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from calibrate.profiles import COLUMNS
+from simulator.engine import simulate, summary
+from simulator.scenario import load_scenario
+from simulator.strategies import make_plan
+from simulator.timing import node_timings
+
+
+def write_profile(path, gpu_key, times, oom=(), mem=None, total=None, seq_len=64, dtype="fp32", model="tiny"):
+    rows = []
+    for b, t in times.items():
+        rows.append({"batch_size": b, "step_s_median": t, "oom": "false",
+                     "peak_mem_bytes": "" if mem is None else mem[b]})
+    rows += [{"batch_size": b, "step_s_median": "", "oom": "true", "peak_mem_bytes": ""} for b in oom]
+    frame = pd.DataFrame(rows)
+    for column in COLUMNS:
+        if column not in frame:
+            frame[column] = ""
+    frame["device_name"], frame["gpu_key"], frame["model"] = gpu_key, gpu_key, model
+    frame["seq_len"], frame["dtype"], frame["device_index"], frame["repeats"] = seq_len, dtype, 0, 5
+    frame["mem_total_bytes"] = "" if total is None else total
+    frame[list(COLUMNS)].to_csv(path, index=False)
+    return path.name
+
+
+SCENARIO = """
+name = "profiled"
+[model]
+preset = "tiny"
+seq_len = 64
+dtype = "fp32"
+[training]
+rounds = 3
+local_steps = 10
+batch_size = 2
+[[nodes]]
+name = "one"
+gpus = {{ "a30" = 1 }}
+profile = "{a}"
+[[nodes]]
+name = "mixed"
+gpus = {{ "a30" = 1, "t4" = 1 }}
+profile = ["{a}", "{t}"]
+"""
+
+
+@pytest.fixture
+def profiled(tmp_path, write_scenario):
+    a = write_profile(tmp_path / "a30.csv", "a30", {1: 0.10, 2: 0.12, 4: 0.16, 8: 0.24},
+                      oom=(16,), mem={1: 1e9, 2: 2e9, 4: 4e9, 8: 8e9}, total=24e9)
+    t = write_profile(tmp_path / "t4.csv", "t4", {1: 0.20, 2: 0.26, 4: 0.38})
+    return load_scenario(str(write_scenario(SCENARIO.format(a=a, t=t))))
+
+
+def test_exact_at_measured_and_linear_between(profiled):
+    one = node_timings(profiled)[0]
+    assert one.source == "profile"
+    assert [one.step_s(b) for b in (1, 2, 4, 8)] == [0.10, 0.12, 0.16, 0.24]
+    assert one.step_s(6) == pytest.approx(0.20)  # halfway between 4 and 8
+
+
+def test_node_follows_slowest_gpu_plus_allreduce(profiled):
+    one, mixed = node_timings(profiled)
+    assert mixed.step_s(2) > 0.26  # the T4's 0.26 s plus the intra-node gradient all-reduce
+    assert mixed.step_s(2) == pytest.approx(0.26 + (mixed.step_s(1) - 0.20))
+
+
+def test_oom_rows_bound_strategy_b(profiled):
+    one = node_timings(profiled)[0]
+    assert one.fits(8) and not one.fits(16)
+    plan = make_plan(profiled, "B")
+    assert plan.nodes[0].batch_size == 8  # 2, 4, 8 fit; 16 ran out of memory
+
+
+def test_measured_steps_reduces_idle(profiled):
+    def idle(strategy):
+        plan = make_plan(profiled, strategy)
+        return summary(simulate(profiled, plan), plan)["idle_s"].sum()
+    assert idle("measured-steps") < idle("baseline")
+    assert idle("measured-batch") < idle("baseline")
+
+
+def test_profile_at_other_seq_len_is_an_error(tmp_path, write_scenario):
+    a = write_profile(tmp_path / "a.csv", "a30", {1: 0.1, 2: 0.2}, seq_len=128)
+    t = write_profile(tmp_path / "t.csv", "t4", {1: 0.1, 2: 0.2})
+    scenario = load_scenario(str(write_scenario(SCENARIO.format(a=a, t=t))))
+    with pytest.raises(ValueError, match="seq_len"):
+        make_plan(scenario, "baseline")
+
+
+def test_profile_of_another_gpu_is_an_error(tmp_path, write_scenario):
+    a = write_profile(tmp_path / "a.csv", "v100", {1: 0.1, 2: 0.2})
+    t = write_profile(tmp_path / "t.csv", "t4", {1: 0.1, 2: 0.2})
+    scenario = load_scenario(str(write_scenario(SCENARIO.format(a=a, t=t))))
+    with pytest.raises(ValueError, match="measured on 'v100'"):
+        make_plan(scenario, "baseline")
