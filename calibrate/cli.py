@@ -14,6 +14,8 @@ from calibrate.presets import PresetError, load_arch
 from calibrate.profiles import ProfileError, ProfileModel, leave_one_out, read_profile_frame
 
 DEFAULT_CPU_MAX_BATCH = 64
+# p90/p10 above this flags a batch whose steps were disturbed (another process on the CPU...).
+NOISY_SPREAD = 1.5
 
 
 class UsageError(ValueError):
@@ -75,7 +77,8 @@ def calibrate_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=10, help="timed steps per batch [10]")
     p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed steps per batch first [3]")
     p.add_argument("--max-batch", type=_positive_int, default=None,
-                   help=f"never try a larger batch [{DEFAULT_CPU_MAX_BATCH} on CPU, unbounded on CUDA]")
+                   help=f"--batch auto never tries a larger batch [{DEFAULT_CPU_MAX_BATCH} on CPU, "
+                   "unbounded on CUDA]")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads [torch's default]")
     p.add_argument("--seed", type=_non_negative_int, default=0, help="model init and token seed [0]")
     p.add_argument("--out", required=True, type=Path, help="profile CSV; an existing one is completed")
@@ -106,6 +109,17 @@ def _table(rows: list[dict]) -> str:
     return out.to_string(index=False, float_format=lambda v: f"{v:.2f}", na_rep="-")
 
 
+def _noisy_batches(rows: list[dict]) -> list[int]:
+    noisy = []
+    for row in rows:
+        try:
+            if float(row["step_s_p90"]) > NOISY_SPREAD * float(row["step_s_p10"]):
+                noisy.append(int(row["batch_size"]))
+        except (TypeError, ValueError):  # OOM rows have no timing
+            pass
+    return sorted(noisy)
+
+
 def calibrate_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -127,8 +141,11 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         devices = resolve_devices(args.device)
         cpu = devices == ["cpu"]
         dtype = args.dtype or ("fp32" if cpu else "bf16")
-        if not cpu and dtype == "bf16" and not torch.cuda.is_bf16_supported():
-            raise HarnessError(f"--dtype bf16: {args.device} has no bf16 support; expected fp16 or fp32")
+        if not cpu and dtype == "bf16" and not all(
+                torch.cuda.get_device_capability(d) >= (8, 0) for d in devices):
+            # pre-Ampere GPUs only emulate bf16: timings would not be the GPU's
+            raise HarnessError(f"--dtype bf16: {args.device} has no native bf16 (compute capability "
+                               "below 8.0); expected --dtype fp16 or fp32")
         max_batch = args.max_batch or (DEFAULT_CPU_MAX_BATCH if cpu else UNBOUNDED_MAX_BATCH)
         if isinstance(batches, tuple) and batches[1] > max_batch:
             raise HarnessError(f"--batch {args.batch}: starts above --max-batch {max_batch}")
@@ -182,6 +199,11 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         print(f"{writer.path}: {info.device_name} [{info.gpu_key or '?'}], {arch.name}, "
               f"seq_len {args.seq_len}, {dtype}")
         print(_table(writer.rows))
+        noisy = _noisy_batches(writer.rows)
+        if noisy:
+            print(f"geodt calibrate: warning: batch {', '.join(map(str, noisy))}: p90 above "
+                  f"{NOISY_SPREAD}x p10, the device was probably busy; check with `geodt profile check "
+                  f"{writer.path}` and remeasure into a new file if needed", file=sys.stderr)
         if isinstance(batches, tuple):
             print(f"largest batch that fits: {largest if largest else 'none'}"
                   + (f" (capped by --max-batch {max_batch})" if largest == max_batch else ""))

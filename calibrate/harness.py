@@ -193,6 +193,8 @@ class Calibrator:
     def free_memory(self) -> None:
         """Drop gradients and cached blocks after an OOM so the next batch starts clean."""
         self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:  # an OOM between unscale_ and update leaves it mid-step
+            self.scaler = make_scaler(self.device, self.dtype)
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -225,9 +225,19 @@ class Node:
             "local_steps": self.me.local_steps, "batch_size": self.step_batch,
         }
 
+    def warm_up(self) -> None:
+        """One forward/backward on a fixed batch, gradients discarded: the first step's one-off
+        costs (allocations, kernel selection) stay out of round 0. Weights, optimizer state,
+        data position and RNG are untouched (the model has no dropout)."""
+        batch = torch.zeros((self.step_batch, self.spec.model.seq_len), dtype=torch.long, device=self.device)
+        self.model(input_ids=batch, labels=batch).loss.backward()
+        self.model.zero_grad(set_to_none=True)
+        self._sync_device()
+
     def run(self) -> None:
         if self.opts.resume:
             self.resume()
+        self.warm_up()
         last = self.spec.rounds if self.opts.stop_after is None else min(self.spec.rounds, self.opts.stop_after)
         bar = None
         if self.rank == 0 and self.opts.progress:
@@ -266,6 +276,9 @@ class Node:
             tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
             torch.save({name: p.detach().cpu() for name, p in self.model.named_parameters()}, tmp)
             os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
+        # Nobody leaves before rank 0 has written: a peer closing its sockets early can abort
+        # gloo's pending work in the others.
+        self.barrier()
 
 
 def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_addr: tuple[str, int] | None) -> None:

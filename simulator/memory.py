@@ -33,4 +33,4 @@ def step_memory_bytes(scenario, batch: int) -> float:
 
 
 def fits_in_memory(scenario, gpu_key: str, batch: int) -> bool:
-    return step_memory_bytes(scenario, batch) <= get_gpu(gpu_key).memory_gb * 1e9
+    return step_memory_bytes(scenario, batch) <= get_gpu(gpu_key).memory_bytes

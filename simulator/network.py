@@ -7,8 +7,32 @@ Ring all-reduce among n nodes of a payload of P bytes (parameters × bytes of pa
 where each node's link is min(network.bandwidth_gbps, node.uplink_gbps). The outer step then
 forms Δ = θ_global − θ_i and applies Nesterov SGD on every node: OUTER_BYTES_PER_PARAM bytes of
 fp32 memory traffic per parameter on the node with the slowest memory.
+
+Bandwidth-balanced partitioned all-reduce (`collective = "partitioned"`; hivemind's butterfly
+all-reduce with its load balancing). Node i aggregates a share p_i of the payload (Σ p = 1):
+as a client it sends the (1 − p_i)·P it does not aggregate and downloads the same back
+averaged; as an aggregator it receives (n − 1)·p_i·P and sends as much back. Over a
+full-duplex link of B_i bit/s its time is (1 + (n − 2)·p_i)·P·8 / B_i, and the collective
+takes the slowest node's time. hivemind solves min over p of max_i of that as a linear
+program; it has a closed form (water-filling): with τ the time per bit,
+
+    p_i = max(0, τ_w·B_i − 1) / (n − 2),   τ_w the value with Σ_i max(0, τ_w·B_i − 1) = n − 2
+    τ   = max(τ_w, 1 / min_i B_i)
+
+so slow links aggregate nothing and fast links take the rest; a node that aggregates nothing
+still sends and receives its own payload once, hence the floor 1 / min B. Two latencies
+(scatter, gather):
+
+    t_partitioned = 2 · latency + τ · P · 8
+
+With equal links τ = 2(n−1)/(n·B), the ring's bandwidth term; with one slow link the
+partitioned collective approaches P·8 / B_slow against the ring's 2(n−1)/n · P·8 / B_slow.
+The functions ending in `_raw` take plain numbers or numpy arrays (leading axes are
+independent scenarios), so the sweep computes exactly what the scalar path computes.
 """
 from __future__ import annotations
+
+import numpy as np
 
 from calibrate.catalog import get_gpu
 from simulator.scenario import PAYLOAD_BYTES, Scenario
@@ -26,20 +50,81 @@ def payload_bytes(scenario: Scenario, payload_dtype: str | None = None) -> float
     return scenario.model.param_count * PAYLOAD_BYTES[payload_dtype or scenario.network.payload_dtype]
 
 
+def outer_step_raw(params: float, slowest_bw_gbs):
+    return OUTER_BYTES_PER_PARAM * params / (slowest_bw_gbs * 1e9)
+
+
 def outer_step_s(scenario: Scenario) -> float:
     slowest_bw_gbs = min(get_gpu(k).memory_bandwidth_gbs for n in scenario.nodes for k in n.gpus)
-    return OUTER_BYTES_PER_PARAM * scenario.model.param_count / (slowest_bw_gbs * 1e9)
+    return outer_step_raw(scenario.model.param_count, slowest_bw_gbs)
+
+
+def ring_allreduce_raw(n: int, latency_ms: float, payload_bytes_: float, slowest_gbps):
+    """Ring all-reduce time; slowest_gbps may be an array (one value per scenario)."""
+    if n == 1:
+        return 0.0 * slowest_gbps
+    latency_s = latency_ms / 1e3
+    bits = payload_bytes_ * 8
+    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * bits / (slowest_gbps * 1e9)
 
 
 def ring_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
-    n = len(scenario.nodes)
-    if n == 1:
-        return 0.0
-    latency_s = scenario.network.latency_ms / 1e3
-    bits = payload_bytes(scenario, payload_dtype) * 8
-    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * bits / (min(link_gbps(scenario)) * 1e9)
+    return float(ring_allreduce_raw(len(scenario.nodes), scenario.network.latency_ms,
+                                    payload_bytes(scenario, payload_dtype), min(link_gbps(scenario))))
 
 
-def sync_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
+def _water_level(links: np.ndarray) -> np.ndarray:
+    """τ_w of the module docstring (n >= 3): the time per Gbit at which the aggregators balance."""
+    n = links.shape[-1]
+    ordered = -np.sort(-links, axis=-1)  # fastest first
+    k = np.arange(1, n + 1, dtype=float)
+    # If the k fastest links aggregate, Σ_{top k} (τ·B − 1) = n − 2 gives τ_k = (n − 2 + k) / Σ_{top k} B.
+    tau_k = (n - 2 + k) / np.cumsum(ordered, axis=-1)
+    # τ_k is right when the k-th fastest link still aggregates (τ_k·B_k ≥ 1) and the next would not.
+    valid = tau_k * ordered >= 1.0
+    last = n - 1 - np.argmax(valid[..., ::-1], axis=-1)  # the largest valid k (k = 1 is always valid)
+    return np.take_along_axis(tau_k, last[..., None], axis=-1)[..., 0]
+
+
+def partitioned_seconds_per_gbit(links_gbps) -> np.ndarray:
+    """τ (seconds per Gbit of payload) of the balanced partitioned all-reduce; links (..., n)."""
+    links = np.asarray(links_gbps, dtype=float)
+    floor = 1.0 / links.min(axis=-1)  # every node sends and receives its own payload once
+    if links.shape[-1] <= 2:
+        return floor
+    return np.maximum(_water_level(links), floor)
+
+
+def partitioned_shares(links_gbps) -> np.ndarray:
+    """p_i, the share of the payload each node aggregates (sums to 1 over the last axis)."""
+    links = np.asarray(links_gbps, dtype=float)
+    n = links.shape[-1]
+    if n <= 2:
+        return links / links.sum(axis=-1, keepdims=True)
+    tau = _water_level(links)[..., None]
+    return np.maximum(0.0, tau * links - 1.0) / (n - 2)
+
+
+def partitioned_allreduce_raw(latency_ms: float, payload_bytes_: float, links_gbps):
+    """Balanced partitioned all-reduce time; links_gbps (..., n)."""
+    links = np.asarray(links_gbps, dtype=float)
+    if links.shape[-1] == 1:
+        return 0.0 * links[..., 0]
+    return 2 * (latency_ms / 1e3) + partitioned_seconds_per_gbit(links) * (payload_bytes_ * 8 / 1e9)
+
+
+def partitioned_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
+    return float(partitioned_allreduce_raw(scenario.network.latency_ms, payload_bytes(scenario, payload_dtype),
+                                           link_gbps(scenario)))
+
+
+def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
+    """The all-reduce of the payload by `collective` (default: the scenario's network.collective)."""
+    if (collective or scenario.network.collective) == "partitioned":
+        return partitioned_allreduce_s(scenario, payload_dtype)
+    return ring_allreduce_s(scenario, payload_dtype)
+
+
+def sync_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
     """comm_s of one outer sync (DESIGN.md): the all-reduce plus the outer optimizer step."""
-    return ring_allreduce_s(scenario, payload_dtype) + outer_step_s(scenario)
+    return allreduce_s(scenario, payload_dtype, collective) + outer_step_s(scenario)

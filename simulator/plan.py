@@ -32,6 +32,12 @@ class Plan:
     comm_s: float  # one outer sync
     seq_len: int
     note: str = ""  # what the strategy decided and why, for the printed report
+    # Optional overrides of the scenario (None = the scenario's own), for strategies that
+    # change how often or how the nodes sync: sync-ddp syncs every step (rounds = R × H of
+    # one step each), network-aware picks the collective and the payload dtype.
+    rounds: int | None = None
+    collective: str | None = None
+    payload_dtype: str | None = None
 
     def to_frame(self) -> pd.DataFrame:
         rows = [(self.strategy, n.node, n.gpus, n.batch_size, n.local_steps, n.step_s,

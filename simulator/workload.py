@@ -14,7 +14,7 @@ from simulator.scenario import Scenario
 
 def compute_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
     """compute_s[r, i]: node i's time for its H_i inner steps in round r (rounds × nodes)."""
-    rounds = scenario.training.rounds
+    rounds = plan.rounds or scenario.training.rounds  # a plan may sync more often (sync-ddp)
     base = np.array([n.compute_s for n in plan.nodes], dtype=float)
     cv = scenario.simulation.jitter_cv
     if cv == 0:

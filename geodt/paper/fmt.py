@@ -23,7 +23,8 @@ def cell(value, digits: int = 2) -> str:
     if isinstance(value, bool):
         return "yes" if value else "**no**"
     if isinstance(value, float):
-        return f"{value:,.{digits}f}"
+        text = f"{value:,.{digits}f}"
+        return text[1:] if text.startswith("-") and not text.strip("-0.,") else text  # no "-0.00"
     return str(value)
 
 

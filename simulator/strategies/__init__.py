@@ -50,4 +50,4 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
 
 
 # Registration happens on import; keep this list in the order strategies are printed.
-from simulator.strategies import paper, measured  # noqa: E402,F401
+from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware  # noqa: E402,F401

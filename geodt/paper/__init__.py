@@ -1,0 +1,69 @@
+"""`geodt paper [--out results/paper]`: regenerate the papers' tables and figures from the code alone.
+
+Everything is computed (nothing is copied but the papers' own figures in geodt.paper.facts),
+built in memory first, then written file by file with atomic replaces, so a failure writes
+nothing half-made and a rerun rewrites the directory byte for byte.
+
+Parts: facts (the papers' numbers), infer (step times from the paper's idle), tables (Tables
+1-3), related (papers 001 and 002), figures (PNGs), readme (the generated README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+TIMELINE_ROUNDS = 3
+
+
+def build() -> dict[str, bytes]:
+    """Every output file of `geodt paper`, name -> content, computed in memory."""
+    from geodt.paper import figures, readme
+    from geodt.paper.artifacts import compute
+
+    art = compute()
+    files = {name: text.encode() for name, text in art.csv_files().items()}
+    files.update({name: text.encode() for name, text in art.scenario_files().items()})
+    files["idle_per_node.png"] = figures.idle_per_node(art.table3, art.pred.inference.t_max_s)
+    files["timeline.png"] = figures.timeline(art.timelines, art.timeline_subtitles(), TIMELINE_ROUNDS,
+                                             "step times inferred from the paper's measurements")
+    files["batch_time_002.png"] = figures.batch_time(art.fit)
+    files["share_001.png"] = figures.share_time(art.curves)
+    files["README.md"] = readme.render(art, sorted([*files, "README.md"])).encode()
+    return files
+
+
+def write_files(files: dict[str, bytes], out: Path) -> None:
+    """Each file whole or not at all: a temp name in the same directory, then os.replace."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, out / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="geodt paper", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/paper", help="output directory (default: results/paper)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"geodt paper: --out {out}: expected a directory, found a file", file=sys.stderr)
+        return 2
+    files = build()
+    try:
+        write_files(files, out)
+    except OSError as exc:
+        print(f"geodt paper: --out {out}: cannot write ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    for name in sorted(files):
+        print(f"wrote {out / name}")
+    return 0

@@ -1,0 +1,205 @@
+"""`geodt run` and `geodt validate`: a strategy's plan, executed for real, compared with the simulator.
+
+`geodt run SCENARIO --strategy S --out DIR` makes the plan with the simulator, writes
+DIR/plan.csv and DIR/scenario.toml (fully resolved) and launches the real executor
+(`real/`), which writes DIR/trace.csv. `geodt validate` also simulates the same plan
+(DIR/timeline.csv), runs it (emulated unless --no-emulate), and writes DIR/validation.csv
+and DIR/validation.png: per node, predicted and measured idle and round time, summed over
+rounds, and the idle error as a percentage of the round time.
+
+This is the one place that imports both `simulator` and `real`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
+                      "measured_round_s", "error_pct_of_round"]
+
+
+def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
+    from real.cli import add_exec_arguments
+
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
+    parser.add_argument("--strategy", required=True, help="baseline, A, B, C, ...")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a scenario key, e.g. training.rounds=3 (repeatable)")
+    add_exec_arguments(parser)
+    if validate:
+        parser.add_argument("--no-emulate", action="store_true",
+                            help="run for real, without padding steps and syncs to the plan's times")
+        parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
+                            help="simulator engine for the prediction")
+    return parser
+
+
+def _prepare(prog: str, args: argparse.Namespace):
+    """Scenario + plan (simulator), checked by the executor, then written into DIR.
+
+    Returns (scenario, plan, exec options) or an exit status. Nothing is written unless
+    every input is good.
+    """
+    from real.cli import exec_options
+    from real.config import ConfigError
+    from real.launch import LaunchError, check_inputs
+    from simulator.errors import InputError
+    from simulator.outputs import write_csv, write_text
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+        plan = make_plan(scenario, args.strategy)
+        opts = exec_options(args, args.out)
+    except (InputError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    frame, toml_text = plan.to_frame(), scenario.to_toml()
+    with tempfile.TemporaryDirectory(prefix="geodt-run-") as tmp:
+        write_csv(frame, Path(tmp) / "plan.csv")
+        write_text(Path(tmp) / "scenario.toml", toml_text)
+        try:
+            check_inputs(Path(tmp) / "plan.csv", Path(tmp) / "scenario.toml", opts)
+        except (ConfigError, LaunchError) as exc:
+            print(f"{prog}: the executor cannot run this scenario: {exc}", file=sys.stderr)
+            return 2
+    out = Path(args.out)
+    try:
+        write_csv(frame, out / "plan.csv")
+        write_text(out / "scenario.toml", toml_text)
+    except OSError as exc:
+        print(f"{prog}: {out}: cannot write the output directory ({exc})", file=sys.stderr)
+        return 2
+    return scenario, plan, opts
+
+
+def run_main(argv: list[str]) -> int:
+    args = _parser("geodt run", validate=False).parse_args(argv)
+    prepared = _prepare("geodt run", args)
+    if isinstance(prepared, int):
+        return prepared
+    from real.launch import launch
+
+    out = Path(args.out)
+    status = launch(out / "plan.csv", out / "scenario.toml", prepared[2], host=args.host)
+    if status == 0:
+        print(f"geodt run: wrote {out / 'trace.csv'}")
+    return status
+
+
+def validation_table(timeline, trace, time_scale: float):
+    """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
+
+    Measured times are divided by time_scale so that both are in the scenario's seconds.
+    error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time.
+    """
+    import pandas as pd
+
+    rounds = sorted(set(trace["round"]))
+    pred = timeline[timeline["round"].isin(rounds)].copy()
+    pred["round_s"] = pred["compute_s"] + pred["idle_s"] + pred["comm_s"]
+    meas = trace.copy()
+    for column in ("compute_s", "idle_s", "comm_s"):
+        meas[column] = meas[column] / time_scale
+    meas["round_s"] = meas["compute_s"] + meas["idle_s"] + meas["comm_s"]
+    p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s"]].sum()
+    m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps"]].sum()
+    nodes = list(dict.fromkeys(timeline["node"]))
+    rows = []
+    for node in nodes:
+        rows.append({
+            "strategy": timeline["strategy"].iloc[0], "node": node,
+            "predicted_idle_s": p.at[node, "idle_s"], "measured_idle_s": m.at[node, "idle_s"],
+            "predicted_round_s": p.at[node, "round_s"], "measured_round_s": m.at[node, "round_s"],
+            "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
+            "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
+            "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
+            "overrun_steps": int(m.at[node, "overrun_steps"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def plot_validation(table, path: Path, title: str) -> None:
+    """Two panels per node: idle (predicted vs measured), and the round split into its parts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    nodes = list(table["node"])
+    x = np.arange(len(nodes))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    w = 0.38
+    b1 = ax1.bar(x - w / 2, table["predicted_idle_s"], w, label="predicted", color="#9ecae1", edgecolor="#3182bd")
+    b2 = ax1.bar(x + w / 2, table["measured_idle_s"], w, label="measured", color="#fdae6b", edgecolor="#e6550d")
+    ax1.bar_label(b1, fmt="%.2f", fontsize=8)
+    ax1.bar_label(b2, fmt="%.2f", fontsize=8)
+    ax1.set_xticks(x, [f"{n}\nerror {e:+.1f}% of round" for n, e in zip(nodes, table["error_pct_of_round"])])
+    ax1.set_ylabel("idle time, summed over rounds (s)")
+    ax1.set_title("GPU idle time per node")
+    ax1.legend()
+    parts = [("compute_s", "compute", "#74c476"), ("idle_s", "idle", "#fd8d3c"), ("comm_s", "sync", "#9e9ac8")]
+    for offset, kind, hatch in ((-w / 2, "predicted", ""), (w / 2, "measured", "//")):
+        bottom = np.zeros(len(nodes))
+        for col, label, color in parts:
+            values = table[f"{kind}_{col}"].to_numpy(float)
+            ax2.bar(x + offset, values, w, bottom=bottom, color=color, hatch=hatch, edgecolor="white",
+                    label=f"{label}" if kind == "predicted" else None)
+            bottom += values
+    ax2.set_xticks(x, nodes)
+    ax2.set_ylabel("time, summed over rounds (s)")
+    ax2.set_title("round time: predicted (plain) | measured (hatched)")
+    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False)
+    fig.suptitle(title)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def validate_main(argv: list[str]) -> int:
+    args = _parser("geodt validate", validate=True).parse_args(argv)
+    args.emulate = not args.no_emulate
+    prepared = _prepare("geodt validate", args)
+    if isinstance(prepared, int):
+        return prepared
+    scenario, plan, opts = prepared
+    import pandas as pd
+
+    from real.launch import launch
+    from simulator.engine import simulate
+    from simulator.outputs import write_csv
+
+    out = Path(args.out)
+    timeline = simulate(scenario, plan, engine=args.engine)
+    write_csv(timeline, out / "timeline.csv")
+    status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host)
+    if status != 0:
+        return status
+    trace = pd.read_csv(out / "trace.csv")
+    scale = args.time_scale if args.emulate else 1.0
+    table = validation_table(timeline, trace, scale)
+    write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
+    mode = f"emulated, time scale {args.time_scale:g}" if args.emulate else "real, not emulated"
+    plot_validation(table, out / "validation.png",
+                    f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})")
+    shown = table[VALIDATION_COLUMNS + ["overrun_steps"]].copy()
+    with pd.option_context("display.width", 160, "display.max_columns", 20):
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    losses = trace.groupby("round")["loss"].mean()
+    print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
+    worst = table["error_pct_of_round"].abs().max()
+    print(f"largest idle error: {worst:.2f}% of round time; wrote {out / 'validation.csv'}, "
+          f"{out / 'validation.png'}")
+    overruns = int(table["overrun_steps"].sum())
+    if args.emulate and overruns:
+        print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "
+              f"measured compute exceeds the prediction there (raise step_time_s or lower the load)",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,34 @@
+"""`C-slowest`: the paper's C with each node's speed taken from its SLOWEST GPU.
+
+Rule: H_i = round(H × S_i / min S), S_i = the smallest spec TFLOPS among node i's GPUs
+(`calibrate.catalog.spec_tflops`, the paper's convention, as C uses), rounding halves up.
+Why: the GPUs of a node run data-parallel and every inner step waits for the slowest of
+them, so a node with 3× RTX 2080 Ti and 1× TITAN RTX runs at the 2080 Ti's pace, not at the
+mean of the four (the paper's node 2 was its slowest node although its mean was not).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from calibrate.catalog import get_gpu, spec_tflops
+from simulator.strategies import node_plan, register, uniform_plan
+
+
+def slowest_spec_tflops(scenario, node) -> float:
+    """The smallest spec TFLOPS among the node's GPUs."""
+    return min(spec_tflops(get_gpu(key), scenario.model.dtype) for key in node.gpus)
+
+
+def c_slowest_steps(speed: np.ndarray, local_steps: int) -> np.ndarray:
+    """H_i = floor(H × speed_i / min speed + 1/2) for speed (S, n); the same arithmetic as C."""
+    scale = speed / speed.min(axis=-1, keepdims=True)
+    return np.floor(local_steps * scale + 0.5).astype(np.int64)
+
+
+@register("C-slowest")
+def strategy_c_slowest(scenario, timings):
+    """H_i = round(H × S_i / min S), S_i the slowest GPU's spec TFLOPS; b unchanged."""
+    b, h = scenario.training.batch_size, scenario.training.local_steps
+    speed = np.array([[slowest_spec_tflops(scenario, node) for node in scenario.nodes]])
+    steps = c_slowest_steps(speed, h)[0]
+    return uniform_plan("C-slowest", scenario, [node_plan(t, b, int(s)) for t, s in zip(timings, steps)])

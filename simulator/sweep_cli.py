@@ -1,0 +1,237 @@
+"""`geodt sweep`: what-if sweeps over node mixes (parallel, resumable), or one scenario's table.
+
+    geodt sweep --nodes 4 --gpus-per-node 4 --gpu-types a30,v100,t4 [--mixed-nodes]
+                --bandwidth-gbps 0.1,1,10 [--strategy S ...] --samples N --seed S --out DIR
+    geodt sweep --table paper --out DIR       every strategy on one scenario (SimPy engine)
+
+A sweep splits its scenarios into chunks of CHUNK scenarios, decides them on every core
+(multiprocessing), and writes each finished chunk to DIR/parts/ at once; a rerun with the
+same arguments skips the chunks already there, so an interrupted sweep resumes. At the end
+DIR holds sweep.csv (tidy: one row per scenario × strategy), spec.json, scenario.toml (the
+base scenario) and the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+CHUNK = 500
+_WORKER: dict = {}
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _nonnegative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def parser():
+    from simulator.cli import OneLineParser
+
+    p = OneLineParser(prog="geodt sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--table", metavar="SCENARIO", help="instead of a sweep: every strategy on this scenario")
+    p.add_argument("--base", default="paper", help="scenario whose model, training and network a sweep keeps (default paper)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a key of the base (or --table) scenario")
+    p.add_argument("--nodes", type=_positive, default=4, help="nodes per scenario (default 4)")
+    p.add_argument("--gpus-per-node", type=_positive, default=4, help="GPUs per node (default 4)")
+    p.add_argument("--gpu-types", default="rtx-2080-ti,titan-rtx,a30,rtx-3090,v100",
+                   help="catalog keys, comma separated (default: the paper's five)")
+    p.add_argument("--mixed-nodes", action="store_true", help="nodes may mix GPU types (default: one type per node)")
+    p.add_argument("--bandwidth-gbps", type=_floats, default=(0.1, 1.0, 10.0), help="WAN bandwidths (default 0.1,1,10)")
+    p.add_argument("--strategy", nargs="+", action="extend", metavar="S", help="strategies (default: all)")
+    p.add_argument("--samples", type=_positive, default=1000, help="at most about this many scenarios (default 1000)")
+    p.add_argument("--seed", type=_nonnegative, default=0, help="seed of the sample of mixes (default 0)")
+    p.add_argument("--workers", type=_positive, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    p.add_argument("--chunk", type=_positive, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
+    p.add_argument("--no-figures", action="store_true", help="write sweep.csv only")
+    p.add_argument("--out", required=True, help="output directory")
+    return p
+
+
+def _init_worker(spec) -> None:
+    from simulator.scenario import load_scenario
+    from simulator.sweep import KindTables, node_kinds
+
+    _WORKER["kt"] = KindTables(load_scenario(spec.base, spec.overrides), node_kinds(spec))
+    _WORKER["spec"] = spec
+
+
+def _run_chunk(job) -> tuple[int, int]:
+    from simulator.outputs import write_csv
+    from simulator.sweep import chunk_frame
+
+    index, first, kinds, bw, path = job
+    spec = _WORKER["spec"]
+    write_csv(chunk_frame(_WORKER["kt"], kinds, bw, spec.strategies, first), Path(path))
+    return index, len(kinds)
+
+
+def _spec_from_args(args, strategies):
+    from calibrate.catalog import CatalogError, get_gpu
+    from simulator.errors import InputError
+    from simulator.sweep import SweepSpec
+
+    types = tuple(t.strip() for t in args.gpu_types.split(",") if t.strip())
+    if not types:
+        raise InputError("--gpu-types: expected catalog keys separated by commas")
+    for key in types:
+        try:
+            get_gpu(key)
+        except CatalogError as exc:
+            raise InputError(f"--gpu-types {key}: {exc}") from None
+    if len(set(types)) != len(types):
+        raise InputError(f"--gpu-types {args.gpu_types}: expected each GPU type once")
+    return SweepSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_types=types,
+                     mixed_nodes=args.mixed_nodes, bandwidths_gbps=tuple(args.bandwidth_gbps),
+                     strategies=tuple(strategies), samples=args.samples, seed=args.seed,
+                     base=args.base, overrides=tuple(args.overrides))
+
+
+def _sweep(args, strategies, out: Path) -> int:
+    import multiprocessing
+
+    import pandas as pd
+    from tqdm import tqdm
+
+    from simulator.errors import InputError
+    from simulator.outputs import check_writable, write_csv, write_text
+    from simulator.scenario import load_scenario
+    from simulator.sweep import node_kinds, scenario_grid
+
+    spec = _spec_from_args(args, strategies)
+    base = load_scenario(spec.base, spec.overrides)
+    if base.simulation.jitter_cv != 0:
+        raise InputError(f"{spec.base}: simulation.jitter_cv: expected 0 for a sweep (the fast path is deterministic)")
+    try:
+        check_writable(out)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
+    spec_path = out / "spec.json"
+    if spec_path.exists() and spec_path.read_text() != spec.to_json():
+        raise InputError(f"--out {out}: holds a sweep with other arguments ({spec_path}); expected a new or matching directory")
+    write_text(spec_path, spec.to_json())
+    if (out / "sweep.csv").exists():  # a finished sweep of these arguments: nothing to redo
+        frame = pd.read_csv(out / "sweep.csv", keep_default_na=False, na_values=[""])
+        print(f"{out}/sweep.csv: finished earlier with these arguments; nothing redone", file=sys.stderr)
+        return _finish(args, frame, base, out, write=False)
+    kinds = node_kinds(spec)
+    grid_kinds, grid_bw = scenario_grid(spec, len(kinds))
+    parts = out / f"parts-chunk{args.chunk}"  # a chunk size of its own: a rerun with another --chunk redoes all
+    parts.mkdir(exist_ok=True)
+    jobs, done = [], 0
+    chunk = args.chunk
+    for index, first in enumerate(range(0, len(grid_kinds), chunk)):
+        path = parts / f"chunk-{index:05d}.csv"
+        size = min(chunk, len(grid_kinds) - first)
+        if path.exists():
+            done += size
+            continue
+        jobs.append((index, first, grid_kinds[first:first + chunk], grid_bw[first:first + chunk], str(path)))
+    print(f"{len(grid_kinds)} scenarios ({len(kinds)} node kinds, {len(spec.bandwidths_gbps)} bandwidths) "
+          f"x {len(strategies)} strategies; {done} already done", file=sys.stderr)
+    with tqdm(total=len(grid_kinds), initial=done, unit="scenario", desc="geodt sweep") as bar:
+        if jobs and args.workers > 1 and len(jobs) > 1:
+            with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _init_worker, (spec,)) as pool:
+                for _, size in pool.imap_unordered(_run_chunk, jobs):
+                    bar.update(size)
+        elif jobs:
+            _init_worker(spec)
+            for job in jobs:
+                bar.update(_run_chunk(job)[1])
+    chunks = sorted(parts.glob("chunk-*.csv"))
+    frame = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in chunks], ignore_index=True)
+    write_csv(frame, out / "sweep.csv")
+    for path in chunks:  # sweep.csv now holds them all; a rerun finds it and redoes nothing
+        path.unlink()
+    parts.rmdir()
+    return _finish(args, frame, base, out, write=True)
+
+
+def _finish(args, frame, base, out: Path, write: bool) -> int:
+    from simulator.outputs import write_text
+
+    write_text(out / "scenario.toml", base.to_toml())
+    if not args.no_figures:
+        from simulator.sweep_figures import write_figures
+        for path in write_figures(frame, out):
+            print(f"wrote {path}", file=sys.stderr)
+    print(f"{'wrote' if write else 'kept'} {out}/sweep.csv ({len(frame)} rows)")
+    return 0
+
+
+def _table(args, strategies, out: Path) -> int:
+    from simulator.engine import simulate, summary
+    from simulator.errors import FieldError, InputError
+    from simulator.outputs import check_writable, write_csv, write_text
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+    from simulator.sweep_table import format_markdown, table_frame
+
+    scenario = load_scenario(args.table, args.overrides)
+    try:
+        plans = [make_plan(scenario, s) for s in ["baseline", *[s for s in strategies if s != "baseline"]]]
+    except FieldError as exc:
+        raise InputError(f"{args.table}: {exc.key}: {exc.expected}") from None
+    try:
+        check_writable(out)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
+    timelines = [simulate(scenario, plan, "simpy") for plan in plans]
+    table = table_frame(scenario, plans, timelines)
+    table = table[table["strategy"].isin(strategies)].reset_index(drop=True)
+    import pandas as pd
+    write_csv(table, out / "table.csv")
+    write_text(out / "table.md", format_markdown(scenario, table))
+    write_csv(pd.concat([p.to_frame() for p in plans], ignore_index=True), out / "plan.csv")
+    write_csv(pd.concat([summary(t, p) for t, p in zip(timelines, plans)], ignore_index=True), out / "summary.csv")
+    write_text(out / "scenario.toml", scenario.to_toml())
+    print(format_markdown(scenario, table))
+    print(f"wrote {out}/")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from simulator.errors import InputError
+    from simulator.strategies import STRATEGIES
+
+    try:
+        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # usage errors (one line, status 2) and --help (0) become return codes
+        return int(exc.code or 0)
+    strategies = list(dict.fromkeys(args.strategy or list(STRATEGIES)))
+    try:
+        for name in strategies:
+            if name not in STRATEGIES:
+                raise InputError(f"--strategy {name}: unknown strategy; expected one of {', '.join(STRATEGIES)}")
+        out = Path(args.out)
+        return _table(args, strategies, out) if args.table else _sweep(args, strategies, out)
+    except InputError as exc:
+        print(f"geodt sweep: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,56 @@
+"""One scenario, every strategy: the metrics of `simulator.sweep` computed from simulated timelines.
+
+This is the reference path (make_plan + simulate); `geodt sweep --table` writes it, and the
+tests compare the sweep's fast path with it.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+TABLE_COLUMNS = ["strategy", "tokens_per_round", "tokens_vs_baseline", "round_s", "wall_s", "comm_s", "idle_s",
+                 "idle_floor_s", "idle_vs_floor", "idle_s_equal_tokens", "idle_left", "utilization",
+                 "tokens_per_s", "speedup", "note"]
+
+
+def timeline_metrics(plan, timeline: pd.DataFrame) -> dict:
+    """The sweep's metrics (see simulator.sweep) from one simulated timeline."""
+    rounds = timeline["round"].nunique()
+    compute, idle, comm = (float(timeline[c].sum()) for c in ("compute_s", "idle_s", "comm_s"))
+    wall = float(timeline["round_end_s"].max())
+    tokens = plan.tokens_per_round * rounds
+    return {"strategy": plan.strategy, "tokens_per_round": plan.tokens_per_round, "tokens": tokens,
+            "round_s": wall / rounds, "wall_s": wall, "comm_s": plan.comm_s, "idle_s": idle,
+            "idle_floor_s": rounds * sum(n.step_s for n in plan.nodes),
+            "utilization": compute / (compute + idle + comm), "tokens_per_s": tokens / wall, "note": plan.note}
+
+
+def table_frame(scenario, plans, timelines) -> pd.DataFrame:
+    """One row per strategy; the first plan must be the baseline (the reference of the ratios)."""
+    rows = pd.DataFrame([timeline_metrics(p, t) for p, t in zip(plans, timelines)])
+    base = rows.iloc[0]
+    rows["tokens_vs_baseline"] = rows["tokens_per_round"] / base["tokens_per_round"]
+    rows["idle_vs_floor"] = rows["idle_s"] / rows["idle_floor_s"]
+    rows["idle_s_equal_tokens"] = rows["idle_s"] * base["tokens"] / rows["tokens"]
+    rows["idle_left"] = rows["idle_s_equal_tokens"] / base["idle_s"] if base["idle_s"] > 0 else float("nan")
+    rows["speedup"] = rows["tokens_per_s"] / base["tokens_per_s"]
+    return rows[TABLE_COLUMNS]
+
+
+def format_markdown(scenario, table: pd.DataFrame) -> str:
+    """The table as Markdown, with the definitions under it."""
+    head = ("| strategy | tokens/round vs baseline | round (s) | idle (s) | idle floor (s) | idle / floor "
+            "| idle at baseline's tokens, % of baseline's | utilization | tokens/s | speed-up |")
+    lines = [f"# Every strategy on `{scenario.name}` ({len(scenario.nodes)} nodes, "
+             f"{scenario.network.bandwidth_gbps:g} Gbit/s, {scenario.training.rounds} rounds, SimPy engine)", "",
+             head, "|" + "---|" * 10]
+    for r in table.itertuples():
+        lines.append(f"| {r.strategy} | {r.tokens_vs_baseline:.3f} | {r.round_s:.2f} | {r.idle_s:.2f} "
+                     f"| {r.idle_floor_s:.2f} | {r.idle_vs_floor:.2f} | {100 * r.idle_left:.1f}% "
+                     f"| {r.utilization:.3f} | {r.tokens_per_s:,.0f} | {r.speedup:.2f}x |")
+    lines += ["", "idle: GPU idle at the sync barrier, summed over nodes and rounds (DESIGN.md). idle floor: one step",
+              "time per node per round at the plan's own batches, what a perfectly balanced integer plan stays",
+              "under. Idle at baseline's tokens scales idle to the baseline's token count (strategies that change",
+              "H or b change the work per round). Round: wall time / rounds (sync-ddp: one step and its all-reduce).",
+              "", "Plans:", ""]
+    lines += [f"- {r.strategy}: {r.note}" for r in table.itertuples() if r.note]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,99 @@
+"""The executor's input files: plan.csv and the scenario sections it reads; bad input exits 2."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from real.cli import main as real_main
+from real.config import ConfigError, load_plan, load_run_spec
+
+PLAN = """strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s
+baseline,a,1,2,3,0.05,192,0.01
+baseline,b,1,2,4,0.05,256,0.01
+"""
+SCENARIO = """name = "t"
+seed = 1
+nodes = [{ name = "a" }]
+[model]
+preset = "tiny"
+seq_len = 32
+dtype = "fp32"
+[training]
+rounds = 2
+local_steps = 3
+batch_size = 2
+[network]
+bandwidth_gbps = 1.0
+[diloco]
+inner_lr = 1e-3
+warmup_steps = 2
+averaging = "tokens"
+"""
+
+
+def write(tmp_path: Path, plan: str = PLAN, scenario: str = SCENARIO) -> tuple[Path, Path]:
+    (tmp_path / "plan.csv").write_text(plan)
+    (tmp_path / "scenario.toml").write_text(scenario)
+    return tmp_path / "plan.csv", tmp_path / "scenario.toml"
+
+
+def test_reads_plan_and_scenario(tmp_path):
+    plan_path, scenario_path = write(tmp_path)
+    plan = load_plan(plan_path)
+    assert plan.strategy == "baseline" and plan.comm_s == 0.01
+    assert [(n.node, n.local_steps, n.tokens_per_round) for n in plan.nodes] == [("a", 3, 192), ("b", 4, 256)]
+    spec = load_run_spec(scenario_path)
+    assert (spec.seed, spec.rounds, spec.model.seq_len) == (1, 2, 32)
+    assert spec.diloco.averaging == "tokens" and spec.diloco.outer_lr == 0.7  # default kept
+    assert spec.diloco.betas == (0.9, 0.95)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("averaging = \"tokens\"", "averaging = \"mean\""), "diloco.averaging: expected one of uniform, tokens"),
+    (("warmup_steps = 2", "warmup_steps = 2\nwarmpu = 3"), "diloco.warmpu: unknown key"),
+    (("rounds = 2", "rounds = 0"), "training.rounds: expected a positive integer"),
+    (("dtype = \"fp32\"", "dtype = \"fp8\""), "model.dtype: expected one of bf16, fp16, fp32"),
+    (("seq_len = 32", "seq_lne = 32"), "model.seq_lne: unknown key"),
+    (("inner_lr = 1e-3", "inner_lr = -1.0"), "diloco.inner_lr: expected a positive number"),
+])
+def test_bad_scenario_names_file_and_key(tmp_path, edit, message):
+    _, scenario_path = write(tmp_path, scenario=SCENARIO.replace(*edit))
+    with pytest.raises(ConfigError) as err:
+        load_run_spec(scenario_path)
+    assert str(err.value).startswith(f"{scenario_path}: {message}")
+
+
+@pytest.mark.parametrize("plan, message", [
+    (PLAN.replace(",comm_s", ""), "column comm_s: missing"),
+    (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,two,4"), "line 3: batch_size: expected a number"),
+    (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,2,0"), "line 3: local_steps: expected a positive integer"),
+    (PLAN.replace("0.05,256,0.01", "0.05,256,0.02"), "comm_s: expected the same value on every row"),
+    (PLAN.replace("baseline,b", "C,b"), "strategy: expected one strategy per plan"),
+    (PLAN.replace("baseline,b", "baseline,a"), "node: expected unique node names"),
+])
+def test_bad_plan_names_file_and_column(tmp_path, plan, message):
+    plan_path, _ = write(tmp_path, plan=plan)
+    with pytest.raises(ConfigError) as err:
+        load_plan(plan_path)
+    assert str(err.value).startswith(f"{plan_path}: {message}")
+
+
+def test_cli_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys):
+    plan_path, scenario_path = write(tmp_path, plan=PLAN.replace("192", "190"))
+    out = tmp_path / "out"
+    assert real_main(["--plan", str(plan_path), "--scenario", str(scenario_path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "line 2: tokens_per_round: expected local_steps × batch_size × gpus × seq_len = 192" in err
+    assert not out.exists()
+
+
+def test_cli_missing_data_file_exits_2(tmp_path, capsys):
+    plan_path, scenario_path = write(tmp_path)
+    out = tmp_path / "out"
+    code = real_main(["--plan", str(plan_path), "--scenario", str(scenario_path), "--out", str(out),
+                      "--data", str(tmp_path / "nope.txt")])
+    assert code == 2
+    assert "nope.txt: data file not found" in capsys.readouterr().err
+    assert not out.exists()

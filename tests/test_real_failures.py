@@ -1,0 +1,70 @@
+"""A node process that dies makes its peers stop with a clear message and a non-zero status.
+
+The two nodes run as separate processes joined through env:// exactly as torchrun starts
+them (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so one can be killed from
+outside.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIO = """name = "dead-peer"
+seed = 0
+[model]
+preset = "tiny"
+seq_len = 16
+dtype = "fp32"
+[training]
+rounds = 50
+[diloco]
+warmup_steps = 1
+"""
+PLAN = """strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s
+baseline,survivor,1,1,2,0.1,32,0.0
+baseline,victim,1,1,2,0.1,32,0.0
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_dead_peer_stops_the_others_with_a_message(tmp_path):
+    (tmp_path / "plan.csv").write_text(PLAN)
+    (tmp_path / "scenario.toml").write_text(SCENARIO)
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}
+        cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
+               str(tmp_path / "scenario.toml"), "--out", str(tmp_path / f"out{rank}"), "--emulate",
+               "--timeout-s", "30", "--threads", "1", "--no-progress"]
+        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
+    survivor, victim = procs
+    victim_ckpt = tmp_path / "out1" / "checkpoints" / "node1.pt"
+    deadline = time.monotonic() + 120
+    while not victim_ckpt.exists():  # the run is under way: one round done
+        assert time.monotonic() < deadline and survivor.poll() is None and victim.poll() is None, \
+            survivor.stderr.read() if survivor.poll() is not None else "no round finished in time"
+        time.sleep(0.1)
+    killed_at = time.monotonic()
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    try:
+        _, err = survivor.communicate(timeout=60)  # well inside the 30 s group timeout + start-up
+    finally:
+        survivor.kill()
+    assert survivor.returncode == 1
+    assert "node survivor (rank 0): lost contact with its peers" in err
+    assert time.monotonic() - killed_at < 45
+    assert not (tmp_path / "out0" / "trace.csv").exists()  # no half-finished trace
