@@ -77,10 +77,12 @@ class OuterState:
 
     @torch.no_grad()
     def outer_step(self, grad: torch.Tensor, lr: float, momentum: float) -> None:
-        """SGD with Nesterov momentum (torch.optim.SGD's formula, dampening 0) on θ_g."""
+        """SGD with Nesterov momentum (torch.optim.SGD's formula, dampening 0) on θ_g.
+
+        `grad` is overwritten (it is the sync's scratch buffer)."""
         if momentum > 0:
             self.momentum.mul_(momentum).add_(grad)
-            grad = grad.add(self.momentum, alpha=momentum)
+            grad.add_(self.momentum, alpha=momentum)  # in place: the sync's buffer, 1 copy less
         self.global_flat.add_(grad, alpha=-lr)
 
     @torch.no_grad()

@@ -80,7 +80,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
     for plan, timeline, summ in results:
         frame = plan.to_frame()
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
-              f"{scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
+              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(frame.drop(columns=["strategy"]).to_string(index=False))

@@ -123,7 +123,9 @@ class NodeTiming:
         while hi <= limit and self.fits(hi):
             lo, hi = hi, hi * 2
         if hi > limit:
-            return lo
+            if self.fits(limit):
+                return limit
+            hi = limit
         while hi - lo > 1:  # fits(lo) and not fits(hi)
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if self.fits(mid) else (lo, mid)

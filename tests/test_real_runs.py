@@ -179,3 +179,15 @@ def test_resume_after_stop_equals_uninterrupted(tmp_path):
     assert trace["round_start_s"].is_monotonic_increasing  # the resumed timeline continues
     ckpt = torch.load(part / "out" / "checkpoints" / "node1.pt", weights_only=True)
     assert ckpt["rounds_done"] == 3 and ckpt["data_position"] == 3 * 3 * 1
+
+
+def test_trains_on_a_text_file_as_byte_tokens(tmp_path):
+    text = tmp_path / "corpus.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    d = run(tmp_path, "text", [("a", 2, 3), ("b", 2, 3)], scenario_text(rounds=2), data_path=str(text))
+    trace = pd.read_csv(d / "out" / "trace.csv")
+    assert len(trace) == 4 and trace["loss"].notna().all()
+    assert trace.groupby("round")["loss"].mean().is_monotonic_decreasing
+    for rank in range(2):
+        ckpt = torch.load(d / "out" / "checkpoints" / f"node{rank}.pt", weights_only=True)
+        assert ckpt["data_position"] == 2 * 3 * 2

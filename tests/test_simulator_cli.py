@@ -21,7 +21,9 @@ def test_simulate_paper_writes_all_outputs(tmp_path, capsys):
     c = plan[plan.strategy == "C"]
     assert list(c.local_steps) == [100, 104, 145, 117]
     timeline = pd.read_csv(tmp_path / "timeline.csv")
-    assert len(timeline) == len(plan) * 10
+    rounds = timeline.groupby("strategy")["round"].nunique()
+    assert rounds["baseline"] == 10 and rounds["C"] == 10
+    assert len(timeline) == (plan.groupby("strategy").size() * rounds).sum()
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert list(summary.columns) == ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
     # the resolved scenario reproduces the run on its own
@@ -59,3 +61,11 @@ def test_geodt_command_runs():
     result = subprocess.run([sys.executable, "-m", "geodt", "plan", "paper", "--strategy", "C", "--out", "/dev/null/x"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "--out" in result.stderr
+
+
+def test_outputs_are_ordinary_files(tmp_path):
+    import os
+    assert plan_main(["paper", "--strategy", "A", "--out", str(tmp_path)]) == 0
+    mask = os.umask(0)
+    os.umask(mask)
+    assert (tmp_path / "plan.csv").stat().st_mode & 0o777 == 0o666 & ~mask

@@ -99,3 +99,13 @@ def test_profile_of_another_gpu_is_an_error(tmp_path, write_scenario):
     scenario = load_scenario(str(write_scenario(SCENARIO.format(a=a, t=t))))
     with pytest.raises(ValueError, match="measured on 'v100'"):
         make_plan(scenario, "baseline")
+
+
+def test_max_batch_reaches_the_limit_when_everything_fits(profiled, tmp_path, write_scenario):
+    one, mixed = node_timings(profiled)
+    assert one.max_batch(limit=100) == 15  # batch 16 ran out of memory
+    assert mixed.max_batch(limit=100) == 15  # the node's A30 bounds it
+    t = write_profile(tmp_path / "t4only.csv", "t4", {1: 0.2, 2: 0.26})  # no OOM rows, no memory figures
+    text = SCENARIO.format(a=t, t=t).replace('"a30" = 1 }', '"t4" = 1 }').replace('"a30" = 1, ', "")
+    t4 = node_timings(load_scenario(str(write_scenario(text, "t4.toml"))))[0]
+    assert t4.max_batch(limit=100) == 100
