@@ -1,8 +1,9 @@
 """Start the node processes: spawned locally, or this process is one rank under torchrun.
 
 Locally, one process per plan row is spawned (torch.multiprocessing, start method spawn);
-they rendezvous through a TCPStore that this process serves on `host` (loopback by default)
-at a free port. Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set), this process is one
+with a loopback `host` (the default) they rendezvous through a FileStore in a temporary
+directory and gloo is pinned to the loopback interface, so nothing listens on the network;
+with another `host` this process serves a TCPStore there at a free port. Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set), this process is one
 node and joins with env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1:29500 if unset). Inputs are
 checked here, before any process starts, so bad input fails fast with one line.
 """
@@ -13,6 +14,7 @@ import os
 import shutil
 import socket
 import sys
+import tempfile
 from datetime import timedelta
 from pathlib import Path
 
@@ -80,8 +82,8 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
             os.replace(tmp, dst)
 
 
-def _spawn_entry(index: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_addr: tuple[str, int]) -> None:
-    worker_main(index, len(plan.nodes), index, len(plan.nodes), spec, plan, opts, store_addr)
+def _spawn_entry(index: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple) -> None:
+    worker_main(index, len(plan.nodes), index, len(plan.nodes), spec, plan, opts, store_spec)
 
 
 def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1") -> int:
@@ -112,22 +114,29 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     import torch.multiprocessing as mp
 
     _copy_inputs(plan_path, scenario_path, out_dir)
-    if _is_loopback(host):
-        _pin_gloo_to_loopback()
-    store = dist.TCPStore(host, 0, len(plan.nodes) + 1, True, timedelta(seconds=opts.timeout_s),
-                          wait_for_workers=False)
-    try:
-        # The store counts this process as a client too (world + 1): it serves, children join.
-        mp.start_processes(_spawn_entry, args=(spec, plan, opts, (host, store.port)), nprocs=len(plan.nodes),
-                           join=True, start_method="spawn")
-    except mp.ProcessExitedException as exc:
-        print(f"real: node {plan.nodes[exc.error_index].node} exited with status {exc.exit_code}; "
-              f"the other nodes were stopped", file=sys.stderr)
-        return 2 if exc.exit_code == 2 else 1
-    except mp.ProcessRaisedException as exc:
-        print(f"real: node {plan.nodes[exc.error_index].node} failed: {str(exc).strip().splitlines()[-1]}",
-              file=sys.stderr)
-        return 1
-    finally:
-        del store
+    with tempfile.TemporaryDirectory(prefix="geodt-rdzv-") as rdzv:
+        store = None
+        if _is_loopback(host):
+            # One machine: rendezvous through a file, so nothing listens beyond loopback
+            # (torch's TCPStore binds every interface whatever host it is given).
+            _pin_gloo_to_loopback()
+            store_spec: tuple = ("file", os.path.join(rdzv, "store"))
+        else:
+            # The store counts this process as a client too (world + 1): it serves, children join.
+            store = dist.TCPStore(host, 0, len(plan.nodes) + 1, True, timedelta(seconds=opts.timeout_s),
+                                  wait_for_workers=False)
+            store_spec = ("tcp", host, store.port)
+        try:
+            mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec), nprocs=len(plan.nodes),
+                               join=True, start_method="spawn")
+        except mp.ProcessExitedException as exc:
+            print(f"real: node {plan.nodes[exc.error_index].node} exited with status {exc.exit_code}; "
+                  f"the other nodes were stopped", file=sys.stderr)
+            return 2 if exc.exit_code == 2 else 1
+        except mp.ProcessRaisedException as exc:
+            print(f"real: node {plan.nodes[exc.error_index].node} failed: {str(exc).strip().splitlines()[-1]}",
+                  file=sys.stderr)
+            return 1
+        finally:
+            del store
     return 0

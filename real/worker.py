@@ -241,8 +241,13 @@ class Node:
         last = self.spec.rounds if self.opts.stop_after is None else min(self.spec.rounds, self.opts.stop_after)
         bar = None
         if self.rank == 0 and self.opts.progress:
+            import threading
+
             from tqdm import tqdm
 
+            # tqdm's default lock is a multiprocessing semaphore, which the os._exit at the end
+            # would leak (a resource_tracker warning); one process needs only a thread lock.
+            tqdm.set_lock(threading.RLock())
             bar = tqdm(total=self.spec.rounds * self.me.local_steps, initial=self.rounds_done * self.me.local_steps,
                        desc=f"DiLoCo ({self.me.node})", unit="step", file=sys.stderr, dynamic_ncols=True)
         self.barrier()
@@ -281,26 +286,30 @@ class Node:
         self.barrier()
 
 
-def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_addr: tuple[str, int] | None) -> None:
-    """Join the group: a given TCPStore (local spawn) or env:// (torchrun's MASTER_ADDR/PORT)."""
+def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:
+    """Join the group: ("file", path) or ("tcp", host, port) from the local launcher, or
+    env:// (torchrun's MASTER_ADDR/MASTER_PORT) when store_spec is None."""
     timeout = timedelta(seconds=timeout_s)
-    if store_addr is None:
+    if store_spec is None:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
         return
-    host, port = store_addr
-    store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+    if store_spec[0] == "file":
+        store = dist.FileStore(store_spec[1], world)
+    else:
+        _, host, port = store_spec
+        store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,
-                opts: ExecOptions, store_addr: tuple[str, int] | None) -> None:
-    """Entry of one node process; a failure prints one line naming the node and exits 1."""
+                opts: ExecOptions, store_spec: tuple | None) -> None:
+    """Entry of one node process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad input."""
     name = plan.nodes[rank].node if rank < len(plan.nodes) else f"rank {rank}"
     threads = opts.threads or max(1, (os.cpu_count() or 1) // local_world)
     torch.set_num_threads(threads)
     backend = resolve_backend(opts.backend, local_world)
     try:
-        init_process_group(backend, rank, world, opts.timeout_s, store_addr)
+        init_process_group(backend, rank, world, opts.timeout_s, store_spec)
         node = Node(rank, world, local_rank, spec, plan, opts, backend)
         if rank == 0 and opts.data_path is None:
             chain = make_chain(spec.seed, node.vocab_size)
@@ -316,3 +325,9 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
         os._exit(2)
     if dist.is_initialized():
         dist.destroy_process_group()
+    # Leave without running C++ static destructors: at interpreter teardown gloo/TCPStore
+    # threads can still be joinable and abort the process ("terminate called without an
+    # active exception") after all outputs were written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -102,9 +102,15 @@ class DilocoConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     averaging: str = "uniform"
+    betas: tuple[float, ...] = (0.9, 0.95)
+    cosine_min_lr_ratio: float = 0.1
 
     def __post_init__(self) -> None:
         require_positive(self, "inner_lr", "outer_lr")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
+        if not 0 <= self.cosine_min_lr_ratio <= 1:
+            raise FieldError("cosine_min_lr_ratio", f"expected a number in [0, 1], got {self.cosine_min_lr_ratio!r}")
         for name in ("weight_decay", "warmup_steps"):
             if getattr(self, name) < 0:
                 raise FieldError(name, f"expected a number >= 0, got {getattr(self, name)!r}")

@@ -168,3 +168,19 @@ def test_bad_profiles(tmp_path, edit, message):
 def test_profiles_module_is_torch_free():
     code = "import sys, calibrate.profiles, calibrate.profile_writer; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+@pytest.mark.parametrize("name, threads", [("cpu-1thread.csv", "1 thread"), ("cpu-2threads.csv", "2 threads")])
+def test_committed_cpu_profiles_are_valid(name, threads):
+    model = ProfileModel.from_csv(ROOT / "profiles" / name, seq_len=256, dtype="fp32", model="tiny")
+    assert model.gpu_key == "cpu" and model.device_name.endswith(f"({threads})")
+    assert model.measured_batches == (1, 2, 4, 8, 16, 32)
+    assert model.max_batch() is None and model.peak_mem_bytes(4) is None
+    assert len(leave_one_out(model)) == 6
+
+
+def test_committed_two_thread_profile_is_faster_at_large_batches():
+    # The scenario built on these files needs two unequal nodes; check the data says so.
+    one = ProfileModel.from_csv(ROOT / "profiles" / "cpu-1thread.csv")
+    two = ProfileModel.from_csv(ROOT / "profiles" / "cpu-2threads.csv")
+    assert all(two.step_s(b) < one.step_s(b) for b in (8, 16, 32))
