@@ -71,7 +71,7 @@ def test_hybrid_budget_window_on_other_clusters(overrides):
 
 
 def test_sync_ddp_splits_the_global_batch_by_speed():
-    scenario = load_scenario("hetero-cpu")  # step times 0.06, 0.08, 0.11, 0.15 s at b = 4; G = 16
+    scenario = load_scenario("hetero-cpu", ["model.seq_len=128"])  # step times 0.06, 0.08, 0.11, 0.15 s at b = 4; G = 16
     plan = make_plan(scenario, "sync-ddp")
     assert [n.batch_size for n in plan.nodes] == [8, 5, 2, 1]
     assert [n.local_steps for n in plan.nodes] == [1, 1, 1, 1]
