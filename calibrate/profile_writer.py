@@ -44,6 +44,15 @@ def check_writable(path: Path) -> None:
                            "expected a writable output path") from None
 
 
+def _file_mode(path: Path) -> int:
+    """The mode a new file would get from the umask, or the existing file's mode."""
+    if path.exists():
+        return path.stat().st_mode & 0o777
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 class ProfileWriter:
     """The rows of one profile file: those already on disk plus those appended now."""
 
@@ -80,6 +89,7 @@ class ProfileWriter:
         writer.writerows(self.rows)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent or ".")
         try:
+            os.chmod(tmp, _file_mode(self.path))  # mkstemp's 0600 would otherwise survive the replace
             with os.fdopen(fd, "w", newline="") as handle:
                 handle.write(buffer.getvalue())
                 handle.flush()

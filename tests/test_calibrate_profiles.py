@@ -184,3 +184,15 @@ def test_committed_two_thread_profile_is_faster_at_large_batches():
     one = ProfileModel.from_csv(ROOT / "profiles" / "cpu-1thread.csv")
     two = ProfileModel.from_csv(ROOT / "profiles" / "cpu-2threads.csv")
     assert all(two.step_s(b) < one.step_s(b) for b in (8, 16, 32))
+
+
+def test_written_profile_has_umask_permissions(tmp_path):
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        path = write(tmp_path / "p.csv", [row(1, 0.1)])
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["p.csv"]

@@ -109,3 +109,14 @@ def test_max_batch_reaches_the_limit_when_everything_fits(profiled, tmp_path, wr
     text = SCENARIO.format(a=t, t=t).replace('"a30" = 1 }', '"t4" = 1 }').replace('"a30" = 1, ', "")
     t4 = node_timings(load_scenario(str(write_scenario(text, "t4.toml"))))[0]
     assert t4.max_batch(limit=100) == 100
+
+
+def test_shipped_cpu_profiles_measured_steps_beats_baseline():
+    # profiles/ holds real profiles of one CPU at 1 and 2 threads (geodt calibrate --threads 1|2)
+    from pathlib import Path
+    scenario = load_scenario(str(Path(__file__).parents[1] / "profiles" / "two-cpus.toml"))
+    idle = {}
+    for strategy in ("baseline", "measured-steps"):
+        plan = make_plan(scenario, strategy)
+        idle[strategy] = summary(simulate(scenario, plan), plan)["idle_s"].sum()
+    assert idle["measured-steps"] < 0.1 * idle["baseline"]
