@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator.outputs import save_figure
+
 HETERO_BINS = [1.0, 1.001, 1.5, 3.0, 10.0, np.inf]
 HETERO_LABELS = ["alike", "<1.5x", "1.5-3x", "3-10x", ">10x"]
 
@@ -27,16 +29,7 @@ def _plt():
 
 
 def _save(fig, path: Path) -> Path:
-    import os
-    import tempfile
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
+    return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def _colors(strategies) -> dict:

@@ -10,10 +10,10 @@ Parts: facts (the papers' numbers), infer (step times from the paper's idle), ta
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from simulator.outputs import write_bytes
 
 TIMELINE_ROUNDS = 3
 
@@ -36,18 +36,9 @@ def build() -> dict[str, bytes]:
 
 
 def write_files(files: dict[str, bytes], out: Path) -> None:
-    """Each file whole or not at all: a temp name in the same directory, then os.replace."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Each file whole or not at all (simulator.outputs.write_bytes)."""
     for name, data in files.items():
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, out / name)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_bytes(out / name, data)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,13 +4,12 @@ matplotlib is imported inside the functions (Agg backend), so importing this mod
 """
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pandas as pd
 
 from geodt.paper import facts
 from geodt.paper.related import BatchFit, ShareCurves
+from simulator.outputs import figure_bytes
 
 DPI = 110
 PAPER_COLOR, INFERRED_COLOR, CATALOG_COLOR = "#444444", "#1f77b4", "#d62728"
@@ -27,10 +26,9 @@ def _pyplot():
 
 
 def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, metadata={"Software": None})
+    data = figure_bytes(fig, dpi=DPI)
     _pyplot().close(fig)
-    return buf.getvalue()
+    return data
 
 
 def _bar_labels(ax, bars, values, fmt="{:.1f}"):
