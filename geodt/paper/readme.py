@@ -237,13 +237,14 @@ def _timeline_text(art) -> str:
 
 
 def _validation_text(art) -> str:
-    sets = " ".join(f"--set {o}" for o in art.pred.inference.overrides())
     return ("`geodt paper` does not run the real executor: measured times vary from run to run, and this directory "
-            "must regenerate byte for byte. To compare the paper cluster's predicted idle with a measured one, "
-            "emulated on one machine with the inferred step times and a tiny model (the emulation pads every inner "
-            "step to the node's step time, so the model's size does not matter for idle), run:\n\n"
-            f"```\ngeodt validate paper --strategy C --out runs/paper-C {sets} "
-            "--set model.preset=tiny --set model.seq_len=64 --set training.rounds=3\n```")
+            "must regenerate byte for byte. The measured rows live beside it, in `results/paper-validation/`: the "
+            "paper cluster emulated on one CPU machine by the real DiLoCo executor, with the inferred step times "
+            "(`scenario_inferred.toml`) and a tiny model (the emulation pads every inner step to the node's step "
+            "time, so the model's size does not matter for idle), 3 rounds, every emulated time stretched 12× so "
+            "that the CPU's real bf16 compute stays inside each padded step. Each strategy's row comes from:\n\n"
+            "```\ngeodt validate results/paper/scenario_inferred.toml --strategy C --out runs/paper-C "
+            "--set model.preset=tiny --set model.seq_len=8 --set training.rounds=3 --time-scale 12\n```")
 
 
 def render(art, names: list[str]) -> str:
@@ -298,7 +299,7 @@ def render(art, names: list[str]) -> str:
         "### `share_001.png`: paper 001, time against the A30 node's share of the data — `model_001_share.csv`",
         "![share](share_001.png)",
         _share_text(art),
-        "## Not included: a validation row",
+        "## Validation: the paper cluster emulated",
         _validation_text(art),
         "## Files",
         "\n".join(f"- `{n}`" for n in names),
