@@ -324,6 +324,6 @@ def _resolve_model(scenario: Scenario) -> None:
 
 def _check_profiles(scenario: Scenario) -> None:
     for i, node in enumerate(scenario.nodes):
-        for j, path in enumerate(node.profile or ()):
+        for path in node.profile or ():
             if not scenario.resolve_path(path).is_file():
                 raise FieldError(f"nodes[{i}].profile", f"profile file {path!r} not found; expected a CSV from geodt calibrate")
