@@ -27,24 +27,24 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
-def _positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive integer")
+        value = minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
     return value
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= 0")
-    return value
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0 (torch-free; the simulator's sweep command uses it too)."""
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def parse_batches(text: str) -> list[int] | tuple[str, int]:
@@ -68,19 +68,19 @@ def calibrate_parser() -> argparse.ArgumentParser:
                    "file per device, OUT-cudaN.csv) [cpu]")
     p.add_argument("--model", default="tiny", help="preset (tiny, llama-60m, llama-150m, llama-1b) "
                    "or a LLaMA config.json [tiny]")
-    p.add_argument("--seq-len", type=_positive_int, default=1024, help="tokens per sample [1024]")
+    p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per sample [1024]")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast dtype [bf16 on CUDA, fp32 on CPU: CPUs without bf16 units run bf16 "
                    "autocast far slower than fp32]")
     p.add_argument("--batch", default="1,2,4,8", help="batch sizes per step: 1,2,4,8 or auto "
                    "(double until OOM, then bisect; auto:N starts at N) [1,2,4,8]")
-    p.add_argument("--repeats", type=_positive_int, default=10, help="timed steps per batch [10]")
-    p.add_argument("--warmup", type=_non_negative_int, default=3, help="untimed steps per batch first [3]")
-    p.add_argument("--max-batch", type=_positive_int, default=None,
+    p.add_argument("--repeats", type=positive_int, default=10, help="timed steps per batch [10]")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed steps per batch first [3]")
+    p.add_argument("--max-batch", type=positive_int, default=None,
                    help=f"--batch auto never tries a larger batch [{DEFAULT_CPU_MAX_BATCH} on CPU, "
                    "unbounded on CUDA]")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads [torch's default]")
-    p.add_argument("--seed", type=_non_negative_int, default=0, help="model init and token seed [0]")
+    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads [torch's default]")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="model init and token seed [0]")
     p.add_argument("--out", required=True, type=Path, help="profile CSV; an existing one is completed")
     return p
 

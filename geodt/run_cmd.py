@@ -132,6 +132,8 @@ def plot_validation(table, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from simulator.outputs import save_figure
+
     nodes = list(table["node"])
     x = np.arange(len(nodes))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
@@ -158,10 +160,8 @@ def plot_validation(table, path: Path, title: str) -> None:
     ax2.set_title("round time: predicted (plain) | measured (hatched)")
     ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False)
     fig.suptitle(title)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
-    tmp.replace(path)
 
 
 def validate_main(argv: list[str]) -> int:

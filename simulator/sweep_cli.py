@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+from calibrate.cli import non_negative_int, positive_int
+
 CHUNK = 500
 _WORKER: dict = {}
 
@@ -31,26 +33,6 @@ def _floats(text: str) -> tuple[float, ...]:
     return values
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _nonnegative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
 def parser():
     from simulator.cli import OneLineParser
 
@@ -59,17 +41,17 @@ def parser():
     p.add_argument("--base", default="paper", help="scenario whose model, training and network a sweep keeps (default paper)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the base (or --table) scenario")
-    p.add_argument("--nodes", type=_positive, default=4, help="nodes per scenario (default 4)")
-    p.add_argument("--gpus-per-node", type=_positive, default=4, help="GPUs per node (default 4)")
+    p.add_argument("--nodes", type=positive_int, default=4, help="nodes per scenario (default 4)")
+    p.add_argument("--gpus-per-node", type=positive_int, default=4, help="GPUs per node (default 4)")
     p.add_argument("--gpu-types", default="rtx-2080-ti,titan-rtx,a30,rtx-3090,v100",
                    help="catalog keys, comma separated (default: the paper's five)")
     p.add_argument("--mixed-nodes", action="store_true", help="nodes may mix GPU types (default: one type per node)")
     p.add_argument("--bandwidth-gbps", type=_floats, default=(0.1, 1.0, 10.0), help="WAN bandwidths (default 0.1,1,10)")
     p.add_argument("--strategy", nargs="+", action="extend", metavar="S", help="strategies (default: all)")
-    p.add_argument("--samples", type=_positive, default=1000, help="at most about this many scenarios (default 1000)")
-    p.add_argument("--seed", type=_nonnegative, default=0, help="seed of the sample of mixes (default 0)")
-    p.add_argument("--workers", type=_positive, default=os.cpu_count() or 1, help="processes (default: all cores)")
-    p.add_argument("--chunk", type=_positive, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
+    p.add_argument("--samples", type=positive_int, default=1000, help="at most about this many scenarios (default 1000)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sample of mixes (default 0)")
+    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
+    p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
     p.add_argument("--no-figures", action="store_true", help="write sweep.csv only")
     p.add_argument("--out", required=True, help="output directory")
     return p

@@ -99,13 +99,18 @@ class NodeTiming:
         slowest = max(gpu_step_s(self.scenario, key, batch) for key in self.node.gpus)
         return slowest + intra_node_allreduce_s(self.scenario, self.node)
 
+    @cached_property
+    def _base_estimate_s(self) -> float:
+        """The estimate at the baseline batch, which anchors a given step_time_s (asked for every batch)."""
+        return self.estimate_s(self.scenario.training.batch_size)
+
     def step_s(self, batch: int) -> float:
         """t_i(b) in seconds, by DESIGN.md's precedence: given constant, profile, catalog."""
         if self.node.step_time_s is not None:
             base = self.scenario.training.batch_size
             if batch == base:  # exactly as given, not through a ratio that rounds
                 return self.node.step_time_s
-            return self.node.step_time_s * self.estimate_s(batch) / self.estimate_s(base)
+            return self.node.step_time_s * self.estimate_s(batch) / self._base_estimate_s
         if self.profiles:
             measured = max(p.step_s(batch) for p in self.profiles)
             return measured + intra_node_allreduce_s(self.scenario, self.node)
