@@ -1,0 +1,145 @@
+"""Network profiles: the measured cost of an outer sync, and the fits the simulator uses (torch-free).
+
+`geodt calibrate --network` (real/netcal.py) times, between real processes of this machine
+(or of a torchrun job), the three parts of a DiLoCo sync that the simulator must predict:
+
+- kind `all_reduce`: a SUM all-reduce of `size` bytes of fp32 among `processes` ranks;
+- kind `outer_step`: the executor's outer step over `size` parameters (pseudo-gradient,
+  Nesterov SGD, copy back into the model), run on every rank at once (the slowest rank's time);
+- kind `checkpoint`: writing a checkpoint of `size` bytes as the executor does (temp, rename).
+
+One row per (kind, processes, size), tidy CSV. `NetworkModel` fits:
+
+- all-reduce, jointly over every process count n, the ring model
+      t = 2(n−1)·latency + 2(n−1)/n · 8·bytes / bandwidth
+  (linear in latency and 1/bandwidth; relative residuals, as step-time profiles are fitted,
+  because sizes span orders of magnitude);
+- outer step t = a + c·params, checkpoint t = a + bytes / write_rate, each by the same
+  weighted least squares.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+NET_COLUMNS: tuple[str, ...] = (
+    "kind", "processes", "backend", "size", "seconds_median", "seconds_p10", "seconds_p90",
+    "repeats", "host", "torch_version", "measured_at",
+)
+KINDS = ("all_reduce", "outer_step", "checkpoint")
+
+
+class NetProfileError(ValueError):
+    """'<path>: <row/column>: expected ...' for a network profile that cannot be used."""
+
+
+def _relative_lstsq(design: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+    """Least squares of design @ x ≈ seconds, minimising relative residuals (weights 1/t)."""
+    weights = 1.0 / seconds
+    solution, *_ = np.linalg.lstsq(design * weights[:, None], np.ones_like(seconds), rcond=None)
+    return solution
+
+
+@dataclass(frozen=True)
+class AffineFit:
+    """t = fixed_s + per_unit_s · size."""
+
+    fixed_s: float
+    per_unit_s: float
+
+    def __call__(self, size: float) -> float:
+        return self.fixed_s + self.per_unit_s * size
+
+
+def fit_affine(sizes, seconds) -> AffineFit:
+    sizes, seconds = np.asarray(sizes, float), np.asarray(seconds, float)
+    if len(sizes) == 1:  # one point: all of it is per-unit cost
+        return AffineFit(0.0, float(seconds[0] / sizes[0]))
+    fixed, slope = _relative_lstsq(np.column_stack([np.ones_like(sizes), sizes]), seconds)
+    if fixed < 0:  # a negative intercept is noise at the small sizes: refit through 0
+        fixed, slope = 0.0, float(_relative_lstsq(sizes[:, None], seconds)[0])
+    return AffineFit(float(fixed), float(slope))
+
+
+@dataclass(frozen=True)
+class RingFit:
+    latency_s: float
+    bandwidth_bps: float
+
+    @property
+    def latency_ms(self) -> float:
+        return self.latency_s * 1e3
+
+    @property
+    def bandwidth_gbps(self) -> float:
+        return self.bandwidth_bps / 1e9
+
+    def all_reduce_s(self, processes: int, payload_bytes: float) -> float:
+        n = processes
+        return 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * 8 * payload_bytes / self.bandwidth_bps
+
+
+def fit_ring(processes, payload_bytes, seconds) -> RingFit:
+    n = np.asarray(processes, float)
+    size, seconds = np.asarray(payload_bytes, float), np.asarray(seconds, float)
+    design = np.column_stack([2 * (n - 1), 2 * (n - 1) / n * 8 * size])
+    latency, inv_bw = _relative_lstsq(design, seconds)
+    if latency < 0:
+        latency = 0.0
+        inv_bw = float(_relative_lstsq(design[:, 1:], seconds)[0])
+    if not inv_bw > 0:
+        raise ValueError("all-reduce times do not grow with the payload; measure larger payloads")
+    return RingFit(float(latency), float(1.0 / inv_bw))
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    """What a network profile predicts; parts not measured are None."""
+
+    source: str
+    ring: RingFit | None
+    outer_step: AffineFit | None
+    checkpoint: AffineFit | None
+
+
+def read_network_profile(path: str | Path) -> NetworkModel:
+    """Load and fit a network profile; NetProfileError naming the file, row and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise NetProfileError(f"{path}: not a file; expected a network profile CSV (geodt calibrate --network)")
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise NetProfileError(f"{path}: unreadable ({type(exc).__name__}); expected a network profile CSV") from None
+    missing = [c for c in NET_COLUMNS if c not in frame.columns]
+    if missing:
+        raise NetProfileError(f"{path}: column {missing[0]!r} missing; expected columns {', '.join(NET_COLUMNS)}")
+    rows = []
+    for i, row in enumerate(frame.to_dict("records"), start=2):
+        if row["kind"] not in KINDS:
+            raise NetProfileError(f"{path}: line {i}: kind: expected one of {', '.join(KINDS)}, got {row['kind']!r}")
+        try:
+            processes, size, seconds = int(row["processes"]), float(row["size"]), float(row["seconds_median"])
+        except ValueError:
+            raise NetProfileError(f"{path}: line {i}: processes/size/seconds_median: expected numbers") from None
+        if processes < 1 or not (math.isfinite(size) and size > 0 and math.isfinite(seconds) and seconds > 0):
+            raise NetProfileError(f"{path}: line {i}: expected processes >= 1 and positive finite size and seconds")
+        rows.append((row["kind"], processes, size, seconds))
+    data = pd.DataFrame(rows, columns=["kind", "processes", "size", "seconds"])
+    ring = data[(data.kind == "all_reduce") & (data.processes >= 2)]
+    outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
+    if ring.empty and outer.empty and ckpt.empty:
+        raise NetProfileError(f"{path}: no rows; expected measurements from geodt calibrate --network")
+    try:
+        ring_fit = fit_ring(ring.processes, ring["size"], ring.seconds) if len(ring) >= 2 else None
+    except ValueError as exc:
+        raise NetProfileError(f"{path}: all_reduce rows: {exc}") from None
+    return NetworkModel(
+        source=str(path), ring=ring_fit,
+        outer_step=fit_affine(outer["size"], outer.seconds) if len(outer) else None,
+        checkpoint=fit_affine(ckpt["size"], ckpt.seconds) if len(ckpt) else None,
+    )

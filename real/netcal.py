@@ -1,0 +1,232 @@
+"""`geodt calibrate --network`: time the executor's outer sync between real processes.
+
+For each process count n (default 2), n processes join a gloo group as the executor's nodes
+do (a FileStore on loopback locally; env:// under torchrun) and measure, after one warm-up
+each, `--repeats` times:
+
+- a SUM all-reduce of fp32 buffers from 64 KiB up to `--max-mib` (×4 per size);
+- the outer step of real/diloco.py (pseudo-gradient, Nesterov SGD, copy back) over the same
+  numbers of parameters, split into 1 Mi-parameter tensors as a model's layers are, on every
+  rank at once (they all run it in a real sync; the slowest rank's time is kept);
+- a checkpoint write of the same numbers of bytes (torch.save to a temp name, rename), on
+  every rank at once into the output's directory, as real/checkpoint.py writes.
+
+Rows go to a network profile CSV (calibrate/netprofile.py) that the simulator fits: ring
+latency and bandwidth, outer-step cost per parameter, checkpoint write rate.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+KIB = 1024
+PARAMS_PER_TENSOR = 1 << 20
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (argparse would print the usage too)
+        print(f"{self.prog}: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 2 or v > 64 for v in values):
+        raise argparse.ArgumentTypeError(f"expected process counts between 2 and 64, got {text!r}")
+    return values
+
+
+def _bounded_int(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in [{low}, {high}], got {value}")
+        return value
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="geodt calibrate --network", description=__doc__.splitlines()[0])
+    p.add_argument("--network", action="store_true", help="(the mode this command measures)")
+    p.add_argument("--processes", type=_int_list, default=[2], help="process counts, e.g. 2,3,4 (default 2)")
+    p.add_argument("--max-mib", type=_bounded_int(1, 4096), default=64, help="largest payload in MiB (default 64)")
+    p.add_argument("--repeats", type=_bounded_int(1, 1000), default=5, help="timed repeats per size (default 5)")
+    p.add_argument("--threads", type=_bounded_int(0, 1024), default=0,
+                   help="torch threads per process; 0 = cores / processes, as the executor")
+    p.add_argument("--out", required=True, help="network profile CSV to write")
+    return p
+
+
+def sizes_bytes(max_mib: int) -> list[int]:
+    sizes, size = [], 64 * KIB
+    while size <= max_mib * KIB * KIB:
+        sizes.append(size)
+        size *= 4
+    return sizes
+
+
+def _time_all(repeats: int, fn, sync) -> list[float]:
+    """Seconds of fn() per repeat on this rank, after a warm-up; every rank starts together."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from real.diloco import OuterState
+
+    torch.set_num_threads(args_dict["threads"] or max(1, (os.cpu_count() or 1) // world))
+    if store_path is None:
+        dist.init_process_group("gloo", init_method="env://")
+    else:
+        dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    flag = torch.zeros(1)
+
+    def barrier():
+        dist.all_reduce(flag)
+
+    def slowest(times: list[float]) -> list[float]:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    rows = []
+    repeats, ckpt_dir = args_dict["repeats"], args_dict["ckpt_dir"]
+    for size in args_dict["sizes"]:
+        buf = torch.ones(size // 4)
+        rows.append(("all_reduce", size, slowest(_time_all(repeats, lambda: dist.all_reduce(buf), barrier))))
+        del buf
+        params = [torch.nn.Parameter(torch.randn(min(PARAMS_PER_TENSOR, size // 4 - i)))
+                  for i in range(0, size // 4, PARAMS_PER_TENSOR)]
+        outer = OuterState(params)
+
+        def outer_step():
+            delta = outer.pseudo_gradient(1.0)
+            delta.div_(world)
+            outer.outer_step(delta, 0.7, 0.9)
+            outer.load_into_model()
+        rows.append(("outer_step", size // 4, slowest(_time_all(repeats, outer_step, barrier))))
+        del params, outer
+        state = {"buffer": torch.zeros(size // 4)}
+        path = Path(ckpt_dir) / f"rank{rank}.pt"
+
+        def save():
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        rows.append(("checkpoint", size, slowest(_time_all(repeats, save, barrier))))
+        path.unlink(missing_ok=True)
+        if rank == 0 and queue is not None:
+            queue.put(("progress", 1))
+    if rank == 0 and queue is not None:
+        queue.put(("rows", rows))
+    barrier()
+    dist.destroy_process_group()
+
+
+def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
+    _measure(rank, world, store_path, args_dict, queue)
+
+
+def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_dir: str, progress=None) -> list:
+    """Rows (kind, size, [seconds per repeat]) measured among `processes` spawned processes."""
+    import torch.multiprocessing as mp
+
+    from real.launch import _pin_gloo_to_loopback
+
+    _pin_gloo_to_loopback()
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    args_dict = {"sizes": sizes, "repeats": repeats, "threads": threads, "ckpt_dir": ckpt_dir}
+    with tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
+        procs = mp.start_processes(_spawn_entry, args=(processes, os.path.join(rdzv, "store"), args_dict, queue),
+                                   nprocs=processes, join=False, start_method="spawn")
+        rows = None
+        while rows is None:
+            kind, value = queue.get()
+            if kind == "progress" and progress is not None:
+                progress(value)
+            elif kind == "rows":
+                rows = value
+        while not procs.join():
+            pass
+    return rows
+
+
+def to_frame(rows_by_n: dict[int, list], repeats: int):
+    import pandas as pd
+    import torch
+
+    from calibrate.netprofile import NET_COLUMNS
+
+    stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    records = []
+    for n, rows in rows_by_n.items():
+        for kind, size, times in rows:
+            deciles = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
+            records.append({
+                "kind": kind, "processes": n, "backend": "gloo", "size": size,
+                "seconds_median": statistics.median(times), "seconds_p10": deciles[0], "seconds_p90": deciles[-1],
+                "repeats": repeats, "host": socket.gethostname(), "torch_version": torch.__version__,
+                "measured_at": stamp,
+            })
+    return pd.DataFrame(records, columns=list(NET_COLUMNS))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = Path(args.out)
+    if not out.parent.is_dir() or (out.exists() and not out.is_file()):
+        print(f"geodt calibrate --network: {out}: expected a file path in an existing directory", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    from calibrate.netprofile import read_network_profile
+
+    sizes = sizes_bytes(args.max_mib)
+    rows_by_n = {}
+    try:
+        with tqdm(total=len(sizes) * len(args.processes), desc="network", unit="size", file=sys.stderr) as bar, \
+                tempfile.TemporaryDirectory(prefix=".geodt-netcal-", dir=out.parent) as ckpt_dir:
+            for n in args.processes:
+                rows_by_n[n] = measure(n, sizes, args.repeats, args.threads, ckpt_dir, bar.update)
+    except KeyboardInterrupt:
+        print("geodt calibrate --network: interrupted; nothing written", file=sys.stderr)
+        return 130
+    frame = to_frame(rows_by_n, args.repeats)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    frame.to_csv(tmp, index=False, float_format="%.9g")
+    os.replace(tmp, out)
+    model = read_network_profile(out)
+    ring, outer, ckpt = model.ring, model.outer_step, model.checkpoint
+    print(f"all-reduce (ring fit over {', '.join(map(str, args.processes))} processes): latency "
+          f"{ring.latency_ms:.3f} ms, bandwidth {ring.bandwidth_gbps:.2f} Gbit/s")
+    print(f"outer step: {outer.fixed_s * 1e3:.3f} ms + {outer.per_unit_s * 1e9:.3f} ns/parameter")
+    print(f"checkpoint: {ckpt.fixed_s * 1e3:.3f} ms + {8 / ckpt.per_unit_s / 1e9:.2f} Gbit/s write")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

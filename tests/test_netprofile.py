@@ -1,0 +1,78 @@
+"""Network profiles: the fits recover the model they assume; bad files are one-line errors;
+`geodt calibrate --network` measures real gloo processes into a profile that loads."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from calibrate.netprofile import NET_COLUMNS, NetProfileError, fit_affine, fit_ring, read_network_profile
+
+
+def _rows(latency_s=2e-4, bandwidth_bps=8e9, per_param_s=3e-9, ckpt_fixed_s=1e-3, write_bps=4e9):
+    rows = []
+    for n in (2, 3, 4):
+        for size in (1 << 16, 1 << 20, 1 << 24):
+            t = 2 * (n - 1) * latency_s + 2 * (n - 1) / n * 8 * size / bandwidth_bps
+            rows.append(("all_reduce", n, size, t))
+    for size in (1 << 14, 1 << 18, 1 << 22):
+        rows.append(("outer_step", 2, size, 5e-5 + per_param_s * size))
+        rows.append(("checkpoint", 2, size * 4, ckpt_fixed_s + 8 * size * 4 / write_bps))
+    return pd.DataFrame([{"kind": k, "processes": n, "backend": "gloo", "size": s, "seconds_median": t,
+                          "seconds_p10": t, "seconds_p90": t, "repeats": 3, "host": "h", "torch_version": "x",
+                          "measured_at": "now"} for k, n, s, t in rows], columns=list(NET_COLUMNS))
+
+
+def test_fits_recover_the_generating_model(tmp_path):
+    path = tmp_path / "net.csv"
+    _rows().to_csv(path, index=False)
+    model = read_network_profile(path)
+    assert model.ring.latency_s == pytest.approx(2e-4, rel=1e-9)
+    assert model.ring.bandwidth_gbps == pytest.approx(8.0, rel=1e-9)
+    assert model.ring.all_reduce_s(3, 1e6) == pytest.approx(4 * 2e-4 + 4 / 3 * 8e6 / 8e9, rel=1e-9)
+    assert model.outer_step.per_unit_s == pytest.approx(3e-9, rel=1e-9)
+    assert model.outer_step.fixed_s == pytest.approx(5e-5, rel=1e-9)
+    assert model.checkpoint(4e6) == pytest.approx(1e-3 + 8 * 4e6 / 4e9, rel=1e-9)
+
+
+def test_negative_intercepts_refit_through_zero():
+    fit = fit_affine([1, 2, 3], [0.9, 2.0, 3.1])  # the free line would cross below 0
+    assert fit.fixed_s == 0.0 and fit.per_unit_s > 0
+    ring = fit_ring([2, 2], [1e6, 2e6], [0.9e-3, 2.1e-3])
+    assert ring.latency_s == 0.0 and ring.bandwidth_bps > 0
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda f: f.drop(columns="size"), "column 'size' missing"),
+    (lambda f: f.assign(kind="teleport"), "line 2: kind: expected one of"),
+    (lambda f: f.assign(seconds_median="fast"), "line 2: processes/size/seconds_median: expected numbers"),
+    (lambda f: f.assign(seconds_median=-1.0), "line 2: expected processes >= 1 and positive"),
+    (lambda f: f.iloc[:0], "no rows"),
+])
+def test_bad_profiles_are_one_line_errors(tmp_path, edit, expected):
+    path = tmp_path / "net.csv"
+    edit(_rows()).to_csv(path, index=False)
+    with pytest.raises(NetProfileError, match=expected) as info:
+        read_network_profile(path)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_missing_or_special_file(tmp_path):
+    with pytest.raises(NetProfileError, match="not a file"):
+        read_network_profile(tmp_path)
+
+
+@pytest.mark.slow
+def test_calibrate_network_measures_real_processes(tmp_path):
+    pytest.importorskip("torch")
+    from real.netcal import main
+
+    out = tmp_path / "net.csv"
+    assert main(["--network", "--processes", "2", "--max-mib", "1", "--repeats", "2", "--threads", "1",
+                 "--out", str(out)]) == 0
+    frame = pd.read_csv(out)
+    assert list(frame.columns) == list(NET_COLUMNS)
+    assert sorted(frame.kind.unique()) == ["all_reduce", "checkpoint", "outer_step"]
+    assert len(frame) == 3 * 3  # 64 KiB, 256 KiB and 1 MiB, each of the three kinds
+    model = read_network_profile(out)
+    assert model.ring.bandwidth_bps > 0 and model.outer_step.per_unit_s > 0
+    assert not list(tmp_path.glob(".*"))  # no temp files or checkpoint directory left behind
