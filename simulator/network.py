@@ -55,6 +55,9 @@ def outer_step_raw(params: float, slowest_bw_gbs):
 
 
 def outer_step_s(scenario: Scenario) -> float:
+    measured = scenario.network_model.outer_step if scenario.network_model is not None else None
+    if measured is not None:
+        return measured(scenario.model.param_count)
     slowest_bw_gbs = min(get_gpu(k).memory_bandwidth_gbs for n in scenario.nodes for k in n.gpus)
     return outer_step_raw(scenario.model.param_count, slowest_bw_gbs)
 

@@ -6,7 +6,7 @@ an InputError whose message names the file (or `--set`), the dotted key and what
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,9 @@ class NetworkConfig:
     latency_ms: float = 1.0
     collective: str = "ring"
     payload_dtype: str = "fp32"
+    # A network profile (geodt calibrate --network): its fit replaces bandwidth_gbps and
+    # latency_ms, and times the outer step and the checkpoint from measurements.
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         require_positive(self, "bandwidth_gbps")
@@ -138,6 +141,10 @@ class NodeConfig:
     profile: tuple[str, ...] | None = None
     uplink_gbps: float | None = None
     intra_node_gbps: float | None = None
+    # Real limits for CPU devices (the executor applies them to each of the node's processes;
+    # profiles for such a node must be measured under the same limits).
+    cpu_quota: float | None = None        # share of one core per device process, e.g. 0.6
+    cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -152,6 +159,10 @@ class NodeConfig:
             if count <= 0:
                 raise FieldError(f"gpus.{key}", f"expected a positive GPU count, got {count!r}")
         require_positive(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
+        if self.cpu_quota is not None and not 0.01 <= self.cpu_quota <= 1024:
+            raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
+        if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
+            raise FieldError("cpu_cores", f"expected a non-empty list of core indices, got {list(self.cpu_cores)!r}")
 
     @property
     def gpu_count(self) -> int:
@@ -169,6 +180,7 @@ class Scenario:
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     source: str = field(default="", compare=False)
+    network_model: Any = field(default=None, init=False, compare=False, repr=False)  # NetworkModel
 
     @property
     def base_dir(self) -> Path | None:
@@ -184,6 +196,8 @@ class Scenario:
             if node.profile is not None:  # absolute, so the resolved file works from anywhere
                 row["profile"] = [str(self.resolve_path(p)) for p in node.profile]
             table["nodes"].append(row)
+        if self.network.profile is not None:
+            table["network"]["profile"] = str(self.resolve_path(self.network.profile))
         if self.model.preset is not None and self.model.preset.endswith(".json"):
             table["model"]["preset"] = str(self.resolve_path(self.model.preset))
         return table
@@ -312,7 +326,7 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
     _check_profiles(scenario)
-    return scenario
+    return _with_network_profile(scenario)
 
 
 def _resolve_model(scenario: Scenario) -> None:
@@ -327,3 +341,21 @@ def _check_profiles(scenario: Scenario) -> None:
         for path in node.profile or ():
             if not scenario.resolve_path(path).is_file():
                 raise FieldError(f"nodes[{i}].profile", f"profile file {path!r} not found; expected a CSV from geodt calibrate")
+
+
+def _with_network_profile(scenario: Scenario) -> Scenario:
+    """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
+    if scenario.network.profile is None:
+        return scenario
+    from calibrate.netprofile import NetProfileError, read_network_profile  # pandas: only when used
+
+    try:
+        model = read_network_profile(scenario.resolve_path(scenario.network.profile))
+    except NetProfileError as exc:
+        raise FieldError("network.profile", str(exc)) from None
+    if model.ring is not None:
+        network = replace(scenario.network, bandwidth_gbps=model.ring.bandwidth_gbps, latency_ms=model.ring.latency_ms)
+        scenario = replace(scenario, network=network)
+        _resolve_model(scenario)
+    object.__setattr__(scenario, "network_model", model)
+    return scenario

@@ -55,8 +55,12 @@ def intra_node_allreduce_s(scenario: Scenario, node: NodeConfig) -> float:
     k = node.gpu_count
     if k == 1:
         return 0.0
-    gbps = node.intra_node_gbps or DEFAULT_INTRA_NODE_GBPS
     grad_bytes = GRAD_BYTES_PER_PARAM * scenario.model.param_count
+    measured = scenario.network_model.ring if scenario.network_model is not None else None
+    if measured is not None and set(node.gpus) == {"cpu"}:
+        # CPU devices are processes of one machine: their gradient all-reduce is the one measured.
+        return measured.all_reduce_s(k, grad_bytes)
+    gbps = node.intra_node_gbps or DEFAULT_INTRA_NODE_GBPS
     return 2 * (k - 1) / k * grad_bytes * 8 / (gbps * 1e9)
 
 

@@ -67,12 +67,78 @@ def test_calibrate_network_measures_real_processes(tmp_path):
     from real.netcal import main
 
     out = tmp_path / "net.csv"
-    assert main(["--network", "--processes", "2", "--max-mib", "1", "--repeats", "2", "--threads", "1",
+    assert main(["--network", "--processes", "2", "--max-mib", "16", "--repeats", "2", "--threads", "1",
                  "--out", str(out)]) == 0
     frame = pd.read_csv(out)
     assert list(frame.columns) == list(NET_COLUMNS)
     assert sorted(frame.kind.unique()) == ["all_reduce", "checkpoint", "outer_step"]
-    assert len(frame) == 3 * 3  # 64 KiB, 256 KiB and 1 MiB, each of the three kinds
+    assert len(frame) == 3 * 5  # 64 KiB ... 16 MiB (x4 per size), each of the three kinds
     model = read_network_profile(out)
     assert model.ring.bandwidth_bps > 0 and model.outer_step.per_unit_s > 0
     assert not list(tmp_path.glob(".*"))  # no temp files or checkpoint directory left behind
+
+
+SCENARIO = """
+name = "netprof"
+[model]
+preset = "tiny"
+seq_len = 64
+dtype = "fp32"
+[training]
+rounds = 2
+local_steps = 10
+batch_size = 4
+[network]
+profile = "net.csv"
+[[nodes]]
+name = "one"
+gpus = { "cpu" = 1 }
+step_time_s = 0.1
+[[nodes]]
+name = "two"
+gpus = { "cpu" = 2 }
+step_time_s = 0.1
+cpu_quota = 0.5
+cpu_cores = [1]
+"""
+
+
+def test_simulator_uses_the_measured_network(tmp_path, write_scenario):
+    from simulator.network import outer_step_s, sync_s
+    from simulator.scenario import load_scenario
+    from simulator.timing import intra_node_allreduce_s
+
+    _rows().to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(write_scenario(SCENARIO)))
+    assert scenario.network.bandwidth_gbps == pytest.approx(8.0, rel=1e-9)
+    assert scenario.network.latency_ms == pytest.approx(0.2, rel=1e-9)
+    n = scenario.model.param_count
+    assert outer_step_s(scenario) == pytest.approx(5e-5 + 3e-9 * n, rel=1e-9)
+    ring = 2 * 2e-4 + 8 * 4 * n / 8e9  # 2 nodes, fp32 payload
+    assert sync_s(scenario) == pytest.approx(ring + 5e-5 + 3e-9 * n, rel=1e-9)
+    one, two = scenario.nodes
+    assert intra_node_allreduce_s(scenario, one) == 0.0
+    assert intra_node_allreduce_s(scenario, two) == pytest.approx(2 * 2e-4 + 8 * 4 * n / 8e9, rel=1e-9)
+    assert two.cpu_quota == 0.5 and two.cpu_cores == (1,)
+    # The resolved scenario points at the profile absolutely and reloads to the same numbers.
+    again = write_scenario(scenario.to_toml(), name="resolved.toml")
+    reloaded = load_scenario(str(again)).network
+    assert reloaded.profile == str(tmp_path / "net.csv")
+    assert (reloaded.bandwidth_gbps, reloaded.latency_ms) == (scenario.network.bandwidth_gbps,
+                                                              scenario.network.latency_ms)
+
+
+@pytest.mark.parametrize("edit, expected", [
+    ('profile = "missing.csv"', "network.profile: .*missing.csv: not a file"),
+    ("cpu_quota = 0.0", r"nodes\[1\]\.cpu_quota: expected a share of a core"),
+    ("cpu_cores = []", r"nodes\[1\]\.cpu_cores: expected a non-empty list"),
+])
+def test_bad_network_and_cpu_keys(tmp_path, write_scenario, edit, expected):
+    from simulator.errors import InputError
+    from simulator.scenario import load_scenario
+
+    _rows().to_csv(tmp_path / "net.csv", index=False)
+    key = edit.split(" = ")[0]
+    text = "\n".join(edit if line.startswith(key + " =") else line for line in SCENARIO.splitlines())
+    with pytest.raises(InputError, match=expected):
+        load_scenario(str(write_scenario(text)))
