@@ -7,6 +7,7 @@ import pandas as pd
 from simulator.engine_analytic import run_analytic
 from simulator.engine_simpy import run_simpy
 from simulator.errors import InputError
+from simulator.network import checkpoint_s
 from simulator.plan import Plan
 from simulator.scenario import Scenario
 from simulator.workload import compute_matrix
@@ -22,7 +23,7 @@ def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFr
     if engine not in runners:
         raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
     compute = compute_matrix(scenario, plan)
-    arrays = runners[engine](compute, plan.comm_s)
+    arrays = runners[engine](compute, plan.comm_s, checkpoint_s(scenario))
     rounds, n = compute.shape
     names = [p.node for p in plan.nodes]
     # categorical columns: building 10^5 Python strings would cost more than the simulation

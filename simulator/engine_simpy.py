@@ -47,7 +47,7 @@ class Recorder:
         return {name: table[:, :, k].T for k, name in enumerate(self.FIELDS)}
 
 
-def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, record):
+def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, record, ckpt_s: float = 0.0):
     timeout, wait = env.timeout, barrier.wait
     for busy_s in compute_s.tolist():
         start = env.now
@@ -57,15 +57,17 @@ def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, re
         released = env.now
         yield timeout(comm_s)
         record((start, done, released, env.now))
+        if ckpt_s:  # the checkpoint after each sync, before the next round starts
+            yield timeout(ckpt_s)
 
 
-def run_simpy(compute: np.ndarray, comm_s: float) -> dict[str, np.ndarray]:
+def run_simpy(compute: np.ndarray, comm_s: float, ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
     """Simulate rounds × nodes; arrays (rounds × nodes) of the timeline columns."""
     env = simpy.Environment()
     rounds, n = compute.shape
     barrier, recorder = Barrier(env, n), Recorder(n)
     for i in range(n):
-        env.process(node_process(env, compute[:, i], comm_s, barrier, recorder.per_node[i].append))
+        env.process(node_process(env, compute[:, i], comm_s, barrier, recorder.per_node[i].append, ckpt_s))
     env.run()
     rec = recorder.arrays()
     return {"compute_s": rec["done_s"] - rec["round_start_s"], "idle_s": rec["released_s"] - rec["done_s"],

@@ -37,6 +37,7 @@ import numpy as np
 from calibrate.catalog import get_gpu
 from simulator.scenario import PAYLOAD_BYTES, Scenario
 
+CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
 OUTER_BYTES_PER_PARAM = 32  # Δ: read 2 write 1 (12); Nesterov: read θ, Δ, m, write m, θ (20)
 
 
@@ -126,6 +127,15 @@ def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective
     if (collective or scenario.network.collective) == "partitioned":
         return partitioned_allreduce_s(scenario, payload_dtype)
     return ring_allreduce_s(scenario, payload_dtype)
+
+
+def checkpoint_s(scenario: Scenario) -> float:
+    """The executor's checkpoint after each sync, from a network profile's measured write rate.
+
+    Every node writes the same state (global weights, outer momentum, its two AdamW moments:
+    CHECKPOINT_BYTES_PER_PARAM), so it delays every node alike; 0 when nothing was measured."""
+    measured = scenario.network_model.checkpoint if scenario.network_model is not None else None
+    return measured(CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count) if measured is not None else 0.0
 
 
 def sync_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:

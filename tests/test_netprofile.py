@@ -142,3 +142,21 @@ def test_bad_network_and_cpu_keys(tmp_path, write_scenario, edit, expected):
     text = "\n".join(edit if line.startswith(key + " =") else line for line in SCENARIO.splitlines())
     with pytest.raises(InputError, match=expected):
         load_scenario(str(write_scenario(text)))
+
+
+def test_measured_checkpoint_delays_every_round_in_both_engines(tmp_path, write_scenario):
+    from simulator.engine import simulate
+    from simulator.network import CHECKPOINT_BYTES_PER_PARAM, checkpoint_s
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    _rows().to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(write_scenario(SCENARIO)))
+    ckpt = checkpoint_s(scenario)
+    assert ckpt == pytest.approx(1e-3 + 8 * CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count / 4e9, rel=1e-9)
+    plan = make_plan(scenario, "baseline")
+    for engine in ("simpy", "analytic"):
+        t = simulate(scenario, plan, engine=engine)
+        ends = t.groupby("round").round_end_s.max()
+        starts = t.groupby("round").round_start_s.min()
+        assert starts.iloc[1] - ends.iloc[0] == pytest.approx(ckpt, rel=1e-9)
