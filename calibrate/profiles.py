@@ -120,7 +120,7 @@ class ProfileModel:
             raise ProfileError(f"{source}: column 'dtype': {self.dtype!r}; expected one of {', '.join(DTYPES)}")
         self.seq_len = int(_number(source, 1, "seq_len", first["seq_len"], required=True))
 
-        batches, times, mems, mem_batches, ooms, totals = [], [], [], [], [], []
+        batches, times, mems, mem_batches, ooms, totals, cvs = [], [], [], [], [], [], []
         for i, row in enumerate(frame.to_dict("records"), start=1):
             try:
                 batch = int(row["batch_size"])
@@ -141,6 +141,10 @@ class ProfileModel:
                 continue
             batches.append(batch)
             times.append(_number(source, i, "step_s_median", row["step_s_median"], required=True))
+            p10 = _number(source, i, "step_s_p10", row["step_s_p10"], required=False)
+            p90 = _number(source, i, "step_s_p90", row["step_s_p90"], required=False)
+            # A normal's p90 − p10 spans 2 × 1.2816 σ: the step's coefficient of variation.
+            cvs.append(max(0.0, p90 - p10) / (2 * 1.2816 * times[-1]) if p10 and p90 else 0.0)
             mem = _number(source, i, "peak_mem_bytes", row["peak_mem_bytes"], required=False)
             if mem is not None:
                 mems.append(mem)
@@ -157,6 +161,8 @@ class ProfileModel:
         self._time = _Curve(np.array(batches), np.array(times))
         self._mem = _Curve(np.array(mem_batches), np.array(mems)) if mems else None
         self._measured_time = dict(zip(batches, times))
+        order = np.argsort(batches)
+        self._cv_batches, self._cvs = np.array(batches, float)[order], np.array(cvs)[order]
 
     @classmethod
     def from_csv(cls, path: str | Path, *, seq_len: int | None = None, dtype: str | None = None,
@@ -175,6 +181,11 @@ class ProfileModel:
         if batch <= 0:
             raise ValueError(f"batch {batch}: expected a positive integer")
         return self._time(batch)
+
+    def step_cv(self, batch: int) -> float:
+        """Coefficient of variation of one step, from the p10/p90 spread of the measured steps
+        (interpolated between measured batches, held at the ends)."""
+        return float(np.interp(batch, self._cv_batches, self._cvs))
 
     def fit(self) -> tuple[float, float]:
         """(t0_s, per_sample_s): the affine least-squares fit t0 + c·b of the measured step times."""

@@ -124,11 +124,14 @@ class DilocoConfig:
 
 @dataclass(frozen=True)
 class SimulationConfig:
-    """Simulator-only knobs. jitter_cv: coefficient of variation of each inner step's time."""
+    """Simulator-only knobs. jitter_cv: coefficient of variation of each inner step's time;
+    variability = "profile": a node timed by profiles takes its own from their p10/p90 spread."""
 
     jitter_cv: float = 0.0
+    variability: str = "given"
 
     def __post_init__(self) -> None:
+        require_choice(self, "variability", ("given", "profile"))
         if not (0 <= self.jitter_cv < 10):
             raise FieldError("jitter_cv", f"expected a number in [0, 10), got {self.jitter_cv!r}")
 

@@ -2,7 +2,9 @@
 
 Both engines consume the same matrix, so they agree exactly whether or not jitter is on.
 Jitter multiplies every inner step by a lognormal factor of mean 1 and coefficient of
-variation `simulation.jitter_cv`, drawn from numpy.random.default_rng(scenario.seed).
+variation `simulation.jitter_cv`, drawn from numpy.random.default_rng(scenario.seed). With
+`simulation.variability = "profile"`, a node timed by calibration profiles takes its own
+coefficient from their measured p10/p90 spread at its planned batch (the largest of its profiles).
 """
 from __future__ import annotations
 
@@ -16,13 +18,28 @@ def compute_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
     """compute_s[r, i]: node i's time for its H_i inner steps in round r (rounds × nodes)."""
     rounds = plan.rounds or scenario.training.rounds  # a plan may sync more often (sync-ddp)
     base = np.array([n.compute_s for n in plan.nodes], dtype=float)
-    cv = scenario.simulation.jitter_cv
-    if cv == 0:
+    cvs = node_cvs(scenario, plan)
+    if not any(cvs):
         return np.broadcast_to(base, (rounds, len(base))).copy()
     rng = np.random.default_rng(scenario.seed)
-    sigma = np.sqrt(np.log1p(cv * cv))
     out = np.empty((rounds, len(base)))
-    for i, n in enumerate(plan.nodes):
+    for i, (n, cv) in enumerate(zip(plan.nodes, cvs)):
+        sigma = np.sqrt(np.log1p(cv * cv))
         factors = rng.lognormal(-sigma * sigma / 2, sigma, size=(rounds, n.local_steps))
         out[:, i] = n.step_s * factors.sum(axis=1)
     return out
+
+
+def node_cvs(scenario: Scenario, plan: Plan) -> list[float]:
+    """Each node's per-step coefficient of variation under the scenario's variability rule."""
+    given = scenario.simulation.jitter_cv
+    if scenario.simulation.variability != "profile":
+        return [given] * len(plan.nodes)
+    from simulator.timing import NodeTiming
+
+    by_name = {node.name: node for node in scenario.nodes}
+    cvs = []
+    for n in plan.nodes:
+        profiles = NodeTiming(scenario, by_name[n.node]).profiles
+        cvs.append(max(p.step_cv(n.batch_size) for p in profiles) if profiles else given)
+    return cvs

@@ -160,3 +160,26 @@ def test_measured_checkpoint_delays_every_round_in_both_engines(tmp_path, write_
         ends = t.groupby("round").round_end_s.max()
         starts = t.groupby("round").round_start_s.min()
         assert starts.iloc[1] - ends.iloc[0] == pytest.approx(ckpt, rel=1e-9)
+
+
+def test_profile_variability_drives_per_node_jitter(write_scenario):
+    from pathlib import Path
+
+    from calibrate.profiles import ProfileModel
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+    from simulator.workload import compute_matrix, node_cvs
+
+    root = Path(__file__).resolve().parents[1]
+    profile = ProfileModel.from_csv(root / "profiles" / "cpu-1thread.csv")
+    # batch 4 of that profile: p10 0.03933455310011595, p90 0.04681023799996638, median 0.04222288450000633
+    expected = (0.04681023799996638 - 0.03933455310011595) / (2 * 1.2816 * 0.04222288450000633)
+    assert profile.step_cv(4) == pytest.approx(expected, rel=1e-12)
+    text = SCENARIO.replace('profile = "net.csv"\n', "").replace(
+        "step_time_s = 0.1\ncpu_quota", f'profile = "{root}/profiles/cpu-1thread.csv"\ncpu_quota').replace(
+        "seq_len = 64", "seq_len = 256") + '[simulation]\nvariability = "profile"\njitter_cv = 0.02\n'
+    scenario = load_scenario(str(write_scenario(text)))
+    plan = make_plan(scenario, "baseline")
+    assert node_cvs(scenario, plan) == [0.02, pytest.approx(expected, rel=1e-12)]
+    a, b = compute_matrix(scenario, plan), compute_matrix(scenario, plan)
+    assert (a == b).all() and a[:, 0].std() > 0  # seeded: the same draw every time, and not constant
