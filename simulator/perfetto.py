@@ -16,7 +16,8 @@ form of the trace-event format, {"traceEvents": [...], "displayTimeUnit": "ms"},
 Timestamps and durations are microseconds (the format's unit): dur = seconds × 1e6, and each
 part starts where the previous one ends (ts + dur), so the parts of one node never overlap.
 A round starting an instant (floating-point rounding) before the previous one ended starts at
-its end instead. Everything here is torch-free: `geodt run` and `geodt validate` call it too.
+its end instead. Torch-free, for `geodt simulate` (simulation_trace), `geodt run` (run_trace,
+trace_csv_to_json) and `geodt validate` (validation_trace).
 """
 from __future__ import annotations
 
