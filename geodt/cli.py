@@ -5,6 +5,7 @@ Lazy imports keep `geodt simulate` free of torch: only the subcommand that runs 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 
 # subcommand -> (module, function, one-line help)
@@ -18,6 +19,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "validate": ("geodt.run_cmd", "validate_main", "simulate and run a plan, compare them"),
     "paper": ("geodt.paper", "main", "regenerate the papers' tables and figures"),
 }
+
+# subcommand -> the extra that installs torch for it (the core install has no torch)
+NEEDS_TORCH: dict[str, str] = {"calibrate": "calibrate", "run": "real", "validate": "real"}
 
 
 def usage() -> str:
@@ -37,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
+    missing = [p for p in ("torch", "transformers") if name in NEEDS_TORCH and importlib.util.find_spec(p) is None]
+    if missing:
+        extra = NEEDS_TORCH[name]
+        print(f"geodt {name}: needs {' and '.join(missing)}, not installed; install with pip install 'geodt[{extra}]' "
+              f"(from a checkout: pip install -e '.[{extra}]')", file=sys.stderr)
+        return 2
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

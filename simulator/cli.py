@@ -90,8 +90,14 @@ def _run(argv: list[str], plan_only: bool) -> int:
     if not plan_only:
         write_csv(pd.concat([t for _, t, _ in results], ignore_index=True), out / "timeline.csv")
         write_csv(pd.concat([s for _, _, s in results], ignore_index=True), out / "summary.csv")
+        from simulator.perfetto import simulation_trace, write_trace_json  # open in ui.perfetto.dev
+        write_trace_json(simulation_trace(pd.concat([t for _, t, _ in results], ignore_index=True), plan_frame),
+                         out / "trace.json")
     write_text(out / "scenario.toml", scenario.to_toml())
     print(f"\nwrote {out}/")
+    if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
+        from simulator.report import answer
+        print("\n" + answer(scenario, [(p, t) for p, t, _ in results], args.engine))
     return 0
 
 

@@ -1,9 +1,77 @@
-"""Shared fixtures: scenario files written into tmp_path."""
+"""Shared fixtures (scenario files written into tmp_path), and skipping the torch tests without torch.
+
+The core install (`pip install -e .`) has no torch; `geodt[real]` / `geodt[calibrate]` add it.
+Without torch, each test module that imports it at top level, or that starts the executor in a
+subprocess, is skipped whole without being imported (listed in the header), and a test that
+imports it while running is reported as skipped. With torch installed nothing here applies.
+"""
 from __future__ import annotations
 
+import ast
+import importlib.util
 import textwrap
+from pathlib import Path
 
 import pytest
+
+# Packages only the extras install: a test needing one of them cannot run on the core install.
+EXTRA_PACKAGES = ("torch", "transformers")
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+# Modules that need torch only inside a subprocess (`python -m real`), where no import error reaches pytest.
+SUBPROCESS_TORCH_MODULES = ("test_real_failures.py",)
+
+
+def _imports_extra_at_top_level(path: Path) -> bool:
+    """Whether the module's top-level statements import torch or transformers (so collecting it fails)."""
+    for node in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        if any(name.split(".")[0] in EXTRA_PACKAGES for name in names):
+            return True
+    return False
+
+
+def torch_test_modules(tests_dir: Path) -> list[str]:
+    return sorted(p.name for p in tests_dir.glob("test_*.py")
+                  if p.name in SUBPROCESS_TORCH_MODULES or _imports_extra_at_top_level(p))
+
+
+TORCH_MODULES = () if HAVE_TORCH else tuple(torch_test_modules(Path(__file__).parent))
+
+
+class _NeedsTorch(pytest.Module):
+    """A test module that cannot be imported without torch: collected as one skip, never imported."""
+
+    def collect(self):
+        pytest.skip(f"{self.path.name} needs torch (pip install -e '.[real,calibrate]')")
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if module_path.name in TORCH_MODULES and module_path.parent == Path(__file__).parent:
+        return _NeedsTorch.from_parent(parent, path=module_path)
+    return None
+
+
+def pytest_report_header(config):
+    if not HAVE_TORCH:
+        return f"torch is not installed: skipping {', '.join(TORCH_MODULES)} and every test that imports it"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Without torch, a test failing on `import torch` (or transformers) is a skip, not a failure."""
+    outcome = yield
+    if HAVE_TORCH or call.excinfo is None or not call.excinfo.errisinstance(ModuleNotFoundError):
+        return
+    missing = (call.excinfo.value.name or "").split(".")[0]
+    if missing in EXTRA_PACKAGES:
+        report = outcome.get_result()
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"needs {missing} (pip install -e '.[real]')")
 
 SMALL = """
 name = "small"
