@@ -18,7 +18,7 @@ from geodt.paper.related import fit_batch_time, share_curves
 from geodt.paper.tables import best_geodt_strategy, predict, table1, table2, table3
 from geodt.paper.variants import memory_band, variants
 from simulator.memory import step_memory_bytes
-from simulator.network import sync_s
+from simulator.network import OUTER_STEP_NS_PER_PARAM, sync_s
 from simulator.scenario import load_scenario
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "paper"
@@ -201,3 +201,44 @@ def test_readme_numbers_follow_the_csvs():
     checks.loc[checks["node"] == "node3", "lono_idle_s"] = 123.456
     after = readme.render({**frames, "c_row_checks.csv": checks}, names)
     assert "Worst error 114.86 s (node3)" in after and "Worst error 114.86 s" not in before
+
+
+def test_repository_readme_paper_findings_match_the_csvs():
+    """Every number of README.md's paper findings, recomputed from results/paper and results/beyond-paper."""
+    text = " ".join((RESULTS.parents[1] / "README.md").read_text().split())
+    f = _committed_frames()
+    c, st, v = f["c_row_checks.csv"], f["inferred_step_times.csv"], f["variants.csv"]
+    totals = f["table3_strategies.csv"]
+    var = lambda steps, dtype, payload, strategy, col: v[(v["steps"] == steps) & (v["dtype"] == dtype) & (
+        v["payload_dtype"] == payload) & (v["strategy"] == strategy)][col].iloc[0]
+    inf = lambda name, col: totals[(totals["source"] == "inferred") & (totals["strategy"] == name)][col].iloc[0]
+    m = f["memory_b.csv"].set_index("node")
+    beyond = pd.read_csv(RESULTS.parent / "beyond-paper" / "table.csv").set_index("strategy")["idle_left"] * 100
+    expected = [
+        f"(t_max = {c['in_sample_t_max_ms'].iloc[0]:.2f} ms)",
+        f"misses by {(c['lono_idle_s'] - c['paper_C_idle_s']).abs().max():.2f} s at most",
+        f"for node2 ({c['anchored_t_max_ms'].iloc[0]:.0f} ms), predicts {c['anchored_idle_s'].sum():.0f} s",
+        f"{st['inferred_step_s'].min() * 1e3:.0f}-{st['inferred_step_s'].max() * 1e3:.0f} ms per step",
+        f"needs {st.loc[st['node'] == 'node1', 'implied_tflops_per_gpu'].iloc[0]:.0f} TFLOPS per RTX 2080 Ti",
+        f"idle by {(1 - var('catalog', 'fp16', 'fp16', 'C', 'idle_vs_baseline')) * 100:.0f}%; in bf16",
+        f"C adds {(var('catalog', 'bf16', 'fp16', 'C', 'idle_vs_baseline') - 1) * 100:.0f}%",
+        f"from a {(1 - var('catalog', 'fp16', 'fp16', 'C-slowest', 'idle_vs_baseline')) * 100:.0f}% cut into a "
+        f"{(var('catalog', 'bf16', 'fp16', 'C-slowest', 'idle_vs_baseline') - 1) * 100:.0f}% increase",
+        f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s per round with fp16 pseudo-gradients, "
+        f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_share_of_round') * 100:.0f}% of a baseline round",
+        f"({var('inferred', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s and "
+        f"{var('inferred', 'fp16', 'fp32', 'baseline', 'sync_share_of_round') * 100:.0f}% with fp32)",
+        f"`{readme.best_strategy(totals)}` idles {inf(readme.best_strategy(totals), 'total_idle_s'):.2f} s in 10 rounds",
+        f"at {inf(readme.best_strategy(totals), 'tokens_per_s') / inf('baseline', 'tokens_per_s'):.2f}× its throughput",
+        f"`measured-steps` leaves **{beyond['measured-steps']:.1f}%**",
+        f"`network-aware` {beyond['network-aware']:.1f}% and `hybrid` {beyond['hybrid']:.1f}%",
+        f"the paper's C leaves {beyond['C']:.1f}% by this model",
+        f"takes {var('catalog', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s with fp16 pseudo-gradients "
+        f"({var('catalog', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s with fp32)",
+        f"batch 32 needs {m.loc['node3', 'need_gib_at_paper_B_nominal']:.1f} GiB, "
+        f"{m.loc['node3', 'need_gib_at_paper_B_low']:.1f}-{m.loc['node3', 'need_gib_at_paper_B_high']:.1f}",
+        f"{OUTER_STEP_NS_PER_PARAM:.2f} ns per parameter",
+        f"{OUTER_STEP_NS_PER_PARAM * 1e-9 * load_scenario('paper').model.param_count:.2f} s for 215M parameters",
+    ]
+    for phrase in expected:
+        assert phrase in text, phrase
