@@ -155,7 +155,8 @@ def speedup_figure(frame: pd.DataFrame, path: Path) -> Path:
         sub = frame[frame["bandwidth_gbps"] == bw]
         data = [sub.loc[sub["strategy"] == s, "speedup"].to_numpy() for s in strategies]
         pos = np.arange(len(strategies)) + (k - (len(bws) - 1) / 2) * width
-        box = ax.boxplot(data, positions=pos, widths=width * 0.9, whis=(5, 95), showfliers=False, patch_artist=True)
+        box = ax.boxplot(data, positions=pos, widths=width * 0.9, whis=(5, 95), showfliers=False, patch_artist=True,
+                         medianprops={"color": "black", "lw": 2})  # black: an orange median vanishes in a yellow box
         for patch in box["boxes"]:
             patch.set_facecolor(cmap(k / max(1, len(bws) - 1)))
             patch.set_alpha(0.7)
@@ -165,7 +166,8 @@ def speedup_figure(frame: pd.DataFrame, path: Path) -> Path:
     ax.set_yscale("log")
     ax.axhline(1, color="gray", lw=1, ls="--")
     ax.set_ylabel("tokens/s over the baseline's (log scale)")
-    ax.set_title("Throughput vs baseline, per strategy and bandwidth (boxes: quartiles, whiskers: 5-95%)", fontsize=9)
+    ax.set_title("Throughput vs baseline, per strategy and bandwidth (boxes: quartiles, black bar: median, "
+                 "whiskers: 5-95%)", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", which="major", alpha=0.3)
     fig.tight_layout()
