@@ -54,7 +54,13 @@ def numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
     brow = _one(totals, source="inferred", strategy=best)
     slowest = st["baseline_idle_s"].idxmin()
     a = t3[t3["strategy"] == "A"].set_index("node")
+    t1 = f["table1_cluster.csv"].set_index("gpu")
     return {
+        # Table 1
+        "rtx_fp16": t1.loc["rtx-3090", "dense_fp16_peak_tflops"],
+        "v100_fp16": t1.loc["v100-pcie", "dense_fp16_peak_tflops"],
+        "v100_bf16": t1.loc["v100-pcie", "dense_bf16_peak_tflops"],
+        "node4_bf16": st.loc["node4", "catalog_bf16_step_s"], "node2_bf16": st.loc["node2", "catalog_bf16_step_s"],
         # Table 2 / memory
         "mem_need_32": mem.loc["node3", "need_gib_at_paper_B_nominal"],
         "mem_need_32_lo": mem.loc["node3", "need_gib_at_paper_B_low"],
