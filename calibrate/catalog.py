@@ -22,8 +22,9 @@ halved here):
 - `bf16_tflops`: dense tensor BF16 (always with FP32 accumulate); empty where the GPU has no
   BF16 tensor support (Pascal, Volta, Turing), and then `bf16_supported` is false.
 - `paper_tflops`: the figure paper 000 used for its five GPUs (2080 Ti 113.8, TITAN RTX 130,
-  A30 165, RTX 3090 142, V100 125: FP16-accumulate headlines, BF16 for the A30); empty for
-  every other GPU. Kept so the paper's tables can be reproduced.
+  A30 165, RTX 3090 142, V100 125: FP16-accumulate headlines, BF16 for the A30; the 125 also
+  on `v100-pcie`, the card geodt takes the paper's V100 to be); empty for every other GPU.
+  Kept so the paper's tables can be reproduced.
 - `nominal`: true for rows that describe no real product (`cpu`: a generic 2-core x86
   laptop-class CPU, so that CPU-emulated nodes can be described).
 - `source`, `notes`: where the figures come from and what to know about them.

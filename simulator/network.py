@@ -5,8 +5,8 @@ Ring all-reduce among n nodes of a payload of P bytes (parameters × bytes of pa
     t_ring = 2(n−1) · latency + 2(n−1)/n · P · 8 / (slowest link in bit/s)
 
 where each node's link is min(network.bandwidth_gbps, node.uplink_gbps). The outer step then
-forms Δ = θ_global − θ_i and applies Nesterov SGD on every node: OUTER_BYTES_PER_PARAM bytes of
-fp32 memory traffic per parameter on the node with the slowest memory.
+forms Δ = θ_global − θ_i, divides the summed Δ and applies Nesterov SGD, on the CPU as OpenDiLoCo
+does: OUTER_STEP_NS_PER_PARAM, measured (benchmarks/bench_outer_step.py), per parameter.
 
 Bandwidth-balanced partitioned all-reduce (`collective = "partitioned"`; hivemind's butterfly
 all-reduce with its load balancing). Node i aggregates a share p_i of the payload (Σ p = 1):
@@ -38,7 +38,12 @@ from calibrate.catalog import get_gpu
 from simulator.scenario import PAYLOAD_BYTES, Scenario
 
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
-OUTER_BYTES_PER_PARAM = 32  # Δ: read 2 write 1 (12); Nesterov: read θ, Δ, m, write m, θ (20)
+# The outer step on the CPU (pseudo-gradient, divide, Nesterov, copy back: real.diloco.OuterState), per
+# parameter. Measured by benchmarks/bench_outer_step.py (rerun it to re-measure) on 2026-11-23 on this
+# project's 2-core AMD EPYC, torch 2.13.0+cpu, 2 threads, 50 M fp32 parameters: median of 6 runs of 9
+# repeats 96 ms (runs 91-106 ms, one outlier 367 ms). A LOADED-machine figure (5 agents sharing 2 cores);
+# it replaced a memory-bandwidth guess of 32 B/param on the GPU (11 ms for 215 M parameters; now 0.41 s).
+OUTER_STEP_NS_PER_PARAM = 1.93
 
 
 def link_gbps(scenario: Scenario) -> list[float]:
@@ -52,7 +57,8 @@ def payload_bytes(scenario: Scenario, payload_dtype: str | None = None) -> float
 
 
 def outer_step_raw(params: float, slowest_bw_gbs):
-    return OUTER_BYTES_PER_PARAM * params / (slowest_bw_gbs * 1e9)
+    """The outer step's CPU time; slowest_bw_gbs only gives the result its shape (one value per scenario)."""
+    return OUTER_STEP_NS_PER_PARAM * 1e-9 * params + 0.0 * np.asarray(slowest_bw_gbs, dtype=float)
 
 
 def outer_step_s(scenario: Scenario) -> float:
@@ -60,7 +66,7 @@ def outer_step_s(scenario: Scenario) -> float:
     if measured is not None:
         return measured(scenario.model.param_count)
     slowest_bw_gbs = min(get_gpu(k).memory_bandwidth_gbs for n in scenario.nodes for k in n.gpus)
-    return outer_step_raw(scenario.model.param_count, slowest_bw_gbs)
+    return float(outer_step_raw(scenario.model.param_count, slowest_bw_gbs))
 
 
 def ring_allreduce_raw(n: int, latency_ms: float, payload_bytes_: float, slowest_gbps):

@@ -2,10 +2,10 @@
 
 idle_left.png: per strategy, a box plot over scenarios of the idle that remains at the
 baseline's token count, as a % of the baseline's idle (log scale; scenarios whose baseline
-has no idle, all nodes alike, are left out and counted in the title).
-winners.png: the share of scenarios each strategy wins, by bandwidth (columns) and by
-heterogeneity (x: the slowest node's step time over the fastest's at the baseline batch);
-top row by tokens per second, bottom row by idle at the baseline's token count.
+has no idle, all nodes alike, are left out and counted in the title); medians marked and labelled.
+winners.png: a table-like heatmap, per bandwidth (columns): the % (and count) of scenarios each
+strategy wins in each heterogeneity bin (the slowest node's step time over the fastest's at the
+baseline batch); top row by tokens per second, bottom row by idle at the baseline's token count.
 speedup.png: tokens per second over the baseline's, per strategy and bandwidth.
 """
 from __future__ import annotations
@@ -46,18 +46,24 @@ def idle_left_figure(frame: pd.DataFrame, path: Path) -> Path:
     data = [np.clip(have.loc[have["strategy"] == s, "idle_left"].to_numpy() * 100, floor * 100, None)
             for s in strategies]
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    box = ax.boxplot(data, tick_labels=strategies, whis=(5, 95), showfliers=False, patch_artist=True)
+    # light box fills (one colour per strategy) under a black median bar with a white-edged diamond,
+    # so the median reads on every box whatever its colour; its value is written beside it
+    box = ax.boxplot(data, tick_labels=strategies, whis=(5, 95), showfliers=False, patch_artist=True,
+                     medianprops={"color": "black", "lw": 2.2})
     for patch, s in zip(box["boxes"], strategies):
         patch.set_facecolor(_colors(strategies)[s])
-        patch.set_alpha(0.6)
+        patch.set_alpha(0.35)
     for i, d in enumerate(data, start=1):
         if len(d):
-            ax.text(i, np.median(d) * 1.25, f"{np.median(d):.3g}%", ha="center", fontsize=8)
+            med = float(np.median(d))
+            ax.plot([i], [med], marker="D", ms=5, color="black", mec="white", mew=0.8, zorder=5)
+            ax.annotate(f"{med:.3g}%", (i + 0.25, med), xytext=(3, 0), textcoords="offset points", va="center",
+                        fontsize=7.5, bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85})
     ax.set_yscale("log")
     ax.axhline(100, color="gray", lw=1, ls="--")
     ax.set_ylabel("idle left, % of baseline's\n(at the baseline's token count; log scale)")
     ax.set_title(f"Idle reduction vs baseline: {have['scenario_id'].nunique()} scenarios "
-                 f"(boxes: quartiles, whiskers: 5-95%; {dropped} with no baseline idle left out;"
+                 f"(boxes: quartiles, whiskers: 5-95%, ◆ and label: median; {dropped} with no baseline idle left out;"
                  f" 0 shown at {floor * 100:g}%)", fontsize=9)
     ax.tick_params(axis="x", rotation=30)
     ax.grid(axis="y", which="major", alpha=0.3)
@@ -76,41 +82,63 @@ def _winners(frame: pd.DataFrame, column: str, best: str) -> pd.DataFrame:
 
 
 def winners_figure(frame: pd.DataFrame, path: Path) -> Path:
+    """A table-like heatmap per criterion and bandwidth: % of scenarios each strategy wins, per heterogeneity bin.
+
+    Every cell carries its number (and the count), so small shares stay readable; strategies that
+    win nowhere under a criterion are left out of its row of panels and named in the title."""
     plt = _plt()
     strategies = list(dict.fromkeys(frame["strategy"]))
-    colors = _colors(strategies)
     bws = sorted(frame["bandwidth_gbps"].unique())
     frame = frame.assign(hetero=pd.cut(frame["speed_ratio"], HETERO_BINS, labels=HETERO_LABELS, right=False))
-    rows = [("tokens_per_s", "max", "fastest (tokens/s)"),
-            ("idle_s_equal_tokens", "min", "least idle at equal tokens\n(ties go to the first strategy listed: alike nodes all tie at 0)")]
-    fig, axes = plt.subplots(len(rows), len(bws), figsize=(4.2 * len(bws), 7.5), sharey=True, squeeze=False)
+    rows = [("tokens_per_s", "max", "most tokens/s"),
+            ("idle_s_equal_tokens", "min", "least idle at equal tokens (ties: first listed; alike nodes all tie at 0)")]
+    wins = {(r, bw): _winners(frame[frame["bandwidth_gbps"] == bw], col, best)
+            for r, (col, best, _) in enumerate(rows) for bw in bws}
+    shown = [[s for s in strategies if any((wins[(r, bw)]["strategy"] == s).any() for bw in bws)]
+             for r in range(len(rows))]
+    heights = [max(2, len(names)) for names in shown]
+    fig, axes = plt.subplots(len(rows), len(bws), figsize=(4.6 * len(bws), 1.0 + 0.55 * sum(heights)),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    cmap = plt.get_cmap("Blues")
     for r, (column, best, title) in enumerate(rows):
+        names = shown[r]
         for c, bw in enumerate(bws):
             ax = axes[r, c]
-            win = _winners(frame[frame["bandwidth_gbps"] == bw], column, best)
-            share = pd.crosstab(win["hetero"], win["strategy"], normalize="index").reindex(
-                index=HETERO_LABELS, columns=strategies).fillna(0)
-            counts = win["hetero"].value_counts().reindex(HETERO_LABELS).fillna(0).astype(int)
-            bottom = np.zeros(len(share))
-            for s in strategies:
-                if share[s].sum() > 0:
-                    ax.bar(range(len(share)), share[s], bottom=bottom, color=colors[s], label=s)
-                    bottom += share[s].to_numpy()
-            ax.set_xticks(range(len(share)))
-            ax.set_xticklabels([f"{lab}\nn={n}" for lab, n in zip(HETERO_LABELS, counts)], fontsize=8)
-            ax.set_title(f"{bw:g} Gbit/s: {title}", fontsize=9)
-            if c == 0:
-                ax.set_ylabel("share of scenarios won")
+            win = wins[(r, bw)]
+            counts = pd.crosstab(win["strategy"], win["hetero"]).reindex(
+                index=names, columns=HETERO_LABELS).fillna(0).astype(int)
+            totals = win["hetero"].value_counts().reindex(HETERO_LABELS).fillna(0).astype(int)
+            share = counts / totals.replace(0, np.nan).to_numpy()[None, :] * 100
+            ax.imshow(share.fillna(0).to_numpy(), cmap=cmap, vmin=0, vmax=100, aspect="auto")
+            for y, name in enumerate(names):
+                for x, label in enumerate(HETERO_LABELS):
+                    n, pct = counts.loc[name, label], share.loc[name, label]
+                    if n:
+                        ax.text(x, y, f"{pct:.0f}%\n({n})" if pct >= 1 else f"<1%\n({n})", ha="center",
+                                va="center", fontsize=7.5, color="white" if pct > 60 else "black")
+            ax.set_xticks(range(len(HETERO_LABELS)), [f"{lab}\nn={n}" for lab, n in zip(HETERO_LABELS, totals)],
+                          fontsize=8)
+            ax.set_yticks(range(len(names)), names if c == 0 else [""] * len(names), fontsize=8.5)
+            ax.set_xticks(np.arange(len(HETERO_LABELS) + 1) - 0.5, minor=True)
+            ax.set_yticks(np.arange(len(names) + 1) - 0.5, minor=True)
+            ax.grid(which="minor", color="white", lw=1.5)
+            ax.tick_params(which="minor", length=0)
+            for side in ax.spines.values():
+                side.set_visible(False)
+            ax.set_title(f"{bw:g} Gbit/s", fontsize=9, loc="left")
+            if c == 0:  # the criterion heads its row, on a line of its own above the panels' titles
+                ax.annotate(title, (0.0, 1.0), xycoords="axes fraction", xytext=(0, 20), textcoords="offset points",
+                            ha="left", fontsize=10, fontweight="bold").set_in_layout(False)
             if r == len(rows) - 1:
                 ax.set_xlabel("slowest / fastest node step time (baseline batch)", fontsize=8)
-    handles = {}
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            handles.setdefault(lab, h)
-    fig.legend([handles[s] for s in strategies if s in handles], [s for s in strategies if s in handles],
-               loc="lower center", ncol=min(6, len(handles)), fontsize=8, bbox_to_anchor=(0.5, -0.04))
-    fig.suptitle("Which strategy wins, by bandwidth and heterogeneity", fontsize=11)
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+        never = [s for s in strategies if s not in names]
+        if never:
+            axes[r, -1].annotate("never wins: " + ", ".join(never), (1.0, 1.0), xycoords="axes fraction",
+                                 xytext=(0, 20), textcoords="offset points", ha="right", fontsize=8,
+                                 color="grey").set_in_layout(False)
+    fig.suptitle("Which strategy wins: % of the scenarios in each heterogeneity bin (count in brackets)", fontsize=11)
+    fig.tight_layout(h_pad=3.0)
+    fig.subplots_adjust(top=fig.subplotpars.top - 0.03)
     out = _save(fig, path)
     plt.close(fig)
     return out
@@ -127,7 +155,8 @@ def speedup_figure(frame: pd.DataFrame, path: Path) -> Path:
         sub = frame[frame["bandwidth_gbps"] == bw]
         data = [sub.loc[sub["strategy"] == s, "speedup"].to_numpy() for s in strategies]
         pos = np.arange(len(strategies)) + (k - (len(bws) - 1) / 2) * width
-        box = ax.boxplot(data, positions=pos, widths=width * 0.9, whis=(5, 95), showfliers=False, patch_artist=True)
+        box = ax.boxplot(data, positions=pos, widths=width * 0.9, whis=(5, 95), showfliers=False, patch_artist=True,
+                         medianprops={"color": "black", "lw": 2})  # black: an orange median vanishes in a yellow box
         for patch in box["boxes"]:
             patch.set_facecolor(cmap(k / max(1, len(bws) - 1)))
             patch.set_alpha(0.7)
@@ -137,7 +166,8 @@ def speedup_figure(frame: pd.DataFrame, path: Path) -> Path:
     ax.set_yscale("log")
     ax.axhline(1, color="gray", lw=1, ls="--")
     ax.set_ylabel("tokens/s over the baseline's (log scale)")
-    ax.set_title("Throughput vs baseline, per strategy and bandwidth (boxes: quartiles, whiskers: 5-95%)", fontsize=9)
+    ax.set_title("Throughput vs baseline, per strategy and bandwidth (boxes: quartiles, black bar: median, "
+                 "whiskers: 5-95%)", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", which="major", alpha=0.3)
     fig.tight_layout()

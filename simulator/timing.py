@@ -3,12 +3,12 @@
 Catalog estimate (affine, per GPU type g, per-GPU batch b):
 
     t_g(b) = t0_g + c_g · b
-    t0_g   = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM · N / mem_bandwidth_g
+    t0_g   = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM[dtype] · N / mem_bandwidth_g
     c_g    = flops_per_token · seq_len / (peak_tflops_g(dtype) · 1e12 · MFU)
 
-t0 is the per-step cost that does not grow with the batch: the AdamW update, gradient
-clipping and zeroing stream every parameter's fp32 weight, gradient and two moments through
-memory (OPTIMIZER_BYTES_PER_PARAM bytes each), plus kernel launches. c is the per-sample cost:
+t0 is the per-step cost that does not grow with the batch: unscaling (fp16), gradient clipping
+and the foreach AdamW update stream every parameter's fp32 weight, gradient and two moments
+through memory in several passes (OPTIMIZER_BYTES_PER_PARAM, counted), plus kernel launches. c is the per-sample cost:
 training FLOPs of one sequence at a model FLOPs utilisation MFU of the correct dense peak
 (`calibrate.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
 datasheet headline).
@@ -36,7 +36,11 @@ from simulator.scenario import NodeConfig, Scenario
 
 MFU = 0.40
 LAUNCH_OVERHEAD_S = 0.008
-OPTIMIZER_BYTES_PER_PARAM = 36  # AdamW: read+write weight, m, v (24) + read grad (4) + clip read (4) + zero (4)
+# Bytes of memory traffic per parameter after backward, counted op by op on calibrate/step.py's step
+# (benchmarks/count_optimizer_bytes.py, torch 2.13): foreach AdamW 80 (weight decay 8, lerp m 12, v·β2 8,
+# addcmul v 12, sqrt 8, div 8, +eps 8, addcdiv θ 16), clip_grad_norm_ 12 (norm 4, scale 8), and under fp16
+# the GradScaler's unscale 8; zero_grad(set_to_none) moves nothing. Was 36 (one fused pass).
+OPTIMIZER_BYTES_PER_PARAM = {"fp16": 100, "bf16": 92, "fp32": 92}
 GRAD_BYTES_PER_PARAM = 4
 DEFAULT_INTRA_NODE_GBPS = 100.0  # PCIe 3.0 x16 through the host, effective
 
@@ -45,7 +49,7 @@ def gpu_step_s(scenario: Scenario, gpu_key: str, batch: int) -> float:
     """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring)."""
     spec = get_gpu(gpu_key)
     n = scenario.model.param_count
-    t0 = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM * n / (spec.memory_bandwidth_gbs * 1e9)
+    t0 = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM[scenario.model.dtype] * n / (spec.memory_bandwidth_gbs * 1e9)
     flops_per_sample = scenario.model.train_flops_per_token * scenario.model.seq_len
     c = flops_per_sample / (peak_tflops(spec, scenario.model.dtype) * 1e12 * MFU)
     return t0 + c * batch

@@ -26,7 +26,7 @@ REQUIRED = [
     "a10", "l4", "l40s", "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200",
     "rtx-4090", "rtx-a6000", "cpu",
 ]
-PAPER = {"rtx-2080-ti": 113.8, "titan-rtx": 130.0, "a30": 165.0, "rtx-3090": 142.0, "v100": 125.0}
+PAPER = {"rtx-2080-ti": 113.8, "titan-rtx": 130.0, "a30": 165.0, "rtx-3090": 142.0, "v100": 125.0, "v100-pcie": 125.0}
 
 
 def test_every_required_gpu_is_present():

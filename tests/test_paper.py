@@ -1,18 +1,27 @@
-"""`geodt paper`: the paper's Table 2 reproduced, the inference of step times, the fits, determinism."""
+"""`geodt paper`: the paper's Table 2 reproduced, the inference of step times and row C's checks, the fits,
+the dtype/payload variants, B's memory band, the README rendered from the CSVs, determinism."""
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from geodt.paper import facts, main
-from geodt.paper.infer import c_idle_s, infer, inferred_scenario
+from geodt.paper import readme
+from geodt.paper.infer import c_idle_s, c_row_checks, fit_t_max, infer, inferred_scenario
 from geodt.paper.related import fit_batch_time, share_curves
-from geodt.paper.tables import best_geodt_strategy, predict, table2, table3
+from geodt.paper.tables import best_geodt_strategy, predict, table1, table2, table3
+from geodt.paper.variants import memory_band, variants
+from simulator.memory import step_memory_bytes
+from simulator.network import OUTER_STEP_NS_PER_PARAM, sync_s
 from simulator.scenario import load_scenario
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "paper"
 
 
 def test_table2_a_and_c_equal_the_papers():
@@ -115,3 +124,121 @@ def test_paper_modules_do_not_import_torch():
     code = ("import sys, geodt.paper.artifacts, geodt.paper.figures, geodt.paper.readme; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_table1_has_no_self_comparison_and_memory_in_gib():
+    t = table1(load_scenario("paper"))
+    assert not any(c.endswith("_match") for c in t.columns)  # paper_tflops IS the catalog's paper column
+    assert list(t["memory_gib"]) == [11, 11, 24, 24, 24, 32]
+    v100 = t[t["gpu"] == "v100-pcie"].iloc[0]
+    assert (v100["paper_tflops"], v100["dense_fp16_peak_tflops"], v100["dense_bf16_peak_tflops"]) == (125.0, 112.0, 14.0)
+
+
+def test_row_c_leave_one_node_out_and_anchored():
+    scenario = load_scenario("paper")
+    inf = infer(scenario)
+    gaps, h = np.array(inf.gaps_s), np.array(inf.c_local_steps, float)
+    target = np.array([facts.TABLE3_IDLE_S["C"][n] for n in inf.nodes])
+    rows = c_row_checks(scenario, anchor_t_max_s=0.25)
+    for k, row in enumerate(rows):
+        keep = np.arange(4) != k
+        # node2 (H = 104, gap 0) stays slowest: residuals a_i T − b_i, least squares over the kept nodes
+        a, b = (10 * (104 - h))[keep], (target - 10 * h * gaps)[keep]
+        assert row["lono_t_max_ms"] == pytest.approx(float(a @ b / (a @ a)) * 1e3, rel=1e-9)
+        assert row["lono_idle_s"] == pytest.approx(c_idle_s(np.array([row["lono_t_max_ms"] / 1e3]), gaps, h, 10)[0][k])
+        assert row["in_sample_t_max_ms"] == pytest.approx(inf.t_max_s * 1e3, rel=1e-12)
+        assert row["anchored_idle_s"] == pytest.approx(c_idle_s(np.array([0.25]), gaps, h, 10)[0][k])
+    # leaving out a node changes the fit unless it carries no weight (node2's residual is 0 for every T)
+    assert fit_t_max(gaps, h, target, 10, use=np.array([True, False, True, True])) == pytest.approx(inf.t_max_s)
+
+
+def test_memory_band_in_gib():
+    scenario = load_scenario("paper")
+    m = memory_band(scenario).set_index("node")
+    assert m.loc["node3", "need_gib_at_paper_B_nominal"] == pytest.approx(step_memory_bytes(scenario, 32) / 2**30)
+    assert m.loc["node3", "margin_gib_nominal"] == pytest.approx(24 - step_memory_bytes(scenario, 16) / 2**30)
+    assert list(m["B_batch_nominal"]) == [8, 8, 16, 16]
+    # the band: activations and reserve ±10%, static memory unchanged
+    static = step_memory_bytes(scenario, 0) - 1e9
+    assert m.loc["node3", "need_gib_at_paper_B_high"] == pytest.approx(
+        (static + 1.1 * (step_memory_bytes(scenario, 32) - static)) / 2**30)
+
+
+def test_variants_show_both_dtypes_and_payloads():
+    v = variants()
+    one = lambda **k: v[np.logical_and.reduce([v[c] == x for c, x in k.items()])].iloc[0]
+    paper = load_scenario("paper")
+    for payload in ("fp16", "fp32"):
+        row = one(steps="catalog", dtype="fp16", payload_dtype=payload, strategy="baseline")
+        assert row["sync_s_per_round"] == pytest.approx(sync_s(paper, payload))
+    # fp32 doubles the ring's bandwidth term: 2(n-1)/n x 2 more bytes per parameter over 1 Gbit/s
+    extra = one(steps="catalog", dtype="fp16", payload_dtype="fp32", strategy="baseline")["sync_s_per_round"] - \
+        one(steps="catalog", dtype="fp16", payload_dtype="fp16", strategy="baseline")["sync_s_per_round"]
+    assert extra == pytest.approx(1.5 * paper.model.param_count * 2 * 8 / 1e9, rel=1e-9)
+    # the inferred step times are the paper's at the baseline batch, whatever the dtype: C does not move
+    c16, cbf = (one(steps="inferred", dtype=d, payload_dtype="fp16", strategy="C") for d in ("fp16", "bf16"))
+    assert c16["total_idle_s"] == pytest.approx(cbf["total_idle_s"])
+    # the catalog's verdict on C flips with the dtype (2080 Ti, TITAN RTX, V100 to FP32 rates under bf16)
+    assert one(steps="catalog", dtype="fp16", payload_dtype="fp16", strategy="C")["idle_vs_baseline"] < 1
+    assert one(steps="catalog", dtype="bf16", payload_dtype="fp16", strategy="C")["idle_vs_baseline"] > 1
+
+
+def _committed_frames() -> dict[str, pd.DataFrame]:
+    return {p.name: pd.read_csv(p) for p in sorted(RESULTS.glob("*.csv"))}
+
+
+def test_committed_readme_is_rendered_from_the_committed_csvs():
+    frames = _committed_frames()
+    names = sorted(p.name for p in RESULTS.iterdir())
+    assert readme.render(frames, names) == (RESULTS / "README.md").read_text()
+
+
+def test_readme_numbers_follow_the_csvs():
+    frames = _committed_frames()
+    names = sorted(p.name for p in RESULTS.iterdir())
+    before = readme.render(frames, names)
+    checks = frames["c_row_checks.csv"].copy()
+    checks.loc[checks["node"] == "node3", "lono_idle_s"] = 123.456
+    after = readme.render({**frames, "c_row_checks.csv": checks}, names)
+    assert "Worst error 114.86 s (node3)" in after and "Worst error 114.86 s" not in before
+
+
+def test_repository_readme_paper_findings_match_the_csvs():
+    """Every number of README.md's paper findings, recomputed from results/paper and results/beyond-paper."""
+    text = " ".join((RESULTS.parents[1] / "README.md").read_text().split())
+    f = _committed_frames()
+    c, st, v = f["c_row_checks.csv"], f["inferred_step_times.csv"], f["variants.csv"]
+    totals = f["table3_strategies.csv"]
+    var = lambda steps, dtype, payload, strategy, col: v[(v["steps"] == steps) & (v["dtype"] == dtype) & (
+        v["payload_dtype"] == payload) & (v["strategy"] == strategy)][col].iloc[0]
+    inf = lambda name, col: totals[(totals["source"] == "inferred") & (totals["strategy"] == name)][col].iloc[0]
+    m = f["memory_b.csv"].set_index("node")
+    beyond = pd.read_csv(RESULTS.parent / "beyond-paper" / "table.csv").set_index("strategy")["idle_left"] * 100
+    expected = [
+        f"(t_max = {c['in_sample_t_max_ms'].iloc[0]:.2f} ms)",
+        f"misses by {(c['lono_idle_s'] - c['paper_C_idle_s']).abs().max():.2f} s at most",
+        f"for node2 ({c['anchored_t_max_ms'].iloc[0]:.0f} ms), predicts {c['anchored_idle_s'].sum():.0f} s",
+        f"{st['inferred_step_s'].min() * 1e3:.0f}-{st['inferred_step_s'].max() * 1e3:.0f} ms per step",
+        f"needs {st.loc[st['node'] == 'node1', 'implied_tflops_per_gpu'].iloc[0]:.0f} TFLOPS per RTX 2080 Ti",
+        f"idle by {(1 - var('catalog', 'fp16', 'fp16', 'C', 'idle_vs_baseline')) * 100:.0f}%; in bf16",
+        f"C adds {(var('catalog', 'bf16', 'fp16', 'C', 'idle_vs_baseline') - 1) * 100:.0f}%",
+        f"from a {(1 - var('catalog', 'fp16', 'fp16', 'C-slowest', 'idle_vs_baseline')) * 100:.0f}% cut into a "
+        f"{(var('catalog', 'bf16', 'fp16', 'C-slowest', 'idle_vs_baseline') - 1) * 100:.0f}% increase",
+        f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s per round with fp16 pseudo-gradients, "
+        f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_share_of_round') * 100:.0f}% of a baseline round",
+        f"({var('inferred', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s and "
+        f"{var('inferred', 'fp16', 'fp32', 'baseline', 'sync_share_of_round') * 100:.0f}% with fp32)",
+        f"`{readme.best_strategy(totals)}` idles {inf(readme.best_strategy(totals), 'total_idle_s'):.2f} s in 10 rounds",
+        f"at {inf(readme.best_strategy(totals), 'tokens_per_s') / inf('baseline', 'tokens_per_s'):.2f}× its throughput",
+        f"`measured-steps` leaves **{beyond['measured-steps']:.1f}%**",
+        f"`network-aware` {beyond['network-aware']:.1f}% and `hybrid` {beyond['hybrid']:.1f}%",
+        f"the paper's C leaves {beyond['C']:.1f}% by this model",
+        f"takes {var('catalog', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s with fp16 pseudo-gradients "
+        f"({var('catalog', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s with fp32)",
+        f"batch 32 needs {m.loc['node3', 'need_gib_at_paper_B_nominal']:.1f} GiB, "
+        f"{m.loc['node3', 'need_gib_at_paper_B_low']:.1f}-{m.loc['node3', 'need_gib_at_paper_B_high']:.1f}",
+        f"{OUTER_STEP_NS_PER_PARAM:.2f} ns per parameter",
+        f"{OUTER_STEP_NS_PER_PARAM * 1e-9 * load_scenario('paper').model.param_count:.2f} s for 215M parameters",
+    ]
+    for phrase in expected:
+        assert phrase in text, phrase

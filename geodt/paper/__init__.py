@@ -4,12 +4,14 @@ Everything is computed (nothing is copied but the papers' own figures in geodt.p
 built in memory first, then written file by file with atomic replaces, so a failure writes
 nothing half-made and a rerun rewrites the directory byte for byte.
 
-Parts: facts (the papers' numbers), infer (step times from the paper's idle), tables (Tables
-1-3), related (papers 001 and 002), figures (PNGs), readme (the generated README.md).
+Parts: facts (the papers' numbers), infer (step times from the paper's idle, row C's checks),
+tables (Tables 1-3), variants (dtype × payload, B's memory band), related (papers 001 and 002),
+figures (PNGs), readme + template (the README, rendered from the CSVs alone).
 """
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 from pathlib import Path
 
@@ -20,18 +22,22 @@ TIMELINE_ROUNDS = 3
 
 def build() -> dict[str, bytes]:
     """Every output file of `geodt paper`, name -> content, computed in memory."""
+    import pandas as pd
+
     from geodt.paper import figures, readme
     from geodt.paper.artifacts import compute
 
     art = compute()
-    files = {name: text.encode() for name, text in art.csv_files().items()}
+    csvs = art.csv_files()
+    files = {name: text.encode() for name, text in csvs.items()}
     files.update({name: text.encode() for name, text in art.scenario_files().items()})
-    files["idle_per_node.png"] = figures.idle_per_node(art.table3, art.pred.inference.t_max_s)
+    files["idle_per_node.png"] = figures.idle_per_node(art.table3, art.c_checks)
     files["timeline.png"] = figures.timeline(art.timelines, art.timeline_subtitles(), TIMELINE_ROUNDS,
                                              "step times inferred from the paper's measurements")
     files["batch_time_002.png"] = figures.batch_time(art.fit)
     files["share_001.png"] = figures.share_time(art.curves)
-    files["README.md"] = readme.render(art, sorted([*files, "README.md"])).encode()
+    frames = {name: pd.read_csv(io.StringIO(text)) for name, text in csvs.items()}
+    files["README.md"] = readme.render(frames, sorted([*files, "README.md"])).encode()
     return files
 
 

@@ -13,6 +13,7 @@ from simulator.outputs import figure_bytes
 
 DPI = 110
 PAPER_COLOR, INFERRED_COLOR, CATALOG_COLOR = "#444444", "#1f77b4", "#d62728"
+LONO_COLOR, CATALOG_BF16_COLOR = "#6baed6", "#8c564b"
 COMPUTE_COLOR, IDLE_COLOR, SYNC_COLOR = "#2ca02c", "#ff7f0e", "#9467bd"
 
 
@@ -37,36 +38,63 @@ def _bar_labels(ax, bars, values, fmt="{:.1f}"):
                     xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
-def idle_per_node(table3: pd.DataFrame, t_max_s: float) -> bytes:
-    """Grouped bars: idle per node for each of the paper's strategies, paper beside geodt (two sources)."""
+def idle_per_node(table3: pd.DataFrame, c_checks: pd.DataFrame) -> bytes:
+    """Idle per node and paper strategy. Top: the paper beside the inferred step times (linear;
+    in-sample rows marked, C's leave-one-node-out prediction added). Bottom: the paper beside the
+    catalog estimate in fp16 and bf16, on a log scale so that both the paper's seconds and the
+    catalog's hundreds of seconds stay readable."""
     plt = _pyplot()
-    fig, axes = plt.subplots(2, 4, figsize=(14, 7.6), sharey="row")
-    paper_rows = table3[table3["strategy"].isin(facts.PAPER_STRATEGIES)]
-    scale = paper_rows["catalog_idle_s"].max() / paper_rows["paper_idle_s"].max()
-    rows = [("inferred_idle_s", INFERRED_COLOR, "geodt: step times inferred from the paper's baseline row\n"
-             f"(t_max = {t_max_s * 1e3:.1f} ms fitted to row C)", "{:.1f}"),
-            ("catalog_idle_s", CATALOG_COLOR, "geodt: GPU-catalog estimate of step times\n"
-             f"(own y scale: {scale:.0f}× the paper's largest value)", "{:.0f}")]
-    width = 0.38
-    for r, (column, color, label, fmt) in enumerate(rows):
-        for c, strategy in enumerate(facts.PAPER_STRATEGIES):
-            ax = axes[r, c]
-            part = table3[table3["strategy"] == strategy]
-            x = np.arange(len(part))
-            paper = ax.bar(x - width / 2, part["paper_idle_s"], width, color=PAPER_COLOR)
-            ours = ax.bar(x + width / 2, part[column], width, color=color)
-            _bar_labels(ax, paper, part["paper_idle_s"])
-            _bar_labels(ax, ours, part[column], fmt)
-            ax.set_xticks(x, part["node"])
-            ax.set_title(f"strategy {strategy}" + (" (paper's batches)" if strategy == "B" else ""))
-            ax.margins(y=0.15)
-        axes[r, 0].set_ylabel("GPU idle over 10 syncs (s)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (PAPER_COLOR, INFERRED_COLOR, CATALOG_COLOR)]
-    fig.legend(handles, ["paper 000, Table 3 (measured)", rows[0][2], rows[1][2]], loc="upper center",
-               ncol=3, frameon=False, bbox_to_anchor=(0.5, 0.95), fontsize=9)
-    fig.suptitle("Idle time per node: paper 000 (Table 3) against geodt's predictions")
+    fig, axes = plt.subplots(2, 4, figsize=(15, 8.4))
+    status = {"baseline": "in-sample: defines the step times", "A": "predicted",
+              "B": "predicted (paper's batches 8 8 32 16)", "C": "in-sample: t_max fitted on it"}
+    lono = c_checks.set_index("node")["lono_idle_s"]
+    floor = 0.05
+    for c, strategy in enumerate(facts.PAPER_STRATEGIES):
+        part = table3[table3["strategy"] == strategy]
+        x = np.arange(len(part))
+        # top row: paper vs inferred (+ leave-one-node-out on C)
+        ax = axes[0, c]
+        series = [(part["paper_idle_s"], PAPER_COLOR, None), (part["inferred_idle_s"], INFERRED_COLOR, None)]
+        if strategy == "C":
+            series.append((lono.reindex(part["node"]).to_numpy(), LONO_COLOR, "//"))
+        width = 0.8 / len(series)
+        for k, (values, color, hatch) in enumerate(series):
+            bars = ax.bar(x + (k - (len(series) - 1) / 2) * width, values, width, color=color, hatch=hatch,
+                          edgecolor="white" if hatch else None)
+            _bar_labels(ax, bars, values)
+        ax.set_xticks(x, part["node"])
+        ax.set_title(f"{strategy}: {status[strategy]}", fontsize=9.5)
+        ax.margins(y=0.15)
+        # bottom row: paper vs catalog fp16 / bf16, log scale
+        ax = axes[1, c]
+        series = [(part["paper_idle_s"], PAPER_COLOR, None), (part["catalog_idle_s"], CATALOG_COLOR, None),
+                  (part["catalog_bf16_idle_s"], CATALOG_BF16_COLOR, "xx")]
+        width = 0.8 / len(series)
+        for k, (values, color, hatch) in enumerate(series):
+            values = np.asarray(values, float)
+            bars = ax.bar(x + (k - 1) * width, np.maximum(values, floor), width, color=color, hatch=hatch,
+                          edgecolor="white" if hatch else None)
+            for bar, v in zip(bars, values):
+                ax.annotate("0" if v == 0 else f"{v:.3g}" if v < 1000 else f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                            xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6.5,
+                            rotation=90)
+        ax.set_yscale("log")
+        ax.set_ylim(floor, 2e4)
+        ax.set_xticks(x, part["node"])
+        ax.set_title(f"{strategy}: catalog estimate (no fit to the paper)", fontsize=9.5)
+    axes[0, 0].set_ylabel("GPU idle over 10 syncs (s)")
+    axes[1, 0].set_ylabel("GPU idle over 10 syncs (s, log;\n0 drawn at 0.05)")
+    labels = ["paper 000, Table 3 (measured)", "geodt, step times inferred from the paper (fp16)",
+              "geodt, C with t_max fitted on the other 3 nodes (leave-one-node-out prediction)",
+              "geodt, GPU-catalog estimate, fp16 (OpenDiLoCo's default)", "geodt, GPU-catalog estimate, bf16"]
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c, hatch=h, edgecolor="white")
+               for c, h in ((PAPER_COLOR, None), (INFERRED_COLOR, None), (LONO_COLOR, "//"),
+                            (CATALOG_COLOR, None), (CATALOG_BF16_COLOR, "xx"))]
+    fig.legend(handles, labels, loc="upper center", ncol=2, frameon=False, bbox_to_anchor=(0.5, 0.955), fontsize=9)
+    fig.suptitle("Idle time per node: paper 000 (Table 3) against geodt (top: inferred step times, linear; "
+                 "bottom: catalog, log)")
     fig.tight_layout(h_pad=2.5)
-    fig.subplots_adjust(top=0.82)
+    fig.subplots_adjust(top=0.84)
     return _png(fig)
 
 

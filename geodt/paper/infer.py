@@ -53,33 +53,63 @@ def c_idle_s(t_max: np.ndarray, gaps: np.ndarray, local_steps: np.ndarray, round
     return rounds * (compute.max(axis=1, keepdims=True) - compute)
 
 
-def infer(scenario: Scenario) -> Inference:
-    """Fit t_max to the paper's C row, given the gaps from its baseline row (module docstring)."""
-    rounds, h = scenario.training.rounds, scenario.training.local_steps
-    nodes = tuple(n.name for n in scenario.nodes)
-    base = facts.TABLE3_IDLE_S["baseline"]
-    gaps = np.array([base[n] / (rounds * h) for n in nodes])
-    slowest = nodes[int(np.argmin(gaps))]
-    local_steps = np.array([p.local_steps for p in make_plan(scenario, "C").nodes], dtype=float)
-    target = np.array([facts.TABLE3_IDLE_S["C"][n] for n in nodes])
-
+def fit_t_max(gaps: np.ndarray, local_steps: np.ndarray, target: np.ndarray, rounds: int,
+              use: np.ndarray | None = None) -> float:
+    """The t_max minimising Σ over the nodes in `use` of (idle_i^C(t_max) − target_i)² (module docstring)."""
+    use = np.ones(len(gaps), bool) if use is None else np.asarray(use, bool)
     # A coarse log grid finds which node is slowest under C at the optimum; within that piece
     # the residuals are linear in t_max and the least-squares optimum has a closed form.
     lo = gaps.max() * (1 + 1e-6) + 1e-9
     grid = np.geomspace(lo, 100.0, 200_001)
-    sse = ((c_idle_s(grid, gaps, local_steps, rounds) - target) ** 2).sum(axis=1)
+    sse = ((c_idle_s(grid, gaps, local_steps, rounds) - target)[:, use] ** 2).sum(axis=1)
     best = grid[int(np.argmin(sse))]
     k = int(np.argmax(local_steps * (best - gaps)))
-    slope = rounds * (local_steps[k] - local_steps)
-    offset = rounds * (local_steps * gaps - local_steps[k] * gaps[k]) - target
+    slope = (rounds * (local_steps[k] - local_steps))[use]
+    offset = (rounds * (local_steps * gaps - local_steps[k] * gaps[k]) - target)[use]
     t_max = float(-(slope @ offset) / (slope @ slope)) if slope @ slope > 0 else float(best)
     if not (t_max > lo and int(np.argmax(local_steps * (t_max - gaps))) == k):
         t_max = float(best)  # the closed form left its piece: keep the grid's answer
+    return t_max
+
+
+def _c_inputs(scenario: Scenario):
+    rounds, h = scenario.training.rounds, scenario.training.local_steps
+    nodes = tuple(n.name for n in scenario.nodes)
+    base = facts.TABLE3_IDLE_S["baseline"]
+    gaps = np.array([base[n] / (rounds * h) for n in nodes])
+    local_steps = np.array([p.local_steps for p in make_plan(scenario, "C").nodes], dtype=float)
+    target = np.array([facts.TABLE3_IDLE_S["C"][n] for n in nodes])
+    return rounds, nodes, gaps, local_steps, target
+
+
+def infer(scenario: Scenario) -> Inference:
+    """Fit t_max to the paper's C row, given the gaps from its baseline row (module docstring)."""
+    rounds, nodes, gaps, local_steps, target = _c_inputs(scenario)
+    slowest = nodes[int(np.argmin(gaps))]
+    t_max = fit_t_max(gaps, local_steps, target, rounds)
     fitted = c_idle_s(np.array([t_max]), gaps, local_steps, rounds)[0]
     return Inference(nodes=nodes, slowest=slowest, gaps_s=tuple(float(g) for g in gaps), t_max_s=t_max,
                      c_local_steps=tuple(int(x) for x in local_steps),
                      c_sse_s2=float(((fitted - target) ** 2).sum()),
                      c_fitted_idle_s=tuple(float(x) for x in fitted))
+
+
+def c_row_checks(scenario: Scenario, anchor_t_max_s: float) -> list[dict]:
+    """Row C three ways, per node: fitted on all four nodes (in-sample), fitted on the other three
+    (leave-one-node-out: a prediction of the node left out), and with t_max set outside the paper
+    (`anchor_t_max_s`, the catalog estimate of the baseline's slowest node) with no fit at all."""
+    rounds, nodes, gaps, local_steps, target = _c_inputs(scenario)
+    t_all = fit_t_max(gaps, local_steps, target, rounds)
+    idle = lambda t: c_idle_s(np.array([t]), gaps, local_steps, rounds)[0]
+    in_sample, anchored = idle(t_all), idle(anchor_t_max_s)
+    rows = []
+    for k, node in enumerate(nodes):
+        t_k = fit_t_max(gaps, local_steps, target, rounds, use=np.arange(len(nodes)) != k)
+        rows.append({"node": node, "paper_C_idle_s": float(target[k]),
+                     "in_sample_t_max_ms": t_all * 1e3, "in_sample_idle_s": float(in_sample[k]),
+                     "lono_t_max_ms": t_k * 1e3, "lono_idle_s": float(idle(t_k)[k]),
+                     "anchored_t_max_ms": anchor_t_max_s * 1e3, "anchored_idle_s": float(anchored[k])})
+    return rows
 
 
 def inferred_scenario(base_overrides: list[str] | None = None) -> tuple[Scenario, Inference]:
