@@ -6,6 +6,8 @@ an InputError whose message names the file (or `--set`), the dotted key and what
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import tomli_w
 
 from calibrate.catalog import CatalogError, get_gpu
 from calibrate.presets import ModelArch, PresetError, load_arch
-from simulator.config import as_table, build, coerce, require_choice, require_positive
+from simulator.config import as_table, build, coerce, require_choice, require_positive, require_range
 from simulator.errors import FieldError, InputError
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
@@ -27,6 +29,48 @@ DTYPES = ("bf16", "fp16", "fp32")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 COLLECTIVES = ("ring", "partitioned")
 AVERAGING = ("uniform", "tokens", "normalized")
+
+# Limits on sizes (inclusive), checked when a scenario is loaded: far beyond any real cluster,
+# and small enough that every product the models form stays finite and every time keeps its
+# precision (a step of 1e-30 s after a sync of 1e30 s would vanish in float64).
+LIMITS = {
+    "seq_len": (1, 10**7), "params": (1.0, 1e15), "flops_per_token": (1.0, 1e18),
+    "rounds": (1, 10**6), "local_steps": (1, 10**6), "batch_size": (1, 1 << 16),
+    "bandwidth_gbps": (1e-6, 1e6), "uplink_gbps": (1e-6, 1e6), "intra_node_gbps": (1e-3, 1e6),
+    "latency_ms": (0.0, 1e7), "step_time_s": (1e-7, 1e6), "gpu_count": (1, 10**5), "seed": (0, 2**63 - 1),
+}
+MAX_NODES = 100_000
+MAX_NAME_CHARS = 200
+MAX_SCENARIO_BYTES = 16 << 20  # a scenario or config.json larger than this is refused unread
+
+
+def limit(obj: Any, *names: str) -> None:
+    for name in names:
+        lo, hi = LIMITS[name]
+        require_range(obj, name, lo, hi)
+
+
+def check_node_name(name: str) -> str | None:
+    """Why a node name is refused, or None. Names become CSV cells and lines of printed tables:
+    a leading = + - @ would be a formula in a spreadsheet, a control character breaks the line."""
+    if not name:
+        return "expected a non-empty node name"
+    if len(name) > MAX_NAME_CHARS:
+        return f"expected at most {MAX_NAME_CHARS} characters, got {len(name)}"
+    if name[0] in "=+-@":
+        return f"{name!r} starts with {name[0]!r}; expected a name that does not start with = + - @ (CSV formulas)"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"{name!r} holds a control character; expected printable characters"
+    return None
+
+
+def check_scenario_name(name: str) -> str | None:
+    """Why a scenario name is refused, or None: it names the default output directory out/<name>."""
+    if not name or name in (".", "..") or "/" in name or "\\" in name:
+        return f"{name!r}: expected a name that is not a path (no / or \\, not . or ..); it names out/<name>"
+    if len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return f"{name!r}: expected at most {MAX_NAME_CHARS} printable characters"
+    return None
 
 
 @dataclass(frozen=True)
@@ -42,6 +86,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "params", "flops_per_token", "seq_len")
+        limit(self, "params", "flops_per_token", "seq_len")
         require_choice(self, "dtype", DTYPES)
         if self.preset is None and self.params is None:
             raise FieldError("preset", "expected a model preset name (or `params = <count>`)")
@@ -75,6 +120,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "rounds", "local_steps", "batch_size")
+        limit(self, "rounds", "local_steps", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -88,6 +134,7 @@ class NetworkConfig:
         require_positive(self, "bandwidth_gbps")
         if not self.latency_ms >= 0:
             raise FieldError("latency_ms", f"expected a number >= 0, got {self.latency_ms!r}")
+        limit(self, "bandwidth_gbps", "latency_ms")
         require_choice(self, "collective", COLLECTIVES)
         require_choice(self, "payload_dtype", tuple(PAYLOAD_BYTES))
 
@@ -140,8 +187,9 @@ class NodeConfig:
     intra_node_gbps: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise FieldError("name", "expected a non-empty node name")
+        problem = check_node_name(self.name)
+        if problem:
+            raise FieldError("name", problem)
         if not self.gpus:
             raise FieldError("gpus", 'expected at least one GPU, like { "a30" = 4 }')
         for key, count in self.gpus.items():
@@ -149,9 +197,10 @@ class NodeConfig:
                 get_gpu(key)
             except CatalogError as exc:
                 raise FieldError(f"gpus.{key}", str(exc)) from None
-            if count <= 0:
-                raise FieldError(f"gpus.{key}", f"expected a positive GPU count, got {count!r}")
+            if not 1 <= count <= LIMITS["gpu_count"][1]:
+                raise FieldError(f"gpus.{key}", f"expected a positive GPU count (at most {LIMITS['gpu_count'][1]}), got {count!r}")
         require_positive(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
+        limit(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
 
     @property
     def gpu_count(self) -> int:
@@ -204,23 +253,68 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 
 
+def read_regular_file(path: Path, what: str, max_bytes: int = MAX_SCENARIO_BYTES) -> bytes:
+    """The bytes of a regular file of at most max_bytes; InputError (one line) otherwise.
+
+    Checked before opening: a FIFO would block the read forever and /dev/zero never ends."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise InputError(f"{_short(path)}: cannot read {what} ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError(f"{path}: not a regular file; expected {what}")
+    if st.st_size > max_bytes:
+        raise InputError(f"{path}: {st.st_size} bytes; expected {what} of at most {max_bytes} bytes")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{path}: expected {what} of at most {max_bytes} bytes")
+    return data
+
+
+def _short(path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else text[:60] + "..." + text[-40:]
+
+
+def path_is_file(path: Path) -> bool:
+    """Path.is_file without the OSError a too-long name raises."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _read_source(source: str) -> tuple[dict, str]:
     path = Path(source)
-    if not path.exists() and path.suffix != ".toml" and "/" not in source:
+    try:
+        exists = os.path.lexists(path)
+    except ValueError:  # an embedded NUL
+        exists = False
+    if not exists and path.suffix != ".toml" and "/" not in source:
         if source not in builtin_names():
-            raise InputError(f"{source}: no such scenario file or built-in scenario; "
+            raise InputError(f"{_short(source)}: no such scenario file or built-in scenario; "
                              f"expected a path or one of {', '.join(builtin_names())}")
         path = BUILTIN_DIR / f"{source}.toml"
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{source}: scenario file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{source}: cannot read scenario file ({exc})") from None
+        data = read_regular_file(path, "a scenario TOML file")
+    except InputError as exc:
+        raise InputError(str(exc).replace(str(path), _short(source), 1)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{_short(source)}: cannot read scenario file (not UTF-8: {exc.reason} at byte {exc.start})") from None
     try:
         return tomllib.loads(text), str(path.resolve())
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{source}: (TOML syntax): expected valid TOML, {exc}") from None
+        raise InputError(f"{_short(source)}: (TOML syntax): expected valid TOML, {exc}") from None
+    except RecursionError:
+        raise InputError(f"{_short(source)}: (TOML syntax): nested too deeply; expected a scenario TOML") from None
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -254,8 +348,10 @@ def apply_override(table: dict, path: list[str], value: Any, text: str) -> str:
                 raise InputError(f"--set {text}: nodes.{name}: no such node; expected one of {names}")
             where = match[0]
             rest = path[2:]
-            for sub in rest[:-1]:
+            for j, sub in enumerate(rest[:-1]):
                 where = where.setdefault(sub, {})
+                if not isinstance(where, dict):
+                    raise InputError(f"--set {text}: nodes.{name}.{'.'.join(rest[:j + 1])} is not a table")
             where[rest[-1]] = value
             return ".".join([f"nodes[{nodes.index(match[0])}]", *rest])
         where = where.setdefault(part, {})
@@ -285,15 +381,17 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     raw_nodes = table.pop("nodes", None)
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise FieldError("nodes", "expected at least one [[nodes]] table")
+    if len(raw_nodes) > MAX_NODES:
+        raise FieldError("nodes", f"{len(raw_nodes)} nodes; expected at most {MAX_NODES}")
     nodes = []
     for i, raw in enumerate(raw_nodes):
         if isinstance(raw, dict) and isinstance(raw.get("profile"), str):
             raw = {**raw, "profile": [raw["profile"]]}
         nodes.append(build(NodeConfig, raw, f"nodes[{i}]"))
-    names = [n.name for n in nodes]
-    for i, name in enumerate(names):
-        if names.index(name) != i:
-            raise FieldError(f"nodes[{i}].name", f"duplicate node name {name!r}; expected unique names")
+    first: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        if first.setdefault(node.name, i) != i:
+            raise FieldError(f"nodes[{i}].name", f"duplicate node name {node.name!r}; expected unique names")
     sections = {"model": ModelConfig, "training": TrainingConfig, "network": NetworkConfig,
                 "diloco": DilocoConfig, "simulation": SimulationConfig}
     kwargs: dict[str, Any] = {}
@@ -306,8 +404,11 @@ def _build_scenario(table: dict, source: str) -> Scenario:
             raise FieldError(key, f"unknown key; expected one of name, seed, {', '.join(sections)}, nodes")
     if "name" not in kwargs:
         raise FieldError("name", "missing; expected a scenario name")
-    if kwargs.get("seed", 0) < 0:
-        raise FieldError("seed", f"expected an integer >= 0, got {kwargs['seed']!r}")
+    problem = check_scenario_name(kwargs["name"])
+    if problem:
+        raise FieldError("name", problem)
+    if not 0 <= kwargs.get("seed", 0) <= LIMITS["seed"][1]:
+        raise FieldError("seed", f"expected an integer from 0 to {LIMITS['seed'][1]}, got {kwargs['seed']!r}")
     kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
@@ -325,5 +426,6 @@ def _resolve_model(scenario: Scenario) -> None:
 def _check_profiles(scenario: Scenario) -> None:
     for i, node in enumerate(scenario.nodes):
         for path in node.profile or ():
-            if not scenario.resolve_path(path).is_file():
-                raise FieldError(f"nodes[{i}].profile", f"profile file {path!r} not found; expected a CSV from geodt calibrate")
+            if not path_is_file(scenario.resolve_path(path)):
+                raise FieldError(f"nodes[{i}].profile", f"profile file {_short(path)!r} not found or not a regular "
+                                 "file; expected a CSV from geodt calibrate")
