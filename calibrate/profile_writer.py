@@ -4,13 +4,19 @@ Each new row is committed by rewriting the whole (small) file to a temporary nam
 `os.replace`-ing it over the profile: the file on disk is always complete rows under the
 header, never half a line, even if the process is killed mid-write. A rerun into the same
 file loads the rows already there and measures only the missing batch sizes; a file made for
-another device, model, seq_len or dtype is refused (ProfileError).
+another device, model, seq_len or dtype is refused (ProfileError). A last row cut mid-line
+(no line end, or fewer fields than the header: a copy killed half-way) is left out, said so,
+and remeasured. Two calibrations into one file would each rewrite it from their own rows and
+lose the other's: the writer holds an exclusive lock (fcntl.flock on `.<name>.lock` beside
+the profile) for its whole life, and a second writer fails at once with one line.
 """
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -62,8 +68,12 @@ class ProfileWriter:
         check_writable(self.path)
         self.identity = {k: format_cell(identity[k]) for k in IDENTITY}
         self.rows: list[dict[str, str]] = []
+        self._lock = self._take_lock()
         if self.path.exists():
-            frame = read_profile_frame(self.path)
+            frame = read_profile_frame(self.path, drop_truncated=True)
+            if self._has_cut_row():
+                print(f"geodt calibrate: {self.path}: the last row was cut mid-line; it is left out and "
+                      "remeasured", file=sys.stderr)
             for column in IDENTITY:
                 have = sorted(set(frame[column]))
                 if have and have != [self.identity[column]]:
@@ -72,6 +82,54 @@ class ProfileWriter:
                         f"{self.identity[column]!r} (a profile is one device, model, seq_len and dtype; "
                         "use another --out)")
             self.rows = frame[list(COLUMNS)].to_dict("records")
+
+    def _take_lock(self):
+        """The lock file, opened and flock-ed; removed again by close() (checked by inode, so a
+        writer never holds a lock on a file another one has just removed)."""
+        lock_path = self.path.with_name(f".{self.path.name}.lock")
+        for _ in range(100):
+            try:
+                handle = open(lock_path, "a")
+            except OSError as exc:
+                raise ProfileError(f"{lock_path}: cannot open the lock file ({exc.strerror}); expected a "
+                                   "writable directory") from None
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.close()
+                raise ProfileError(f"{self.path}: another geodt calibrate is writing this profile (lock "
+                                   f"{lock_path.name}); expected one calibration per file at a time") from None
+            try:
+                if os.stat(lock_path).st_ino == os.fstat(handle.fileno()).st_ino:
+                    self._lock_path = lock_path
+                    return handle
+            except FileNotFoundError:
+                pass
+            handle.close()  # removed by the writer that held it: take the new one
+        raise ProfileError(f"{lock_path}: could not take the lock; expected one calibration per file at a time")
+
+    def close(self) -> None:
+        """Release the lock and remove its file (a killed process leaves it: harmless, reused)."""
+        if getattr(self, "_lock", None) is not None:
+            try:
+                os.unlink(self._lock_path)
+            except OSError:
+                pass
+            self._lock.close()
+            self._lock = None
+
+    def _has_cut_row(self) -> bool:
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return False
+        if not data or data.endswith(b"\n"):
+            lines = data.decode("utf-8", "replace").splitlines()
+            if len(lines) < 2:
+                return False
+            header, last = next(csv.reader([lines[0]])), next(csv.reader([lines[-1]]), [])
+            return len(last) != len(header)
+        return data.count(b"\n") >= 1
 
     def measured(self) -> dict[int, dict[str, str]]:
         """Rows already in the file, by batch size."""
