@@ -21,7 +21,7 @@ SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens"
 # A timeline of more rows than this (or a jittered run drawing more step times) is refused up
 # front: it would take gigabytes; and a run this many times longer than a node's compute per
 # round would keep too few digits of it in float64 (a round of 1e30 s hides a step of 1 s).
-MAX_TIMELINE_ROWS = 50_000_000
+MAX_TIMELINE_ROWS = 20_000_000
 MAX_SPAN_RATIO = 1e12
 
 
