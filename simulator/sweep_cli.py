@@ -23,6 +23,10 @@ from pathlib import Path
 from calibrate.cli import non_negative_int, positive_int
 
 CHUNK = 500
+MAX_NODES = 1000
+MAX_GPUS_PER_NODE = 64
+MAX_KINDS = 20_000
+MAX_SAMPLES = 1_000_000
 _WORKER: dict = {}
 
 
@@ -138,6 +142,21 @@ def _spec_from_args(args, strategies):
             raise InputError(f"--gpu-types {key}: {exc}") from None
     if len(set(types)) != len(types):
         raise InputError(f"--gpu-types {args.gpu_types}: expected each GPU type once")
+    # Sizes that would enumerate or allocate without end are refused before anything is built.
+    import math
+    if args.nodes > MAX_NODES:
+        raise InputError(f"--nodes {args.nodes}: expected at most {MAX_NODES} nodes per scenario")
+    if args.gpus_per_node > MAX_GPUS_PER_NODE:
+        raise InputError(f"--gpus-per-node {args.gpus_per_node}: expected at most {MAX_GPUS_PER_NODE}")
+    kinds = math.comb(len(types) + args.gpus_per_node - 1, args.gpus_per_node) if args.mixed_nodes else len(types)
+    if kinds > MAX_KINDS:
+        raise InputError(f"--mixed-nodes: {len(types)} GPU types x {args.gpus_per_node} GPUs per node make {kinds} "
+                         f"node kinds; expected at most {MAX_KINDS} (fewer types or GPUs per node)")
+    if args.samples > MAX_SAMPLES:
+        raise InputError(f"--samples {args.samples}: expected at most {MAX_SAMPLES}")
+    if args.samples * args.nodes > MAX_SAMPLES * 4:
+        raise InputError(f"--samples {args.samples} x --nodes {args.nodes}: expected at most {MAX_SAMPLES * 4} "
+                         "nodes in all")
     return SweepSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_types=types,
                      mixed_nodes=args.mixed_nodes, bandwidths_gbps=tuple(args.bandwidth_gbps),
                      strategies=tuple(strategies), samples=args.samples, seed=args.seed,
