@@ -13,13 +13,13 @@ the profile) for its whole life, and a second writer fails at once with one line
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import os
 import sys
 import tempfile
 from pathlib import Path
 
+from calibrate.files import FileLock
 from calibrate.profiles import COLUMNS, IDENTITY, ProfileError, read_profile_frame
 
 
@@ -83,39 +83,21 @@ class ProfileWriter:
                         "use another --out)")
             self.rows = frame[list(COLUMNS)].to_dict("records")
 
-    def _take_lock(self):
-        """The lock file, opened and flock-ed; removed again by close() (checked by inode, so a
-        writer never holds a lock on a file another one has just removed)."""
+    def _take_lock(self) -> FileLock:
         lock_path = self.path.with_name(f".{self.path.name}.lock")
-        for _ in range(100):
-            try:
-                handle = open(lock_path, "a")
-            except OSError as exc:
-                raise ProfileError(f"{lock_path}: cannot open the lock file ({exc.strerror}); expected a "
-                                   "writable directory") from None
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.close()
-                raise ProfileError(f"{self.path}: another geodt calibrate is writing this profile (lock "
-                                   f"{lock_path.name}); expected one calibration per file at a time") from None
-            try:
-                if os.stat(lock_path).st_ino == os.fstat(handle.fileno()).st_ino:
-                    self._lock_path = lock_path
-                    return handle
-            except FileNotFoundError:
-                pass
-            handle.close()  # removed by the writer that held it: take the new one
-        raise ProfileError(f"{lock_path}: could not take the lock; expected one calibration per file at a time")
+        try:
+            return FileLock(lock_path, wait=False)
+        except BlockingIOError:
+            raise ProfileError(f"{self.path}: another geodt calibrate is writing this profile (lock "
+                               f"{lock_path.name}); expected one calibration per file at a time") from None
+        except OSError as exc:
+            raise ProfileError(f"{lock_path}: cannot open the lock file ({exc.strerror}); expected a "
+                               "writable directory") from None
 
     def close(self) -> None:
         """Release the lock and remove its file (a killed process leaves it: harmless, reused)."""
         if getattr(self, "_lock", None) is not None:
-            try:
-                os.unlink(self._lock_path)
-            except OSError:
-                pass
-            self._lock.close()
+            self._lock.release()
             self._lock = None
 
     def _has_cut_row(self) -> bool:

@@ -83,16 +83,13 @@ def _quiet_worker() -> None:
 
 
 def _lock(out: Path):
-    """An exclusive lock on DIR/.sweep.lock, held until the returned file is closed."""
-    import fcntl
+    """An exclusive lock on DIR/.sweep.lock (waited for), removed with release()."""
+    from calibrate.files import FileLock
 
-    handle = open(out / ".sweep.lock", "a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    def say():
         print(f"geodt sweep: another sweep is writing {out}; waiting for it", file=sys.stderr)
-        fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
+
+    return FileLock(out / ".sweep.lock", wait=True, on_wait=say)
 
 
 def _digest(data: bytes) -> str:
@@ -196,7 +193,7 @@ def _sweep(args, strategies, out: Path) -> int:
         from simulator.outputs import csv_bytes
         return _finish(args, frame, csv_bytes(frame), base, out, write=True)
     finally:
-        lock.close()
+        lock.release()
 
 
 def _run_chunks(args, spec, strategies, out: Path):

@@ -170,3 +170,4 @@ def test_two_identical_sweeps_at_once_both_finish_with_one_result(tmp_path):
     assert [run.returncode for run in runs] == [0, 0], [r[1].decode()[-500:] for r in results]
     assert sweep(_args(tmp_path / "b", "--no-figures")) == 0
     assert (out / "sweep.csv").read_bytes() == (tmp_path / "b" / "sweep.csv").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["scenario.toml", "spec.json", "sweep.csv", "sweep.csv.sha256"]
