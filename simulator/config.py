@@ -107,7 +107,9 @@ def require_range(obj: Any, name: str, lo: float, hi: float, unit: str = "") -> 
     front, so that no later product overflows, runs out of memory or loses all precision."""
     value = getattr(obj, name)
     if value is not None and not (lo <= value <= hi):
-        raise FieldError(name, f"expected a number from {lo:g} to {hi:g}{unit}, got {value!r}")
+        what = f"an integer from {lo} to {hi}" if isinstance(lo, int) and isinstance(hi, int) \
+            else f"a number from {lo:g} to {hi:g}"
+        raise FieldError(name, f"expected {what}{unit}, got {value!r}")
 
 
 def require_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:
