@@ -1,7 +1,7 @@
 """Atomic output writing: every file appears whole or not at all (temp name, then os.replace).
 
 `write_output_set(out, files)` writes all the outputs of one command: every file goes first
-into a temporary directory beside `out` (same file system), and only once all are written
+into a temporary directory in or beside `out` (same file system), and only once all are written
 (a full disk fails here, before anything is replaced) are they renamed into `out`. Targets
 that are not regular files (a directory where plan.csv goes) are refused before anything is
 written. Files that another geodt command writes (OWNED: plan.csv, timeline.csv, ...) and
@@ -82,10 +82,11 @@ def write_output_set(out: str | Path, files: dict[str, bytes], owned: tuple[str,
             raise OutputError(f"{target}: exists and is not a regular file; expected a file path for {name}")
     if os.path.lexists(out) and not out.is_dir():
         raise OutputError(f"{out}: exists and is not a directory; expected an output directory")
-    parent = out.absolute().parent
+    # Staged inside out if it exists (its parent may not be writable: --out .), else beside it.
+    where = out if out.is_dir() else out.absolute().parent
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.absolute().name}.", suffix=".tmp", dir=parent))
+        where.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.absolute().name}.", suffix=".tmp", dir=where))
     except OSError as exc:
         raise OutputError(f"{out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
     try:
