@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pytest
 import tomli_w
 from hypothesis import HealthCheck, given, settings, strategies as st
 

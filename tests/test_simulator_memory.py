@@ -8,7 +8,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from simulator.cli import plan_main, simulate_main

@@ -103,7 +103,7 @@ def _check_fits(name: str, scenario: Scenario, timings: list[NodeTiming], batch:
     problem = timing.memory_problem(b) or f"batch {b} is above the largest batch geodt plans ({int(max_batch[i])})"
     base = scenario.training.batch_size
     if b == base:
-        raise FieldError("training.batch_size", f"node {timing.node.name!r} ({'nodes[%d]' % i}): {problem}; "
+        raise FieldError("training.batch_size", f"node {timing.node.name!r} (nodes[{i}]): {problem}; "
                          f"expected a baseline batch that fits every node (at most {int(max_batch[i])} here)")
     raise FieldError(f"nodes[{i}]", f"strategy {name} gives node {timing.node.name!r} batch {b}, which does not "
                      f"fit: {problem}")
