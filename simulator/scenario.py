@@ -21,57 +21,18 @@ import tomli_w
 
 from calibrate.catalog import CatalogError, get_gpu
 from calibrate.presets import ModelArch, PresetError, load_arch
-from simulator.config import as_table, build, coerce, require_choice, require_positive, require_range
+from calibrate.files import read_regular_file
+from calibrate.files import short as _short
+from simulator.config import as_table, build, coerce, require_choice, require_positive
 from simulator.errors import FieldError, InputError
+from simulator.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
+                              limit)
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 DTYPES = ("bf16", "fp16", "fp32")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 COLLECTIVES = ("ring", "partitioned")
 AVERAGING = ("uniform", "tokens", "normalized")
-
-# Limits on sizes (inclusive), checked when a scenario is loaded: far beyond any real cluster,
-# and small enough that every product the models form stays finite and every time keeps its
-# precision (a step of 1e-30 s after a sync of 1e30 s would vanish in float64).
-LIMITS = {
-    "seq_len": (1, 10**7), "params": (1.0, 1e15), "flops_per_token": (1.0, 1e18),
-    "rounds": (1, 10**6), "local_steps": (1, 10**6), "batch_size": (1, 1 << 16),
-    "bandwidth_gbps": (1e-6, 1e6), "uplink_gbps": (1e-6, 1e6), "intra_node_gbps": (1e-3, 1e6),
-    "latency_ms": (0.0, 1e7), "step_time_s": (1e-7, 1e6), "gpu_count": (1, 10**5), "seed": (0, 2**63 - 1),
-}
-MAX_NODES = 100_000
-MAX_NAME_CHARS = 200
-MAX_SCENARIO_BYTES = 16 << 20  # a scenario or config.json larger than this is refused unread
-
-
-def limit(obj: Any, *names: str) -> None:
-    for name in names:
-        lo, hi = LIMITS[name]
-        require_range(obj, name, lo, hi)
-
-
-def check_node_name(name: str) -> str | None:
-    """Why a node name is refused, or None. Names become CSV cells and lines of printed tables:
-    a leading = + - @ would be a formula in a spreadsheet, a control character breaks the line."""
-    if not name:
-        return "expected a non-empty node name"
-    if len(name) > MAX_NAME_CHARS:
-        return f"expected at most {MAX_NAME_CHARS} characters, got {len(name)}"
-    if name[0] in "=+-@":
-        return f"{name!r} starts with {name[0]!r}; expected a name that does not start with = + - @ (CSV formulas)"
-    if any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return f"{name!r} holds a control character; expected printable characters"
-    return None
-
-
-def check_scenario_name(name: str) -> str | None:
-    """Why a scenario name is refused, or None: it names the default output directory out/<name>."""
-    if not name or name in (".", "..") or "/" in name or "\\" in name:
-        return f"{name!r}: expected a name that is not a path (no / or \\, not . or ..); it names out/<name>"
-    if len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return f"{name!r}: expected at most {MAX_NAME_CHARS} printable characters"
-    return None
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -253,35 +214,6 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 
 
-def read_regular_file(path: Path, what: str, max_bytes: int = MAX_SCENARIO_BYTES) -> bytes:
-    """The bytes of a regular file of at most max_bytes; InputError (one line) otherwise.
-
-    Checked before opening: a FIFO would block the read forever and /dev/zero never ends."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise InputError(f"{path}: {what} not found") from None
-    except OSError as exc:
-        raise InputError(f"{_short(path)}: cannot read {what} ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{path}: not a regular file; expected {what}")
-    if st.st_size > max_bytes:
-        raise InputError(f"{path}: {st.st_size} bytes; expected {what} of at most {max_bytes} bytes")
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
-    if len(data) > max_bytes:
-        raise InputError(f"{path}: expected {what} of at most {max_bytes} bytes")
-    return data
-
-
-def _short(path) -> str:
-    text = str(path)
-    return text if len(text) <= 120 else text[:60] + "..." + text[-40:]
-
-
 def path_is_file(path: Path) -> bool:
     """Path.is_file without the OSError a too-long name raises."""
     try:
@@ -302,9 +234,9 @@ def _read_source(source: str) -> tuple[dict, str]:
                              f"expected a path or one of {', '.join(builtin_names())}")
         path = BUILTIN_DIR / f"{source}.toml"
     try:
-        data = read_regular_file(path, "a scenario TOML file")
+        data = read_regular_file(path, "a scenario TOML file", MAX_SCENARIO_BYTES, InputError, "scenario file")
     except InputError as exc:
-        raise InputError(str(exc).replace(str(path), _short(source), 1)) from None
+        raise InputError(str(exc).replace(_short(path), _short(source), 1)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
