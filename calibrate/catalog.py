@@ -25,6 +25,11 @@ halved here):
   A30 165, RTX 3090 142, V100 125: FP16-accumulate headlines, BF16 for the A30; the 125 also
   on `v100-pcie`, the card geodt takes the paper's V100 to be); empty for every other GPU.
   Kept so the paper's tables can be reproduced.
+- `intra_node_gbps`: the link between two GPUs of one node, per direction, in Gbit/s, as the
+  intra-node gradient all-reduce sees it: NVLink for SXM parts (V100 SXM2 1200: NVLink 2, 150
+  GB/s per direction; A100 SXM4 2400: NVLink 3; H100 SXM5 and H200 3600: NVLink 4, 450 GB/s),
+  100 for every PCIe card (PCIe 3.0 x16 through the host, effective; kept at geodt's earlier
+  fixed figure for all PCIe parts). A node mixing GPU types uses its slowest link.
 - `nominal`: true for rows that describe no real product (`cpu`: a generic 2-core x86
   laptop-class CPU, so that CPU-emulated nodes can be described).
 - `source`, `notes`: where the figures come from and what to know about them.
@@ -74,6 +79,7 @@ class GpuSpec:
     bf16_supported: bool
     paper_tflops: float | None
     boost_clock_mhz: float | None
+    intra_node_gbps: float
     nominal: bool
     source: str
     notes: str
@@ -110,7 +116,7 @@ class GpuSpec:
 
 
 _COLUMNS = tuple(f.name for f in fields(GpuSpec))
-_FLOAT_COLUMNS = ("memory_gb", "memory_bandwidth_gbs", "fp32_tflops")
+_FLOAT_COLUMNS = ("memory_gb", "memory_bandwidth_gbs", "fp32_tflops", "intra_node_gbps")
 _OPTIONAL_FLOAT_COLUMNS = ("fp16_tflops", "fp16_acc16_tflops", "bf16_tflops", "paper_tflops", "boost_clock_mhz")
 _BOOL_COLUMNS = ("bf16_supported", "nominal")
 
@@ -183,12 +189,21 @@ def gpu_keys() -> list[str]:
     return sorted(spec.key for spec in _shipped_catalog())
 
 
+@lru_cache(maxsize=1)
+def _by_key() -> dict[str, GpuSpec]:
+    return {spec.key: spec for spec in _shipped_catalog()}
+
+
 def get_gpu(key: str) -> GpuSpec:
-    """The catalog entry of `key`; CatalogError listing the known keys if there is none."""
-    for spec in _shipped_catalog():
-        if spec.key == key:
-            return spec
-    raise CatalogError(f"unknown GPU {key!r}; expected one of {', '.join(gpu_keys())}")
+    """The catalog entry of `key`; CatalogError naming the closest keys (difflib) if there is none."""
+    spec = _by_key().get(key) if isinstance(key, str) else None
+    if spec is not None:
+        return spec
+    import difflib
+
+    close = difflib.get_close_matches(str(key).lower(), gpu_keys(), n=3, cutoff=0.5)
+    hint = f"did you mean {' or '.join(close)}? " if close else ""
+    raise CatalogError(f"unknown GPU {key!r}; {hint}expected one of {', '.join(gpu_keys())}")
 
 
 def _check_dtype(dtype: str) -> None:

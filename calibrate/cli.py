@@ -7,6 +7,7 @@ measured or written. torch is imported only once `calibrate` has checked its arg
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -27,11 +28,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+_DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() accepts '²', which int() refuses
+
+
 def _int_at_least(text: str, minimum: int, expected: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = minimum - 1
+    stripped = text.strip()
+    value = int(stripped) if re.fullmatch(r"[+-]?[0-9]{1,18}", stripped) else minimum - 1
     if value < minimum:
         raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
     return value
@@ -51,11 +53,11 @@ def parse_batches(text: str) -> list[int] | tuple[str, int]:
     """'1,2,4,8' -> [1, 2, 4, 8] (sorted, unique); 'auto' / 'auto:N' -> ('auto', start N, default 1)."""
     if text == "auto" or text.startswith("auto:"):
         start = text.partition(":")[2] or "1"
-        if not start.isdigit() or int(start) <= 0:
+        if not _DIGITS.fullmatch(start) or int(start) <= 0:
             raise UsageError(f"--batch {text!r}: expected auto or auto:N with N a positive integer")
         return ("auto", int(start))
     parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and int(p) > 0 for p in parts):
+    if not all(_DIGITS.fullmatch(p) and int(p) > 0 for p in parts):
         raise UsageError(f"--batch {text!r}: expected a comma-separated list of positive integers "
                          "(e.g. 1,2,4,8) or auto")
     return sorted({int(p) for p in parts})
@@ -137,6 +139,7 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         describe_device, profile_row, resolve_devices
     from calibrate.profile_writer import ProfileWriter
 
+    jobs = []
     try:
         devices = resolve_devices(args.device)
         cpu = devices == ["cpu"]
@@ -149,15 +152,20 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         max_batch = args.max_batch or (DEFAULT_CPU_MAX_BATCH if cpu else UNBOUNDED_MAX_BATCH)
         if isinstance(batches, tuple) and batches[1] > max_batch:
             raise HarnessError(f"--batch {args.batch}: starts above --max-batch {max_batch}")
+        if isinstance(batches, list) and batches[-1] > max_batch:  # refused up front, not an allocator error later
+            raise HarnessError(f"--batch {batches[-1]}: above --max-batch {max_batch}"
+                               f"{' (the default on CPU)' if cpu and not args.max_batch else ''}; "
+                               "expected smaller batches, or a larger --max-batch")
         if args.threads:
             torch.set_num_threads(args.threads)
-        jobs = []
         for device, out in zip(devices, _out_paths(args.out, devices)):
             info = describe_device(device)
             identity = {"device_name": info.device_name, "device_index": info.device_index,
                         "gpu_key": info.gpu_key, "model": arch.name, "seq_len": args.seq_len, "dtype": dtype}
             jobs.append((info, ProfileWriter(out, identity)))
     except (HarnessError, ProfileError) as exc:
+        for _, writer in jobs:
+            writer.close()
         print(f"geodt calibrate: {exc}", file=sys.stderr)
         return 2
 
@@ -192,10 +200,13 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                 largest = None
         except KeyboardInterrupt:
             bar.close()
+            for _, w in jobs:
+                w.close()
             print(f"geodt calibrate: interrupted; {len(writer.rows)} row(s) kept in {writer.path}; "
                   "rerun the same command to finish", file=sys.stderr)
             return 130
         bar.close()
+        writer.close()
         print(f"{writer.path}: {info.device_name} [{info.gpu_key or '?'}], {arch.name}, "
               f"seq_len {args.seq_len}, {dtype}")
         print(_table(writer.rows))

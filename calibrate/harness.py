@@ -182,6 +182,10 @@ class Calibrator:
                     result.times_s.append(time.perf_counter() - t0)
         except torch.OutOfMemoryError:
             result.oom = True
+        except RuntimeError as exc:  # the CPU allocator's failure is a plain RuntimeError
+            if not is_allocator_error(exc):
+                raise
+            result.oom = True
         finally:
             if self.sampler is not None:
                 result.telemetry = self.sampler.stop()
@@ -198,6 +202,13 @@ class Calibrator:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def is_allocator_error(exc: BaseException) -> bool:
+    """Whether an exception is an allocator running out of memory (CPU or CUDA), not a bug."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or "can't allocate memory" in text or "out of memory" in text \
+        or "not enough memory" in text
 
 
 def profile_row(info: DeviceInfo, model: str, seq_len: int, dtype: str, m: Measurement) -> dict:

@@ -19,6 +19,7 @@ One row per (kind, processes, size), tidy CSV. `NetworkModel` fits:
 """
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +27,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate.files import read_regular_file
+
 NET_COLUMNS: tuple[str, ...] = (
     "kind", "processes", "backend", "size", "seconds_median", "seconds_p10", "seconds_p90",
     "repeats", "host", "torch_version", "measured_at",
 )
 KINDS = ("all_reduce", "outer_step", "checkpoint")
+MAX_BYTES = 16 << 20  # a profile is a few hundred rows
 
 
 class NetProfileError(ValueError):
@@ -109,10 +113,9 @@ class NetworkModel:
 def read_network_profile(path: str | Path) -> NetworkModel:
     """Load and fit a network profile; NetProfileError naming the file, row and column."""
     path = Path(path)
-    if not path.is_file():
-        raise NetProfileError(f"{path}: not a file; expected a network profile CSV (geodt calibrate --network)")
+    data = read_regular_file(path, "a network profile CSV (geodt calibrate --network)", MAX_BYTES, NetProfileError)
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise NetProfileError(f"{path}: unreadable ({type(exc).__name__}); expected a network profile CSV") from None
     missing = [c for c in NET_COLUMNS if c not in frame.columns]

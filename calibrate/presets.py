@@ -10,6 +10,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from calibrate.files import read_regular_file, short
+
+MAX_CONFIG_BYTES = 1 << 20
+# The largest size a config may give (hidden size, layers, heads, vocabulary...): far beyond any
+# model, small enough that the parameter count and FLOPs stay exact in float64.
+MAX_SIZE = 1 << 24
+
 
 class PresetError(ValueError):
     """An unknown preset name or an unreadable / incomplete config.json."""
@@ -81,22 +88,42 @@ def load_arch(preset_or_path: str, base_dir: Path | None = None) -> ModelArch:
     path = Path(preset_or_path)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
+    data = read_regular_file(path, "a LLaMA config.json", MAX_CONFIG_BYTES, PresetError, "model config file")
     try:
-        cfg = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PresetError(f"{path}: model config file not found") from None
-    except (OSError, json.JSONDecodeError) as exc:
-        raise PresetError(f"{path}: not a readable JSON model config ({exc})") from None
-    try:
-        return ModelArch(
-            name=str(path),
-            hidden_size=int(cfg["hidden_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=int(cfg["num_attention_heads"]),
-            num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
-            ffn_size=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        )
-    except KeyError as exc:
-        raise PresetError(f"{path}: key {exc.args[0]!r} missing; expected a LLaMA config.json") from None
+        cfg = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise PresetError(f"{short(path)}: not UTF-8 ({exc.reason} at byte {exc.start}); expected a JSON model config") from None
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+        raise PresetError(f"{short(path)}: not a readable JSON model config ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise PresetError(f"{short(path)}: expected a JSON object (a LLaMA config.json), got {type(cfg).__name__}")
+    kv = cfg.get("num_key_value_heads")
+    tie = cfg.get("tie_word_embeddings", False)
+    if not isinstance(tie, bool):
+        raise PresetError(f"{short(path)}: key 'tie_word_embeddings': expected true or false, got {tie!r}")
+    return ModelArch(
+        name=str(path),
+        hidden_size=_size(cfg, "hidden_size", path),
+        num_layers=_size(cfg, "num_hidden_layers", path),
+        num_heads=_size(cfg, "num_attention_heads", path),
+        num_kv_heads=_size(cfg, "num_key_value_heads", path) if kv is not None else _size(cfg, "num_attention_heads", path),
+        ffn_size=_size(cfg, "intermediate_size", path),
+        vocab_size=_size(cfg, "vocab_size", path),
+        tie_embeddings=tie,
+    )
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a config may hold")
+
+
+def _size(cfg: dict, key: str, path: Path) -> int:
+    """A positive integer size from config.json (an integral float is accepted), at most MAX_SIZE."""
+    if key not in cfg:
+        raise PresetError(f"{short(path)}: key {key!r} missing; expected a LLaMA config.json")
+    value = cfg[key]
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZE:
+        raise PresetError(f"{short(path)}: key {key!r}: expected an integer from 1 to {MAX_SIZE}, got {value!r}")
+    return value

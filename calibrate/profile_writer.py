@@ -4,16 +4,22 @@ Each new row is committed by rewriting the whole (small) file to a temporary nam
 `os.replace`-ing it over the profile: the file on disk is always complete rows under the
 header, never half a line, even if the process is killed mid-write. A rerun into the same
 file loads the rows already there and measures only the missing batch sizes; a file made for
-another device, model, seq_len or dtype is refused (ProfileError).
+another device, model, seq_len or dtype is refused (ProfileError). A last row cut mid-line
+(no line end, or fewer fields than the header: a copy killed half-way) is left out, said so,
+and remeasured. Two calibrations into one file would each rewrite it from their own rows and
+lose the other's: the writer holds an exclusive lock (fcntl.flock on `.<name>.lock` beside
+the profile) for its whole life, and a second writer fails at once with one line.
 """
 from __future__ import annotations
 
 import csv
 import io
 import os
+import sys
 import tempfile
 from pathlib import Path
 
+from calibrate.files import FileLock
 from calibrate.profiles import COLUMNS, IDENTITY, ProfileError, read_profile_frame
 
 
@@ -62,8 +68,12 @@ class ProfileWriter:
         check_writable(self.path)
         self.identity = {k: format_cell(identity[k]) for k in IDENTITY}
         self.rows: list[dict[str, str]] = []
+        self._lock = self._take_lock()
         if self.path.exists():
-            frame = read_profile_frame(self.path)
+            frame = read_profile_frame(self.path, drop_truncated=True)
+            if self._has_cut_row():
+                print(f"geodt calibrate: {self.path}: the last row was cut mid-line; it is left out and "
+                      "remeasured", file=sys.stderr)
             for column in IDENTITY:
                 have = sorted(set(frame[column]))
                 if have and have != [self.identity[column]]:
@@ -72,6 +82,36 @@ class ProfileWriter:
                         f"{self.identity[column]!r} (a profile is one device, model, seq_len and dtype; "
                         "use another --out)")
             self.rows = frame[list(COLUMNS)].to_dict("records")
+
+    def _take_lock(self) -> FileLock:
+        lock_path = self.path.with_name(f".{self.path.name}.lock")
+        try:
+            return FileLock(lock_path, wait=False)
+        except BlockingIOError:
+            raise ProfileError(f"{self.path}: another geodt calibrate is writing this profile (lock "
+                               f"{lock_path.name}); expected one calibration per file at a time") from None
+        except OSError as exc:
+            raise ProfileError(f"{lock_path}: cannot open the lock file ({exc.strerror}); expected a "
+                               "writable directory") from None
+
+    def close(self) -> None:
+        """Release the lock and remove its file (a killed process leaves it: harmless, reused)."""
+        if getattr(self, "_lock", None) is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _has_cut_row(self) -> bool:
+        try:
+            data = self.path.read_bytes()
+        except OSError:
+            return False
+        if not data or data.endswith(b"\n"):
+            lines = data.decode("utf-8", "replace").splitlines()
+            if len(lines) < 2:
+                return False
+            header, last = next(csv.reader([lines[0]])), next(csv.reader([lines[-1]]), [])
+            return len(last) != len(header)
+        return data.count(b"\n") >= 1
 
     def measured(self) -> dict[int, dict[str, str]]:
         """Rows already in the file, by batch size."""

@@ -54,7 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"geodt: command {name!r} is not available in this build", file=sys.stderr)
             return 2
         raise
-    return int(getattr(module, function_name)(rest) or 0)
+    try:
+        return int(getattr(module, function_name)(rest) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT; outputs are atomic
+        print(f"geodt {name}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

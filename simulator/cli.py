@@ -37,7 +37,7 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
 
 def _run(argv: list[str], plan_only: bool) -> int:
     from simulator.engine import ENGINES, simulate, summary
-    from simulator.outputs import check_writable, write_csv, write_text
+    from simulator.outputs import OutputError, csv_bytes, write_output_set
     from simulator.scenario import load_scenario
     from simulator.strategies import STRATEGIES, make_plan
 
@@ -53,7 +53,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
     args = parser.parse_args(argv)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
-        strategies = [args.strategy] if plan_only else (args.strategy or list(STRATEGIES))
+        strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
         if not plan_only and args.engine not in ENGINES:
             raise InputError(f"--engine {args.engine}: unknown engine; expected one of {', '.join(ENGINES)}")
         try:
@@ -68,15 +68,23 @@ def _run(argv: list[str], plan_only: bool) -> int:
                 timeline = simulate(scenario, plan, args.engine)
                 results.append((plan, timeline, summary(timeline, plan)))
         out = Path(args.out or Path("out") / scenario.name)
+        plan_frame = pd.concat([p.to_frame() for p, _, _ in results], ignore_index=True)
+        files = {"plan.csv": csv_bytes(plan_frame)}
+        if not plan_only:
+            files["timeline.csv"] = csv_bytes(pd.concat([t for _, t, _ in results], ignore_index=True))
+            files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
+            from simulator.perfetto import simulation_trace, trace_text  # opens in ui.perfetto.dev
+            files["trace.json"] = trace_text(simulation_trace(pd.concat([t for _, t, _ in results], ignore_index=True),
+                                                              plan_frame)).encode()
+        files["scenario.toml"] = scenario.to_toml().encode()
         try:
-            check_writable(out)
-        except OSError as exc:
-            raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
+            stale = write_output_set(out, files)
+        except OutputError as exc:
+            raise InputError(f"--out {out}: {exc}") from None
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
 
-    plan_frame = pd.concat([p.to_frame() for p, _, _ in results], ignore_index=True)
     for plan, timeline, summ in results:
         frame = plan.to_frame()
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
@@ -86,24 +94,25 @@ def _run(argv: list[str], plan_only: bool) -> int:
             print(frame.drop(columns=["strategy"]).to_string(index=False))
         else:
             print(format_table(summ, frame))
-    write_csv(plan_frame, out / "plan.csv")
-    if not plan_only:
-        write_csv(pd.concat([t for _, t, _ in results], ignore_index=True), out / "timeline.csv")
-        write_csv(pd.concat([s for _, _, s in results], ignore_index=True), out / "summary.csv")
-        from simulator.perfetto import simulation_trace, write_trace_json  # open in ui.perfetto.dev
-        write_trace_json(simulation_trace(pd.concat([t for _, t, _ in results], ignore_index=True), plan_frame),
-                         out / "trace.json")
-    write_text(out / "scenario.toml", scenario.to_toml())
-    print(f"\nwrote {out}/")
+    print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
         from simulator.report import answer
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], args.engine))
     return 0
 
 
+def interruptible(prog: str, main, argv) -> int:
+    """main(argv), with Ctrl-C as one line and exit status 130 (outputs are written as a set: none half-written)."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
 def simulate_main(argv: list[str] | None = None) -> int:
-    return _run(list(sys.argv[1:] if argv is None else argv), plan_only=False)
+    return interruptible("geodt simulate", lambda a: _run(a, plan_only=False), list(sys.argv[1:] if argv is None else argv))
 
 
 def plan_main(argv: list[str] | None = None) -> int:
-    return _run(list(sys.argv[1:] if argv is None else argv), plan_only=True)
+    return interruptible("geodt plan", lambda a: _run(a, plan_only=True), list(sys.argv[1:] if argv is None else argv))

@@ -94,8 +94,22 @@ def require_positive(obj: Any, *names: str) -> None:
     """FieldError for each named field that is not > 0 (None is allowed: it means unset)."""
     for name in names:
         value = getattr(obj, name)
-        if value is not None and not (value > 0 and math.isfinite(value)):
+        try:
+            ok = value is None or (value > 0 and math.isfinite(value))
+        except OverflowError:  # an integer beyond any float
+            ok = False
+        if not ok:
             raise FieldError(name, f"expected a positive finite number, got {value!r}")
+
+
+def require_range(obj: Any, name: str, lo: float, hi: float, unit: str = "") -> None:
+    """FieldError unless lo <= value <= hi (None is allowed: unset). Limits on sizes are checked up
+    front, so that no later product overflows, runs out of memory or loses all precision."""
+    value = getattr(obj, name)
+    if value is not None and not (lo <= value <= hi):
+        what = f"an integer from {lo} to {hi}" if isinstance(lo, int) and isinstance(hi, int) \
+            else f"a number from {lo:g} to {hi:g}"
+        raise FieldError(name, f"expected {what}{unit}, got {value!r}")
 
 
 def require_choice(obj: Any, name: str, choices: tuple[str, ...]) -> None:

@@ -6,6 +6,8 @@ an InputError whose message names the file (or `--set`), the dotted key and what
 """
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,18 @@ import tomli_w
 
 from calibrate.catalog import CatalogError, get_gpu
 from calibrate.presets import ModelArch, PresetError, load_arch
+from calibrate.files import read_regular_file
+from calibrate.files import short as _short
 from simulator.config import as_table, build, coerce, require_choice, require_positive
 from simulator.errors import FieldError, InputError
+from simulator.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
+                              limit)
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 DTYPES = ("bf16", "fp16", "fp32")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 COLLECTIVES = ("ring", "partitioned")
 AVERAGING = ("uniform", "tokens", "normalized")
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -42,6 +47,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "params", "flops_per_token", "seq_len")
+        limit(self, "params", "flops_per_token", "seq_len")
         require_choice(self, "dtype", DTYPES)
         if self.preset is None and self.params is None:
             raise FieldError("preset", "expected a model preset name (or `params = <count>`)")
@@ -75,6 +81,7 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         require_positive(self, "rounds", "local_steps", "batch_size")
+        limit(self, "rounds", "local_steps", "batch_size")
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,7 @@ class NetworkConfig:
         require_positive(self, "bandwidth_gbps")
         if not self.latency_ms >= 0:
             raise FieldError("latency_ms", f"expected a number >= 0, got {self.latency_ms!r}")
+        limit(self, "bandwidth_gbps", "latency_ms")
         require_choice(self, "collective", COLLECTIVES)
         require_choice(self, "payload_dtype", tuple(PAYLOAD_BYTES))
 
@@ -150,8 +158,9 @@ class NodeConfig:
     cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise FieldError("name", "expected a non-empty node name")
+        problem = check_node_name(self.name)
+        if problem:
+            raise FieldError("name", problem)
         if not self.gpus:
             raise FieldError("gpus", 'expected at least one GPU, like { "a30" = 4 }')
         for key, count in self.gpus.items():
@@ -159,9 +168,10 @@ class NodeConfig:
                 get_gpu(key)
             except CatalogError as exc:
                 raise FieldError(f"gpus.{key}", str(exc)) from None
-            if count <= 0:
-                raise FieldError(f"gpus.{key}", f"expected a positive GPU count, got {count!r}")
+            if not 1 <= count <= LIMITS["gpu_count"][1]:
+                raise FieldError(f"gpus.{key}", f"expected a positive GPU count (at most {LIMITS['gpu_count'][1]}), got {count!r}")
         require_positive(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
+        limit(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
         if self.cpu_quota is not None and not 0.01 <= self.cpu_quota <= 1024:
             raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
         if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
@@ -221,23 +231,39 @@ def builtin_names() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.toml"))
 
 
+def path_is_file(path: Path) -> bool:
+    """Path.is_file without the OSError a too-long name raises."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
 def _read_source(source: str) -> tuple[dict, str]:
     path = Path(source)
-    if not path.exists() and path.suffix != ".toml" and "/" not in source:
+    try:
+        exists = os.path.lexists(path)
+    except ValueError:  # an embedded NUL
+        exists = False
+    if not exists and path.suffix != ".toml" and "/" not in source:
         if source not in builtin_names():
-            raise InputError(f"{source}: no such scenario file or built-in scenario; "
+            raise InputError(f"{_short(source)}: no such scenario file or built-in scenario; "
                              f"expected a path or one of {', '.join(builtin_names())}")
         path = BUILTIN_DIR / f"{source}.toml"
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(f"{source}: scenario file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{source}: cannot read scenario file ({exc})") from None
+        data = read_regular_file(path, "a scenario TOML file", MAX_SCENARIO_BYTES, InputError, "scenario file")
+    except InputError as exc:
+        raise InputError(str(exc).replace(_short(path), _short(source), 1)) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{_short(source)}: cannot read scenario file (not UTF-8: {exc.reason} at byte {exc.start})") from None
     try:
         return tomllib.loads(text), str(path.resolve())
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{source}: (TOML syntax): expected valid TOML, {exc}") from None
+        raise InputError(f"{_short(source)}: (TOML syntax): expected valid TOML, {exc}") from None
+    except RecursionError:
+        raise InputError(f"{_short(source)}: (TOML syntax): nested too deeply; expected a scenario TOML") from None
 
 
 def _parse_override(text: str) -> tuple[list[str], Any]:
@@ -271,8 +297,10 @@ def apply_override(table: dict, path: list[str], value: Any, text: str) -> str:
                 raise InputError(f"--set {text}: nodes.{name}: no such node; expected one of {names}")
             where = match[0]
             rest = path[2:]
-            for sub in rest[:-1]:
+            for j, sub in enumerate(rest[:-1]):
                 where = where.setdefault(sub, {})
+                if not isinstance(where, dict):
+                    raise InputError(f"--set {text}: nodes.{name}.{'.'.join(rest[:j + 1])} is not a table")
             where[rest[-1]] = value
             return ".".join([f"nodes[{nodes.index(match[0])}]", *rest])
         where = where.setdefault(part, {})
@@ -302,15 +330,17 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     raw_nodes = table.pop("nodes", None)
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise FieldError("nodes", "expected at least one [[nodes]] table")
+    if len(raw_nodes) > MAX_NODES:
+        raise FieldError("nodes", f"{len(raw_nodes)} nodes; expected at most {MAX_NODES}")
     nodes = []
     for i, raw in enumerate(raw_nodes):
         if isinstance(raw, dict) and isinstance(raw.get("profile"), str):
             raw = {**raw, "profile": [raw["profile"]]}
         nodes.append(build(NodeConfig, raw, f"nodes[{i}]"))
-    names = [n.name for n in nodes]
-    for i, name in enumerate(names):
-        if names.index(name) != i:
-            raise FieldError(f"nodes[{i}].name", f"duplicate node name {name!r}; expected unique names")
+    first: dict[str, int] = {}
+    for i, node in enumerate(nodes):
+        if first.setdefault(node.name, i) != i:
+            raise FieldError(f"nodes[{i}].name", f"duplicate node name {node.name!r}; expected unique names")
     sections = {"model": ModelConfig, "training": TrainingConfig, "network": NetworkConfig,
                 "diloco": DilocoConfig, "simulation": SimulationConfig}
     kwargs: dict[str, Any] = {}
@@ -323,8 +353,11 @@ def _build_scenario(table: dict, source: str) -> Scenario:
             raise FieldError(key, f"unknown key; expected one of name, seed, {', '.join(sections)}, nodes")
     if "name" not in kwargs:
         raise FieldError("name", "missing; expected a scenario name")
-    if kwargs.get("seed", 0) < 0:
-        raise FieldError("seed", f"expected an integer >= 0, got {kwargs['seed']!r}")
+    problem = check_scenario_name(kwargs["name"])
+    if problem:
+        raise FieldError("name", problem)
+    if not 0 <= kwargs.get("seed", 0) <= LIMITS["seed"][1]:
+        raise FieldError("seed", f"expected an integer from 0 to {LIMITS['seed'][1]}, got {kwargs['seed']!r}")
     kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
@@ -342,8 +375,9 @@ def _resolve_model(scenario: Scenario) -> None:
 def _check_profiles(scenario: Scenario) -> None:
     for i, node in enumerate(scenario.nodes):
         for path in node.profile or ():
-            if not scenario.resolve_path(path).is_file():
-                raise FieldError(f"nodes[{i}].profile", f"profile file {path!r} not found; expected a CSV from geodt calibrate")
+            if not path_is_file(scenario.resolve_path(path)):
+                raise FieldError(f"nodes[{i}].profile", f"profile file {_short(path)!r} not found or not a regular "
+                                 "file; expected a CSV from geodt calibrate")
 
 
 def _with_network_profile(scenario: Scenario) -> Scenario:

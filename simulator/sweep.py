@@ -7,11 +7,11 @@ A node kind is K GPUs: one type (homogeneous nodes) or any multiset of the given
 `samples`, else a seeded sample of ⌈samples / bandwidths⌉ distinct mixes (nodes drawn
 independently and uniformly from the kinds), each at every bandwidth.
 
-The fast path decides a chunk of scenarios at once. Step times come from per-GPU-type
-tables computed with `simulator.timing.gpu_step_s` on the base scenario, combined exactly as
+The fast path decides a chunk of scenarios at once. Step times come from the per-GPU-type
+coefficients of `simulator.timing.gpu_step_s` on the base scenario, combined exactly as
 `NodeTiming` does (slowest GPU, then the intra-node all-reduce), so the floats are the same
-ones `make_plan` sees. The paper's strategies and the measured ones are re-expressed in
-numpy with the same arithmetic; geodt's own strategies run their own batched code. Rounds
+ones `make_plan` sees. Every strategy is decided by its one registered, batched rule (the
+function make_plan runs on a batch of one), so any registered strategy sweeps. Rounds
 are deterministic, so the metrics are closed forms of the plan (the analytic engine's
 sums, in another order: they agree with `simulate` to rounding, and the plans agree
 exactly; tests/test_sweep.py checks both on a handful of scenarios).
@@ -36,17 +36,11 @@ import numpy as np
 import pandas as pd
 
 from calibrate.catalog import get_gpu
-from simulator.network import outer_step_raw, partitioned_allreduce_raw, ring_allreduce_raw
-from simulator.scenario import NetworkConfig, NodeConfig, Scenario
-from simulator.strategies import STRATEGIES, round_half_up
-from simulator.strategies.hybrid import hybrid_decide
-from simulator.strategies.measured import EPS
-from simulator.strategies.network_aware import COLLECTIVES, network_aware_decide
-from simulator.strategies.paper import mean_spec_tflops
-from simulator.strategies.slowest import c_slowest_steps, slowest_spec_tflops
-from simulator.strategies.sync_ddp import sync_ddp_batches
-from simulator.strategies.tables import NetTables, NodeTables, batch_cap
-from simulator.timing import NodeTiming, gpu_step_s, intra_node_allreduce_s
+from simulator.errors import InputError
+from simulator.scenario import NodeConfig, Scenario
+from simulator.strategies import STRATEGIES, complete, round_half_up
+from simulator.strategies.tables import NetTables, NodeTables, batch_cap, node_spec_tflops
+from simulator.timing import NodeTiming, gpu_step_coefficients, intra_node_allreduce_s
 
 Kind = tuple[tuple[str, int], ...]  # ((gpu key, count), ...) in the order of --gpu-types
 
@@ -119,30 +113,48 @@ class KindTables:
         single = {}
         for key in sorted({k for kind in kinds for k, _ in kind}):
             node = NodeConfig(name="x", gpus={key: 1})
-            single[key] = NodeTiming(replace(base, nodes=(node,)), node)
+            single[key] = NodeTiming(replace(base, nodes=(node,)), node, 0)
+        for key, timing in single.items():  # every node must hold the baseline batch (and so batch 1)
+            problem = timing.memory_problem(b)
+            if problem is not None:
+                raise InputError(f"--gpu-types {key}: cannot hold the base scenario's batch {b}: {problem}; "
+                                 "expected GPU types that hold it (or a smaller training.batch_size)")
         type_max = {key: t.max_batch() for key, t in single.items()}
         self.max_batch = np.array([min(type_max[key] for key, _ in kind) for kind in kinds], dtype=np.int64)
         self.types = tuple(single)
-        self.width = 0
-        self.ensure_width(int(max(batch_cap(b), b, self.max_batch.max())))
+        coefficients = [gpu_step_coefficients(base, key) for key in self.types]
+        self.t0 = np.array([t0 for t0, _ in coefficients])
+        self.c = np.array([c for _, c in coefficients])
+        self.present = np.array([[key in dict(kind) for key in self.types] for kind in kinds])
         self.gpus = np.array([sum(c for _, c in kind) for kind in kinds], dtype=np.int64)
         configs = [self.node_config(kind, "x") for kind in kinds]
-        self.mean_tflops = np.array([mean_spec_tflops(base, node) for node in configs])
-        self.slowest_tflops = np.array([slowest_spec_tflops(base, node) for node in configs])
+        self.intra_s = np.array([intra_node_allreduce_s(base, node) for node in configs])
+        spec = np.array([node_spec_tflops(base, node) for node in configs]).reshape(len(kinds), 2)
+        self.mean_tflops, self.slowest_tflops = spec[:, 0], spec[:, 1]
         self.mem_gbs = np.array([min(get_gpu(key).memory_bandwidth_gbs for key, _ in kind) for kind in kinds])
+        cap = batch_cap(b)
+        batches = np.arange(1, cap + 1, dtype=np.int64)
+        table = self.step_of(np.arange(len(kinds))[:, None], batches[None, :])  # (K, cap)
+        self.step_table = np.where(batches[None, :] <= self.max_batch[:, None], table, np.inf)
 
-    def ensure_width(self, width: int) -> None:
-        """Make step_s[k, b - 1] = t_k(b) available for b = 1..width (strategy A may ask for large b)."""
-        if width <= self.width:
-            return
+    def step_of(self, kind: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        """t_k(b) for kind indices and batches of one shape: slowest GPU type plus the intra-node all-reduce.
+
+        The same float operations as NodeTiming.estimate_s (gpu_step_s per type, max, + all-reduce)."""
+        per_type = self.t0 + self.c * batch[..., None]  # (..., T)
+        slowest = np.where(self.present[kind], per_type, -np.inf).max(axis=-1)
+        return slowest + self.intra_s[kind]
+
+    def tables(self, kinds: np.ndarray) -> NodeTables:
+        """The strategies' arrays for a chunk of scenarios (kinds (S, n))."""
         base = self.base
-        type_step = {key: np.array([gpu_step_s(base, key, batch) for batch in range(1, width + 1)])
-                     for key in self.types}
-        self.step_s = np.empty((len(self.kinds), width))
-        for i, kind in enumerate(self.kinds):
-            node = self.node_config(kind, "x")
-            self.step_s[i] = np.max([type_step[key] for key, _ in kind], axis=0) + intra_node_allreduce_s(base, node)
-        self.width = width
+
+        def lookup(rows: np.ndarray, batch: np.ndarray) -> np.ndarray:
+            return self.step_of(kinds[rows], batch)
+
+        return NodeTables(self.step_table[kinds], self.gpus[kinds], base.training.batch_size,
+                          base.training.local_steps, base.training.rounds, self.max_batch[kinds],
+                          self.mean_tflops[kinds], self.slowest_tflops[kinds], lookup)
 
     @staticmethod
     def node_config(kind: Kind, name: str) -> NodeConfig:
@@ -164,68 +176,16 @@ def _net(kt: KindTables, kinds: np.ndarray, bw: np.ndarray) -> NetTables:
                      collective=base.network.collective)
 
 
-def allreduce_raw(net: NetTables, dtype: str, collective: str) -> np.ndarray:
-    payload = net.payload_bytes(dtype)
-    if collective == "partitioned":
-        return partitioned_allreduce_raw(net.latency_ms, payload, net.links_gbps)
-    return ring_allreduce_raw(net.links_gbps.shape[1], net.latency_ms, payload, net.links_gbps.min(axis=1))
-
-
 def decide(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategy: str) -> dict:
-    """The plans of one strategy for a chunk: batch, steps (S, n); comm_s (S,); rounds; collective; dtype."""
-    base = kt.base
-    b, h = base.training.batch_size, base.training.local_steps
-    raw = kt.step_s[kinds]  # (S, n, W): t_i(b) whether or not b fits
-    cap = batch_cap(b)
-    masked = np.where(np.arange(1, cap + 1) <= kt.max_batch[kinds][:, :, None], raw[:, :, :cap], np.inf)
-    tables = NodeTables(masked, kt.gpus[kinds], b, h)
-    net = _net(kt, kinds, bw)
-    ones = np.ones(kinds.shape, dtype=np.int64)
-    out = {"rounds": base.training.rounds, "collective": base.network.collective, "dtype": base.network.payload_dtype}
-    sync = lambda: allreduce_raw(net, base.network.payload_dtype, base.network.collective) + outer_step_raw(
-        net.params, net.slowest_mem_gbs)
-    at_b = raw[:, :, b - 1]
-    if strategy == "baseline":
-        out.update(batch=ones * b, steps=ones * h)
-    elif strategy in ("A", "C"):
-        scale = kt.mean_tflops[kinds] / kt.mean_tflops[kinds].min(axis=1, keepdims=True)
-        scaled = np.floor((b if strategy == "A" else h) * scale + 0.5).astype(np.int64)
-        out.update(batch=scaled if strategy == "A" else ones * b, steps=ones * h if strategy == "A" else scaled)
-    elif strategy == "B":
-        batch = ones * b
-        fits = kt.max_batch[kinds]
-        while (grow := batch * 2 <= fits).any():
-            batch = np.where(grow, batch * 2, batch)
-        out.update(batch=batch, steps=ones * h)
-    elif strategy == "C-slowest":
-        out.update(batch=ones * b, steps=c_slowest_steps(kt.slowest_tflops[kinds], h))
-    elif strategy == "measured-steps":
-        target = h * at_b.max(axis=1, keepdims=True)
-        out.update(batch=ones * b, steps=np.maximum(1, np.floor(target / at_b + EPS).astype(np.int64)))
-    elif strategy == "measured-batch":
-        threshold = at_b.max(axis=1, keepdims=True)[:, :, None] * (1 + EPS)
-        limit = np.maximum(b, kt.max_batch[kinds])[:, :, None]
-        cols = np.arange(1, raw.shape[2] + 1)
-        count = ((raw <= threshold) & (cols >= b) & (cols <= limit)).sum(axis=2)
-        out.update(batch=np.maximum(b, b - 1 + count), steps=ones * h)
-    elif strategy == "hybrid":
-        batch, steps = hybrid_decide(tables)
-        out.update(batch=batch, steps=steps)
-    elif strategy == "sync-ddp":
-        out.update(batch=sync_ddp_batches(tables), steps=ones, rounds=base.training.rounds * h,
-                   comm_s=allreduce_raw(net, base.network.payload_dtype, base.network.collective))
-    elif strategy == "network-aware":
-        d = network_aware_decide(tables, net)
-        out.update(batch=d["batch"], steps=d["steps"], comm_s=d["comm_s"],
-                   collective=np.array(COLLECTIVES)[d["collective"]], dtype=d["dtype"])
-    else:
-        raise KeyError(strategy)
-    if "comm_s" not in out:
-        out["comm_s"] = sync()
-    if out["batch"].max() > kt.width:
-        kt.ensure_width(int(out["batch"].max()))
-        raw = kt.step_s[kinds]
-    out["step_s"] = np.take_along_axis(raw, (out["batch"] - 1)[:, :, None], axis=2)[:, :, 0]
+    """The plans of one strategy for a chunk, by the strategy's own (batched) rule, the one make_plan runs:
+    batch, steps, step_s (S, n); comm_s (S,); rounds; collective; dtype."""
+    tables, net = kt.tables(kinds), _net(kt, kinds, bw)
+    out = complete(STRATEGIES[strategy](tables, net), tables, net)
+    if out["rounds"] is None:
+        out["rounds"] = kt.base.training.rounds
+    if (out["batch"] > tables.max_batch).any():  # make_plan refuses such a plan; the sweep must never make one
+        raise AssertionError(f"strategy {strategy} planned a batch that does not fit")
+    out["step_s"] = tables.step_at(out["batch"])
     return out
 
 
@@ -250,7 +210,7 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
     base = kt.base
     b = base.training.batch_size
     gpus = kt.gpus[kinds]
-    at_b = kt.step_s[kinds][:, :, b - 1]
+    at_b = kt.step_of(kinds, np.full(kinds.shape, b, dtype=np.int64))
     labels = [" | ".join(kind_label(kt.kinds[k]) for k in row) for row in kinds.tolist()]
     n_types = [len({key for k in row for key, _ in kt.kinds[k]}) for row in kinds.tolist()]
     describe = {"scenario_id": np.arange(first_id, first_id + len(kinds)), "nodes": labels,

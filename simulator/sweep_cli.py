@@ -7,8 +7,11 @@
 A sweep splits its scenarios into chunks of CHUNK scenarios, decides them on every core
 (multiprocessing), and writes each finished chunk to DIR/parts/ at once; a rerun with the
 same arguments skips the chunks already there, so an interrupted sweep resumes. At the end
-DIR holds sweep.csv (tidy: one row per scenario × strategy), spec.json, scenario.toml (the
-base scenario) and the figures.
+DIR holds sweep.csv (tidy: one row per scenario × strategy), sweep.csv.sha256 (its digest: a
+sweep.csv cut short or altered is detected and redone, never taken as finished), spec.json,
+scenario.toml (the base scenario) and the figures, written as one set. One sweep at a time
+writes into a DIR (a lock file, DIR/.sweep.lock): a second identical sweep waits for the
+first, then finds it finished.
 """
 from __future__ import annotations
 
@@ -20,16 +23,23 @@ from pathlib import Path
 from calibrate.cli import non_negative_int, positive_int
 
 CHUNK = 500
+MAX_NODES = 1000
+MAX_GPUS_PER_NODE = 64
+MAX_KINDS = 20_000
+MAX_SAMPLES = 1_000_000
 _WORKER: dict = {}
 
 
 def _floats(text: str) -> tuple[float, ...]:
+    from simulator.scenario import LIMITS
+
+    lo, hi = LIMITS["bandwidth_gbps"]
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}") from None
-    if not values or any(not v > 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    if not values or any(not lo <= v <= hi for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers from {lo:g} to {hi:g}, got {text!r}")
     return values
 
 
@@ -65,6 +75,45 @@ def _init_worker(spec) -> None:
     _WORKER["spec"] = spec
 
 
+def _quiet_worker() -> None:
+    """Pool workers leave Ctrl-C to the parent (one line there, no traceback per worker)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _lock(out: Path):
+    """An exclusive lock on DIR/.sweep.lock (waited for), removed with release()."""
+    from calibrate.files import FileLock
+
+    def say():
+        print(f"geodt sweep: another sweep is writing {out}; waiting for it", file=sys.stderr)
+
+    return FileLock(out / ".sweep.lock", wait=True, on_wait=say)
+
+
+def _digest(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _finished_csv(out: Path) -> bytes | None:
+    """sweep.csv if it is whole (its digest matches sweep.csv.sha256); None if absent or cut short."""
+    csv_path, sum_path = out / "sweep.csv", out / "sweep.csv.sha256"
+    if not csv_path.exists():
+        return None
+    try:
+        data, want = csv_path.read_bytes(), sum_path.read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError):
+        want, data = "", b""
+    if _digest(data) != want:
+        print(f"geodt sweep: {csv_path}: incomplete or altered (its digest does not match "
+              f"{sum_path.name}); redoing it", file=sys.stderr)
+        return None
+    return data
+
+
 def _run_chunk(job) -> tuple[int, int]:
     from simulator.outputs import write_csv
     from simulator.sweep import chunk_frame
@@ -90,6 +139,21 @@ def _spec_from_args(args, strategies):
             raise InputError(f"--gpu-types {key}: {exc}") from None
     if len(set(types)) != len(types):
         raise InputError(f"--gpu-types {args.gpu_types}: expected each GPU type once")
+    # Sizes that would enumerate or allocate without end are refused before anything is built.
+    import math
+    if args.nodes > MAX_NODES:
+        raise InputError(f"--nodes {args.nodes}: expected at most {MAX_NODES} nodes per scenario")
+    if args.gpus_per_node > MAX_GPUS_PER_NODE:
+        raise InputError(f"--gpus-per-node {args.gpus_per_node}: expected at most {MAX_GPUS_PER_NODE}")
+    kinds = math.comb(len(types) + args.gpus_per_node - 1, args.gpus_per_node) if args.mixed_nodes else len(types)
+    if kinds > MAX_KINDS:
+        raise InputError(f"--mixed-nodes: {len(types)} GPU types x {args.gpus_per_node} GPUs per node make {kinds} "
+                         f"node kinds; expected at most {MAX_KINDS} (fewer types or GPUs per node)")
+    if args.samples > MAX_SAMPLES:
+        raise InputError(f"--samples {args.samples}: expected at most {MAX_SAMPLES}")
+    if args.samples * args.nodes > MAX_SAMPLES * 4:
+        raise InputError(f"--samples {args.samples} x --nodes {args.nodes}: expected at most {MAX_SAMPLES * 4} "
+                         "nodes in all")
     return SweepSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_types=types,
                      mixed_nodes=args.mixed_nodes, bandwidths_gbps=tuple(args.bandwidth_gbps),
                      strategies=tuple(strategies), samples=args.samples, seed=args.seed,
@@ -97,32 +161,49 @@ def _spec_from_args(args, strategies):
 
 
 def _sweep(args, strategies, out: Path) -> int:
-    import multiprocessing
+    import io
 
     import pandas as pd
-    from tqdm import tqdm
 
     from simulator.errors import InputError
-    from simulator.outputs import check_writable, write_csv, write_text
+    from simulator.outputs import check_writable, write_text
     from simulator.scenario import load_scenario
-    from simulator.sweep import node_kinds, scenario_grid
 
     spec = _spec_from_args(args, strategies)
     base = load_scenario(spec.base, spec.overrides)
     if base.simulation.jitter_cv != 0:
         raise InputError(f"{spec.base}: simulation.jitter_cv: expected 0 for a sweep (the fast path is deterministic)")
+    _init_worker(spec)  # here first: a GPU type that cannot hold the batch is refused before anything is written
     try:
         check_writable(out)
     except OSError as exc:
         raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
-    spec_path = out / "spec.json"
-    if spec_path.exists() and spec_path.read_text() != spec.to_json():
-        raise InputError(f"--out {out}: holds a sweep with other arguments ({spec_path}); expected a new or matching directory")
-    write_text(spec_path, spec.to_json())
-    if (out / "sweep.csv").exists():  # a finished sweep of these arguments: nothing to redo
-        frame = pd.read_csv(out / "sweep.csv", keep_default_na=False, na_values=[""])
-        print(f"{out}/sweep.csv: finished earlier with these arguments; nothing redone", file=sys.stderr)
-        return _finish(args, frame, base, out, write=False)
+    lock = _lock(out)
+    try:
+        spec_path = out / "spec.json"
+        if spec_path.exists() and spec_path.read_text() != spec.to_json():
+            raise InputError(f"--out {out}: holds a sweep with other arguments ({spec_path}); expected a new or matching directory")
+        write_text(spec_path, spec.to_json())
+        finished = _finished_csv(out)
+        if finished is not None:  # a finished sweep of these arguments: nothing to redo
+            frame = pd.read_csv(io.BytesIO(finished), keep_default_na=False, na_values=[""])
+            print(f"{out}/sweep.csv: finished earlier with these arguments; nothing redone", file=sys.stderr)
+            return _finish(args, frame, finished, base, out, write=False)
+        frame = _run_chunks(args, spec, strategies, out)
+        from simulator.outputs import csv_bytes
+        return _finish(args, frame, csv_bytes(frame), base, out, write=True)
+    finally:
+        lock.release()
+
+
+def _run_chunks(args, spec, strategies, out: Path):
+    import multiprocessing
+
+    import pandas as pd
+    from tqdm import tqdm
+
+    from simulator.sweep import node_kinds, scenario_grid
+
     kinds = node_kinds(spec)
     grid_kinds, grid_bw = scenario_grid(spec, len(kinds))
     parts = out / f"parts-chunk{args.chunk}"  # a chunk size of its own: a rerun with another --chunk redoes all
@@ -140,38 +221,56 @@ def _sweep(args, strategies, out: Path) -> int:
           f"x {len(strategies)} strategies; {done} already done", file=sys.stderr)
     with tqdm(total=len(grid_kinds), initial=done, unit="scenario", desc="geodt sweep") as bar:
         if jobs and args.workers > 1 and len(jobs) > 1:
-            with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _init_worker, (spec,)) as pool:
+            with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _quiet_worker) as pool:
                 for _, size in pool.imap_unordered(_run_chunk, jobs):
                     bar.update(size)
         elif jobs:
-            _init_worker(spec)
             for job in jobs:
                 bar.update(_run_chunk(job)[1])
-    chunks = sorted(parts.glob("chunk-*.csv"))
+    chunks = [parts / f"chunk-{index:05d}.csv" for index in range(-(-len(grid_kinds) // chunk))]
     frame = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in chunks], ignore_index=True)
-    write_csv(frame, out / "sweep.csv")
-    for path in chunks:  # sweep.csv now holds them all; a rerun finds it and redoes nothing
-        path.unlink()
-    parts.rmdir()
-    return _finish(args, frame, base, out, write=True)
+    if len(frame) != len(grid_kinds) * len(strategies):  # a chunk file cut short: redo it on the next run
+        raise RuntimeError(f"{parts}: {len(frame)} rows; expected {len(grid_kinds) * len(strategies)}")
+    return frame
 
 
-def _finish(args, frame, base, out: Path, write: bool) -> int:
-    from simulator.outputs import write_text
+def _finish(args, frame, csv_data: bytes, base, out: Path, write: bool) -> int:
+    import shutil
+    import tempfile
 
-    write_text(out / "scenario.toml", base.to_toml())
+    from simulator.errors import InputError
+    from simulator.outputs import OutputError, write_output_set
+
+    files = {"sweep.csv": csv_data, "sweep.csv.sha256": f"{_digest(csv_data)}  sweep.csv\n".encode(),
+             "scenario.toml": base.to_toml().encode()}
     if not args.no_figures:
         from simulator.sweep_figures import write_figures
-        for path in write_figures(frame, out):
-            print(f"wrote {path}", file=sys.stderr)
+        stage = Path(tempfile.mkdtemp(prefix=".figures.", dir=out))
+        try:
+            for path in write_figures(frame, stage):
+                files[path.name] = path.read_bytes()
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    try:
+        write_output_set(out, files, owned=())
+    except OutputError as exc:
+        raise InputError(f"--out {out}: {exc}") from None
+    parts = out / f"parts-chunk{args.chunk}"
+    if parts.is_dir():  # sweep.csv now holds them all; a rerun finds it and redoes nothing
+        shutil.rmtree(parts, ignore_errors=True)
+    for name in files:
+        if name.endswith(".png"):
+            print(f"wrote {out / name}", file=sys.stderr)
     print(f"{'wrote' if write else 'kept'} {out}/sweep.csv ({len(frame)} rows)")
     return 0
 
 
 def _table(args, strategies, out: Path) -> int:
+    import pandas as pd
+
     from simulator.engine import simulate, summary
     from simulator.errors import FieldError, InputError
-    from simulator.outputs import check_writable, write_csv, write_text
+    from simulator.outputs import OutputError, csv_bytes, write_output_set
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
     from simulator.sweep_table import format_markdown, table_frame
@@ -181,21 +280,19 @@ def _table(args, strategies, out: Path) -> int:
         plans = [make_plan(scenario, s) for s in ["baseline", *[s for s in strategies if s != "baseline"]]]
     except FieldError as exc:
         raise InputError(f"{args.table}: {exc.key}: {exc.expected}") from None
-    try:
-        check_writable(out)
-    except OSError as exc:
-        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
     timelines = [simulate(scenario, plan, "simpy") for plan in plans]
     table = table_frame(scenario, plans, timelines)
     table = table[table["strategy"].isin(strategies)].reset_index(drop=True)
-    import pandas as pd
-    write_csv(table, out / "table.csv")
-    write_text(out / "table.md", format_markdown(scenario, table))
-    write_csv(pd.concat([p.to_frame() for p in plans], ignore_index=True), out / "plan.csv")
-    write_csv(pd.concat([summary(t, p) for t, p in zip(timelines, plans)], ignore_index=True), out / "summary.csv")
-    write_text(out / "scenario.toml", scenario.to_toml())
+    files = {"table.csv": csv_bytes(table), "table.md": format_markdown(scenario, table).encode(),
+             "plan.csv": csv_bytes(pd.concat([p.to_frame() for p in plans], ignore_index=True)),
+             "summary.csv": csv_bytes(pd.concat([summary(t, p) for t, p in zip(timelines, plans)], ignore_index=True)),
+             "scenario.toml": scenario.to_toml().encode()}
+    try:
+        stale = write_output_set(out, files)
+    except OutputError as exc:
+        raise InputError(f"--out {out}: {exc}") from None
     print(format_markdown(scenario, table))
-    print(f"wrote {out}/")
+    print(f"wrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     return 0
 
 
@@ -217,3 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"geodt sweep: interrupted; finished chunks are kept in {args.out}; rerun the same command "
+              "to resume", file=sys.stderr)
+        return 130

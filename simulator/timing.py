@@ -19,6 +19,9 @@ a conservative choice):
 
     t_node(b) = max_g t_g(b) + 2(k−1)/k · 4N bytes / intra_node_bandwidth      (k GPUs)
 
+The intra-node link is the node's `intra_node_gbps` if given, else the slowest of its GPUs'
+catalog `intra_node_gbps` (NVLink for SXM parts, PCIe for the rest).
+
 Precedence (DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
 other batches follow the catalog estimate's shape scaled to it,
 t(b) = step_time_s · est(b) / est(b_base). A `profile` replaces the per-GPU estimate with
@@ -26,12 +29,12 @@ measured t(b) (exact at measured batches, interpolated between, fitted beyond).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+import os
+from dataclasses import dataclass, field
 
 from calibrate.catalog import get_gpu, peak_tflops
 from simulator.errors import FieldError
-from simulator.memory import fits_in_memory
+from simulator.memory import GIB, memory_need_bytes
 from simulator.scenario import NodeConfig, Scenario
 
 MFU = 0.40
@@ -42,17 +45,62 @@ LAUNCH_OVERHEAD_S = 0.008
 # the GradScaler's unscale 8; zero_grad(set_to_none) moves nothing. Was 36 (one fused pass).
 OPTIMIZER_BYTES_PER_PARAM = {"fp16": 100, "bf16": 92, "fp32": 92}
 GRAD_BYTES_PER_PARAM = 4
-DEFAULT_INTRA_NODE_GBPS = 100.0  # PCIe 3.0 x16 through the host, effective
+DEFAULT_INTRA_NODE_GBPS = 100.0  # PCIe 3.0 x16 through the host, effective (the catalog's PCIe figure)
+# The largest batch any search tries: far above what a GPU holds of any preset, and it keeps
+# every search bounded when nothing (no OOM row, no memory figure) bounds the batch.
+MAX_SEARCH_BATCH = 1 << 16
 
 
-def gpu_step_s(scenario: Scenario, gpu_key: str, batch: int) -> float:
-    """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring)."""
+def gpu_step_coefficients(scenario: Scenario, gpu_key: str) -> tuple[float, float]:
+    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key."""
     spec = get_gpu(gpu_key)
     n = scenario.model.param_count
     t0 = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM[scenario.model.dtype] * n / (spec.memory_bandwidth_gbs * 1e9)
     flops_per_sample = scenario.model.train_flops_per_token * scenario.model.seq_len
     c = flops_per_sample / (peak_tflops(spec, scenario.model.dtype) * 1e12 * MFU)
+    return t0, c
+
+
+def gpu_step_s(scenario: Scenario, gpu_key: str, batch):
+    """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring).
+
+    batch may be a numpy array: the same float operations, elementwise (the sweep uses that)."""
+    t0, c = gpu_step_coefficients(scenario, gpu_key)
     return t0 + c * batch
+
+
+def node_intra_gbps(node: NodeConfig) -> float:
+    """The node's intra-node link: its own `intra_node_gbps`, else its slowest GPU's catalog link."""
+    if node.intra_node_gbps:
+        return node.intra_node_gbps
+    return min(get_gpu(key).intra_node_gbps for key in node.gpus)
+
+
+def signature(node: NodeConfig) -> tuple:
+    """What t_i(b) and the memory limit depend on: nodes alike in it share one timing's memo."""
+    return (tuple(sorted(node.gpus.items())), node.step_time_s, node.profile, node.intra_node_gbps)
+
+
+_PROFILE_CACHE: dict = {}
+
+
+def _load_profile(path, seq_len, dtype, model):
+    """A ProfileModel read once per file version (10,000 nodes may share one profile)."""
+    from calibrate.profiles import ProfileModel
+
+    try:
+        st = os.stat(path)
+        key = (str(path), st.st_mtime_ns, st.st_size, seq_len, dtype, model)
+    except OSError:
+        key = None
+    if key is not None and key in _PROFILE_CACHE:
+        return _PROFILE_CACHE[key]
+    profile = ProfileModel.from_csv(path, seq_len=seq_len, dtype=dtype, model=model)
+    if key is not None:
+        if len(_PROFILE_CACHE) > 256:
+            _PROFILE_CACHE.clear()
+        _PROFILE_CACHE[key] = profile
+    return profile
 
 
 def intra_node_allreduce_s(scenario: Scenario, node: NodeConfig) -> float:
@@ -64,7 +112,7 @@ def intra_node_allreduce_s(scenario: Scenario, node: NodeConfig) -> float:
     if measured is not None and set(node.gpus) == {"cpu"}:
         # CPU devices are processes of one machine: their gradient all-reduce is the one measured.
         return measured.all_reduce_s(k, grad_bytes)
-    gbps = node.intra_node_gbps or DEFAULT_INTRA_NODE_GBPS
+    gbps = node_intra_gbps(node)
     return 2 * (k - 1) / k * grad_bytes * 8 / (gbps * 1e9)
 
 
@@ -74,17 +122,31 @@ class NodeTiming:
 
     scenario: Scenario
     node: NodeConfig
+    index: int | None = None  # the node's position (errors name nodes[index]); found if not given
+    # Memo of step times, fits and profiles, shared by the nodes of one `signature`.
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
-    @cached_property
+    @property
+    def position(self) -> int:
+        if self.index is None:
+            object.__setattr__(self, "index", next(i for i, n in enumerate(self.scenario.nodes) if n is self.node))
+        return self.index
+
+    @property
     def profiles(self) -> tuple:
-        from calibrate.profiles import ProfileError, ProfileModel  # pandas: only when profiles are used
+        if "profiles" not in self.memo:
+            self.memo["profiles"] = self._read_profiles()
+        return self.memo["profiles"]
+
+    def _read_profiles(self) -> tuple:
+        from calibrate.profiles import ProfileError  # pandas: only when profiles are used
 
         models = []
-        index = self.scenario.nodes.index(self.node)
+        index = self.position
         preset = self.scenario.model.preset
         for path in self.node.profile or ():
             try:
-                profile = ProfileModel.from_csv(
+                profile = _load_profile(
                     self.scenario.resolve_path(path), seq_len=self.scenario.model.seq_len,
                     dtype=self.scenario.model.dtype,
                     model=None if preset is None or preset.endswith(".json") else preset)
@@ -107,13 +169,21 @@ class NodeTiming:
         slowest = max(gpu_step_s(self.scenario, key, batch) for key in self.node.gpus)
         return slowest + intra_node_allreduce_s(self.scenario, self.node)
 
-    @cached_property
+    @property
     def _base_estimate_s(self) -> float:
         """The estimate at the baseline batch, which anchors a given step_time_s (asked for every batch)."""
-        return self.estimate_s(self.scenario.training.batch_size)
+        if "base_estimate" not in self.memo:
+            self.memo["base_estimate"] = self.estimate_s(self.scenario.training.batch_size)
+        return self.memo["base_estimate"]
 
     def step_s(self, batch: int) -> float:
         """t_i(b) in seconds, by DESIGN.md's precedence: given constant, profile, catalog."""
+        steps = self.memo.setdefault("step_s", {})
+        if batch not in steps:
+            steps[batch] = self._step_s(batch)
+        return steps[batch]
+
+    def _step_s(self, batch: int) -> float:
         if self.node.step_time_s is not None:
             base = self.scenario.training.batch_size
             if batch == base:  # exactly as given, not through a ratio that rounds
@@ -126,12 +196,39 @@ class NodeTiming:
 
     def fits(self, batch: int) -> bool:
         """Whether batch b fits on every GPU of the node: profiles where measured, else the memory model."""
-        if self.profiles:
-            return all(p.fits(batch) for p in self.profiles)
-        return all(fits_in_memory(self.scenario, key, batch) for key in self.node.gpus)
+        fits = self.memo.setdefault("fits", {})
+        if batch not in fits:
+            fits[batch] = self.memory_problem(batch) is None
+        return fits[batch]
 
-    def max_batch(self, limit: int = 1 << 16) -> int:
+    def memory_problem(self, batch: int) -> str | None:
+        """None if batch b fits; else why not, naming the GPU and the memory needed and available."""
+        if self.profiles:
+            for p in self.profiles:
+                if p.fits(batch):
+                    continue
+                what = p.gpu_key or p.device_name
+                if p.oom_batches and batch >= p.oom_batches[0]:
+                    return (f"{what}: batch {batch} does not fit (profile {p.source} ran out of memory "
+                            f"at batch {p.oom_batches[0]})")
+                return (f"{what}: batch {batch} needs {p.peak_mem_bytes(batch) / GIB:.1f} GiB, "
+                        f"the device has {p.mem_total_bytes / GIB:.1f} GiB (profile {p.source})")
+            return None
+        need = memory_need_bytes(self.scenario, batch)
+        for key in self.node.gpus:
+            have = get_gpu(key).memory_bytes
+            if need > have:
+                return f"{key}: batch {batch} needs {need / GIB:.1f} GiB, the GPU has {have / GIB:.1f} GiB"
+        return None
+
+    def max_batch(self, limit: int = MAX_SEARCH_BATCH) -> int:
         """The largest batch that fits (searched up to `limit`); 0 if not even batch 1 fits."""
+        key = ("max_batch", limit)
+        if key not in self.memo:
+            self.memo[key] = self._max_batch(limit)
+        return self.memo[key]
+
+    def _max_batch(self, limit: int) -> int:
         lo, hi = 0, 1
         while hi <= limit and self.fits(hi):
             lo, hi = hi, hi * 2
@@ -146,4 +243,7 @@ class NodeTiming:
 
 
 def node_timings(scenario: Scenario) -> list[NodeTiming]:
-    return [NodeTiming(scenario, node) for node in scenario.nodes]
+    """One NodeTiming per node, in order; nodes of one `signature` share a memo (linear in nodes)."""
+    memos: dict = {}
+    return [NodeTiming(scenario, node, i, memos.setdefault(signature(node), {}))
+            for i, node in enumerate(scenario.nodes)]

@@ -176,6 +176,11 @@ def test_auto_search_finds_largest(limit, max_batch):
     (["--repeats", "0"], "--repeats"),
     (["--dtype", "int8"], "--dtype"),
     (["--bogus"], "--bogus"),
+    (["--batch", "\u00b2"], "--batch '\u00b2'"),  # str.isdigit() is true for a superscript two; int() is not
+    (["--batch", "auto:\u00b2"], "--batch 'auto:\u00b2'"),
+    (["--batch", "100000000"], "--batch 100000000: above --max-batch 64 (the default on CPU)"),
+    (["--batch", "8", "--max-batch", "4"], "--batch 8: above --max-batch 4;"),
+    (["--repeats", "\u00b2"], "--repeats"),
 ])
 def test_bad_inputs(tmp_path, capsys, args, message):
     if args[:2] in (["--device", "cuda:0"], ["--device", "all"]) and torch.cuda.is_available():
@@ -185,6 +190,57 @@ def test_bad_inputs(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value, message", [
+    ("[1, 2]", "expected an integer from 1 to"), ('"abc"', "expected an integer from 1 to"),
+    ("null", "expected an integer from 1 to"), ("1e999", "expected an integer from 1 to"),
+    ("true", "expected an integer from 1 to"), ("64.5", "expected an integer from 1 to"),
+    ("NaN", "not a readable JSON model config"),
+])
+def test_malformed_config_json_values_are_one_line(tmp_path, capsys, value, message):
+    config = tmp_path / "m.json"
+    config.write_text('{"hidden_size": %s, "num_hidden_layers": 2, "num_attention_heads": 2, '
+                      '"intermediate_size": 128, "vocab_size": 256}' % value)
+    out = tmp_path / "p.csv"
+    assert calibrate_main(FAST + ["--batch", "1", "--model", str(config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and not out.exists()
+
+
+def test_config_json_that_is_a_fifo_is_refused_unread(tmp_path, capsys):
+    import os
+
+    os.mkfifo(tmp_path / "m.json")  # opening it to read would block forever
+    assert calibrate_main(FAST + ["--batch", "1", "--model", str(tmp_path / "m.json"),
+                                  "--out", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "m.json: not a regular file" in err
+
+
+def test_config_json_not_utf8_is_one_line(tmp_path, capsys):
+    config = tmp_path / "m.json"
+    config.write_bytes(b'{"hidden_size": "\xff"}')
+    assert calibrate_main(FAST + ["--batch", "1", "--model", str(config), "--out", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not UTF-8" in err
+
+
+def test_allocator_failure_on_cpu_is_an_oom_row(tmp_path, monkeypatch):
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                           "memory: you tried to allocate 1099511627776 bytes. Error code 12")
+
+    monkeypatch.setattr(harness, "train_step", no_memory)
+    out = tmp_path / "p.csv"
+    assert calibrate_main(FAST + ["--batch", "2", "--out", str(out)]) == 0
+    frame = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert list(frame["oom"]) == ["true"] and list(frame["step_s_median"]) == [""]
+
+
+def test_another_runtime_error_is_not_taken_for_an_oom():
+    assert harness.is_allocator_error(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not harness.is_allocator_error(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
 
 
 def test_unwritable_outputs(tmp_path, capsys):

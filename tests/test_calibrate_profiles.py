@@ -30,7 +30,48 @@ def write(path, rows):
     writer = ProfileWriter(path, IDENTITY)
     for r in rows:
         writer.append(r)
+    writer.close()
     return path
+
+
+def test_a_row_cut_mid_line_is_refused_by_readers_and_remeasured_by_the_writer(tmp_path, capsys):
+    path = write(tmp_path / "p.csv", [row(1, 0.1), row(2, 0.2)])
+    text = path.read_text()
+    path.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 1] + text.splitlines()[-1][:25])  # last row cut
+    with pytest.raises(ProfileError, match="row 2: .* cut mid-write"):
+        ProfileModel.from_csv(path)
+    writer = ProfileWriter(path, IDENTITY)
+    assert "the last row was cut mid-line" in capsys.readouterr().err
+    assert sorted(writer.measured()) == [1]  # batch 2 is missing again: calibrate remeasures it
+    writer.append(row(2, 0.25))
+    writer.close()
+    assert ProfileModel.from_csv(path).measured_step_s() == {1: 0.1, 2: 0.25}
+
+
+def test_two_writers_of_one_profile_the_second_fails_in_one_line(tmp_path):
+    first = ProfileWriter(tmp_path / "p.csv", IDENTITY)
+    with pytest.raises(ProfileError, match="another geodt calibrate is writing this profile"):
+        ProfileWriter(tmp_path / "p.csv", IDENTITY)
+    first.close()
+    second = ProfileWriter(tmp_path / "p.csv", IDENTITY)  # free again once the first is done
+    second.close()
+    assert not list(tmp_path.iterdir())  # the lock file goes with the lock
+
+
+@pytest.mark.parametrize("make", ["fifo", "dir", "huge"])
+def test_a_profile_that_is_not_a_small_regular_file_is_refused_unread(tmp_path, make):
+    import os
+
+    path = tmp_path / "p.csv"
+    if make == "fifo":
+        os.mkfifo(path)  # reading it would block forever
+    elif make == "dir":
+        path.mkdir()
+    else:
+        with open(path, "wb") as handle:
+            handle.truncate(65 << 20)  # sparse: 65 MiB of zeros
+    with pytest.raises(ProfileError, match="not a regular file|bytes; expected"):
+        ProfileModel.from_csv(path)
 
 
 @pytest.fixture

@@ -127,9 +127,25 @@ def test_unknown_gpu_lists_keys():
     with pytest.raises(CatalogError) as info:
         get_gpu("rtx-9090")
     message = str(info.value)
-    assert message.startswith("unknown GPU 'rtx-9090'; expected one of ")
+    assert message.startswith("unknown GPU 'rtx-9090'; did you mean rtx-4090 or rtx-3090 or rtx-a6000? expected one of ")
     for key in REQUIRED:
         assert key in message
+
+
+def test_typo_suggests_the_closest_keys():  # issue 11
+    with pytest.raises(CatalogError, match=r"unknown GPU 'h100sxm'; did you mean h100-sxm"):
+        get_gpu("h100sxm")
+    with pytest.raises(CatalogError, match=r"unknown GPU 'zzzz'; expected one of"):
+        get_gpu("zzzz")
+
+
+def test_intra_node_link_nvlink_for_sxm_parts_pcie_for_the_rest():
+    catalog = load_catalog()
+    nvlink = {"v100": 1200.0, "a100-40gb": 2400.0, "a100-80gb": 2400.0, "h100-sxm": 3600.0, "h200": 3600.0}
+    for key, spec in catalog.items():
+        assert spec.intra_node_gbps == nvlink.get(key, 100.0), key
+        if key in nvlink:
+            assert "NVLink" in spec.source
 
 
 def test_unknown_dtype():
@@ -192,7 +208,7 @@ def _replace_in_row(key, old, new):
         (lambda lines: lines + [lines[3]], r"duplicate key 'a30'"),
         (lambda lines: [lines[0].replace("fp32_tflops", "fp32")] + lines[1:], r"header: expected columns"),
         (lambda lines: lines[:1], r"expected at least one GPU row"),
-        (lambda lines: lines + ["x,y\n"], r"expected 14 fields"),
+        (lambda lines: lines + ["x,y\n"], r"expected 15 fields"),
     ],
 )
 def test_malformed_catalog(tmp_path, edit, expected):

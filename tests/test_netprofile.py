@@ -57,7 +57,7 @@ def test_bad_profiles_are_one_line_errors(tmp_path, edit, expected):
 
 
 def test_missing_or_special_file(tmp_path):
-    with pytest.raises(NetProfileError, match="not a file"):
+    with pytest.raises(NetProfileError, match="not a regular file"):
         read_network_profile(tmp_path)
 
 
@@ -129,7 +129,7 @@ def test_simulator_uses_the_measured_network(tmp_path, write_scenario):
 
 
 @pytest.mark.parametrize("edit, expected", [
-    ('profile = "missing.csv"', "network.profile: .*missing.csv: not a file"),
+    ('profile = "missing.csv"', "network.profile: .*missing.csv: file not found"),
     ("cpu_quota = 0.0", r"nodes\[1\]\.cpu_quota: expected a share of a core"),
     ("cpu_cores = []", r"nodes\[1\]\.cpu_cores: expected a non-empty list"),
 ])

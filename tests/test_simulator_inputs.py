@@ -44,6 +44,34 @@ CASES = [
     ("set-unknown-node", SMALL, ["--set", "nodes.zz.step_time_s=1"], ["--set", "nodes.zz", "no such node", "a, b, c"]),
     ("set-no-equals", SMALL, ["--set", "training.rounds"], ["--set", "key=value"]),
     ("set-into-scalar", SMALL, ["--set", "seed.x=1"], ["--set", "seed", "not a table"]),
+    # issue 10: sizes beyond the limits are one line up front, not MemoryError, overflow or NaN later
+    ("tiny-step-time", edit("step_time_s = 0.1", "step_time_s = 1e-30"), [], ["nodes[0].step_time_s", "from 1e-07"]),
+    ("huge-step-time", edit("step_time_s = 0.1", "step_time_s = 1e308"), [], ["nodes[0].step_time_s", "to 1e+06"]),
+    ("huge-rounds", edit("rounds = 2", "rounds = 1e9"), [], ["training.rounds", "from 1 to"]),
+    ("huge-batch", edit("batch_size = 4", "batch_size = 1000000000"), [], ["training.batch_size", "from 1 to 65536"]),
+    ("local-steps-2-63", edit("local_steps = 10", "local_steps = 9223372036854775808"), [],
+     ["training.local_steps", "from 1 to"]),
+    ("local-steps-beyond-float", edit("local_steps = 10", "local_steps = " + "9" * 400), [],
+     ["training.local_steps", "positive finite"]),
+    ("infinite-latency", edit("latency_ms = 1.0", "latency_ms = inf"), [], ["network.latency_ms", "from 0 to"]),
+    ("tiny-uplink", edit("step_time_s = 0.1", "step_time_s = 0.1\nuplink_gbps = 1e-30"), [],
+     ["nodes[0].uplink_gbps", "from 1e-06"]),
+    ("infinite-bandwidth", edit("bandwidth_gbps = 1.0", "bandwidth_gbps = inf"), [], ["network.bandwidth_gbps"]),
+    ("set-into-node-name", SMALL, ["--set", "nodes.a.name.y=1"], ["--set", "nodes.a.name", "not a table"]),
+    ("formula-node-name", edit('name = "a"', 'name = "=HYPERLINK(1)"'), [], ["nodes[0].name", "= + - @"]),
+    ("plus-node-name", edit('name = "a"', 'name = "+1"'), [], ["nodes[0].name", "= + - @"]),
+    ("control-node-name", edit('name = "a"', 'name = "a\\u0007b"'), [], ["nodes[0].name", "control character"]),
+    ("newline-node-name", edit('name = "a"', 'name = "a\\nb"'), [], ["nodes[0].name", "control character"]),
+    ("scenario-name-up", edit('name = "small"', 'name = "../x"'), [], ["name", "not a path"]),
+    ("scenario-name-absolute", edit('name = "small"', 'name = "/tmp/x"'), [], ["name", "not a path"]),
+    ("long-profile-path", edit("step_time_s = 0.1", 'profile = "' + "p" * 300 + '.csv"'), [],
+     ["nodes[0].profile", "not found"]),
+    ("huge-gpu-count", edit('"cpu" = 1', '"cpu" = 10000000'), [], ["nodes[0].gpus.cpu", "at most 100000"]),
+    ("gpu-typo", edit('"cpu" = 1', '"a3O" = 1'), [], ["nodes[0].gpus.a3O", "did you mean a30"]),
+    ("float-precision-lost", edit("rounds = 2", "rounds = 1000").replace("step_time_s = 0.1", "step_time_s = 1e-7")
+     .replace("bandwidth_gbps = 1.0", "bandwidth_gbps = 1e-6"), [], ["precision"]),
+    ("timeline-too-large", edit("rounds = 2", "rounds = 1000000").replace("local_steps = 10", "local_steps = 100"),
+     ["--strategy", "sync-ddp"], ["strategy sync-ddp", "timeline rows", "at most"]),
 ]
 
 
@@ -59,6 +87,41 @@ def test_bad_input_one_line_exit_2_nothing_written(write_scenario, tmp_path, cap
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     assert not out.exists()
+
+
+@pytest.mark.parametrize("make", ["fifo", "dev-zero", "dir", "huge"])
+def test_scenario_that_is_not_a_small_regular_file_is_refused_unread(tmp_path, capsys, make):
+    import os
+
+    path = tmp_path / "s.toml"
+    if make == "fifo":
+        os.mkfifo(path)  # reading it would block forever
+    elif make == "dev-zero":
+        path = "/dev/zero"  # reading it would never end
+    elif make == "dir":
+        path.mkdir()
+    else:
+        with open(path, "wb") as handle:
+            handle.truncate(17 << 20)
+    code = simulate_main([str(path), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "not a regular file" in err or "bytes; expected" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_scenario_not_utf8_is_one_line(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_bytes(b'name = "\xff"\n')
+    assert simulate_main([str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not UTF-8" in err
+
+
+def test_long_scenario_path_is_one_line(tmp_path, capsys):
+    assert simulate_main([str(tmp_path / ("s" * 300 + ".toml")), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "scenario" in err
 
 
 def test_missing_scenario_file(tmp_path, capsys):

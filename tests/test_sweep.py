@@ -1,6 +1,8 @@
 """`geodt sweep`: the fast path agrees with make_plan + simulate; runs are reproducible and resumable."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -97,8 +99,10 @@ def test_an_interrupted_sweep_resumes(tmp_path, capsys, monkeypatch):
         return real(job)
 
     monkeypatch.setattr(cli, "_run_chunk", dies_on_the_second_chunk)
-    with pytest.raises(KeyboardInterrupt):
-        sweep(_args(tmp_path / "a", "--no-figures", "--workers", "1"))
+    capsys.readouterr()
+    assert sweep(_args(tmp_path / "a", "--no-figures", "--workers", "1")) == 130  # Ctrl-C: one line, 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("geodt sweep: interrupted; finished chunks are kept") and "Traceback" not in "".join(err)
     parts = sorted((tmp_path / "a").glob("parts-*/chunk-*.csv"))
     assert [p.name for p in parts] == ["chunk-00000.csv"] and not (tmp_path / "a" / "sweep.csv").exists()
     monkeypatch.setattr(cli, "_run_chunk", real)
@@ -139,3 +143,31 @@ def test_table_on_paper(tmp_path):
     assert 1.0 <= table.loc["hybrid", "tokens_vs_baseline"] <= 1.01
     assert table.loc["hybrid", "idle_left"] <= 0.10 < table.loc["C", "idle_left"]
     assert (tmp_path / "table.md").read_text().startswith("# Every strategy on `paper`")
+
+
+def test_a_sweep_csv_cut_short_is_redone_not_taken_as_finished(tmp_path, capsys):
+    out = tmp_path / "a"
+    assert sweep(_args(out, "--no-figures")) == 0
+    whole = (out / "sweep.csv").read_bytes()
+    (out / "sweep.csv").write_bytes(whole[: len(whole) // 2])  # cut mid-line, as a full disk or a kill leaves it
+    capsys.readouterr()
+    assert sweep(_args(out, "--no-figures")) == 0
+    assert "incomplete or altered" in capsys.readouterr().err
+    assert (out / "sweep.csv").read_bytes() == whole
+
+
+def test_two_identical_sweeps_at_once_both_finish_with_one_result(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "a"
+    code = "import sys; from simulator.sweep_cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    runs = [subprocess.Popen([sys.executable, "-c", code, *_args(out, "--no-figures", "--workers", "1")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(2)]
+    results = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [r[1].decode()[-500:] for r in results]
+    assert sweep(_args(tmp_path / "b", "--no-figures")) == 0
+    assert (out / "sweep.csv").read_bytes() == (tmp_path / "b" / "sweep.csv").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == ["scenario.toml", "spec.json", "sweep.csv", "sweep.csv.sha256"]

@@ -1,27 +1,51 @@
 """Strategies: rules that turn a scenario into a plan. Names are stable CLI words.
 
-A strategy is a function (scenario, timings) -> Plan registered with @register("name");
-`timings[i]` gives node i's t_i(b) and memory limit whatever its source (given, profile,
-catalog). Modules listed at the bottom register themselves on import.
+A strategy is ONE batched function `decide(tables, net) -> dict` registered with
+@register("name"): it decides every row (scenario) of `NodeTables`/`NetTables` at once and
+returns at least `batch` and `steps` (S, n); optionally `comm_s` (S,), `rounds`, `collective`
+and `dtype` (scalars or (S,) arrays) where it changes how the nodes sync. `make_plan` calls it
+on a batch of one scenario; `geodt sweep` calls the very same function on thousands, so a new
+strategy works in both at once. Modules listed at the bottom register themselves on import.
+
+Memory: every plan is checked against what each node holds (profile OOM rows or peak memory,
+else the memory model): a node that cannot hold batch 1, or a plan that puts a batch on a
+node that cannot hold it (the baseline batch, for the strategies that keep it), is a one-line
+error naming the node, the GPU and the memory needed and available.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
-from simulator.errors import InputError
-from simulator.network import sync_s
+import numpy as np
+
+from simulator.errors import FieldError, InputError
 from simulator.plan import NodePlan, Plan
 from simulator.scenario import Scenario
 from simulator.timing import NodeTiming, node_timings
+from simulator.strategies.tables import NetTables, NodeTables, from_scenario
 
-Strategy = Callable[[Scenario, list[NodeTiming]], Plan]
+Decide = Callable[[NodeTables, NetTables], dict]
+Note = Callable[[dict, NodeTables], str]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    decide: Decide
+    note: Note | None = None  # what the strategy decided, for row 0 (the printed report)
+
+    def __call__(self, tables: NodeTables, net: NetTables) -> dict:
+        return self.decide(tables, net)
+
+
 STRATEGIES: dict[str, Strategy] = {}
 
 
-def register(name: str) -> Callable[[Strategy], Strategy]:
-    def add(fn: Strategy) -> Strategy:
-        STRATEGIES[name] = fn
+def register(name: str, note: Note | None = None) -> Callable[[Decide], Decide]:
+    def add(fn: Decide) -> Decide:
+        STRATEGIES[name] = Strategy(name, fn, note)
         return fn
     return add
 
@@ -38,15 +62,72 @@ def node_plan(timing: NodeTiming, batch_size: int, local_steps: int) -> NodePlan
 
 def uniform_plan(name: str, scenario: Scenario, nodes: list[NodePlan], note: str = "") -> Plan:
     """A plan whose rounds end with one ordinary outer sync over the scenario's network."""
+    from simulator.network import sync_s
+
     return Plan(strategy=name, nodes=tuple(nodes), comm_s=sync_s(scenario),
                 seq_len=scenario.model.seq_len, note=note)
 
 
+def complete(d: dict, tables: NodeTables, net: NetTables) -> dict:
+    """A decision with every key: the scenario's own sync where the strategy keeps it."""
+    out = dict(d)
+    if "comm_s" not in out:
+        out["comm_s"] = net.sync_s()
+    out.setdefault("rounds", None)
+    out.setdefault("collective", net.collective)
+    out.setdefault("dtype", net.payload_dtype)
+    return out
+
+
+def check_batch_one(timings: list[NodeTiming]) -> None:
+    """FieldError naming the first node that cannot hold even batch 1 (no strategy can plan it)."""
+    seen: set[int] = set()
+    for timing in timings:
+        if id(timing.memo) in seen:
+            continue
+        seen.add(id(timing.memo))
+        problem = timing.memory_problem(1)
+        if problem is not None:
+            raise FieldError(f"nodes[{timing.position}]",
+                             f"node {timing.node.name!r} cannot hold even batch 1: {problem}; expected GPUs "
+                             "with more memory, a smaller model or a shorter seq_len")
+
+
+def _check_fits(name: str, scenario: Scenario, timings: list[NodeTiming], batch: np.ndarray,
+                max_batch: np.ndarray) -> None:
+    over = np.flatnonzero(batch > max_batch)
+    if not len(over):
+        return
+    i = int(over[0])
+    timing, b = timings[i], int(batch[i])
+    problem = timing.memory_problem(b) or f"batch {b} is above the largest batch geodt plans ({int(max_batch[i])})"
+    base = scenario.training.batch_size
+    if b == base:
+        raise FieldError("training.batch_size", f"node {timing.node.name!r} (nodes[{i}]): {problem}; "
+                         f"expected a baseline batch that fits every node (at most {int(max_batch[i])} here)")
+    raise FieldError(f"nodes[{i}]", f"strategy {name} gives node {timing.node.name!r} batch {b}, which does not "
+                     f"fit: {problem}")
+
+
 def make_plan(scenario: Scenario, strategy: str) -> Plan:
-    """The plan of a named strategy; InputError for unknown names."""
+    """The plan of a named strategy (its batched rule on one row); InputError for unknown names."""
     if strategy not in STRATEGIES:
         raise InputError(f"--strategy {strategy}: unknown strategy; expected one of {', '.join(STRATEGIES)}")
-    return STRATEGIES[strategy](scenario, node_timings(scenario))
+    rule = STRATEGIES[strategy]
+    timings = node_timings(scenario)
+    check_batch_one(timings)
+    tables, net = from_scenario(scenario, timings)
+    raw = rule(tables, net)
+    d = complete(raw, tables, net)
+    batch, steps = np.asarray(d["batch"])[0], np.asarray(d["steps"])[0]
+    _check_fits(strategy, scenario, timings, batch, tables.max_batch[0])
+    nodes = tuple(node_plan(t, int(b), int(h)) for t, b, h in zip(timings, batch.tolist(), steps.tolist()))
+    first = lambda v: v[0] if np.ndim(v) else v
+    return Plan(strategy=strategy, nodes=nodes, comm_s=float(first(d["comm_s"])),
+                seq_len=scenario.model.seq_len, note=rule.note(d, tables) if rule.note else "",
+                rounds=None if d["rounds"] is None else int(first(d["rounds"])),
+                collective=str(first(raw["collective"])) if "collective" in raw else None,
+                payload_dtype=str(first(raw["dtype"])) if "dtype" in raw else None)
 
 
 # Registration happens on import; keep this list in the order strategies are printed.

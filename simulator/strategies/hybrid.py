@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.strategies import node_plan, register, uniform_plan
-from simulator.strategies.tables import NodeTables, from_scenario
+from simulator.strategies import register
+from simulator.strategies.tables import NetTables, NodeTables
 
 TOLERANCE = 0.01
 COORDINATE_PASSES = 3
@@ -133,11 +133,12 @@ def hybrid_decide(tables: NodeTables, budget: np.ndarray | None = None):
     return batch, steps
 
 
-@register("hybrid")
-def strategy_hybrid(scenario, timings):
+def _note(d: dict, tables: NodeTables) -> str:
+    return f"{tables.baseline_samples()[0]} samples per round budget, +{TOLERANCE:.0%} at most"
+
+
+@register("hybrid", note=_note)
+def strategy_hybrid(tables: NodeTables, net: NetTables) -> dict:
     """(b_i, H_i) together, within memory, minimising round time at the baseline's samples per round (+0..1%)."""
-    tables, _ = from_scenario(scenario, timings)
     batch, steps = hybrid_decide(tables)
-    plans = [node_plan(t, int(b), int(h)) for t, b, h in zip(timings, batch[0], steps[0])]
-    return uniform_plan("hybrid", scenario, plans,
-                        note=f"{tables.baseline_samples()[0]} samples per round budget, +{TOLERANCE:.0%} at most")
+    return {"batch": batch, "steps": steps}

@@ -6,43 +6,47 @@ is never longer than the baseline's, and round so that no other node becomes slo
 """
 from __future__ import annotations
 
-import math
+import numpy as np
 
-from simulator.strategies import node_plan, register, uniform_plan
+from simulator.strategies import register
+from simulator.strategies.tables import NetTables, NodeTables
 
 EPS = 1e-12
 
 
+def _at_baseline(tables: NodeTables) -> np.ndarray:
+    return tables.step_at(np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64))
+
+
 @register("measured-steps")
-def measured_steps(scenario, timings):
+def measured_steps(tables: NodeTables, net: NetTables) -> dict:
     """H_i = floor(H × t_slow(b) / t_i(b)): the most whole steps that end no later than the slowest node."""
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    step = [t.step_s(b) for t in timings]
-    target_s = h * max(step)
-    return uniform_plan("measured-steps", scenario,
-                        [node_plan(t, b, max(1, math.floor(target_s / s + EPS))) for t, s in zip(timings, step)])
+    b, h = tables.batch_size, tables.local_steps
+    at_b = _at_baseline(tables)
+    target = h * at_b.max(axis=1, keepdims=True)
+    steps = np.maximum(1, np.floor(target / at_b + EPS).astype(np.int64))
+    return {"batch": np.full(at_b.shape, b, dtype=np.int64), "steps": steps}
 
 
-def largest_batch_within(timing, target_s: float, lo: int, hi: int) -> int:
-    """Largest b in [lo, hi] with t(b) <= target_s (t is increasing in b); lo if none."""
-    if timing.step_s(lo) > target_s * (1 + EPS):
-        return lo
-    while hi > lo:
+def largest_batch_within(tables: NodeTables, target_s: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per node, the largest b in [lo, hi] with t(b) <= target_s (t increasing in b); lo if none.
+
+    A bisection on all nodes at once: about log2(hi) lookups of t_i(b)."""
+    lo, hi = lo.copy(), hi.copy()
+    ok = tables.step_at(lo) <= target_s * (1 + EPS)
+    hi = np.where(ok, hi, lo)
+    while (hi > lo).any():
         mid = (lo + hi + 1) // 2
-        if timing.step_s(mid) <= target_s * (1 + EPS):
-            lo = mid
-        else:
-            hi = mid - 1
+        within = tables.step_at(np.where(hi > lo, mid, lo)) <= target_s * (1 + EPS)
+        lo, hi = np.where((hi > lo) & within, mid, lo), np.where((hi > lo) & ~within, mid - 1, hi)
     return lo
 
 
 @register("measured-batch")
-def measured_batch(scenario, timings):
+def measured_batch(tables: NodeTables, net: NetTables) -> dict:
     """b_i = the largest batch that fits in memory with t_i(b_i) <= t_slow(b); H unchanged."""
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    target_s = max(t.step_s(b) for t in timings)
-    plans = []
-    for timing in timings:
-        limit = max(b, timing.max_batch())
-        plans.append(node_plan(timing, largest_batch_within(timing, target_s, b, limit), h))
-    return uniform_plan("measured-batch", scenario, plans)
+    b, h = tables.batch_size, tables.local_steps
+    target = _at_baseline(tables).max(axis=1, keepdims=True)
+    lo = np.full(tables.gpus.shape, b, dtype=np.int64)
+    batch = largest_batch_within(tables, np.broadcast_to(target, lo.shape), lo, np.maximum(b, tables.max_batch))
+    return {"batch": batch, "steps": np.full(lo.shape, h, dtype=np.int64)}

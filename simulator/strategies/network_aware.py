@@ -27,11 +27,10 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.network import outer_step_raw, partitioned_allreduce_raw, ring_allreduce_raw
-from simulator.plan import Plan
 from simulator.scenario import PAYLOAD_BYTES
-from simulator.strategies import node_plan, register
+from simulator.strategies import register
 from simulator.strategies.hybrid import hybrid_decide
-from simulator.strategies.tables import NetTables, NodeTables, from_scenario
+from simulator.strategies.tables import NetTables, NodeTables
 
 TARGET_UTILIZATION = 0.90
 H_MULTIPLIERS = (1, 2, 4, 8)
@@ -79,15 +78,15 @@ def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.nda
     return out
 
 
-@register("network-aware")
-def strategy_network_aware(scenario, timings):
-    """Faster collective for the per-node links; hybrid compute; payload dtype and H scaled to reach 90% utilisation."""
-    tables, net = from_scenario(scenario, timings)
-    d = network_aware_decide(tables, net)
-    nodes = tuple(node_plan(t, int(b), int(h)) for t, b, h in zip(timings, d["batch"][0], d["steps"][0]))
-    collective, dtype, m = COLLECTIVES[d["collective"][0]], d["dtype"][0], int(d["multiple"][0])
+def _note(d: dict, tables: NodeTables) -> str:
+    collective, dtype, m = d["collective"][0], d["dtype"][0], int(d["multiple"][0])
     met = "meets" if d["utilization"][0] >= TARGET_UTILIZATION else "best reachable, below"
-    return Plan(strategy="network-aware", nodes=nodes, comm_s=float(d["comm_s"][0]), seq_len=scenario.model.seq_len,
-                collective=collective, payload_dtype=dtype,
-                note=(f"{collective} all-reduce, {dtype} payload, {m}x the baseline's samples per round; "
-                      f"utilisation {d['utilization'][0]:.3f} ({met} the {TARGET_UTILIZATION:.2f} target)"))
+    return (f"{collective} all-reduce, {dtype} payload, {m}x the baseline's samples per round; "
+            f"utilisation {d['utilization'][0]:.3f} ({met} the {TARGET_UTILIZATION:.2f} target)")
+
+
+@register("network-aware", note=_note)
+def strategy_network_aware(tables: NodeTables, net: NetTables) -> dict:
+    """Faster collective for the per-node links; hybrid compute; payload dtype and H scaled to reach 90% utilisation."""
+    d = network_aware_decide(tables, net)
+    return {**d, "collective": np.array(COLLECTIVES)[d["collective"]]}

@@ -2,18 +2,22 @@
 
 A and C scale by F_i, the node's MEAN spec TFLOPS in the paper's convention
 (`calibrate.catalog.spec_tflops`: the figures the paper used for its GPUs), normalised by the
-smallest node mean. B doubles the batch while it fits in memory.
+smallest node mean. B doubles the batch while it fits in memory. Both batch rules stay within
+memory (`NodeTables.max_batch`): A's scaled batch is cut to the largest that fits, and B
+doubles at most up to MAX_BATCH_FACTOR × b (the bound of every batch search in geodt; it also
+ends the doubling where nothing bounds memory, e.g. a CPU profile without memory figures).
 """
 from __future__ import annotations
 
-from calibrate.catalog import get_gpu, spec_tflops
-from simulator.strategies import node_plan, register, round_half_up, uniform_plan
+import numpy as np
+
+from simulator.strategies import register
+from simulator.strategies.tables import NetTables, NodeTables, batch_cap, node_spec_tflops
 
 
 def mean_spec_tflops(scenario, node) -> float:
     """F_i: mean spec TFLOPS of the node's GPUs, each GPU counted once (the paper's 'average performance')."""
-    total = sum(count * spec_tflops(get_gpu(key), scenario.model.dtype) for key, count in node.gpus.items())
-    return total / node.gpu_count
+    return node_spec_tflops(scenario, node)[0]
 
 
 def normalized_speed(scenario, speed) -> list[float]:
@@ -22,37 +26,42 @@ def normalized_speed(scenario, speed) -> list[float]:
     return [v / min(values) for v in values]
 
 
+def _scaled(tables: NodeTables, value: int) -> np.ndarray:
+    """round_half_up(value × F_i / min F) per node (S, n)."""
+    f = tables.spec_mean_tflops
+    return np.floor(value * (f / f.min(axis=1, keepdims=True)) + 0.5).astype(np.int64)
+
+
+def _ones(tables: NodeTables) -> np.ndarray:
+    return np.ones(tables.gpus.shape, dtype=np.int64)
+
+
 @register("baseline")
-def baseline(scenario, timings):
+def baseline(tables: NodeTables, net: NetTables) -> dict:
     """Every node: b = batch_size, H = local_steps."""
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    return uniform_plan("baseline", scenario, [node_plan(t, b, h) for t in timings])
+    ones = _ones(tables)
+    return {"batch": ones * tables.batch_size, "steps": ones * tables.local_steps}
 
 
 @register("A")
-def strategy_a(scenario, timings):
-    """b_i = round(b × F_i / min F)."""
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    scale = normalized_speed(scenario, mean_spec_tflops)
-    return uniform_plan("A", scenario, [node_plan(t, round_half_up(b * s), h) for t, s in zip(timings, scale)])
+def strategy_a(tables: NodeTables, net: NetTables) -> dict:
+    """b_i = round(b × F_i / min F), at most the largest batch that fits the node."""
+    batch = np.minimum(_scaled(tables, tables.batch_size), np.maximum(tables.max_batch, 1))
+    return {"batch": batch, "steps": _ones(tables) * tables.local_steps}
 
 
 @register("B")
-def strategy_b(scenario, timings):
-    """b_i = the largest of b, 2b, 4b, … that fits on every GPU of the node (b itself if none larger fits)."""
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    plans = []
-    for timing in timings:
-        batch = b
-        while timing.fits(batch * 2):
-            batch *= 2
-        plans.append(node_plan(timing, batch, h))
-    return uniform_plan("B", scenario, plans)
+def strategy_b(tables: NodeTables, net: NetTables) -> dict:
+    """b_i = the largest of b, 2b, 4b, … (up to 16b) that fits on every GPU of the node (b if none larger fits)."""
+    b = tables.batch_size
+    limit = np.minimum(tables.max_batch, batch_cap(b))
+    batch = _ones(tables) * b
+    while (grow := batch * 2 <= limit).any():  # at most log2(16) doublings
+        batch = np.where(grow, batch * 2, batch)
+    return {"batch": batch, "steps": _ones(tables) * tables.local_steps}
 
 
 @register("C")
-def strategy_c(scenario, timings):
+def strategy_c(tables: NodeTables, net: NetTables) -> dict:
     """H_i = round(H × F_i / min F)."""
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    scale = normalized_speed(scenario, mean_spec_tflops)
-    return uniform_plan("C", scenario, [node_plan(t, b, round_half_up(h * s)) for t, s in zip(timings, scale)])
+    return {"batch": _ones(tables) * tables.batch_size, "steps": _scaled(tables, tables.local_steps)}

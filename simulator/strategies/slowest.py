@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from calibrate.catalog import get_gpu, spec_tflops
-from simulator.strategies import node_plan, register, uniform_plan
+from simulator.strategies import register
+from simulator.strategies.tables import NetTables, NodeTables
 
 
 def slowest_spec_tflops(scenario, node) -> float:
@@ -26,9 +27,7 @@ def c_slowest_steps(speed: np.ndarray, local_steps: int) -> np.ndarray:
 
 
 @register("C-slowest")
-def strategy_c_slowest(scenario, timings):
+def strategy_c_slowest(tables: NodeTables, net: NetTables) -> dict:
     """H_i = round(H × S_i / min S), S_i the slowest GPU's spec TFLOPS; b unchanged."""
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    speed = np.array([[slowest_spec_tflops(scenario, node) for node in scenario.nodes]])
-    steps = c_slowest_steps(speed, h)[0]
-    return uniform_plan("C-slowest", scenario, [node_plan(t, b, int(s)) for t, s in zip(timings, steps)])
+    batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)
+    return {"batch": batch, "steps": c_slowest_steps(tables.spec_slowest_tflops, tables.local_steps)}

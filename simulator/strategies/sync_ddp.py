@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.network import allreduce_s
-from simulator.plan import Plan
-from simulator.strategies import node_plan, register
-from simulator.strategies.tables import NodeTables, from_scenario
+from simulator.strategies import register
+from simulator.strategies.tables import NetTables, NodeTables
 
 
 def _batches_within(tables: NodeTables, time_s: np.ndarray) -> np.ndarray:
@@ -57,13 +55,14 @@ def sync_ddp_batches(tables: NodeTables) -> np.ndarray:
     return batch
 
 
-@register("sync-ddp")
-def strategy_sync_ddp(scenario, timings):
+def _note(d: dict, tables: NodeTables) -> str:
+    rounds = int(np.ravel(d["rounds"])[0])
+    return f"one step per round, {rounds} rounds; gradients all-reduced every step"
+
+
+@register("sync-ddp", note=_note)
+def strategy_sync_ddp(tables: NodeTables, net: NetTables) -> dict:
     """H = 1 and a gradient all-reduce every step; the baseline's global batch split by speed."""
-    tables, _ = from_scenario(scenario, timings)
-    batch = sync_ddp_batches(tables)[0]
-    h = scenario.training.local_steps
-    return Plan(strategy="sync-ddp", nodes=tuple(node_plan(t, int(b), 1) for t, b in zip(timings, batch)),
-                comm_s=allreduce_s(scenario), seq_len=scenario.model.seq_len,
-                rounds=scenario.training.rounds * h,
-                note=f"one step per round, {scenario.training.rounds * h} rounds; gradients all-reduced every step")
+    batch = sync_ddp_batches(tables)
+    return {"batch": batch, "steps": np.ones_like(batch), "comm_s": net.allreduce_s(),
+            "rounds": tables.rounds * tables.local_steps}

@@ -1,27 +1,33 @@
-"""Batched inputs of geodt's own strategies: numpy arrays with one row per scenario.
+"""Batched inputs of the strategies: numpy arrays with one row per scenario.
 
-geodt's strategies (C-slowest, hybrid, network-aware, sync-ddp) decide from arrays, not from
-Scenario objects, so that `geodt sweep` can decide thousands of scenarios at once with the
-very same code that `make_plan` runs for one (a row is never influenced by the other rows:
-every operation is elementwise or reduces within a row). `from_scenario` builds the arrays
-of one scenario (S = 1) from its NodeTimings; the sweep builds them from catalog tables.
+Every strategy decides from arrays, not from Scenario objects, so that `geodt sweep` decides
+thousands of scenarios at once with the very same code that `make_plan` runs for one (a row
+is never influenced by the other rows: every operation is elementwise or reduces within a
+row). `from_scenario` builds the arrays of one scenario (S = 1) from its NodeTimings; the
+sweep builds them from catalog tables (`simulator.sweep.KindTables`), with the same floats.
 
 Batch candidates: b = 1 .. MAX_BATCH_FACTOR × the baseline batch, and only those that fit
 in memory (`NodeTiming.fits`). The cap keeps the per-node batch within a factor 16 of the
 recipe's (its learning rate was tuned for b; much beyond that it would need re-tuning), and
-on an affine t(b) = t0 + c·b the throughput left above 16·b is small when t0 is.
+on an affine t(b) = t0 + c·b the throughput left above 16·b is small when t0 is. Strategies
+that scale the batch by a rule (A, B, measured-batch) may go beyond the cap, never beyond
+`max_batch` (what fits), and ask `step_at` for the step time there.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from calibrate.catalog import get_gpu
-from simulator.network import link_gbps
+from calibrate.catalog import get_gpu, spec_tflops
+from simulator.network import link_gbps, outer_step_raw, partitioned_allreduce_raw, ring_allreduce_raw
 from simulator.scenario import PAYLOAD_BYTES
 
 MAX_BATCH_FACTOR = 16
+
+# lookup(row index (S,), batch (S, n)) -> t_i(b) (S, n): the step time at any batch, fitting or not.
+Lookup = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,12 @@ class NodeTables:
     gpus: np.ndarray  # (S, n) int64
     batch_size: int  # the baseline b
     local_steps: int  # the baseline H
+    rounds: int  # the scenario's outer rounds R
+    max_batch: np.ndarray  # (S, n) int64: the largest batch that fits (bounded search)
+    spec_mean_tflops: np.ndarray  # (S, n): F_i of strategies A and C (the paper's convention)
+    spec_slowest_tflops: np.ndarray  # (S, n): the slowest GPU's figure (C-slowest)
+    lookup: Lookup = field(compare=False, repr=False)
+    row_index: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def batches(self) -> np.ndarray:
@@ -41,8 +53,16 @@ class NodeTables:
         """Samples per round of the baseline plan: Σ_i gpus_i × b × H, one value per scenario."""
         return self.gpus.sum(axis=1) * (self.batch_size * self.local_steps)
 
+    def step_at(self, batch: np.ndarray) -> np.ndarray:
+        """t_i(b_i) for a batch per node (S, n), inside or beyond the table, fitting or not."""
+        rows = np.arange(len(self.gpus)) if self.row_index is None else self.row_index
+        return self.lookup(rows, np.asarray(batch, dtype=np.int64))
+
     def rows(self, index: np.ndarray) -> "NodeTables":
-        return NodeTables(self.step_s[index], self.gpus[index], self.batch_size, self.local_steps)
+        parent = np.arange(len(self.gpus)) if self.row_index is None else self.row_index
+        return NodeTables(self.step_s[index], self.gpus[index], self.batch_size, self.local_steps, self.rounds,
+                          self.max_batch[index], self.spec_mean_tflops[index], self.spec_slowest_tflops[index],
+                          self.lookup, parent[index])
 
 
 @dataclass(frozen=True)
@@ -59,23 +79,58 @@ class NetTables:
     def payload_bytes(self, dtype: str) -> float:
         return self.params * PAYLOAD_BYTES[dtype]
 
+    def allreduce_s(self, dtype: str | None = None, collective: str | None = None) -> np.ndarray:
+        """The all-reduce of the payload per row (default: the scenario's dtype and collective)."""
+        payload = self.payload_bytes(dtype or self.payload_dtype)
+        if (collective or self.collective) == "partitioned":
+            return partitioned_allreduce_raw(self.latency_ms, payload, self.links_gbps)
+        return ring_allreduce_raw(self.links_gbps.shape[1], self.latency_ms, payload, self.links_gbps.min(axis=1))
+
+    def sync_s(self) -> np.ndarray:
+        """comm_s of one ordinary outer sync per row: the all-reduce plus the outer step."""
+        return self.allreduce_s() + outer_step_raw(self.params, self.slowest_mem_gbs)
+
 
 def batch_cap(batch_size: int) -> int:
     return MAX_BATCH_FACTOR * batch_size
 
 
+def node_spec_tflops(scenario, node) -> tuple[float, float]:
+    """(mean, slowest) spec TFLOPS of a node's GPUs, each GPU counted once (the paper's convention)."""
+    figures = {key: spec_tflops(get_gpu(key), scenario.model.dtype) for key in node.gpus}
+    mean = sum(count * figures[key] for key, count in node.gpus.items()) / node.gpu_count
+    return mean, min(figures.values())
+
+
 def from_scenario(scenario, timings) -> tuple[NodeTables, NetTables]:
-    """The arrays of one scenario (S = 1), from its timings: t_i(b) exactly as NodeTiming gives it."""
+    """The arrays of one scenario (S = 1), from its timings: t_i(b) exactly as NodeTiming gives it.
+
+    Nodes that share a timing memo (same GPUs, step time, profiles: `timing.signature`) share
+    one computed row, so 10,000 alike nodes cost about what one does."""
     b, h = scenario.training.batch_size, scenario.training.local_steps
     cap = batch_cap(b)
-    step = np.full((1, len(timings), cap), np.inf)
+    n = len(timings)
+    step = np.empty((1, n, cap))
+    max_batch = np.empty((1, n), dtype=np.int64)
+    spec = np.empty((2, 1, n))
+    rows: dict[int, tuple] = {}
     for i, timing in enumerate(timings):
-        for batch in range(1, min(timing.max_batch(), cap) + 1):
-            step[0, i, batch - 1] = timing.step_s(batch)
+        key = id(timing.memo)
+        if key not in rows:
+            largest = timing.max_batch()
+            row = np.full(cap, np.inf)
+            for batch in range(1, min(largest, cap) + 1):
+                row[batch - 1] = timing.step_s(batch)
+            rows[key] = (row, largest, node_spec_tflops(scenario, timing.node))
+        step[0, i], max_batch[0, i], (spec[0, 0, i], spec[1, 0, i]) = rows[key]
     gpus = np.array([[t.node.gpu_count for t in timings]], dtype=np.int64)
-    slowest = min(get_gpu(k).memory_bandwidth_gbs for n in scenario.nodes for k in n.gpus)
+
+    def lookup(_rows: np.ndarray, batch: np.ndarray) -> np.ndarray:
+        return np.array([[timings[i].step_s(int(v)) for i, v in enumerate(r)] for r in batch], dtype=float)
+
+    slowest = min(get_gpu(k).memory_bandwidth_gbs for k in {k for t in timings for k in t.node.gpus})
     net = NetTables(links_gbps=np.array([link_gbps(scenario)], dtype=float),
                     slowest_mem_gbs=np.array([slowest], dtype=float),
                     params=scenario.model.param_count, latency_ms=scenario.network.latency_ms,
                     payload_dtype=scenario.network.payload_dtype, collective=scenario.network.collective)
-    return NodeTables(step, gpus, b, h), net
+    return NodeTables(step, gpus, b, h, scenario.training.rounds, max_batch, spec[0], spec[1], lookup), net
