@@ -26,7 +26,7 @@ import torch
 import calibrate
 from calibrate.models import build_model
 from calibrate.presets import ModelArch
-from calibrate.step import make_optimizer, make_scaler, random_batch, torch_dtype, train_step
+from calibrate.step import make_optimizer, make_scaler, random_batch, train_step
 from calibrate.telemetry import NvmlSampler, nvml_info
 
 # Doubling never goes past this on CUDA without --max-batch (OOM comes long before).

@@ -115,8 +115,10 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
     repeats, ckpt_dir = args_dict["repeats"], args_dict["ckpt_dir"]
     for size in args_dict["sizes"]:
         buf = torch.ones(size // 4)
-        rows.append(("all_reduce", size, slowest(_time_all(repeats, lambda: dist.all_reduce(buf), barrier))))
-        del buf
+
+        def all_reduce():
+            dist.all_reduce(buf)
+        rows.append(("all_reduce", size, slowest(_time_all(repeats, all_reduce, barrier))))
         params = [torch.nn.Parameter(torch.randn(min(PARAMS_PER_TENSOR, size // 4 - i)))
                   for i in range(0, size // 4, PARAMS_PER_TENSOR)]
         outer = OuterState(params)
@@ -127,7 +129,6 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
             outer.outer_step(delta, 0.7, 0.9)
             outer.load_into_model()
         rows.append(("outer_step", size // 4, slowest(_time_all(repeats, outer_step, barrier))))
-        del params, outer
         state = {"buffer": torch.zeros(size // 4)}
         path = Path(ckpt_dir) / f"rank{rank}.pt"
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from calibrate.catalog import get_gpu
 from simulator.scenario import PAYLOAD_BYTES, Scenario
 
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
@@ -56,17 +55,12 @@ def payload_bytes(scenario: Scenario, payload_dtype: str | None = None) -> float
     return scenario.model.param_count * PAYLOAD_BYTES[payload_dtype or scenario.network.payload_dtype]
 
 
-def outer_step_raw(params: float, slowest_bw_gbs):
-    """The outer step's CPU time; slowest_bw_gbs only gives the result its shape (one value per scenario)."""
-    return OUTER_STEP_NS_PER_PARAM * 1e-9 * params + 0.0 * np.asarray(slowest_bw_gbs, dtype=float)
-
-
 def outer_step_s(scenario: Scenario) -> float:
+    """The outer step: measured by the scenario's network profile, else the CPU figure above."""
     measured = scenario.network_model.outer_step if scenario.network_model is not None else None
     if measured is not None:
         return measured(scenario.model.param_count)
-    slowest_bw_gbs = min(get_gpu(k).memory_bandwidth_gbs for n in scenario.nodes for k in n.gpus)
-    return float(outer_step_raw(scenario.model.param_count, slowest_bw_gbs))
+    return OUTER_STEP_NS_PER_PARAM * 1e-9 * scenario.model.param_count
 
 
 def ring_allreduce_raw(n: int, latency_ms: float, payload_bytes_: float, slowest_gbps):

@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from calibrate.catalog import get_gpu
 from simulator.errors import InputError
+from simulator.network import outer_step_s
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
 from simulator.strategies.tables import NetTables, NodeTables, batch_cap, node_spec_tflops
@@ -131,7 +131,6 @@ class KindTables:
         self.intra_s = np.array([intra_node_allreduce_s(base, node) for node in configs])
         spec = np.array([node_spec_tflops(base, node) for node in configs]).reshape(len(kinds), 2)
         self.mean_tflops, self.slowest_tflops = spec[:, 0], spec[:, 1]
-        self.mem_gbs = np.array([min(get_gpu(key).memory_bandwidth_gbs for key, _ in kind) for kind in kinds])
         cap = batch_cap(b)
         batches = np.arange(1, cap + 1, dtype=np.int64)
         table = self.step_of(np.arange(len(kinds))[:, None], batches[None, :])  # (K, cap)
@@ -171,7 +170,7 @@ class KindTables:
 def _net(kt: KindTables, kinds: np.ndarray, bw: np.ndarray) -> NetTables:
     base = kt.base
     return NetTables(links_gbps=np.broadcast_to(bw[:, None], kinds.shape).astype(float),
-                     slowest_mem_gbs=kt.mem_gbs[kinds].min(axis=1), params=base.model.param_count,
+                     outer_step_s=np.full(len(kinds), outer_step_s(base)), params=base.model.param_count,
                      latency_ms=base.network.latency_ms, payload_dtype=base.network.payload_dtype,
                      collective=base.network.collective)
 

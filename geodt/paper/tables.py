@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from calibrate.catalog import get_gpu, peak_tflops, spec_tflops
+from calibrate.catalog import get_gpu, peak_tflops
 from geodt.paper import facts
 from geodt.paper.fmt import round_as_printed
 from geodt.paper.infer import Inference, inferred_scenario

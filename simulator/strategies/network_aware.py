@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.network import outer_step_raw, partitioned_allreduce_raw, ring_allreduce_raw
+from simulator.network import partitioned_allreduce_raw, ring_allreduce_raw
 from simulator.scenario import PAYLOAD_BYTES
 from simulator.strategies import register
 from simulator.strategies.hybrid import hybrid_decide
@@ -50,7 +50,7 @@ def sync_options(net: NetTables, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     ring = ring_allreduce_raw(n, net.latency_ms, payload, net.links_gbps.min(axis=1))
     part = partitioned_allreduce_raw(net.latency_ms, payload, net.links_gbps)
     which = (part < ring).astype(np.int64)
-    return np.where(which == 1, part, ring) + outer_step_raw(net.params, net.slowest_mem_gbs), which
+    return np.where(which == 1, part, ring) + net.outer_step_s, which
 
 
 def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.ndarray]:

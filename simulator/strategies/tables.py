@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from calibrate.catalog import get_gpu, spec_tflops
-from simulator.network import link_gbps, outer_step_raw, partitioned_allreduce_raw, ring_allreduce_raw
+from simulator.network import link_gbps, outer_step_s, partitioned_allreduce_raw, ring_allreduce_raw
 from simulator.scenario import PAYLOAD_BYTES
 
 MAX_BATCH_FACTOR = 16
@@ -70,7 +70,7 @@ class NetTables:
     """What the outer sync costs depend on, per scenario; the rest is shared by all rows."""
 
     links_gbps: np.ndarray  # (S, n): each node's WAN link
-    slowest_mem_gbs: np.ndarray  # (S,): the slowest GPU memory (outer step)
+    outer_step_s: np.ndarray  # (S,): the outer step's time (simulator.network.outer_step_s)
     params: float
     latency_ms: float
     payload_dtype: str  # the scenario's
@@ -88,7 +88,7 @@ class NetTables:
 
     def sync_s(self) -> np.ndarray:
         """comm_s of one ordinary outer sync per row: the all-reduce plus the outer step."""
-        return self.allreduce_s() + outer_step_raw(self.params, self.slowest_mem_gbs)
+        return self.allreduce_s() + self.outer_step_s
 
 
 def batch_cap(batch_size: int) -> int:
@@ -128,9 +128,8 @@ def from_scenario(scenario, timings) -> tuple[NodeTables, NetTables]:
     def lookup(_rows: np.ndarray, batch: np.ndarray) -> np.ndarray:
         return np.array([[timings[i].step_s(int(v)) for i, v in enumerate(r)] for r in batch], dtype=float)
 
-    slowest = min(get_gpu(k).memory_bandwidth_gbs for k in {k for t in timings for k in t.node.gpus})
     net = NetTables(links_gbps=np.array([link_gbps(scenario)], dtype=float),
-                    slowest_mem_gbs=np.array([slowest], dtype=float),
+                    outer_step_s=np.array([outer_step_s(scenario)], dtype=float),
                     params=scenario.model.param_count, latency_ms=scenario.network.latency_ms,
                     payload_dtype=scenario.network.payload_dtype, collective=scenario.network.collective)
     return NodeTables(step, gpus, b, h, scenario.training.rounds, max_batch, spec[0], spec[1], lookup), net
