@@ -63,7 +63,6 @@ def count(preset: str = "tiny", dtype: str = "fp16", seq_len: int = 32, batch: i
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            name = func.__name__ if hasattr(func, "__name__") else str(func)
             if "foreach" in str(func.overloadpacket):
                 self.started = True
             out = func(*args, **kwargs)

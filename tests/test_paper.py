@@ -2,7 +2,6 @@
 the dtype/payload variants, B's memory band, the README rendered from the CSVs, determinism."""
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
 from pathlib import Path
