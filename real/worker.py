@@ -1,34 +1,51 @@
-"""One DiLoCo node: its process's training loop, clocks and WAN emulation.
+"""One process of a DiLoCo node: its training loop, clocks, process groups and WAN emulation.
 
-Per round, with this process's clock only:
-- compute_s: the H_i inner steps (synchronised on CUDA). Under --emulate each step is padded
-  by sleeping to step_s × time_scale from the plan; deadlines accumulate, so sleep overshoot
-  does not pile up, and a step whose real compute overran its target is counted.
-- idle_s: time blocked in a one-element all-reduce (the barrier) before the sync: the wait
-  for the slowest node.
-- comm_s: the pseudo-gradient all-reduce plus the outer step; under --emulate padded to the
-  plan's comm_s × time_scale.
-Times are relative to a common start (a barrier right before round 0).
+Processes and groups. A node with G devices runs G processes (one per device), data
+parallel inside the node: each device takes b samples per step (the plan's per-device
+batch) and, after backward, the devices' gradients are averaged by an all-reduce in the
+node's group (gloo on CPU, nccl on GPUs), so the node waits for its slowest device each step
+and all its processes hold the same weights and optimizer state. Ranks go to nodes in plan
+order, G_i consecutive ranks each (real.plan.Plan.first_rank); the first is the node's
+leader. The outer sync is hierarchical (as OpenDiLoCo/torchft): the leaders, one group of n
+processes, average the pseudo-gradients across nodes (real/sync.py: the plan's collective
+and payload dtype), then each leader broadcasts the average within its node and every
+process applies the same outer step.
+
+Per round, with the leader's clock (one trace row per node):
+- compute_s: the H_i inner steps, intra-node gradient all-reduces included (synchronised on
+  CUDA). Under --emulate each step is padded by sleeping to step_s × time_scale from the
+  plan; deadlines accumulate, so sleep overshoot does not pile up, and a step whose real
+  compute overran its target is counted.
+- idle_s: time blocked in a one-element all-reduce of every process (the barrier) before
+  the sync: the wait for the slowest node.
+- comm_s: pseudo-gradient, cross-node average, broadcast in the node, outer step; under
+  --emulate padded to the plan's comm_s × time_scale.
+- bytes_sent: what the leader put on the wire in the cross-node average.
+Times are relative to a common start (a barrier right before round 0). Nothing travels as
+pickles: rendezvous data, checkpoint agreement and trace rows are tensors.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from calibrate.cpulimit import CpuLimitError
 from calibrate.models import build_model
 from calibrate.presets import load_arch
 from calibrate.step import make_optimizer, make_scaler, train_step
 from real import checkpoint
-from real.config import Plan, RunSpec
+from real.config import RunSpec
 from real.data import make_chain, make_shard
-from real.diloco import OuterState, averaging_weights, inner_lr, outer_sync
-from real.trace import write_trace
+from real.diloco import OuterState, averaging_weights, inner_lr
+from real.plan import Plan
+from real.sync import CrossNodeSync
+from real.trace import NUMERIC_COLUMNS, summary, write_trace
 
 
 @dataclass(frozen=True)
@@ -47,16 +64,21 @@ class ExecOptions:
     threads: int = 0               # torch threads per process; 0 = cores / local processes
     progress: bool = True
     checkpoint: bool = True
+    summary: bool = True           # rank 0 prints per-node totals at the end
 
     def __post_init__(self) -> None:
-        if not self.time_scale > 0:
-            raise ValueError(f"--time-scale: expected a positive number, got {self.time_scale}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"--timeout-s: expected a positive number, got {self.timeout_s}")
+        import math
+
+        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ValueError(f"--time-scale: expected a finite positive number, got {self.time_scale}")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)) or self.timeout_s > 7 * 86400:
+            raise ValueError(f"--timeout-s: expected a positive number of seconds up to a week, got {self.timeout_s}")
         if self.backend not in ("auto", "gloo", "nccl"):
             raise ValueError(f"--backend: expected auto, gloo or nccl, got {self.backend!r}")
         if self.stop_after is not None and self.stop_after <= 0:
             raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
+        if self.threads < 0:
+            raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 
 
 class PeerLost(RuntimeError):
@@ -76,13 +98,41 @@ def _sleep_until(deadline: float) -> None:
         time.sleep(remaining)
 
 
+def _collective(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these
+        raise PeerLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+
+
+def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:
+    """The settings a resumed run must share with the run that wrote the checkpoints."""
+    config = {"seed": spec.seed, "model.preset": spec.model.preset, "model.seq_len": spec.model.seq_len,
+              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective,
+              "payload_dtype": plan.payload_dtype, "data": opts.data_path or "", "replicate_data": opts.replicate_data}
+    for key, value in asdict(spec.diloco).items():
+        config[f"diloco.{key}"] = list(value) if isinstance(value, tuple) else value
+    return config
+
+
 class Node:
-    """State and loop of one node (rank) of the DiLoCo run."""
+    """State and loop of one process of one node of the DiLoCo run."""
 
     def __init__(self, rank: int, world: int, local_rank: int, spec: RunSpec, plan: Plan,
                  opts: ExecOptions, backend: str, data_tokens=None):
         self.rank, self.world, self.spec, self.plan, self.opts = rank, world, spec, plan, opts
-        self.me = plan.nodes[rank]
+        self.index = plan.node_of_rank(rank)
+        self.me = plan.nodes[self.index]
+        self.leader_rank = plan.first_rank(self.index)
+        self.local = rank - self.leader_rank
+        self.is_leader = self.local == 0
+        n = len(plan.nodes)
+        # Every process creates every group, in the same order (torch.distributed requires it).
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)))
+                       for i, node in enumerate(plan.nodes)]
+        self.node_group = node_groups[self.index]
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)])
+        self.leaders = leaders if self.is_leader else None
         self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -94,21 +144,24 @@ class Node:
         self.optimizer = make_optimizer(self.model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
         self.scaler = make_scaler(self.device, spec.model.dtype)
         self.outer = OuterState(list(self.model.parameters()))
-        # A node with several GPUs is emulated as one process over their combined batch:
-        # data-parallel replicas averaging gradients compute the same update.
-        self.step_batch = self.me.batch_size * self.me.gpus
-        self.tokens_per_round = self.me.local_steps * self.step_batch * seq_len
-        tokens = [n.local_steps * n.batch_size * n.gpus * seq_len for n in plan.nodes]
-        coefs, self.divisor = averaging_weights(d.averaging, tokens, [n.local_steps for n in plan.nodes])
-        self.coef = coefs[rank]
+        self.batch = self.me.batch_size  # per device
+        self.node_batch = self.batch * self.me.gpus
+        self.tokens_per_round = self.me.tokens_per_round(seq_len)
+        tokens = [node.tokens_per_round(seq_len) for node in plan.nodes]
+        coefs, self.divisor = averaging_weights(d.averaging, tokens, [node.local_steps for node in plan.nodes])
+        self.coef = coefs[self.index]
         self.total_steps = spec.rounds * self.me.local_steps
-        shard, shards = (0, 1) if opts.replicate_data else (rank, world)
+        shard, shards = (0, 1) if opts.replicate_data else (self.index, n)
         self.shard = make_shard(opts.data_path, seed=spec.seed, vocab_size=arch.vocab_size, seq_len=seq_len,
                                 shard=shard, shards=shards, tokens=data_tokens)
         self.vocab_size = arch.vocab_size
+        self.cross = (CrossNodeSync(self.leaders, n, self.index, self.outer.global_flat.numel(), plan.payload_dtype,
+                                    plan.collective, [node.link_gbps for node in plan.nodes])
+                      if self.is_leader else None)
+        self.config = run_config(spec, plan, opts)
         self.rounds_done = 0
         self.inner_step = 0
-        self.data_position = 0
+        self.data_position = 0  # samples of the node's shard consumed (all its devices)
         self.time_offset_s = 0.0
         self.trace: list[dict] = []
         self._flag = torch.zeros(1, device=self.device)
@@ -118,21 +171,25 @@ class Node:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
-        try:
-            dist.all_reduce(tensor, op=op)
-            self._sync_device()
-        except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these
-            raise PeerLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
-
     def barrier(self) -> None:
-        self._all_reduce(self._flag)
+        _collective(dist.all_reduce, self._flag)
+        self._sync_device()
+
+    def _grad_sync(self, model: torch.nn.Module) -> None:
+        """DDP's gradient average over the node's devices, as one flat all-reduce."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        _collective(dist.all_reduce, flat, group=self.node_group)
+        flat.div_(self.me.gpus)
+        for g, chunk in zip(grads, torch.split(flat, [g.numel() for g in grads])):
+            g.copy_(chunk.view_as(g))
 
     # --- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "rounds_done": self.rounds_done, "rank": self.rank, "world": self.world,
-            "node": self.me.node, "local_steps": self.me.local_steps, "batch_size": self.step_batch,
+            "rounds_done": self.rounds_done, "node": self.me.node, "nodes": len(self.plan.nodes),
+            "gpus": self.me.gpus, "local_steps": self.me.local_steps, "batch_size": self.batch,
+            "run_config": self.config,
             "outer": self.outer.state_dict(), "inner_optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "inner_step": self.inner_step, "data_position": self.data_position,
@@ -142,11 +199,16 @@ class Node:
         }
 
     def load_state_dict(self, state: dict, source: str) -> None:
-        for key, mine in (("world", self.world), ("node", self.me.node), ("local_steps", self.me.local_steps),
-                          ("batch_size", self.step_batch)):
+        for key, mine in (("nodes", len(self.plan.nodes)), ("node", self.me.node), ("gpus", self.me.gpus),
+                          ("local_steps", self.me.local_steps), ("batch_size", self.batch)):
             if state[key] != mine:
                 raise ValueError(f"{source}: {key}: checkpoint has {state[key]!r}, this run has {mine!r}; "
                                  f"resume with the same plan")
+        saved = state["run_config"]
+        for key, mine in self.config.items():
+            if saved.get(key) != mine:
+                raise ValueError(f"{source}: {key}: the checkpoints were made with {saved.get(key)!r}, this run "
+                                 f"has {mine!r}; resume with the same settings (or start afresh in another --out)")
         self.outer.load_state_dict(state["outer"])
         self.outer.load_into_model()
         self.optimizer.load_state_dict(state["inner_optimizer"])
@@ -158,31 +220,48 @@ class Node:
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-        self.trace = list(state["trace"])
-        self.time_offset_s = max((row["round_end_s"] + row["ckpt_s"] for row in self.trace), default=0.0)
+        self.trace = [dict(row) for row in state["trace"]] if self.is_leader else []
+        self.time_offset_s = max((row["round_end_s"] + row["ckpt_s"] for row in state["trace"]), default=0.0)
+
+    def _all_gather_ints(self, values: list[int]) -> list[list[int]]:
+        mine = torch.tensor(values, dtype=torch.int64)
+        everyone = [torch.empty_like(mine) for _ in range(self.world)]
+        _collective(dist.all_gather, everyone, mine)
+        return [t.tolist() for t in everyone]
 
     def resume(self) -> None:
-        """Load the latest round that every node holds a checkpoint of (agreed by all_gather)."""
-        mine = checkpoint.load_node_candidates(self.opts.out_dir, self.rank)
-        everyone: list = [None] * self.world
-        dist.all_gather_object(everyone, sorted(mine))
-        common = set.intersection(*(set(rounds) for rounds in everyone))
+        """Load the latest round that every node holds intact (agreed by an all-gather of the
+        rounds each node can load), then check that every node loaded the same global weights."""
+        mine = checkpoint.load_node_candidates(self.opts.out_dir, self.index, report=self.is_leader)
+        rounds = sorted(mine, reverse=True)[:2]
+        everyone = self._all_gather_ints(rounds + [-1] * (2 - len(rounds)))
+        per_node = [set(r for r in everyone[self.plan.first_rank(i)] if r >= 0) for i in range(len(self.plan.nodes))]
+        common = set.intersection(*per_node)
         if not common:
-            if any(everyone):
-                raise ValueError(f"{checkpoint.node_path(self.opts.out_dir, self.rank).parent}: the nodes' "
-                                 f"checkpoints share no round ({everyone}); cannot resume")
+            if any(per_node):
+                raise ValueError(f"{checkpoint.node_path(self.opts.out_dir, self.index).parent}: the nodes' "
+                                 f"checkpoints share no round ({[sorted(s) for s in per_node]}); cannot resume")
             return  # nothing saved yet: start from the beginning
         path = mine[max(common)]
         self.load_state_dict(checkpoint.load_node(path), str(path))
+        digest = checkpoint.weights_digest(self.outer.global_flat, self.outer.momentum)
+        digests = [d[0] for d in self._all_gather_ints([digest])]
+        leaders = [digests[self.plan.first_rank(i)] for i in range(len(self.plan.nodes))]
+        if len(set(digests)) != 1:
+            odd = [self.plan.nodes[i].node for i, d in enumerate(leaders) if leaders.count(d) <= len(leaders) // 2]
+            raise ValueError(f"{path.parent}: round {max(common)}: the nodes' checkpoints hold different global "
+                             f"weights (node {', '.join(odd) or 'processes of one node'} differ{'s' if len(odd) == 1 else ''}); "
+                             f"a checkpoint was altered or mixed from another run; refusing to resume")
         # Every node's offset becomes the latest, so the resumed timeline stays common.
         offset = torch.tensor([self.time_offset_s], dtype=torch.float64)
-        dist.all_reduce(offset, op=dist.ReduceOp.MAX)
+        _collective(dist.all_reduce, offset, op=dist.ReduceOp.MAX)
         self.time_offset_s = float(offset.item())
 
     # --- the loop ----------------------------------------------------------------------
     def run_round(self, r: int, t0: float, bar=None) -> dict:
         opts, d = self.opts, self.spec.diloco
         step_target = self.me.step_s * opts.time_scale
+        grad_sync = self._grad_sync if self.me.gpus > 1 else None
         round_start = time.perf_counter()
         deadline = round_start
         overruns = 0
@@ -192,9 +271,12 @@ class Node:
             lr = inner_lr(self.inner_step, d, self.total_steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            batch = self.shard.batch(self.data_position, self.step_batch).to(self.device, non_blocking=True)
-            loss_sum += train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler)
-            self.data_position += self.step_batch
+            # Device j of the node reads samples j·b .. j·b + b − 1 of the node's next G·b.
+            start = self.data_position + self.local * self.batch
+            batch = self.shard.batch(start, self.batch).to(self.device, non_blocking=True)
+            loss_sum += train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler,
+                                   grad_sync=grad_sync)
+            self.data_position += self.node_batch
             self.inner_step += 1
             if opts.emulate:
                 self._sync_device()
@@ -205,11 +287,23 @@ class Node:
                 _sleep_until(deadline)
             if bar is not None:
                 bar.update(1)
+        if self.me.gpus > 1:  # the node's loss: the mean over its devices
+            _collective(dist.all_reduce, loss_sum, group=self.node_group)
+            loss_sum /= self.me.gpus
         self._sync_device()
         compute_end = time.perf_counter()
         self.barrier()
         sync_start = time.perf_counter()
-        outer_sync(self.outer, d, self.coef, self.divisor, self._all_reduce)
+        sent = 0
+        if self.is_leader:
+            delta = self.outer.pseudo_gradient(self.coef)
+            average, sent = _collective(self.cross.average, delta, self.divisor)
+            if average is not self.outer.delta:
+                self.outer.delta.copy_(average)
+        if self.me.gpus > 1:
+            _collective(dist.broadcast, self.outer.delta, src=self.leader_rank, group=self.node_group)
+        self.outer.outer_step(self.outer.delta, d.outer_lr, d.outer_momentum)
+        self.outer.load_into_model()
         self._sync_device()
         if opts.emulate:
             _sleep_until(sync_start + self.plan.comm_s * opts.time_scale)
@@ -222,19 +316,21 @@ class Node:
             "round_end_s": self.time_offset_s + sync_end - t0,
             "loss": float(loss_sum.item()) / self.me.local_steps, "tokens": self.tokens_per_round,
             "overrun_steps": overruns, "ckpt_s": 0.0,
-            "local_steps": self.me.local_steps, "batch_size": self.step_batch,
+            "local_steps": self.me.local_steps, "batch_size": self.batch, "bytes_sent": sent,
         }
 
     def warm_up(self) -> None:
         """One forward/backward on a fixed batch, gradients discarded: the first step's one-off
         costs (allocations, kernel selection) stay out of round 0. Weights, optimizer state,
         data position and RNG are untouched (the model has no dropout)."""
-        batch = torch.zeros((self.step_batch, self.spec.model.seq_len), dtype=torch.long, device=self.device)
+        batch = torch.zeros((self.batch, self.spec.model.seq_len), dtype=torch.long, device=self.device)
         self.model(input_ids=batch, labels=batch).loss.backward()
         self.model.zero_grad(set_to_none=True)
         self._sync_device()
 
     def run(self) -> None:
+        if self.is_leader:
+            checkpoint.remove_stale_temps(self.opts.out_dir, self.index)
         if self.opts.resume:
             self.resume()
         self.warm_up()
@@ -256,11 +352,12 @@ class Node:
             for r in range(self.rounds_done, last):
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1
-                self.trace.append(row)
-                if self.opts.checkpoint:
-                    ckpt_start = time.perf_counter()
-                    checkpoint.save_node(self.opts.out_dir, self.rank, self.state_dict())
-                    row["ckpt_s"] = time.perf_counter() - ckpt_start
+                if self.is_leader:
+                    self.trace.append(row)
+                    if self.opts.checkpoint:
+                        ckpt_start = time.perf_counter()
+                        checkpoint.save_node(self.opts.out_dir, self.index, self.state_dict())
+                        row["ckpt_s"] = time.perf_counter() - ckpt_start
                 if bar is not None:
                     bar.set_postfix(round=r, loss=f"{row['loss']:.3f}")
         finally:
@@ -269,18 +366,38 @@ class Node:
         self.finish()
 
     def finish(self) -> None:
-        """Gather every node's rows to rank 0, which writes trace.csv and the global weights."""
-        rows: list = [None] * self.world
-        try:
-            dist.all_gather_object(rows, self.trace)
-        except (RuntimeError, dist.DistError) as exc:
-            raise PeerLost(str(exc).strip().splitlines()[0]) from exc
-        if self.rank == 0:
-            all_rows = [row for node_rows in rows for row in node_rows]
-            write_trace(all_rows, [n.node for n in self.plan.nodes], os.path.join(self.opts.out_dir, "trace.csv"))
-            tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
-            torch.save({name: p.detach().cpu() for name, p in self.model.named_parameters()}, tmp)
-            os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
+        """Gather the leaders' rows (float64 tensors) to rank 0, which writes trace.csv and the
+        global weights."""
+        if self.is_leader:
+            mine = torch.tensor([[float(row[c]) for c in NUMERIC_COLUMNS] for row in self.trace],
+                                dtype=torch.float64).reshape(-1, len(NUMERIC_COLUMNS))
+            n = len(self.plan.nodes)
+            if n > 1:
+                counts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+                _collective(dist.all_gather, counts, torch.tensor([mine.shape[0]]), group=self.leaders)
+                longest = max(int(c) for c in counts)
+                padded = torch.zeros(longest, len(NUMERIC_COLUMNS), dtype=torch.float64)
+                padded[:mine.shape[0]] = mine
+                tables = [torch.empty_like(padded) for _ in range(n)]
+                _collective(dist.all_gather, tables, padded, group=self.leaders)
+                tables = [t[:int(c)] for t, c in zip(tables, counts)]
+            else:
+                tables = [mine]
+            if self.rank == 0:
+                rows = []
+                for node, table in zip(self.plan.nodes, tables):
+                    for values in table.tolist():
+                        row = {"strategy": self.plan.strategy, "node": node.node, **dict(zip(NUMERIC_COLUMNS, values))}
+                        for c in ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent"):
+                            row[c] = int(row[c])
+                        rows.append(row)
+                frame = write_trace(rows, [node.node for node in self.plan.nodes],
+                                    os.path.join(self.opts.out_dir, "trace.csv"))
+                tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
+                torch.save({name: p.detach().cpu() for name, p in self.model.named_parameters()}, tmp)
+                os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
+                if self.opts.summary:
+                    print(summary(frame), flush=True)
         # Nobody leaves before rank 0 has written: a peer closing its sockets early can abort
         # gloo's pending work in the others.
         self.barrier()
@@ -301,14 +418,34 @@ def init_process_group(backend: str, rank: int, world: int, timeout_s: float, st
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
+def _apply_limits(plan: Plan, rank: int):
+    """The node's CPU limits for this process (calibrate/cpulimit.py); returns (cleanup, cores)."""
+    index = plan.node_of_rank(rank)
+    node = plan.nodes[index]
+    if node.cpu_cores is None and node.cpu_quota is None:
+        return (lambda: None), None
+    from calibrate.cpulimit import apply_cpu_limits
+
+    local = rank - plan.first_rank(index)
+    cores = node.cpu_cores
+    if cores is not None and len(cores) >= node.gpus:  # enough cores: each device its own share
+        cores = cores[local::node.gpus]
+    tag = "geodt-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in node.node)[:40] + f"-{local}"
+    return apply_cpu_limits(list(cores) if cores else None, node.cpu_quota, tag), cores
+
+
 def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,
                 opts: ExecOptions, store_spec: tuple | None) -> None:
-    """Entry of one node process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad input."""
-    name = plan.nodes[rank].node if rank < len(plan.nodes) else f"rank {rank}"
-    threads = opts.threads or max(1, (os.cpu_count() or 1) // local_world)
-    torch.set_num_threads(threads)
-    backend = resolve_backend(opts.backend, local_world)
+    """Entry of one process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad
+    input, 130 when interrupted."""
+    name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
+    cleanup = lambda: None
+    status = 0
     try:
+        cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
+        threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(threads)
+        backend = resolve_backend(opts.backend, local_world)
         init_process_group(backend, rank, world, opts.timeout_s, store_spec)
         node = Node(rank, world, local_rank, spec, plan, opts, backend)
         if rank == 0 and opts.data_path is None:
@@ -319,15 +456,18 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
     except PeerLost as exc:
         print(f"real: node {name} (rank {rank}): lost contact with its peers ({exc}); a peer process "
               f"died or the network failed; stopping", file=sys.stderr, flush=True)
-        os._exit(1)  # destroy_process_group could block on the dead peer
-    except ValueError as exc:
-        print(f"real: node {name} (rank {rank}): {exc}", file=sys.stderr, flush=True)
-        os._exit(2)
-    if dist.is_initialized():
+        status = 1  # no destroy_process_group: it could block on the dead peer
+    except KeyboardInterrupt:
+        status = 130
+    except (ValueError, CpuLimitError) as exc:
+        print(f"real: node {name} (rank {rank}): {str(exc).strip().splitlines()[0]}", file=sys.stderr, flush=True)
+        status = 2
+    cleanup()
+    if status == 0 and dist.is_initialized():
         dist.destroy_process_group()
     # Leave without running C++ static destructors: at interpreter teardown gloo/TCPStore
     # threads can still be joinable and abort the process ("terminate called without an
     # active exception") after all outputs were written.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(status)

@@ -42,7 +42,8 @@ def test_reads_plan_and_scenario(tmp_path):
     plan_path, scenario_path = write(tmp_path)
     plan = load_plan(plan_path)
     assert plan.strategy == "baseline" and plan.comm_s == 0.01
-    assert [(n.node, n.local_steps, n.tokens_per_round) for n in plan.nodes] == [("a", 3, 192), ("b", 4, 256)]
+    assert [(n.node, n.local_steps, n.tokens_per_round(plan.seq_len)) for n in plan.nodes] == [("a", 3, 192), ("b", 4, 256)]
+    assert (plan.seq_len, plan.rounds, plan.collective, plan.payload_dtype) == (32, None, None, None)
     spec = load_run_spec(scenario_path)
     assert (spec.seed, spec.rounds, spec.model.seq_len) == (1, 2, 32)
     assert spec.diloco.averaging == "tokens" and spec.diloco.outer_lr == 0.7  # default kept
@@ -67,9 +68,9 @@ def test_bad_scenario_names_file_and_key(tmp_path, edit, message):
 @pytest.mark.parametrize("plan, message", [
     (PLAN.replace(",comm_s", ""), "column comm_s: missing"),
     (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,two,4"), "line 3: batch_size: expected a number"),
-    (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,2,0"), "line 3: local_steps: expected a positive integer"),
+    (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,2,0"), "line 3: local_steps: expected an integer >= 1"),
     (PLAN.replace("0.05,256,0.01", "0.05,256,0.02"), "comm_s: expected the same value on every row"),
-    (PLAN.replace("baseline,b", "C,b"), "strategy: expected one strategy per plan"),
+    (PLAN.replace("baseline,b", "C,b"), "strategy: expected the same value on every row"),
     (PLAN.replace("baseline,b", "baseline,a"), "node: expected unique node names"),
 ])
 def test_bad_plan_names_file_and_column(tmp_path, plan, message):

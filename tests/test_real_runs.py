@@ -81,7 +81,7 @@ def reference_diloco(d: Path) -> list[torch.Tensor]:
     global_params = [p.detach().clone().requires_grad_(True) for p in nodes[0][0].parameters()]
     outer = torch.optim.SGD(global_params, lr=spec.diloco.outer_lr, momentum=spec.diloco.outer_momentum,
                             nesterov=spec.diloco.outer_momentum > 0)
-    tokens = [p.tokens_per_round for p in plan.nodes]
+    tokens = [p.tokens_per_round(plan.seq_len) for p in plan.nodes]
     steps = [p.local_steps for p in plan.nodes]
     p_tok = [t / sum(tokens) for t in tokens]
     for r in range(spec.rounds):
