@@ -28,6 +28,7 @@ import fcntl
 import ipaddress
 import os
 import shutil
+import signal
 import socket
 import struct
 import sys
@@ -133,6 +134,9 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
 
 
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple) -> None:
+    # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
+    # children), so no child prints a traceback or a lost-peer message on the way down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec)
 
 
@@ -198,6 +202,7 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
                                       timedelta(seconds=opts.timeout_s), wait_for_workers=False,
                                       master_listen_fd=listener.fileno())
                 store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
+                listener.detach()  # the store owns (and closes) the socket now
             else:
                 store_spec = store_spec_fn(rdzv)
             context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec), nprocs=plan.world_size,
