@@ -60,3 +60,26 @@ def test_two_device_node_equals_one_process_at_twice_the_batch(tmp_path):
     # The check can fail: a different per-device split of the same node batch is not the same run.
     other = run(tmp_path, "other", [("a", 1, 2, 3), ("b", 1, 3, 2)], scenario)
     assert _distance(weights(other), want) > 1e-2 * travelled
+
+
+def test_cpu_limits_from_the_plan_are_applied_and_removed(tmp_path):
+    import os
+
+    import pytest
+
+    from calibrate.cpulimit import CGROUP_ROOT, cpu_quota_supported
+
+    if not cpu_quota_supported() or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("needs root and a cgroup cpu controller")
+    core = min(os.sched_getaffinity(0))
+    d = tmp_path / "limited"
+    d.mkdir()
+    (d / "plan.csv").write_text(
+        "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,cpu_cores,cpu_quota\n"
+        f"test,lim,2,1,2,0.01,{2 * 1 * 2 * SEQ_LEN},0.0,{core},0.5\n"
+        f"test,free,1,1,2,0.01,{1 * 2 * SEQ_LEN},0.0,,\n")
+    (d / "scenario.toml").write_text(scenario_text(rounds=1))
+    options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, summary=False)
+    assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
+    assert len(pd.read_csv(d / "out" / "trace.csv")) == 2
+    assert not list(CGROUP_ROOT.glob("**/geodt-lim-*"))  # the processes' cgroups are gone
