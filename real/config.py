@@ -2,8 +2,9 @@
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds) and `[diloco]`; `[network]`, `[[nodes]]` and `[simulation]` belong to the simulator
-and are ignored. Unknown keys in the sections read here are errors. Every error is a
+(rounds), `[diloco]` and `[network]`'s collective and payload_dtype (the defaults for plan.csv
+cells left empty); the rest of `[network]`, `[[nodes]]` and `[simulation]` belong to the
+simulator and are ignored. Unknown keys in the sections read here are errors. Every error is a
 `ConfigError` whose message names the file, the key and what was expected.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from real.plan import Plan, PlanError
+from real.plan import COLLECTIVES, PAYLOAD_BYTES, Plan, PlanError
 from real.plan import load_plan as _load_plan
 
 if sys.version_info >= (3, 11):
@@ -108,11 +109,19 @@ class RunSpec:
     model: ModelSpec
     rounds: int
     diloco: DilocoSpec = field(default_factory=DilocoSpec)
+    # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
+    collective: str = "ring"
+    payload_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise _FieldError("seed", f"expected a non-negative integer, got {self.seed!r}")
         _positive("training.rounds", self.rounds, int)
+        if self.collective not in COLLECTIVES:
+            raise _FieldError("network.collective", f"expected one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
+        if self.payload_dtype not in PAYLOAD_BYTES:
+            raise _FieldError("network.payload_dtype",
+                              f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
 
 
 def _check_keys(section: dict, allowed: set[str], prefix: str) -> None:
@@ -146,11 +155,14 @@ def run_spec_from_dict(data: dict) -> RunSpec:
     if "betas" in diloco:
         betas = diloco["betas"]
         diloco["betas"] = tuple(betas) if isinstance(betas, list) else betas
+    network = _table(data, "network")  # the rest of [network] is the simulator's
     return RunSpec(
         seed=data.get("seed", 0),
         model=ModelSpec(preset=model["preset"], seq_len=model["seq_len"], dtype=model.get("dtype", "fp32")),
         rounds=training["rounds"],
         diloco=DilocoSpec(**diloco),
+        collective=network.get("collective", "ring"),
+        payload_dtype=network.get("payload_dtype", "fp32"),
     )
 
 

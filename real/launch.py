@@ -54,7 +54,8 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     from calibrate.presets import PresetError, load_arch
 
     spec = load_run_spec(scenario_path)
-    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds)
+    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds, spec.collective,
+                                                                    spec.payload_dtype)
     spec = replace(spec, rounds=plan.rounds)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)

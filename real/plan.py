@@ -22,7 +22,8 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     cpu_quota         optional: CPU quota per device process, in cores (0.4 = 40% of one core)
 
 The first eight columns are required; for the others a missing column or an empty cell means
-the default: rounds from the scenario, ring, fp32, equal links, no CPU limits. `geodt run`
+the scenario's value (rounds; [network] collective and payload_dtype, else ring and fp32),
+equal links, no CPU limits. `geodt run`
 and `geodt plan` write every column.
 """
 from __future__ import annotations

@@ -98,3 +98,50 @@ def test_cli_missing_data_file_exits_2(tmp_path, capsys):
     assert code == 2
     assert "nope.txt: data file not found" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_empty_plan_cells_take_the_scenarios_network_values(tmp_path):
+    from real.launch import check_inputs
+    from real.worker import ExecOptions
+
+    scenario = SCENARIO.replace("bandwidth_gbps = 1.0", 'bandwidth_gbps = 1.0\ncollective = "partitioned"\n'
+                                                      'payload_dtype = "fp16"')
+    plan_path, scenario_path = write(tmp_path, scenario=scenario)
+    spec, plan = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.rounds) == (2, "partitioned", "fp16", 2)
+    # The plan's own values win over the scenario's (sync-ddp's rounds, network-aware's payload).
+    (tmp_path / "plan.csv").write_text(PLAN.replace("comm_s\n", "comm_s,rounds,payload_dtype\n")
+                                       .replace("0.01\n", "0.01,5,int8\n"))
+    spec, plan = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.rounds) == (5, "partitioned", "int8", 5)
+
+
+def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
+    import importlib
+    import sys
+
+    pytest.importorskip("tomli")
+    import real.config
+
+    monkeypatch.setattr(sys, "version_info", (3, 10, 0))
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on 3.10: no such module
+    try:
+        module = importlib.reload(real.config)
+        assert module.tomllib.__name__ == "tomli"
+        _, scenario_path = write(tmp_path)
+        assert module.load_run_spec(scenario_path).rounds == 2
+    finally:
+        monkeypatch.undo()
+        importlib.reload(real.config)
+
+
+def test_plan_round_trips_through_the_shared_schema(tmp_path):
+    from real.plan import NodePlan, Plan, load_plan as load_schema
+
+    plan = Plan(strategy="C", seq_len=32, comm_s=0.5, rounds=4, collective="partitioned", payload_dtype="int8",
+                nodes=(NodePlan("a", 2, 3, 4, 0.1, link_gbps=0.5, cpu_cores=(0, 1), cpu_quota=0.4),
+                       NodePlan("b", 1, 2, 5, 0.2, link_gbps=1.0)))
+    plan.to_frame().to_csv(tmp_path / "plan.csv", index=False)
+    assert load_schema(tmp_path / "plan.csv") == plan
+    with pytest.raises(ValueError, match="batch_size: expected an integer >= 1"):
+        NodePlan("a", 1, 0, 1, 0.1)

@@ -138,3 +138,34 @@ def test_host_binds_the_store_to_that_address_only(tmp_path):
     finally:
         dist.TCPStore = real_store
     assert seen == [ip]  # the listening socket is bound to the address asked, not 0.0.0.0
+
+
+def test_torchrun_ranks_map_to_nodes_by_cumulative_devices(tmp_path):
+    """Three processes as torchrun starts them (nodes of 2 and 1 devices): ranks 0-1 are node
+    `pair`, rank 2 node `single`; rank 0 writes one trace row per node and round."""
+    (tmp_path / "plan.csv").write_text(
+        "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s\n"
+        "baseline,pair,2,1,2,0.1,64,0.0\nbaseline,single,1,2,1,0.1,32,0.0\n")
+    (tmp_path / "scenario.toml").write_text(SCENARIO.replace("rounds = 50", "rounds = 2"))
+    port = _free_port()
+    local = {0: (0, 2), 1: (1, 2), 2: (0, 1)}  # rank: (LOCAL_RANK, LOCAL_WORLD_SIZE)
+    procs = []
+    for rank in range(3):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(local[rank][0]),
+               "LOCAL_WORLD_SIZE": str(local[rank][1]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "PYTHONPATH": str(ROOT)}
+        out = tmp_path / ("out_a" if rank < 2 else "out_b")  # one --out per machine
+        cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
+               str(tmp_path / "scenario.toml"), "--out", str(out), "--timeout-s", "60", "--threads", "1",
+               "--no-progress"]
+        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [r[1] for r in results]
+    import pandas as pd
+
+    trace = pd.read_csv(tmp_path / "out_a" / "trace.csv")
+    assert list(trace["node"]) == ["pair", "single", "pair", "single"]
+    assert list(trace["tokens"][:2]) == [64, 32]
+    assert "final_loss" in results[0][0]  # rank 0 prints the summary
+    assert (tmp_path / "out_a" / "checkpoints" / "node0.pt").exists()
+    assert (tmp_path / "out_b" / "checkpoints" / "node1.pt").exists()
