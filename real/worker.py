@@ -224,10 +224,10 @@ class Node:
         self.time_offset_s = max((row["round_end_s"] + row["ckpt_s"] for row in state["trace"]), default=0.0)
 
     def _all_gather_ints(self, values: list[int]) -> list[list[int]]:
-        mine = torch.tensor(values, dtype=torch.int64)
+        mine = torch.tensor(values, dtype=torch.int64, device=self.device)  # nccl needs device tensors
         everyone = [torch.empty_like(mine) for _ in range(self.world)]
         _collective(dist.all_gather, everyone, mine)
-        return [t.tolist() for t in everyone]
+        return [t.cpu().tolist() for t in everyone]
 
     def resume(self) -> None:
         """Load the latest round that every node holds intact (agreed by an all-gather of the
@@ -253,7 +253,7 @@ class Node:
                              f"weights (node {', '.join(odd) or 'processes of one node'} differ{'s' if len(odd) == 1 else ''}); "
                              f"a checkpoint was altered or mixed from another run; refusing to resume")
         # Every node's offset becomes the latest, so the resumed timeline stays common.
-        offset = torch.tensor([self.time_offset_s], dtype=torch.float64)
+        offset = torch.tensor([self.time_offset_s], dtype=torch.float64, device=self.device)
         _collective(dist.all_reduce, offset, op=dist.ReduceOp.MAX)
         self.time_offset_s = float(offset.item())
 
@@ -370,13 +370,14 @@ class Node:
         global weights."""
         if self.is_leader:
             mine = torch.tensor([[float(row[c]) for c in NUMERIC_COLUMNS] for row in self.trace],
-                                dtype=torch.float64).reshape(-1, len(NUMERIC_COLUMNS))
+                                dtype=torch.float64, device=self.device).reshape(-1, len(NUMERIC_COLUMNS))
             n = len(self.plan.nodes)
             if n > 1:
-                counts = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-                _collective(dist.all_gather, counts, torch.tensor([mine.shape[0]]), group=self.leaders)
+                counts = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(n)]
+                _collective(dist.all_gather, counts, torch.tensor([mine.shape[0]], device=self.device),
+                            group=self.leaders)
                 longest = max(int(c) for c in counts)
-                padded = torch.zeros(longest, len(NUMERIC_COLUMNS), dtype=torch.float64)
+                padded = torch.zeros(longest, len(NUMERIC_COLUMNS), dtype=torch.float64, device=self.device)
                 padded[:mine.shape[0]] = mine
                 tables = [torch.empty_like(padded) for _ in range(n)]
                 _collective(dist.all_gather, tables, padded, group=self.leaders)
@@ -386,7 +387,7 @@ class Node:
             if self.rank == 0:
                 rows = []
                 for node, table in zip(self.plan.nodes, tables):
-                    for values in table.tolist():
+                    for values in table.cpu().tolist():
                         row = {"strategy": self.plan.strategy, "node": node.node, **dict(zip(NUMERIC_COLUMNS, values))}
                         for c in ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent"):
                             row[c] = int(row[c])
