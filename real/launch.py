@@ -172,9 +172,13 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     if under_torchrun():
         return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
 
+    import logging
+
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
+    # torch logs a line per child it stops after a failure; our own one line says it all.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     listener = None
     if ipaddress.ip_address(ip).is_loopback:
         # One machine: rendezvous through a file, so nothing listens on the network.
@@ -216,8 +220,12 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
                 print("real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)",
                       file=sys.stderr)
                 return 130
-            print(f"real: node {name} exited with status {exc.exit_code}; the other processes were stopped",
-                  file=sys.stderr)
+            if exc.exit_code < 0:
+                how = f"was killed by signal {-exc.exit_code}" + (
+                    " (SIGKILL: often the out-of-memory killer; is the batch too large?)" if exc.exit_code == -9 else "")
+            else:
+                how = f"exited with status {exc.exit_code}"
+            print(f"real: node {name} {how}; the other processes were stopped", file=sys.stderr)
             return 2 if exc.exit_code == 2 else 1
         except mp.ProcessRaisedException as exc:
             name = plan.nodes[plan.node_of_rank(exc.error_index)].node
