@@ -16,6 +16,9 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     rounds            outer rounds to run (the strategy's, else the scenario's)
     collective        ring | partitioned (same on every row)
     payload_dtype     fp32 | fp16 | int8: what the pseudo-gradients travel as (same on every row)
+    sync              diloco (default: H inner steps, then the outer sync of pseudo-gradients)
+                      | gradients (synchronous data parallel, sync-ddp: every step's gradients
+                      averaged over all devices, weighted by batch; no outer step)
     link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
                       share of a partitioned all-reduce
     cpu_cores         optional: core indices for the node's processes, space-separated ("0 1")
@@ -36,9 +39,10 @@ from pathlib import Path
 
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
                     "comm_s")
-OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "link_gbps", "cpu_cores", "cpu_quota")
+OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota")
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 COLLECTIVES = ("ring", "partitioned")
+SYNC_MODES = ("diloco", "gradients")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 INT8_CHUNK = 256  # elements per int8 scale (one fp32 scale per chunk)
 
@@ -117,6 +121,7 @@ class Plan:
     rounds: int | None = None
     collective: str | None = None
     payload_dtype: str | None = None
+    sync: str | None = None  # None = "diloco"; sync-ddp sets "gradients"
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -135,6 +140,8 @@ class Plan:
             raise PlanError("collective", f"expected one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
         if self.payload_dtype is not None and self.payload_dtype not in PAYLOAD_BYTES:
             raise PlanError("payload_dtype", f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
+        if self.sync is not None and self.sync not in SYNC_MODES:
+            raise PlanError("sync", f"expected one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -172,7 +179,7 @@ class Plan:
         nodes = tuple(n if n.link_gbps is not None or n.node not in links else replace(n, link_gbps=links[n.node])
                       for n in self.nodes)
         return replace(self, nodes=nodes, rounds=self.rounds or rounds, collective=self.collective or collective,
-                       payload_dtype=self.payload_dtype or payload_dtype)
+                       payload_dtype=self.payload_dtype or payload_dtype, sync=self.sync or "diloco")
 
     def resolved_from(self, scenario) -> "Plan":
         """resolved() with a scenario's defaults: any object with training.rounds,
@@ -188,7 +195,7 @@ class Plan:
         return [{"strategy": self.strategy, "node": n.node, "gpus": n.gpus, "batch_size": n.batch_size,
                  "local_steps": n.local_steps, "step_s": n.step_s, "tokens_per_round": n.tokens_per_round(self.seq_len),
                  "comm_s": self.comm_s, "rounds": blank(self.rounds), "collective": blank(self.collective),
-                 "payload_dtype": blank(self.payload_dtype), "link_gbps": blank(n.link_gbps),
+                 "payload_dtype": blank(self.payload_dtype), "sync": blank(self.sync), "link_gbps": blank(n.link_gbps),
                  "cpu_cores": "" if n.cpu_cores is None else " ".join(map(str, n.cpu_cores)),
                  "cpu_quota": blank(n.cpu_quota)} for n in self.nodes]
 
@@ -300,13 +307,14 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
         raise PlanError(f"{path}: node", "expected at least one node row")
     kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float, "tokens_per_round": int,
              "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float}
-    nodes, shared, seq_lens = [], {k: set() for k in ("strategy", "comm_s", "rounds", "collective", "payload_dtype")}, set()
+    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync")
+    nodes, shared, seq_lens = [], {k: set() for k in shared_columns}, set()
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         values = {}
         for column in PLAN_COLUMNS:
             text = (row.get(column) or "").strip()
             try:
-                if column in ("strategy", "node", "collective", "payload_dtype"):
+                if column in ("strategy", "node", "collective", "payload_dtype", "sync"):
                     values[column] = text or None
                 elif column == "cpu_cores":
                     values[column] = tuple(_number(t, int) for t in text.split()) if text else None
@@ -340,6 +348,7 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
         one = {column: _same(path, column, values) for column, values in shared.items()}
         seq_len = _same(path, "tokens_per_round", seq_lens)
         return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
-                    rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"])
+                    rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
+                    sync=one["sync"])
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.key}", exc.expected) from None

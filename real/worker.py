@@ -21,6 +21,14 @@ Per round, with the leader's clock (one trace row per node):
 - comm_s: pseudo-gradient, cross-node average, broadcast in the node, outer step; under
   --emulate padded to the plan's comm_s × time_scale.
 - bytes_sent: what the leader put on the wire in the cross-node average.
+Plans with sync = gradients (sync-ddp) are synchronous data parallel instead: after every
+step's backward each device scales its gradients by b/B (B = Σ G_i·b_i, so the result is the
+gradient of the global batch's mean loss), the node all-reduces them, the leaders average
+across nodes (the same collectives and payloads), the leader broadcasts in the node, and
+every device applies its own AdamW step to identical gradients; no outer step. Per round,
+compute_s is the round minus idle_s (barrier waits before each cross-node average) and
+comm_s (the averages and broadcasts); under --emulate each step's compute is padded to
+step_s and each average to comm_s.
 Times are relative to a common start (a barrier right before round 0). Nothing travels as
 pickles: rendezvous data, checkpoint agreement and trace rows are tensors.
 """
@@ -108,7 +116,7 @@ def _collective(fn, *args, **kwargs):
 def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:
     """The settings a resumed run must share with the run that wrote the checkpoints."""
     config = {"seed": spec.seed, "model.preset": spec.model.preset, "model.seq_len": spec.model.seq_len,
-              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective,
+              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective, "sync": plan.sync,
               "payload_dtype": plan.payload_dtype, "data": opts.data_path or "", "replicate_data": opts.replicate_data}
     for key, value in asdict(spec.diloco).items():
         config[f"diloco.{key}"] = list(value) if isinstance(value, tuple) else value
@@ -159,6 +167,9 @@ class Node:
                                     plan.collective, [node.link_gbps for node in plan.nodes])
                       if self.is_leader else None)
         self.config = run_config(spec, plan, opts)
+        self.gradient_sync = plan.sync == "gradients"
+        self.grad_scale = self.batch / sum(node.gpus * node.batch_size for node in plan.nodes)
+        self._step = {}  # per-round clocks of the gradient-sync hook
         self.rounds_done = 0
         self.inner_step = 0
         self.data_position = 0  # samples of the node's shard consumed (all its devices)
@@ -183,6 +194,76 @@ class Node:
         flat.div_(self.me.gpus)
         for g, chunk in zip(grads, torch.split(flat, [g.numel() for g in grads])):
             g.copy_(chunk.view_as(g))
+
+    def _global_grad_sync(self, model: torch.nn.Module) -> None:
+        """Synchronous data parallel: the global batch's gradient on every device (see module doc)."""
+        opts, clock = self.opts, self._step
+        for p in model.parameters():  # every device sends the same layout, unused weights too
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(self.grad_scale)
+        if self.me.gpus > 1:
+            _collective(dist.all_reduce, flat, group=self.node_group)
+        if opts.emulate:
+            self._sync_device()
+            if time.perf_counter() - clock["step_start"] > self.me.step_s * opts.time_scale:
+                clock["overruns"] += 1
+            _sleep_until(clock["step_start"] + self.me.step_s * opts.time_scale)
+        self._sync_device()
+        wait_start = time.perf_counter()
+        self.barrier()
+        sync_start = time.perf_counter()
+        if self.is_leader:
+            average, sent = _collective(self.cross.average, flat, 1.0)
+            if average is not flat:
+                flat.copy_(average)
+            clock["bytes"] += sent
+        if self.me.gpus > 1:
+            _collective(dist.broadcast, flat, src=self.leader_rank, group=self.node_group)
+        self._sync_device()
+        if opts.emulate:
+            _sleep_until(sync_start + self.plan.comm_s * opts.time_scale)
+        sync_end = time.perf_counter()
+        clock["idle"] += sync_start - wait_start
+        clock["comm"] += sync_end - sync_start
+        for g, chunk in zip(grads, torch.split(flat, [g.numel() for g in grads])):
+            g.copy_(chunk.view_as(g))
+
+    def _run_gradient_round(self, r: int, t0: float, bar=None) -> dict:
+        """One round of synchronous data parallel: H steps, each ending in a global gradient average."""
+        d = self.spec.diloco
+        self._step = {"idle": 0.0, "comm": 0.0, "bytes": 0, "overruns": 0}
+        round_start = time.perf_counter()
+        loss_sum = torch.zeros((), device=self.device)
+        for _ in range(self.me.local_steps):
+            self._step["step_start"] = time.perf_counter()
+            for group in self.optimizer.param_groups:
+                group["lr"] = inner_lr(self.inner_step, d, self.total_steps)
+            start = self.data_position + self.local * self.batch
+            batch = self.shard.batch(start, self.batch).to(self.device, non_blocking=True)
+            loss_sum += train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler,
+                                   grad_sync=self._global_grad_sync)
+            self.data_position += self.node_batch
+            self.inner_step += 1
+            if bar is not None:
+                bar.update(1)
+        if self.me.gpus > 1:
+            _collective(dist.all_reduce, loss_sum, group=self.node_group)
+            loss_sum /= self.me.gpus
+        self.outer.capture()  # checkpoints and the resume check read θ_g
+        self._sync_device()
+        end = time.perf_counter()
+        clock = self._step
+        return {
+            "strategy": self.plan.strategy, "node": self.me.node, "round": r,
+            "compute_s": end - round_start - clock["idle"] - clock["comm"], "idle_s": clock["idle"],
+            "comm_s": clock["comm"],
+            "round_start_s": self.time_offset_s + round_start - t0, "round_end_s": self.time_offset_s + end - t0,
+            "loss": float(loss_sum.item()) / self.me.local_steps, "tokens": self.tokens_per_round,
+            "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
+            "local_steps": self.me.local_steps, "batch_size": self.batch, "bytes_sent": clock["bytes"],
+        }
 
     # --- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -259,6 +340,8 @@ class Node:
 
     # --- the loop ----------------------------------------------------------------------
     def run_round(self, r: int, t0: float, bar=None) -> dict:
+        if self.gradient_sync:
+            return self._run_gradient_round(r, t0, bar)
         opts, d = self.opts, self.spec.diloco
         step_target = self.me.step_s * opts.time_scale
         grad_sync = self._grad_sync if self.me.gpus > 1 else None

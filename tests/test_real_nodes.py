@@ -83,3 +83,47 @@ def test_cpu_limits_from_the_plan_are_applied_and_removed(tmp_path):
     assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
     assert len(pd.read_csv(d / "out" / "trace.csv")) == 2
     assert not list(CGROUP_ROOT.glob("**/geodt-lim-*"))  # the processes' cgroups are gone
+
+
+def test_gradient_sync_plan_is_synchronous_data_parallel(tmp_path):
+    """sync = gradients (sync-ddp): devices of b = 1, 1 (node a) and 2 (node b) per step equal
+    one process stepping on the concatenated batch of 4, the global batch's mean loss."""
+    from calibrate.step import make_optimizer, train_step
+    from real.config import load_run_spec
+    from real.data import make_shard
+    from real.diloco import inner_lr
+
+    d = tmp_path / "sync"
+    d.mkdir()
+    (d / "plan.csv").write_text(
+        "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,rounds,sync\n"
+        f"sync-ddp,a,2,1,1,0.01,{2 * SEQ_LEN},0.0,4,gradients\n"
+        f"sync-ddp,b,1,2,1,0.01,{2 * SEQ_LEN},0.0,4,gradients\n")
+    (d / "scenario.toml").write_text(scenario_text(rounds=1))
+    options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, summary=False)
+    assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
+    spec = load_run_spec(d / "scenario.toml")
+    torch.set_num_threads(1)
+    model = build_model(load_arch("tiny"), SEQ_LEN, seed=spec.seed)
+    dl = spec.diloco
+    opt = make_optimizer(model, lr=dl.inner_lr, weight_decay=dl.weight_decay, betas=dl.betas)
+    shards = [make_shard(None, seed=spec.seed, vocab_size=1024, seq_len=SEQ_LEN, shard=i, shards=2) for i in (0, 1)]
+    for step in range(4):
+        for group in opt.param_groups:
+            group["lr"] = inner_lr(step, dl, 4)
+        batch = torch.cat([shards[0].batch(2 * step, 2), shards[1].batch(2 * step, 2)])
+        train_step(model, opt, batch, "fp32")
+    got = weights(d)
+    want = [p.detach() for p in model.parameters()]
+    start = [p.detach() for p in build_model(load_arch("tiny"), SEQ_LEN, seed=7).parameters()]
+    assert _distance(got, want) < 1e-4 * _distance(want, start)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=5e-5)
+    trace = pd.read_csv(d / "out" / "trace.csv")
+    assert len(trace) == 8 and (trace["bytes_sent"] > 0).all()
+    # The check can fail: the same plan as DiLoCo rounds of one step is another algorithm.
+    (d / "plan.csv").write_text((d / "plan.csv").read_text().replace("gradients", "diloco"))
+    options = ExecOptions(out_dir=str(d / "out2"), threads=1, progress=False, summary=False)
+    assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
+    other = list(torch.load(d / "out2" / "final_weights.pt", weights_only=True).values())
+    assert _distance(other, want) > 1e-2 * _distance(want, start)
