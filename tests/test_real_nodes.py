@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 
 from calibrate.models import build_model
@@ -127,3 +128,33 @@ def test_gradient_sync_plan_is_synchronous_data_parallel(tmp_path):
     assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
     other = list(torch.load(d / "out2" / "final_weights.pt", weights_only=True).values())
     assert _distance(other, want) > 1e-2 * _distance(want, start)
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(_gpus() < 1, reason="needs a CUDA GPU")
+def test_cuda_single_device_run_with_nccl(tmp_path):
+    d = tmp_path / "gpu"
+    d.mkdir()
+    (d / "plan.csv").write_text(plan_text([("a", 1, 2, 3)]))
+    (d / "scenario.toml").write_text(scenario_text(rounds=2))
+    options = ExecOptions(out_dir=str(d / "out"), progress=False, summary=False, backend="nccl")
+    assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
+    assert len(pd.read_csv(d / "out" / "trace.csv")) == 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(_gpus() < 3, reason="needs three CUDA GPUs")
+def test_cuda_two_device_node_and_int8_partitioned_with_nccl(tmp_path):
+    d = tmp_path / "gpu"
+    d.mkdir()
+    (d / "plan.csv").write_text(plan_text([("a", 2, 2, 3), ("b", 1, 3, 2)]).replace(
+        "comm_s\n", "comm_s,collective,payload_dtype,link_gbps\n").replace(",0.0\n", ",0.0,partitioned,int8,1\n"))
+    (d / "scenario.toml").write_text(scenario_text(rounds=2))
+    options = ExecOptions(out_dir=str(d / "out"), progress=False, summary=False, backend="nccl")
+    assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
+    trace = pd.read_csv(d / "out" / "trace.csv")
+    assert list(trace["node"]) == ["a", "b", "a", "b"] and (trace["bytes_sent"] > 0).all()
