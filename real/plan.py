@@ -21,7 +21,8 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
                       averaged over all devices, weighted by batch; no outer step)
     link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
                       share of a partitioned all-reduce
-    cpu_cores         optional: core indices for the node's processes, space-separated ("0 1")
+    cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
+                      with at least G cores device process j gets cores[j::G], else all share them
     cpu_quota         optional: CPU quota per device process, in cores (0.4 = 40% of one core)
 
 The first eight columns are required; for the others a missing column or an empty cell means

@@ -37,90 +37,22 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from calibrate.cpulimit import CpuLimitError
 from calibrate.models import build_model
 from calibrate.presets import load_arch
 from calibrate.step import make_optimizer, make_scaler, train_step
 from real import checkpoint
 from real.config import RunSpec
-from real.data import make_chain, make_shard
+from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
+from real.options import ExecOptions, _collective, _sleep_until, run_config
 from real.plan import Plan
 from real.sync import CrossNodeSync
 from real.trace import NUMERIC_COLUMNS, summary, write_trace
 
-
-@dataclass(frozen=True)
-class ExecOptions:
-    """How to execute a plan (not what to train: that is RunSpec + Plan)."""
-
-    out_dir: str
-    emulate: bool = False
-    time_scale: float = 1.0
-    resume: bool = False
-    data_path: str | None = None
-    replicate_data: bool = False   # every node reads shard 0 (to check the arithmetic)
-    timeout_s: float = 300.0       # process-group timeout: how long a lost peer can stall us
-    backend: str = "auto"          # auto | gloo | nccl
-    stop_after: int | None = None  # stop cleanly after this many rounds (resumable)
-    threads: int = 0               # torch threads per process; 0 = cores / local processes
-    progress: bool = True
-    checkpoint: bool = True
-    summary: bool = True           # rank 0 prints per-node totals at the end
-
-    def __post_init__(self) -> None:
-        import math
-
-        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
-            raise ValueError(f"--time-scale: expected a finite positive number, got {self.time_scale}")
-        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)) or self.timeout_s > 7 * 86400:
-            raise ValueError(f"--timeout-s: expected a positive number of seconds up to a week, got {self.timeout_s}")
-        if self.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"--backend: expected auto, gloo or nccl, got {self.backend!r}")
-        if self.stop_after is not None and self.stop_after <= 0:
-            raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
-        if self.threads < 0:
-            raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
-
-
-class PeerLost(RuntimeError):
-    """A collective failed: a peer died or the network broke."""
-
-
-def resolve_backend(backend: str, local_world: int) -> str:
-    if backend != "auto":
-        return backend
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-    return "nccl" if cuda else "gloo"
-
-
-def _sleep_until(deadline: float) -> None:
-    remaining = deadline - time.perf_counter()
-    if remaining > 0:
-        time.sleep(remaining)
-
-
-def _collective(fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these
-        raise PeerLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
-
-
-def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:
-    """The settings a resumed run must share with the run that wrote the checkpoints."""
-    config = {"seed": spec.seed, "model.preset": spec.model.preset, "model.seq_len": spec.model.seq_len,
-              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective, "sync": plan.sync,
-              "payload_dtype": plan.payload_dtype, "data": opts.data_path or "", "replicate_data": opts.replicate_data}
-    for key, value in asdict(spec.diloco).items():
-        config[f"diloco.{key}"] = list(value) if isinstance(value, tuple) else value
-    return config
 
 
 class Node:
@@ -485,73 +417,3 @@ class Node:
         # Nobody leaves before rank 0 has written: a peer closing its sockets early can abort
         # gloo's pending work in the others.
         self.barrier()
-
-
-def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:
-    """Join the group: ("file", path) or ("tcp", host, port) from the local launcher, or
-    env:// (torchrun's MASTER_ADDR/MASTER_PORT) when store_spec is None."""
-    timeout = timedelta(seconds=timeout_s)
-    if store_spec is None:
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
-        return
-    if store_spec[0] == "file":
-        store = dist.FileStore(store_spec[1], world)
-    else:
-        _, host, port = store_spec
-        store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-
-
-def _apply_limits(plan: Plan, rank: int):
-    """The node's CPU limits for this process (calibrate/cpulimit.py); returns (cleanup, cores)."""
-    index = plan.node_of_rank(rank)
-    node = plan.nodes[index]
-    if node.cpu_cores is None and node.cpu_quota is None:
-        return (lambda: None), None
-    from calibrate.cpulimit import apply_cpu_limits
-
-    local = rank - plan.first_rank(index)
-    cores = node.cpu_cores
-    if cores is not None and len(cores) >= node.gpus:  # enough cores: each device its own share
-        cores = cores[local::node.gpus]
-    tag = "geodt-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in node.node)[:40] + f"-{local}"
-    return apply_cpu_limits(list(cores) if cores else None, node.cpu_quota, tag), cores
-
-
-def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,
-                opts: ExecOptions, store_spec: tuple | None) -> None:
-    """Entry of one process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad
-    input, 130 when interrupted."""
-    name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
-    cleanup = lambda: None
-    status = 0
-    try:
-        cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
-        threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
-        torch.set_num_threads(threads)
-        backend = resolve_backend(opts.backend, local_world)
-        init_process_group(backend, rank, world, opts.timeout_s, store_spec)
-        node = Node(rank, world, local_rank, spec, plan, opts, backend)
-        if rank == 0 and opts.data_path is None:
-            chain = make_chain(spec.seed, node.vocab_size)
-            print(f"real: synthetic Markov corpus over {chain.states} tokens: entropy rate "
-                  f"{chain.entropy_rate():.4f} nats/token (the best achievable loss)", file=sys.stderr, flush=True)
-        node.run()
-    except PeerLost as exc:
-        print(f"real: node {name} (rank {rank}): lost contact with its peers ({exc}); a peer process "
-              f"died or the network failed; stopping", file=sys.stderr, flush=True)
-        status = 1  # no destroy_process_group: it could block on the dead peer
-    except KeyboardInterrupt:
-        status = 130
-    except (ValueError, CpuLimitError) as exc:
-        print(f"real: node {name} (rank {rank}): {str(exc).strip().splitlines()[0]}", file=sys.stderr, flush=True)
-        status = 2
-    cleanup()
-    if status == 0 and dist.is_initialized():
-        dist.destroy_process_group()
-    # Leave without running C++ static destructors: at interpreter teardown gloo/TCPStore
-    # threads can still be joinable and abort the process ("terminate called without an
-    # active exception") after all outputs were written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
