@@ -7,7 +7,8 @@
 2. Sync: the all-reduce inside the executor's outer sync against a bare dist.all_reduce of
    the same number of fp32 values, two gloo processes on this machine. Goal: at least 0.8
    of its speed. The whole sync (pseudo-gradient, all-reduce, divide, outer Nesterov step,
-   copy into the model) is printed too.
+   copy into the model) is printed too, and each encoded average (real/sync.py: fp16/int8
+   payloads, ring/partitioned) with the bytes it sends.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_real.py [--step-preset tiny] [--sync-preset llama-60m]
 """
@@ -54,7 +55,8 @@ def bench_inner_step(preset: str, seq_len: int, batch: int, steps: int, repeats:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         _write_inputs(d, preset, seq_len, batch, steps, repeats + 1, 1)
-        spec, plan = load_run_spec(d / "scenario.toml"), load_plan(d / "plan.csv")
+        spec = load_run_spec(d / "scenario.toml")
+        plan = load_plan(d / "plan.csv").resolved(spec.rounds)
         node = Node(0, 1, 0, spec, plan, ExecOptions(out_dir=str(d / "out"), checkpoint=False), "gloo")
         node.warm_up()
         model, opt, shard = node.model, node.optimizer, node.shard
@@ -131,6 +133,21 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
         print(f"  speed ratio (bare / executor) {b / a:9.3f}     goal >= 0.8: {'met' if b / a >= 0.8 else 'NOT met'}")
         print(f"  whole outer sync              {w * 1e3:9.2f} ms  (all-reduce + pseudo-gradient, "
               f"outer step, copy: ratio to bare {b / w:.3f})")
+    from real.sync import CrossNodeSync
+
+    for dtype in ("fp32", "fp16", "int8"):
+        for collective, links in (("ring", [1.0, 1.0]), ("partitioned", [1.0, 3.0])):
+            sync = CrossNodeSync(dist.group.WORLD, 2, rank, bare_buf.numel(), dtype, collective, links)
+            times, sent = [], 0
+            for _ in range(repeats + 1):
+                buf = bare_buf.clone()
+                dist.barrier()
+                start = time.perf_counter()
+                _, sent = sync.average(buf, 2.0)
+                times.append(time.perf_counter() - start)
+            if rank == 0:
+                print(f"  {collective:<11} {dtype}: {statistics.median(times[1:]) * 1e3:9.2f} ms, "
+                      f"{sent / 1e6:.1f} MB sent by rank 0")
     dist.destroy_process_group()
 
 

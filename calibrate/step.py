@@ -63,13 +63,15 @@ def random_batch(vocab_size: int, batch_size: int, seq_len: int, device: torch.d
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor,
                dtype: str | torch.dtype, scaler: Any | None = None,
-               scheduler: Any | None = None) -> torch.Tensor:
+               scheduler: Any | None = None, grad_sync: Any | None = None) -> torch.Tensor:
     """One full training step on `batch` (token ids, shape (b, seq_len)); returns the loss.
 
     The labels are the inputs: transformers' causal-LM loss shifts them by one itself, so
     each position predicts the next token. The loss comes back detached and NOT synchronised
     (no `.item()`), so a caller timing the step decides when to wait for the device.
     `scheduler`, if given, is stepped after the optimizer (the executor's warm-up).
+    `grad_sync(model)`, if given, runs right after backward (before unscaling and clipping):
+    the executor's intra-node data parallelism averages the devices' gradients there, as DDP.
     """
     device_type = batch.device.type
     amp_dtype = torch_dtype(dtype)
@@ -77,12 +79,16 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: 
         loss = model(input_ids=batch, labels=batch).loss
     if scaler is not None:
         scaler.scale(loss).backward()
+        if grad_sync is not None:
+            grad_sync(model)
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         scaler.step(optimizer)
         scaler.update()
     else:
         loss.backward()
+        if grad_sync is not None:
+            grad_sync(model)
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)

@@ -1,11 +1,14 @@
 """`geodt run` and `geodt validate`: a strategy's plan, executed for real, compared with the simulator.
 
 `geodt run SCENARIO --strategy S --out DIR` makes the plan with the simulator, writes
-DIR/plan.csv and DIR/scenario.toml (fully resolved) and launches the real executor
-(`real/`), which writes DIR/trace.csv. `geodt validate` also simulates the same plan
-(DIR/timeline.csv), runs it (emulated unless --no-emulate), and writes DIR/validation.csv
-and DIR/validation.png: per node, predicted and measured idle and round time, summed over
-rounds, and the idle error as a percentage of the round time.
+DIR/plan.csv (every value resolved: rounds, collective, payload dtype, links, CPU limits)
+and DIR/scenario.toml and launches the real executor (`real/`) on exactly that plan, which
+writes DIR/trace.csv and prints a per-node summary. `geodt validate` also simulates the same
+plan (DIR/timeline.csv), runs it for real, and writes DIR/validation.csv and
+DIR/validation.png: per node, predicted and measured idle and round time, summed over
+rounds, and the idle error as a percentage of the round time. `--emulate` pads every step
+and sync to the plan's times instead: that checks the schedule (the executor reproduces
+the predicted timeline), not the prediction, and the outputs say so (mode = emulated).
 
 This is the one place that imports both `simulator` and `real`.
 """
@@ -17,13 +20,14 @@ import tempfile
 from pathlib import Path
 
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
-                      "measured_round_s", "error_pct_of_round"]
+                      "measured_round_s", "error_pct_of_round", "mode"]
+MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
-    from real.cli import add_exec_arguments
+    from real.cli import OneLineParser, add_exec_arguments
 
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--strategy", required=True, help="baseline, A, B, C, ...")
     parser.add_argument("--out", required=True, help="output directory")
@@ -32,7 +36,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     add_exec_arguments(parser)
     if validate:
         parser.add_argument("--no-emulate", action="store_true",
-                            help="run for real, without padding steps and syncs to the plan's times")
+                            help="run for real (the default; kept for older command lines)")
         parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
                             help="simulator engine for the prediction")
     return parser
@@ -59,7 +63,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     except (InputError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    frame, toml_text = plan.to_frame(), scenario.to_toml()
+    frame, toml_text = plan.to_frame(scenario), scenario.to_toml()
     with tempfile.TemporaryDirectory(prefix="geodt-run-") as tmp:
         write_csv(frame, Path(tmp) / "plan.csv")
         write_text(Path(tmp) / "scenario.toml", toml_text)
@@ -78,6 +82,21 @@ def _prepare(prog: str, args: argparse.Namespace):
     return scenario, plan, opts
 
 
+def _interruptible(main):
+    """Ctrl-C: one line and exit 130 (outputs are written whole or not at all)."""
+
+    def wrapped(argv: list[str]) -> int:
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            print("geodt: interrupted", file=sys.stderr)
+            return 130
+
+    wrapped.__doc__ = main.__doc__
+    return wrapped
+
+
+@_interruptible
 def run_main(argv: list[str]) -> int:
     args = _parser("geodt run", validate=False).parse_args(argv)
     prepared = _prepare("geodt run", args)
@@ -92,7 +111,7 @@ def run_main(argv: list[str]) -> int:
     return status
 
 
-def validation_table(timeline, trace, time_scale: float):
+def validation_table(timeline, trace, time_scale: float, emulated: bool = False):
     """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
 
     Measured times are divided by time_scale so that both are in the scenario's seconds.
@@ -117,6 +136,7 @@ def validation_table(timeline, trace, time_scale: float):
             "predicted_idle_s": p.at[node, "idle_s"], "measured_idle_s": m.at[node, "idle_s"],
             "predicted_round_s": p.at[node, "round_s"], "measured_round_s": m.at[node, "round_s"],
             "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
+            "mode": MODES[emulated],
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
             "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
             "overrun_steps": int(m.at[node, "overrun_steps"]),
@@ -164,13 +184,19 @@ def plot_validation(table, path: Path, title: str) -> None:
     plt.close(fig)
 
 
+@_interruptible
 def validate_main(argv: list[str]) -> int:
     args = _parser("geodt validate", validate=True).parse_args(argv)
-    args.emulate = not args.no_emulate
+    if args.emulate and args.no_emulate:
+        print("geodt validate: --emulate and --no-emulate: expected one of them", file=sys.stderr)
+        return 2
     prepared = _prepare("geodt validate", args)
     if isinstance(prepared, int):
         return prepared
     scenario, plan, opts = prepared
+    from dataclasses import replace
+
+    opts = replace(opts, summary=False)  # validate prints its own table
     import pandas as pd
 
     from real.launch import launch
@@ -185,9 +211,10 @@ def validate_main(argv: list[str]) -> int:
         return status
     trace = pd.read_csv(out / "trace.csv")
     scale = args.time_scale if args.emulate else 1.0
-    table = validation_table(timeline, trace, scale)
+    table = validation_table(timeline, trace, scale, emulated=args.emulate)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
-    mode = f"emulated, time scale {args.time_scale:g}" if args.emulate else "real, not emulated"
+    mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
+            else "measured, not emulated")
     plot_validation(table, out / "validation.png",
                     f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})")
     shown = table[VALIDATION_COLUMNS + ["overrun_steps"]].copy()
@@ -196,7 +223,8 @@ def validate_main(argv: list[str]) -> int:
     losses = trace.groupby("round")["loss"].mean()
     print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
     worst = table["error_pct_of_round"].abs().max()
-    print(f"largest idle error: {worst:.2f}% of round time; wrote {out / 'validation.csv'}, "
+    label = "schedule check (emulated): " if args.emulate else "measured: "
+    print(f"{label}largest idle error: {worst:.2f}% of round time; wrote {out / 'validation.csv'}, "
           f"{out / 'validation.png'}")
     overruns = int(table["overrun_steps"].sum())
     if args.emulate and overruns:

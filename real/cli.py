@@ -1,7 +1,7 @@
 """`python -m real --plan plan.csv --scenario scenario.toml --out DIR [...]`: run a plan.
 
-The same command is the torchrun entry point: under torchrun each process is one node
-(see README, "Running across machines").
+The same command is the torchrun entry point: under torchrun each process is one device of
+a node (real/launch.py; README, "Running across machines").
 """
 from __future__ import annotations
 
@@ -9,10 +9,19 @@ import argparse
 import sys
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Bad arguments: one line and exit 2, not a usage block."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `python -m real` and `geodt run` / `geodt validate`."""
     parser.add_argument("--emulate", action="store_true",
-                        help="pad each inner step to the plan's step_s and each sync to its comm_s")
+                        help="pad each inner step to the plan's step_s and each sync to its comm_s "
+                             "(a schedule check, not a measurement)")
     parser.add_argument("--time-scale", type=float, default=1.0, metavar="X",
                         help="multiply every emulated time by X (e.g. 0.1 runs 10x faster)")
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
@@ -27,8 +36,10 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="auto: nccl when every process has a GPU, else gloo")
     parser.add_argument("--host", default="127.0.0.1",
-                        help="address the local rendezvous binds to (not used under torchrun)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads per node process (0: auto)")
+                        help="address of this machine the local rendezvous binds to (only there; not used "
+                             "under torchrun). No authentication: trusted networks only")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads per process (0: the node's pinned cores, else cores / processes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -42,7 +53,7 @@ def exec_options(args: argparse.Namespace, out_dir: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m real", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m real", description=__doc__.splitlines()[0])
     parser.add_argument("--plan", required=True, help="plan.csv (strategy, node, gpus, batch_size, ...)")
     parser.add_argument("--scenario", required=True, help="the resolved scenario TOML")
     parser.add_argument("--out", required=True, help="output directory (trace.csv, checkpoints/)")
@@ -55,4 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from real.launch import launch
 
-    return launch(args.plan, args.scenario, opts, host=args.host)
+    try:
+        return launch(args.plan, args.scenario, opts, host=args.host)
+    except KeyboardInterrupt:
+        print("real: interrupted", file=sys.stderr)
+        return 130

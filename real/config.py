@@ -1,23 +1,29 @@
-"""The executor's inputs as frozen dataclasses: the plan (plan.csv) and the scenario sections it reads.
+"""The executor's inputs: the scenario sections it reads, as frozen dataclasses; plan.csv via real/plan.py.
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds) and `[diloco]`; `[network]`, `[[nodes]]` and `[simulation]` belong to the simulator
-and are ignored. Unknown keys in the sections read here are errors. Every error is a
+(rounds), `[diloco]` and `[network]`'s collective and payload_dtype (the defaults for plan.csv
+cells left empty); the rest of `[network]`, `[[nodes]]` and `[simulation]` belong to the
+simulator and are ignored. Unknown keys in the sections read here are errors. Every error is a
 `ConfigError` whose message names the file, the key and what was expected.
 """
 from __future__ import annotations
 
-import csv
 import math
-import tomllib
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from real.plan import COLLECTIVES, PAYLOAD_BYTES, Plan, PlanError
+from real.plan import load_plan as _load_plan
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
+
 AVERAGING_MODES = ("uniform", "tokens", "normalized")
 DTYPES = ("bf16", "fp16", "fp32")
-PLAN_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s",
-                "tokens_per_round", "comm_s")
 # Top-level keys of a scenario; those not read here are the simulator's business.
 SCENARIO_TOP_KEYS = {"name", "seed", "model", "training", "network", "diloco", "nodes",
                      "simulation", "description"}
@@ -103,45 +109,19 @@ class RunSpec:
     model: ModelSpec
     rounds: int
     diloco: DilocoSpec = field(default_factory=DilocoSpec)
+    # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
+    collective: str = "ring"
+    payload_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise _FieldError("seed", f"expected a non-negative integer, got {self.seed!r}")
         _positive("training.rounds", self.rounds, int)
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    node: str
-    gpus: int
-    batch_size: int
-    local_steps: int
-    step_s: float
-    tokens_per_round: int
-
-    def __post_init__(self) -> None:
-        if not self.node:
-            raise _FieldError("node", "expected a non-empty node name")
-        _positive("gpus", self.gpus, int)
-        _positive("batch_size", self.batch_size, int)
-        _positive("local_steps", self.local_steps, int)
-        _positive("step_s", self.step_s)
-        _positive("tokens_per_round", self.tokens_per_round, int, allow_zero=True)
-
-
-@dataclass(frozen=True)
-class Plan:
-    strategy: str
-    nodes: tuple[NodePlan, ...]
-    comm_s: float
-
-    def __post_init__(self) -> None:
-        if not self.nodes:
-            raise _FieldError("node", "expected at least one node row")
-        names = [n.node for n in self.nodes]
-        if len(set(names)) != len(names):
-            raise _FieldError("node", f"expected unique node names, got {names}")
-        _positive("comm_s", self.comm_s, allow_zero=True)
+        if self.collective not in COLLECTIVES:
+            raise _FieldError("network.collective", f"expected one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
+        if self.payload_dtype not in PAYLOAD_BYTES:
+            raise _FieldError("network.payload_dtype",
+                              f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
 
 
 def _check_keys(section: dict, allowed: set[str], prefix: str) -> None:
@@ -175,11 +155,14 @@ def run_spec_from_dict(data: dict) -> RunSpec:
     if "betas" in diloco:
         betas = diloco["betas"]
         diloco["betas"] = tuple(betas) if isinstance(betas, list) else betas
+    network = _table(data, "network")  # the rest of [network] is the simulator's
     return RunSpec(
         seed=data.get("seed", 0),
         model=ModelSpec(preset=model["preset"], seq_len=model["seq_len"], dtype=model.get("dtype", "fp32")),
         rounds=training["rounds"],
         diloco=DilocoSpec(**diloco),
+        collective=network.get("collective", "ring"),
+        payload_dtype=network.get("payload_dtype", "fp32"),
     )
 
 
@@ -199,56 +182,9 @@ def load_run_spec(path: str | Path) -> RunSpec:
         raise ConfigError(f"{path}: {exc}") from None
 
 
-def _parse_number(text: str, kind):
+def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
+    """plan.csv through the shared schema (real/plan.py), errors as ConfigError."""
     try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"expected a number, got {text!r}") from None
-    if kind is int:
-        if not value.is_integer():
-            raise ValueError(f"expected an integer, got {text!r}")
-        return int(value)
-    return value
-
-
-def load_plan(path: str | Path) -> Plan:
-    """Read plan.csv (one row per node, the same strategy and comm_s on every row)."""
-    path = Path(path)
-    try:
-        with path.open(newline="") as fh:
-            reader = csv.DictReader(fh)
-            header = reader.fieldnames or []
-            rows = list(reader)
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: plan file not found") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise ConfigError(f"{path}: not a readable CSV plan ({exc})") from None
-    missing = [c for c in PLAN_COLUMNS if c not in header]
-    if missing:
-        raise ConfigError(f"{path}: column {missing[0]}: missing; expected columns {', '.join(PLAN_COLUMNS)}")
-    if not rows:
-        raise ConfigError(f"{path}: node: expected at least one node row")
-    kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float,
-             "tokens_per_round": int, "comm_s": float}
-    nodes, strategies, comms = [], set(), set()
-    for i, row in enumerate(rows, start=2):  # line 1 is the header
-        values = {}
-        for column, kind in kinds.items():
-            try:
-                values[column] = _parse_number((row[column] or "").strip(), kind)
-            except ValueError as exc:
-                raise ConfigError(f"{path}: line {i}: {column}: {exc}") from None
-        strategies.add(row["strategy"])
-        comms.add(values.pop("comm_s"))
-        try:
-            nodes.append(NodePlan(node=row["node"], **values))
-        except _FieldError as exc:
-            raise ConfigError(f"{path}: line {i}: {exc}") from None
-    if len(strategies) != 1:
-        raise ConfigError(f"{path}: strategy: expected one strategy per plan, got {sorted(strategies)}")
-    if len(comms) != 1:
-        raise ConfigError(f"{path}: comm_s: expected the same value on every row, got {sorted(comms)}")
-    try:
-        return Plan(strategy=strategies.pop(), nodes=tuple(nodes), comm_s=comms.pop())
-    except _FieldError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        return _load_plan(path, seq_len)
+    except PlanError as exc:
+        raise ConfigError(str(exc)) from None

@@ -86,6 +86,12 @@ class OuterState:
         self.global_flat.add_(grad, alpha=-lr)
 
     @torch.no_grad()
+    def capture(self) -> None:
+        """θ_g ← the model's weights (synchronous data parallel keeps no separate global copy)."""
+        for p, chunk in self._chunks(self.global_flat):
+            chunk.copy_(p.reshape(-1))
+
+    @torch.no_grad()
     def load_into_model(self) -> None:
         for p, chunk in self._chunks(self.global_flat):
             p.copy_(chunk.view_as(p))

@@ -1,26 +1,47 @@
-"""Start the node processes: spawned locally, or this process is one rank under torchrun.
+"""Start the processes of a plan: spawned locally, or this process is one rank under torchrun.
 
-Locally, one process per plan row is spawned (torch.multiprocessing, start method spawn);
-with a loopback `host` (the default) they rendezvous through a FileStore in a temporary
-directory and gloo is pinned to the loopback interface, so nothing listens on the network;
-with another `host` this process serves a TCPStore there at a free port. Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set), this process is one
-node and joins with env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1:29500 if unset). Inputs are
-checked here, before any process starts, so bad input fails fast with one line.
+Processes: a node with G devices runs G processes (real/worker.py); ranks go to nodes in
+plan order, G_i consecutive ranks each, so a plan of nodes (2, 1, 3 devices) is ranks
+0-1 | 2 | 3-5, and rank 0 (the first node's leader) writes trace.csv.
+
+Locally, all Σ G_i processes are spawned here (torch.multiprocessing, start method spawn).
+With a loopback `host` (the default) they rendezvous through a FileStore in a temporary
+directory and gloo is pinned to the loopback interface, so nothing listens on the network.
+With another `host` (an address of this machine, or a name resolving to one) this process
+serves a TCPStore on a socket bound to that address only (not every interface), and gloo
+is pinned to the interface holding it (GLOO_SOCKET_IFNAME).
+
+Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) this process is one rank and joins
+with env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1:29500 if unset). Run one torchrun per
+machine with `--nproc-per-node G_i` and `--node-rank i` in plan order: torch's elastic agent
+numbers ranks cumulatively over the machines, which is the plan's order. WORLD_SIZE must be
+Σ G_i. torchrun's own store binds every interface; `--local-addr`/`--rdzv-endpoint`
+choose where peers connect, and GLOO_SOCKET_IFNAME which interface gloo uses.
+
+The rendezvous has no authentication (anyone who reaches the port can join or disrupt a
+run): use it on trusted networks. It carries no pickles: everything exchanged is tensors.
+Inputs are checked here, before any process starts, so bad input fails fast with one line.
 """
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import shutil
+import signal
 import socket
+import struct
 import sys
 import tempfile
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from real.config import ConfigError, Plan, RunSpec, load_plan, load_run_spec
+from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
-from real.worker import ExecOptions, worker_main
+from real.plan import Plan
+from real.options import ExecOptions
+from real.process import worker_main
 
 
 class LaunchError(ValueError):
@@ -28,21 +49,19 @@ class LaunchError(ValueError):
 
 
 def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions) -> tuple[RunSpec, Plan]:
-    """Load and cross-check plan, scenario and data; raises ConfigError / LaunchError."""
+    """Load and cross-check plan, scenario and data; raises ConfigError / LaunchError.
+
+    Returns the run spec (rounds from the plan) and the plan with every default resolved."""
     from calibrate.presets import PresetError, load_arch
 
     spec = load_run_spec(scenario_path)
-    plan = load_plan(plan_path)
+    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds, spec.collective,
+                                                                    spec.payload_dtype)
+    spec = replace(spec, rounds=plan.rounds)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
-    for i, node in enumerate(plan.nodes, start=2):
-        expected = node.local_steps * node.batch_size * node.gpus * spec.model.seq_len
-        if node.tokens_per_round != expected:
-            raise LaunchError(f"{plan_path}: line {i}: tokens_per_round: expected local_steps × batch_size × "
-                              f"gpus × seq_len = {expected} (seq_len {spec.model.seq_len} from {scenario_path}), "
-                              f"got {node.tokens_per_round}")
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
@@ -51,25 +70,59 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     return spec, plan
 
 
+def check_cpu_limits(plan: Plan, plan_path) -> None:
+    """Local runs: every node's cores exist here, and a quota can be set where one is asked."""
+    from calibrate.cpulimit import cpu_quota_supported
+
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.cpu_cores is not None and not set(node.cpu_cores) <= allowed:
+            raise LaunchError(f"{plan_path}: line {i}: cpu_cores: expected core indices among {sorted(allowed)}, "
+                              f"got {list(node.cpu_cores)}")
+        if node.cpu_quota is not None and not cpu_quota_supported():
+            raise LaunchError(f"{plan_path}: line {i}: cpu_quota: this machine offers no writable cgroup cpu "
+                              f"controller (needs root and cgroup cpu); remove the quota or run as root")
+
+
 def under_torchrun() -> bool:
     return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def _is_loopback(host: str) -> bool:
+def resolve_host(host: str) -> str:
+    """The IPv4 address `host` names; LaunchError (one line) when it does not resolve."""
     try:
-        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-    except (OSError, ValueError):
-        return False
+        return ipaddress.ip_address(host).exploded
+    except ValueError:
+        pass
+    if not host or len(host) > 253:
+        raise LaunchError(f"--host: expected an address or host name, got {host!r}")
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise LaunchError(f"--host: cannot resolve {host!r} ({exc})") from None
+    return infos[0][4][0]
 
 
-def _pin_gloo_to_loopback() -> None:
+def _interface_of(ip: str) -> str | None:
+    """Name of the network interface holding IPv4 address `ip` (Linux SIOCGIFADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    return None
+
+
+def _pin_gloo(ip: str) -> None:
     """Gloo otherwise binds to the address the hostname resolves to, which may be public."""
     if "GLOO_SOCKET_IFNAME" in os.environ:
         return
-    for _, name in socket.if_nameindex():
-        if name.startswith("lo"):
-            os.environ["GLOO_SOCKET_IFNAME"] = name
-            return
+    name = _interface_of(ip)
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
 
 
 def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path) -> None:
@@ -82,61 +135,115 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
             os.replace(tmp, dst)
 
 
-def _spawn_entry(index: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple) -> None:
-    worker_main(index, len(plan.nodes), index, len(plan.nodes), spec, plan, opts, store_spec)
+def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple) -> None:
+    # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
+    # children), so no child prints a traceback or a lost-peer message on the way down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec)
+
+
+def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> int:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != plan.world_size:
+        print(f"real: {plan_path}: gpus: the plan's nodes have {plan.world_size} devices in all but torchrun "
+              f"started WORLD_SIZE={world} processes; expected one process per device", file=sys.stderr)
+        return 2
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if rank == 0:
+        _copy_inputs(plan_path, scenario_path, out_dir)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    worker_main(rank, world, int(os.environ["LOCAL_RANK"]), local_world, spec, plan, opts, None)
+    return 0  # not reached: worker_main exits
 
 
 def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1") -> int:
-    """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad input)."""
+    """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
+    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary)."""
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
+        if not under_torchrun():
+            check_cpu_limits(plan, plan_path)
+            ip = resolve_host(host)
     except (ConfigError, LaunchError) as exc:
         print(f"real: {exc}", file=sys.stderr)
         return 2
     out_dir = Path(opts.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-
     if under_torchrun():
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        if world != len(plan.nodes):
-            print(f"real: {plan_path}: node: the plan has {len(plan.nodes)} nodes but torchrun started "
-                  f"WORLD_SIZE={world} processes; expected one process per node", file=sys.stderr)
-            return 2
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29500")
-        if rank == 0:
-            _copy_inputs(plan_path, scenario_path, out_dir)
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        worker_main(rank, world, int(os.environ["LOCAL_RANK"]), local_world, spec, plan, opts, None)
-        return 0
+        return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
+
+    import logging
 
     import torch.distributed as dist
     import torch.multiprocessing as mp
 
-    _copy_inputs(plan_path, scenario_path, out_dir)
-    with tempfile.TemporaryDirectory(prefix="geodt-rdzv-") as rdzv:
-        store = None
-        if _is_loopback(host):
-            # One machine: rendezvous through a file, so nothing listens beyond loopback
-            # (torch's TCPStore binds every interface whatever host it is given).
-            _pin_gloo_to_loopback()
-            store_spec: tuple = ("file", os.path.join(rdzv, "store"))
-        else:
-            # The store counts this process as a client too (world + 1): it serves, children join.
-            store = dist.TCPStore(host, 0, len(plan.nodes) + 1, True, timedelta(seconds=opts.timeout_s),
-                                  wait_for_workers=False)
-            store_spec = ("tcp", host, store.port)
+    # torch logs a line per child it stops after a failure; our own one line says it all.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    listener = None
+    if ipaddress.ip_address(ip).is_loopback:
+        # One machine: rendezvous through a file, so nothing listens on the network.
+        _pin_gloo(ip)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        store_spec_fn = lambda rdzv: ("file", os.path.join(rdzv, "store"))
+    else:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec), nprocs=len(plan.nodes),
-                               join=True, start_method="spawn")
+            listener.bind((ip, 0))
+        except OSError as exc:
+            listener.close()
+            print(f"real: --host: cannot bind to {host} ({ip}): {exc.strerror}; expected an address of this machine",
+                  file=sys.stderr)
+            return 2
+        listener.listen()
+        _pin_gloo(ip)
+    _copy_inputs(plan_path, scenario_path, out_dir)
+    store = None
+    context = None
+    with tempfile.TemporaryDirectory(prefix="geodt-rdzv-") as rdzv:
+        try:
+            if listener is not None:
+                # The store counts this process as a client too (world + 1): it serves, children join.
+                store = dist.TCPStore(ip, listener.getsockname()[1], plan.world_size + 1, True,
+                                      timedelta(seconds=opts.timeout_s), wait_for_workers=False,
+                                      master_listen_fd=listener.fileno())
+                store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
+                listener.detach()  # the store owns (and closes) the socket now
+            else:
+                store_spec = store_spec_fn(rdzv)
+            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec), nprocs=plan.world_size,
+                                         join=False, start_method="spawn")
+            while not context.join():
+                pass
         except mp.ProcessExitedException as exc:
-            print(f"real: node {plan.nodes[exc.error_index].node} exited with status {exc.exit_code}; "
-                  f"the other nodes were stopped", file=sys.stderr)
+            name = plan.nodes[plan.node_of_rank(exc.error_index)].node
+            if exc.exit_code == 130:
+                print("real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)",
+                      file=sys.stderr)
+                return 130
+            if exc.exit_code < 0:
+                how = f"was killed by signal {-exc.exit_code}" + (
+                    " (SIGKILL: often the out-of-memory killer; is the batch too large?)" if exc.exit_code == -9 else "")
+            else:
+                how = f"exited with status {exc.exit_code}"
+            print(f"real: node {name} {how}; the other processes were stopped", file=sys.stderr)
             return 2 if exc.exit_code == 2 else 1
         except mp.ProcessRaisedException as exc:
-            print(f"real: node {plan.nodes[exc.error_index].node} failed: {str(exc).strip().splitlines()[-1]}",
-                  file=sys.stderr)
+            name = plan.nodes[plan.node_of_rank(exc.error_index)].node
+            print(f"real: node {name} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            if context is not None:
+                for proc in context.processes:
+                    if proc.is_alive():
+                        proc.terminate()
+                for proc in context.processes:
+                    proc.join(timeout=10)
+            print("real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)",
+                  file=sys.stderr)
+            return 130
         finally:
             del store
+            if listener is not None:
+                listener.close()
     return 0

@@ -2,7 +2,8 @@
 
 Extra columns: `overrun_steps` (under --emulate, inner steps whose real compute took longer
 than the emulated step time, so the step could not be padded to it), `ckpt_s` (the
-checkpoint written after the sync, outside the round), `local_steps` and `batch_size`.
+checkpoint written after the sync, outside the round), `local_steps`, `batch_size` (per
+device) and `bytes_sent` (bytes this node put on the wire in that sync; real/sync.py).
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 TRACE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s",
-                 "round_end_s", "loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size"]
+                 "round_end_s", "loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size", "bytes_sent"]
+NUMERIC_COLUMNS = TRACE_COLUMNS[2:]  # what travels between nodes as a float64 tensor
 
 
 def trace_frame(rows: list[dict], node_order: list[str]) -> pd.DataFrame:
@@ -30,3 +32,12 @@ def write_trace(rows: list[dict], node_order: list[str], path: str | Path) -> pd
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)
     return frame
+
+
+def summary(frame: pd.DataFrame) -> str:
+    """Per node, totals over the rounds: compute, idle, sync, tokens, and the final loss."""
+    lines = [f"{'node':<16} {'compute_s':>10} {'idle_s':>9} {'sync_s':>9} {'tokens':>12} {'final_loss':>10}"]
+    for node, rows in frame.groupby("node", sort=False):
+        lines.append(f"{str(node):<16} {rows['compute_s'].sum():>10.3f} {rows['idle_s'].sum():>9.3f} "
+                     f"{rows['comm_s'].sum():>9.3f} {int(rows['tokens'].sum()):>12d} {rows['loss'].iloc[-1]:>10.4f}")
+    return "\n".join(lines)

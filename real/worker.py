@@ -1,22 +1,42 @@
-"""One DiLoCo node: its process's training loop, clocks and WAN emulation.
+"""One process of a DiLoCo node: its training loop, clocks, process groups and WAN emulation.
 
-Per round, with this process's clock only:
-- compute_s: the H_i inner steps (synchronised on CUDA). Under --emulate each step is padded
-  by sleeping to step_s × time_scale from the plan; deadlines accumulate, so sleep overshoot
-  does not pile up, and a step whose real compute overran its target is counted.
-- idle_s: time blocked in a one-element all-reduce (the barrier) before the sync: the wait
-  for the slowest node.
-- comm_s: the pseudo-gradient all-reduce plus the outer step; under --emulate padded to the
-  plan's comm_s × time_scale.
-Times are relative to a common start (a barrier right before round 0).
+Processes and groups. A node with G devices runs G processes (one per device), data
+parallel inside the node: each device takes b samples per step (the plan's per-device
+batch) and, after backward, the devices' gradients are averaged by an all-reduce in the
+node's group (gloo on CPU, nccl on GPUs), so the node waits for its slowest device each step
+and all its processes hold the same weights and optimizer state. Ranks go to nodes in plan
+order, G_i consecutive ranks each (real.plan.Plan.first_rank); the first is the node's
+leader. The outer sync is hierarchical (as OpenDiLoCo/torchft): the leaders, one group of n
+processes, average the pseudo-gradients across nodes (real/sync.py: the plan's collective
+and payload dtype), then each leader broadcasts the average within its node and every
+process applies the same outer step.
+
+Per round, with the leader's clock (one trace row per node):
+- compute_s: the H_i inner steps, intra-node gradient all-reduces included (synchronised on
+  CUDA). Under --emulate each step is padded by sleeping to step_s × time_scale from the
+  plan; deadlines accumulate, so sleep overshoot does not pile up, and a step whose real
+  compute overran its target is counted.
+- idle_s: time blocked in a one-element all-reduce of every process (the barrier) before
+  the sync: the wait for the slowest node.
+- comm_s: pseudo-gradient, cross-node average, broadcast in the node, outer step; under
+  --emulate padded to the plan's comm_s × time_scale.
+- bytes_sent: what the leader put on the wire in the cross-node average.
+Plans with sync = gradients (sync-ddp) are synchronous data parallel instead: after every
+step's backward each device scales its gradients by b/B (B = Σ G_i·b_i, so the result is the
+gradient of the global batch's mean loss), the node all-reduces them, the leaders average
+across nodes (the same collectives and payloads), the leader broadcasts in the node, and
+every device applies its own AdamW step to identical gradients; no outer step. Per round,
+compute_s is the round minus idle_s (barrier waits before each cross-node average) and
+comm_s (the averages and broadcasts); under --emulate each step's compute is padded to
+step_s and each average to comm_s.
+Times are relative to a common start (a barrier right before round 0). Nothing travels as
+pickles: rendezvous data, checkpoint agreement and trace rows are tensors.
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -25,64 +45,34 @@ from calibrate.models import build_model
 from calibrate.presets import load_arch
 from calibrate.step import make_optimizer, make_scaler, train_step
 from real import checkpoint
-from real.config import Plan, RunSpec
-from real.data import make_chain, make_shard
-from real.diloco import OuterState, averaging_weights, inner_lr, outer_sync
-from real.trace import write_trace
+from real.config import RunSpec
+from real.data import make_shard
+from real.diloco import OuterState, averaging_weights, inner_lr
+from real.options import ExecOptions, _collective, _sleep_until, run_config
+from real.plan import Plan
+from real.sync import CrossNodeSync
+from real.trace import NUMERIC_COLUMNS, summary, write_trace
 
-
-@dataclass(frozen=True)
-class ExecOptions:
-    """How to execute a plan (not what to train: that is RunSpec + Plan)."""
-
-    out_dir: str
-    emulate: bool = False
-    time_scale: float = 1.0
-    resume: bool = False
-    data_path: str | None = None
-    replicate_data: bool = False   # every node reads shard 0 (to check the arithmetic)
-    timeout_s: float = 300.0       # process-group timeout: how long a lost peer can stall us
-    backend: str = "auto"          # auto | gloo | nccl
-    stop_after: int | None = None  # stop cleanly after this many rounds (resumable)
-    threads: int = 0               # torch threads per process; 0 = cores / local processes
-    progress: bool = True
-    checkpoint: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.time_scale > 0:
-            raise ValueError(f"--time-scale: expected a positive number, got {self.time_scale}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"--timeout-s: expected a positive number, got {self.timeout_s}")
-        if self.backend not in ("auto", "gloo", "nccl"):
-            raise ValueError(f"--backend: expected auto, gloo or nccl, got {self.backend!r}")
-        if self.stop_after is not None and self.stop_after <= 0:
-            raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
-
-
-class PeerLost(RuntimeError):
-    """A collective failed: a peer died or the network broke."""
-
-
-def resolve_backend(backend: str, local_world: int) -> str:
-    if backend != "auto":
-        return backend
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
-    return "nccl" if cuda else "gloo"
-
-
-def _sleep_until(deadline: float) -> None:
-    remaining = deadline - time.perf_counter()
-    if remaining > 0:
-        time.sleep(remaining)
 
 
 class Node:
-    """State and loop of one node (rank) of the DiLoCo run."""
+    """State and loop of one process of one node of the DiLoCo run."""
 
     def __init__(self, rank: int, world: int, local_rank: int, spec: RunSpec, plan: Plan,
                  opts: ExecOptions, backend: str, data_tokens=None):
         self.rank, self.world, self.spec, self.plan, self.opts = rank, world, spec, plan, opts
-        self.me = plan.nodes[rank]
+        self.index = plan.node_of_rank(rank)
+        self.me = plan.nodes[self.index]
+        self.leader_rank = plan.first_rank(self.index)
+        self.local = rank - self.leader_rank
+        self.is_leader = self.local == 0
+        n = len(plan.nodes)
+        # Every process creates every group, in the same order (torch.distributed requires it).
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)))
+                       for i, node in enumerate(plan.nodes)]
+        self.node_group = node_groups[self.index]
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)])
+        self.leaders = leaders if self.is_leader else None
         self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -94,21 +84,27 @@ class Node:
         self.optimizer = make_optimizer(self.model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
         self.scaler = make_scaler(self.device, spec.model.dtype)
         self.outer = OuterState(list(self.model.parameters()))
-        # A node with several GPUs is emulated as one process over their combined batch:
-        # data-parallel replicas averaging gradients compute the same update.
-        self.step_batch = self.me.batch_size * self.me.gpus
-        self.tokens_per_round = self.me.local_steps * self.step_batch * seq_len
-        tokens = [n.local_steps * n.batch_size * n.gpus * seq_len for n in plan.nodes]
-        coefs, self.divisor = averaging_weights(d.averaging, tokens, [n.local_steps for n in plan.nodes])
-        self.coef = coefs[rank]
+        self.batch = self.me.batch_size  # per device
+        self.node_batch = self.batch * self.me.gpus
+        self.tokens_per_round = self.me.tokens_per_round(seq_len)
+        tokens = [node.tokens_per_round(seq_len) for node in plan.nodes]
+        coefs, self.divisor = averaging_weights(d.averaging, tokens, [node.local_steps for node in plan.nodes])
+        self.coef = coefs[self.index]
         self.total_steps = spec.rounds * self.me.local_steps
-        shard, shards = (0, 1) if opts.replicate_data else (rank, world)
+        shard, shards = (0, 1) if opts.replicate_data else (self.index, n)
         self.shard = make_shard(opts.data_path, seed=spec.seed, vocab_size=arch.vocab_size, seq_len=seq_len,
                                 shard=shard, shards=shards, tokens=data_tokens)
         self.vocab_size = arch.vocab_size
+        self.cross = (CrossNodeSync(self.leaders, n, self.index, self.outer.global_flat.numel(), plan.payload_dtype,
+                                    plan.collective, [node.link_gbps for node in plan.nodes])
+                      if self.is_leader else None)
+        self.config = run_config(spec, plan, opts)
+        self.gradient_sync = plan.sync == "gradients"
+        self.grad_scale = self.batch / sum(node.gpus * node.batch_size for node in plan.nodes)
+        self._step = {}  # per-round clocks of the gradient-sync hook
         self.rounds_done = 0
         self.inner_step = 0
-        self.data_position = 0
+        self.data_position = 0  # samples of the node's shard consumed (all its devices)
         self.time_offset_s = 0.0
         self.trace: list[dict] = []
         self._flag = torch.zeros(1, device=self.device)
@@ -118,21 +114,95 @@ class Node:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
-        try:
-            dist.all_reduce(tensor, op=op)
-            self._sync_device()
-        except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these
-            raise PeerLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
-
     def barrier(self) -> None:
-        self._all_reduce(self._flag)
+        _collective(dist.all_reduce, self._flag)
+        self._sync_device()
+
+    def _grad_sync(self, model: torch.nn.Module) -> None:
+        """DDP's gradient average over the node's devices, as one flat all-reduce."""
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        _collective(dist.all_reduce, flat, group=self.node_group)
+        flat.div_(self.me.gpus)
+        for g, chunk in zip(grads, torch.split(flat, [g.numel() for g in grads])):
+            g.copy_(chunk.view_as(g))
+
+    def _global_grad_sync(self, model: torch.nn.Module) -> None:
+        """Synchronous data parallel: the global batch's gradient on every device (see module doc)."""
+        opts, clock = self.opts, self._step
+        for p in model.parameters():  # every device sends the same layout, unused weights too
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(self.grad_scale)
+        if self.me.gpus > 1:
+            _collective(dist.all_reduce, flat, group=self.node_group)
+        if opts.emulate:
+            self._sync_device()
+            if time.perf_counter() - clock["step_start"] > self.me.step_s * opts.time_scale:
+                clock["overruns"] += 1
+            _sleep_until(clock["step_start"] + self.me.step_s * opts.time_scale)
+        self._sync_device()
+        wait_start = time.perf_counter()
+        self.barrier()
+        sync_start = time.perf_counter()
+        if self.is_leader:
+            average, sent = _collective(self.cross.average, flat, 1.0)
+            if average is not flat:
+                flat.copy_(average)
+            clock["bytes"] += sent
+        if self.me.gpus > 1:
+            _collective(dist.broadcast, flat, src=self.leader_rank, group=self.node_group)
+        self._sync_device()
+        if opts.emulate:
+            _sleep_until(sync_start + self.plan.comm_s * opts.time_scale)
+        sync_end = time.perf_counter()
+        clock["idle"] += sync_start - wait_start
+        clock["comm"] += sync_end - sync_start
+        for g, chunk in zip(grads, torch.split(flat, [g.numel() for g in grads])):
+            g.copy_(chunk.view_as(g))
+
+    def _run_gradient_round(self, r: int, t0: float, bar=None) -> dict:
+        """One round of synchronous data parallel: H steps, each ending in a global gradient average."""
+        d = self.spec.diloco
+        self._step = {"idle": 0.0, "comm": 0.0, "bytes": 0, "overruns": 0}
+        round_start = time.perf_counter()
+        loss_sum = torch.zeros((), device=self.device)
+        for _ in range(self.me.local_steps):
+            self._step["step_start"] = time.perf_counter()
+            for group in self.optimizer.param_groups:
+                group["lr"] = inner_lr(self.inner_step, d, self.total_steps)
+            start = self.data_position + self.local * self.batch
+            batch = self.shard.batch(start, self.batch).to(self.device, non_blocking=True)
+            loss_sum += train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler,
+                                   grad_sync=self._global_grad_sync)
+            self.data_position += self.node_batch
+            self.inner_step += 1
+            if bar is not None:
+                bar.update(1)
+        if self.me.gpus > 1:
+            _collective(dist.all_reduce, loss_sum, group=self.node_group)
+            loss_sum /= self.me.gpus
+        self.outer.capture()  # checkpoints and the resume check read θ_g
+        self._sync_device()
+        end = time.perf_counter()
+        clock = self._step
+        return {
+            "strategy": self.plan.strategy, "node": self.me.node, "round": r,
+            "compute_s": end - round_start - clock["idle"] - clock["comm"], "idle_s": clock["idle"],
+            "comm_s": clock["comm"],
+            "round_start_s": self.time_offset_s + round_start - t0, "round_end_s": self.time_offset_s + end - t0,
+            "loss": float(loss_sum.item()) / self.me.local_steps, "tokens": self.tokens_per_round,
+            "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
+            "local_steps": self.me.local_steps, "batch_size": self.batch, "bytes_sent": clock["bytes"],
+        }
 
     # --- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
-            "rounds_done": self.rounds_done, "rank": self.rank, "world": self.world,
-            "node": self.me.node, "local_steps": self.me.local_steps, "batch_size": self.step_batch,
+            "rounds_done": self.rounds_done, "node": self.me.node, "nodes": len(self.plan.nodes),
+            "gpus": self.me.gpus, "local_steps": self.me.local_steps, "batch_size": self.batch,
+            "run_config": self.config,
             "outer": self.outer.state_dict(), "inner_optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "inner_step": self.inner_step, "data_position": self.data_position,
@@ -142,11 +212,16 @@ class Node:
         }
 
     def load_state_dict(self, state: dict, source: str) -> None:
-        for key, mine in (("world", self.world), ("node", self.me.node), ("local_steps", self.me.local_steps),
-                          ("batch_size", self.step_batch)):
+        for key, mine in (("nodes", len(self.plan.nodes)), ("node", self.me.node), ("gpus", self.me.gpus),
+                          ("local_steps", self.me.local_steps), ("batch_size", self.batch)):
             if state[key] != mine:
                 raise ValueError(f"{source}: {key}: checkpoint has {state[key]!r}, this run has {mine!r}; "
                                  f"resume with the same plan")
+        saved = state["run_config"]
+        for key, mine in self.config.items():
+            if saved.get(key) != mine:
+                raise ValueError(f"{source}: {key}: the checkpoints were made with {saved.get(key)!r}, this run "
+                                 f"has {mine!r}; resume with the same settings (or start afresh in another --out)")
         self.outer.load_state_dict(state["outer"])
         self.outer.load_into_model()
         self.optimizer.load_state_dict(state["inner_optimizer"])
@@ -158,31 +233,50 @@ class Node:
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
-        self.trace = list(state["trace"])
-        self.time_offset_s = max((row["round_end_s"] + row["ckpt_s"] for row in self.trace), default=0.0)
+        self.trace = [dict(row) for row in state["trace"]] if self.is_leader else []
+        self.time_offset_s = max((row["round_end_s"] + row["ckpt_s"] for row in state["trace"]), default=0.0)
+
+    def _all_gather_ints(self, values: list[int]) -> list[list[int]]:
+        mine = torch.tensor(values, dtype=torch.int64, device=self.device)  # nccl needs device tensors
+        everyone = [torch.empty_like(mine) for _ in range(self.world)]
+        _collective(dist.all_gather, everyone, mine)
+        return [t.cpu().tolist() for t in everyone]
 
     def resume(self) -> None:
-        """Load the latest round that every node holds a checkpoint of (agreed by all_gather)."""
-        mine = checkpoint.load_node_candidates(self.opts.out_dir, self.rank)
-        everyone: list = [None] * self.world
-        dist.all_gather_object(everyone, sorted(mine))
-        common = set.intersection(*(set(rounds) for rounds in everyone))
+        """Load the latest round that every node holds intact (agreed by an all-gather of the
+        rounds each node can load), then check that every node loaded the same global weights."""
+        mine = checkpoint.load_node_candidates(self.opts.out_dir, self.index, report=self.is_leader)
+        rounds = sorted(mine, reverse=True)[:2]
+        everyone = self._all_gather_ints(rounds + [-1] * (2 - len(rounds)))
+        per_node = [set(r for r in everyone[self.plan.first_rank(i)] if r >= 0) for i in range(len(self.plan.nodes))]
+        common = set.intersection(*per_node)
         if not common:
-            if any(everyone):
-                raise ValueError(f"{checkpoint.node_path(self.opts.out_dir, self.rank).parent}: the nodes' "
-                                 f"checkpoints share no round ({everyone}); cannot resume")
+            if any(per_node):
+                raise ValueError(f"{checkpoint.node_path(self.opts.out_dir, self.index).parent}: the nodes' "
+                                 f"checkpoints share no round ({[sorted(s) for s in per_node]}); cannot resume")
             return  # nothing saved yet: start from the beginning
         path = mine[max(common)]
         self.load_state_dict(checkpoint.load_node(path), str(path))
+        digest = checkpoint.weights_digest(self.outer.global_flat, self.outer.momentum)
+        digests = [d[0] for d in self._all_gather_ints([digest])]
+        leaders = [digests[self.plan.first_rank(i)] for i in range(len(self.plan.nodes))]
+        if len(set(digests)) != 1:
+            odd = [self.plan.nodes[i].node for i, d in enumerate(leaders) if leaders.count(d) <= len(leaders) // 2]
+            raise ValueError(f"{path.parent}: round {max(common)}: the nodes' checkpoints hold different global "
+                             f"weights (node {', '.join(odd) or 'processes of one node'} differ{'s' if len(odd) == 1 else ''}); "
+                             f"a checkpoint was altered or mixed from another run; refusing to resume")
         # Every node's offset becomes the latest, so the resumed timeline stays common.
-        offset = torch.tensor([self.time_offset_s], dtype=torch.float64)
-        dist.all_reduce(offset, op=dist.ReduceOp.MAX)
+        offset = torch.tensor([self.time_offset_s], dtype=torch.float64, device=self.device)
+        _collective(dist.all_reduce, offset, op=dist.ReduceOp.MAX)
         self.time_offset_s = float(offset.item())
 
     # --- the loop ----------------------------------------------------------------------
     def run_round(self, r: int, t0: float, bar=None) -> dict:
+        if self.gradient_sync:
+            return self._run_gradient_round(r, t0, bar)
         opts, d = self.opts, self.spec.diloco
         step_target = self.me.step_s * opts.time_scale
+        grad_sync = self._grad_sync if self.me.gpus > 1 else None
         round_start = time.perf_counter()
         deadline = round_start
         overruns = 0
@@ -192,9 +286,12 @@ class Node:
             lr = inner_lr(self.inner_step, d, self.total_steps)
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            batch = self.shard.batch(self.data_position, self.step_batch).to(self.device, non_blocking=True)
-            loss_sum += train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler)
-            self.data_position += self.step_batch
+            # Device j of the node reads samples j·b .. j·b + b − 1 of the node's next G·b.
+            start = self.data_position + self.local * self.batch
+            batch = self.shard.batch(start, self.batch).to(self.device, non_blocking=True)
+            loss_sum += train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler,
+                                   grad_sync=grad_sync)
+            self.data_position += self.node_batch
             self.inner_step += 1
             if opts.emulate:
                 self._sync_device()
@@ -205,11 +302,23 @@ class Node:
                 _sleep_until(deadline)
             if bar is not None:
                 bar.update(1)
+        if self.me.gpus > 1:  # the node's loss: the mean over its devices
+            _collective(dist.all_reduce, loss_sum, group=self.node_group)
+            loss_sum /= self.me.gpus
         self._sync_device()
         compute_end = time.perf_counter()
         self.barrier()
         sync_start = time.perf_counter()
-        outer_sync(self.outer, d, self.coef, self.divisor, self._all_reduce)
+        sent = 0
+        if self.is_leader:
+            delta = self.outer.pseudo_gradient(self.coef)
+            average, sent = _collective(self.cross.average, delta, self.divisor)
+            if average is not self.outer.delta:
+                self.outer.delta.copy_(average)
+        if self.me.gpus > 1:
+            _collective(dist.broadcast, self.outer.delta, src=self.leader_rank, group=self.node_group)
+        self.outer.outer_step(self.outer.delta, d.outer_lr, d.outer_momentum)
+        self.outer.load_into_model()
         self._sync_device()
         if opts.emulate:
             _sleep_until(sync_start + self.plan.comm_s * opts.time_scale)
@@ -222,19 +331,21 @@ class Node:
             "round_end_s": self.time_offset_s + sync_end - t0,
             "loss": float(loss_sum.item()) / self.me.local_steps, "tokens": self.tokens_per_round,
             "overrun_steps": overruns, "ckpt_s": 0.0,
-            "local_steps": self.me.local_steps, "batch_size": self.step_batch,
+            "local_steps": self.me.local_steps, "batch_size": self.batch, "bytes_sent": sent,
         }
 
     def warm_up(self) -> None:
         """One forward/backward on a fixed batch, gradients discarded: the first step's one-off
         costs (allocations, kernel selection) stay out of round 0. Weights, optimizer state,
         data position and RNG are untouched (the model has no dropout)."""
-        batch = torch.zeros((self.step_batch, self.spec.model.seq_len), dtype=torch.long, device=self.device)
+        batch = torch.zeros((self.batch, self.spec.model.seq_len), dtype=torch.long, device=self.device)
         self.model(input_ids=batch, labels=batch).loss.backward()
         self.model.zero_grad(set_to_none=True)
         self._sync_device()
 
     def run(self) -> None:
+        if self.is_leader:
+            checkpoint.remove_stale_temps(self.opts.out_dir, self.index)
         if self.opts.resume:
             self.resume()
         self.warm_up()
@@ -256,11 +367,12 @@ class Node:
             for r in range(self.rounds_done, last):
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1
-                self.trace.append(row)
-                if self.opts.checkpoint:
-                    ckpt_start = time.perf_counter()
-                    checkpoint.save_node(self.opts.out_dir, self.rank, self.state_dict())
-                    row["ckpt_s"] = time.perf_counter() - ckpt_start
+                if self.is_leader:
+                    self.trace.append(row)
+                    if self.opts.checkpoint:
+                        ckpt_start = time.perf_counter()
+                        checkpoint.save_node(self.opts.out_dir, self.index, self.state_dict())
+                        row["ckpt_s"] = time.perf_counter() - ckpt_start
                 if bar is not None:
                     bar.set_postfix(round=r, loss=f"{row['loss']:.3f}")
         finally:
@@ -269,65 +381,39 @@ class Node:
         self.finish()
 
     def finish(self) -> None:
-        """Gather every node's rows to rank 0, which writes trace.csv and the global weights."""
-        rows: list = [None] * self.world
-        try:
-            dist.all_gather_object(rows, self.trace)
-        except (RuntimeError, dist.DistError) as exc:
-            raise PeerLost(str(exc).strip().splitlines()[0]) from exc
-        if self.rank == 0:
-            all_rows = [row for node_rows in rows for row in node_rows]
-            write_trace(all_rows, [n.node for n in self.plan.nodes], os.path.join(self.opts.out_dir, "trace.csv"))
-            tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
-            torch.save({name: p.detach().cpu() for name, p in self.model.named_parameters()}, tmp)
-            os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
+        """Gather the leaders' rows (float64 tensors) to rank 0, which writes trace.csv and the
+        global weights."""
+        if self.is_leader:
+            mine = torch.tensor([[float(row[c]) for c in NUMERIC_COLUMNS] for row in self.trace],
+                                dtype=torch.float64, device=self.device).reshape(-1, len(NUMERIC_COLUMNS))
+            n = len(self.plan.nodes)
+            if n > 1:
+                counts = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(n)]
+                _collective(dist.all_gather, counts, torch.tensor([mine.shape[0]], device=self.device),
+                            group=self.leaders)
+                longest = max(int(c) for c in counts)
+                padded = torch.zeros(longest, len(NUMERIC_COLUMNS), dtype=torch.float64, device=self.device)
+                padded[:mine.shape[0]] = mine
+                tables = [torch.empty_like(padded) for _ in range(n)]
+                _collective(dist.all_gather, tables, padded, group=self.leaders)
+                tables = [t[:int(c)] for t, c in zip(tables, counts)]
+            else:
+                tables = [mine]
+            if self.rank == 0:
+                rows = []
+                for node, table in zip(self.plan.nodes, tables):
+                    for values in table.cpu().tolist():
+                        row = {"strategy": self.plan.strategy, "node": node.node, **dict(zip(NUMERIC_COLUMNS, values))}
+                        for c in ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent"):
+                            row[c] = int(row[c])
+                        rows.append(row)
+                frame = write_trace(rows, [node.node for node in self.plan.nodes],
+                                    os.path.join(self.opts.out_dir, "trace.csv"))
+                tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
+                torch.save({name: p.detach().cpu() for name, p in self.model.named_parameters()}, tmp)
+                os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
+                if self.opts.summary:
+                    print(summary(frame), flush=True)
         # Nobody leaves before rank 0 has written: a peer closing its sockets early can abort
         # gloo's pending work in the others.
         self.barrier()
-
-
-def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:
-    """Join the group: ("file", path) or ("tcp", host, port) from the local launcher, or
-    env:// (torchrun's MASTER_ADDR/MASTER_PORT) when store_spec is None."""
-    timeout = timedelta(seconds=timeout_s)
-    if store_spec is None:
-        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
-        return
-    if store_spec[0] == "file":
-        store = dist.FileStore(store_spec[1], world)
-    else:
-        _, host, port = store_spec
-        store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
-
-
-def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,
-                opts: ExecOptions, store_spec: tuple | None) -> None:
-    """Entry of one node process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad input."""
-    name = plan.nodes[rank].node if rank < len(plan.nodes) else f"rank {rank}"
-    threads = opts.threads or max(1, (os.cpu_count() or 1) // local_world)
-    torch.set_num_threads(threads)
-    backend = resolve_backend(opts.backend, local_world)
-    try:
-        init_process_group(backend, rank, world, opts.timeout_s, store_spec)
-        node = Node(rank, world, local_rank, spec, plan, opts, backend)
-        if rank == 0 and opts.data_path is None:
-            chain = make_chain(spec.seed, node.vocab_size)
-            print(f"real: synthetic Markov corpus over {chain.states} tokens: entropy rate "
-                  f"{chain.entropy_rate():.4f} nats/token (the best achievable loss)", file=sys.stderr, flush=True)
-        node.run()
-    except PeerLost as exc:
-        print(f"real: node {name} (rank {rank}): lost contact with its peers ({exc}); a peer process "
-              f"died or the network failed; stopping", file=sys.stderr, flush=True)
-        os._exit(1)  # destroy_process_group could block on the dead peer
-    except ValueError as exc:
-        print(f"real: node {name} (rank {rank}): {exc}", file=sys.stderr, flush=True)
-        os._exit(2)
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    # Leave without running C++ static destructors: at interpreter teardown gloo/TCPStore
-    # threads can still be joinable and abort the process ("terminate called without an
-    # active exception") after all outputs were written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

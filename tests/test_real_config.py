@@ -42,7 +42,8 @@ def test_reads_plan_and_scenario(tmp_path):
     plan_path, scenario_path = write(tmp_path)
     plan = load_plan(plan_path)
     assert plan.strategy == "baseline" and plan.comm_s == 0.01
-    assert [(n.node, n.local_steps, n.tokens_per_round) for n in plan.nodes] == [("a", 3, 192), ("b", 4, 256)]
+    assert [(n.node, n.local_steps, n.tokens_per_round(plan.seq_len)) for n in plan.nodes] == [("a", 3, 192), ("b", 4, 256)]
+    assert (plan.seq_len, plan.rounds, plan.collective, plan.payload_dtype) == (32, None, None, None)
     spec = load_run_spec(scenario_path)
     assert (spec.seed, spec.rounds, spec.model.seq_len) == (1, 2, 32)
     assert spec.diloco.averaging == "tokens" and spec.diloco.outer_lr == 0.7  # default kept
@@ -67,9 +68,9 @@ def test_bad_scenario_names_file_and_key(tmp_path, edit, message):
 @pytest.mark.parametrize("plan, message", [
     (PLAN.replace(",comm_s", ""), "column comm_s: missing"),
     (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,two,4"), "line 3: batch_size: expected a number"),
-    (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,2,0"), "line 3: local_steps: expected a positive integer"),
+    (PLAN.replace("baseline,b,1,2,4", "baseline,b,1,2,0"), "line 3: local_steps: expected an integer >= 1"),
     (PLAN.replace("0.05,256,0.01", "0.05,256,0.02"), "comm_s: expected the same value on every row"),
-    (PLAN.replace("baseline,b", "C,b"), "strategy: expected one strategy per plan"),
+    (PLAN.replace("baseline,b", "C,b"), "strategy: expected the same value on every row"),
     (PLAN.replace("baseline,b", "baseline,a"), "node: expected unique node names"),
 ])
 def test_bad_plan_names_file_and_column(tmp_path, plan, message):
@@ -97,3 +98,50 @@ def test_cli_missing_data_file_exits_2(tmp_path, capsys):
     assert code == 2
     assert "nope.txt: data file not found" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_empty_plan_cells_take_the_scenarios_network_values(tmp_path):
+    from real.launch import check_inputs
+    from real.worker import ExecOptions
+
+    scenario = SCENARIO.replace("bandwidth_gbps = 1.0", 'bandwidth_gbps = 1.0\ncollective = "partitioned"\n'
+                                                      'payload_dtype = "fp16"')
+    plan_path, scenario_path = write(tmp_path, scenario=scenario)
+    spec, plan = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.rounds) == (2, "partitioned", "fp16", 2)
+    # The plan's own values win over the scenario's (sync-ddp's rounds, network-aware's payload).
+    (tmp_path / "plan.csv").write_text(PLAN.replace("comm_s\n", "comm_s,rounds,payload_dtype\n")
+                                       .replace("0.01\n", "0.01,5,int8\n"))
+    spec, plan = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.rounds) == (5, "partitioned", "int8", 5)
+
+
+def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
+    import importlib
+    import sys
+
+    pytest.importorskip("tomli")
+    import real.config
+
+    monkeypatch.setattr(sys, "version_info", (3, 10, 0))
+    monkeypatch.setitem(sys.modules, "tomllib", None)  # as on 3.10: no such module
+    try:
+        module = importlib.reload(real.config)
+        assert module.tomllib.__name__ == "tomli"
+        _, scenario_path = write(tmp_path)
+        assert module.load_run_spec(scenario_path).rounds == 2
+    finally:
+        monkeypatch.undo()
+        importlib.reload(real.config)
+
+
+def test_plan_round_trips_through_the_shared_schema(tmp_path):
+    from real.plan import NodePlan, Plan, load_plan as load_schema
+
+    plan = Plan(strategy="C", seq_len=32, comm_s=0.5, rounds=4, collective="partitioned", payload_dtype="int8",
+                nodes=(NodePlan("a", 2, 3, 4, 0.1, link_gbps=0.5, cpu_cores=(0, 1), cpu_quota=0.4),
+                       NodePlan("b", 1, 2, 5, 0.2, link_gbps=1.0)))
+    plan.to_frame().to_csv(tmp_path / "plan.csv", index=False)
+    assert load_schema(tmp_path / "plan.csv") == plan
+    with pytest.raises(ValueError, match="batch_size: expected an integer >= 1"):
+        NodePlan("a", 1, 0, 1, 0.1)

@@ -68,3 +68,104 @@ def test_dead_peer_stops_the_others_with_a_message(tmp_path):
     assert "node survivor (rank 0): lost contact with its peers" in err
     assert time.monotonic() - killed_at < 45
     assert not (tmp_path / "out0" / "trace.csv").exists()  # no half-finished trace
+
+
+def test_ctrl_c_exits_130_with_one_line_and_no_trace(tmp_path):
+    (tmp_path / "plan.csv").write_text(PLAN)
+    (tmp_path / "scenario.toml").write_text(SCENARIO)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
+           str(tmp_path / "scenario.toml"), "--out", str(out), "--threads", "1", "--no-progress"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(key, None)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not (out / "checkpoints" / "node1.pt").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    lines = [line for line in err.splitlines() if not line.startswith("real: synthetic Markov corpus")]
+    assert lines == ["real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)"]
+    assert not (out / "trace.csv").exists()
+
+
+def _lan_address() -> str | None:
+    """An IPv4 address of this machine that is not loopback, if any."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: picks the outgoing interface
+            ip = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if ip.startswith("127.") else ip
+
+
+def test_host_binds_the_store_to_that_address_only(tmp_path):
+    import pytest
+
+    ip = _lan_address()
+    if ip is None:
+        pytest.skip("no non-loopback IPv4 address")
+    from real.launch import launch
+    from real.worker import ExecOptions
+
+    (tmp_path / "plan.csv").write_text(PLAN)
+    (tmp_path / "scenario.toml").write_text(SCENARIO.replace("rounds = 50", "rounds = 1"))
+    seen = []
+    import torch.distributed as dist
+
+    real_store = dist.TCPStore
+
+    def spy(host, port, *args, **kwargs):
+        store = real_store(host, port, *args, **kwargs)
+        fd = kwargs.get("master_listen_fd")
+        if fd is not None:
+            with socket.socket(fileno=os.dup(fd)) as sock:
+                seen.append(sock.getsockname()[0])
+        return store
+
+    dist.TCPStore = spy
+    try:
+        opts = ExecOptions(out_dir=str(tmp_path / "out"), threads=1, progress=False, summary=False)
+        assert launch(tmp_path / "plan.csv", tmp_path / "scenario.toml", opts, host=ip) == 0
+    finally:
+        dist.TCPStore = real_store
+    assert seen == [ip]  # the listening socket is bound to the address asked, not 0.0.0.0
+
+
+def test_torchrun_ranks_map_to_nodes_by_cumulative_devices(tmp_path):
+    """Three processes as torchrun starts them (nodes of 2 and 1 devices): ranks 0-1 are node
+    `pair`, rank 2 node `single`; rank 0 writes one trace row per node and round."""
+    (tmp_path / "plan.csv").write_text(
+        "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s\n"
+        "baseline,pair,2,1,2,0.1,64,0.0\nbaseline,single,1,2,1,0.1,32,0.0\n")
+    (tmp_path / "scenario.toml").write_text(SCENARIO.replace("rounds = 50", "rounds = 2"))
+    port = _free_port()
+    local = {0: (0, 2), 1: (1, 2), 2: (0, 1)}  # rank: (LOCAL_RANK, LOCAL_WORLD_SIZE)
+    procs = []
+    for rank in range(3):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "3", "LOCAL_RANK": str(local[rank][0]),
+               "LOCAL_WORLD_SIZE": str(local[rank][1]), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "PYTHONPATH": str(ROOT)}
+        out = tmp_path / ("out_a" if rank < 2 else "out_b")  # one --out per machine
+        cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
+               str(tmp_path / "scenario.toml"), "--out", str(out), "--timeout-s", "60", "--threads", "1",
+               "--no-progress"]
+        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    results = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [r[1] for r in results]
+    import pandas as pd
+
+    trace = pd.read_csv(tmp_path / "out_a" / "trace.csv")
+    assert list(trace["node"]) == ["pair", "single", "pair", "single"]
+    assert list(trace["tokens"][:2]) == [64, 32]
+    assert "final_loss" in results[0][0]  # rank 0 prints the summary
+    assert (tmp_path / "out_a" / "checkpoints" / "node0.pt").exists()
+    assert (tmp_path / "out_b" / "checkpoints" / "node1.pt").exists()

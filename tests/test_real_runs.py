@@ -81,7 +81,7 @@ def reference_diloco(d: Path) -> list[torch.Tensor]:
     global_params = [p.detach().clone().requires_grad_(True) for p in nodes[0][0].parameters()]
     outer = torch.optim.SGD(global_params, lr=spec.diloco.outer_lr, momentum=spec.diloco.outer_momentum,
                             nesterov=spec.diloco.outer_momentum > 0)
-    tokens = [p.tokens_per_round for p in plan.nodes]
+    tokens = [p.tokens_per_round(plan.seq_len) for p in plan.nodes]
     steps = [p.local_steps for p in plan.nodes]
     p_tok = [t / sum(tokens) for t in tokens]
     for r in range(spec.rounds):
@@ -201,3 +201,54 @@ def test_trains_on_a_text_file_as_byte_tokens(tmp_path):
     for rank in range(2):
         ckpt = torch.load(d / "out" / "checkpoints" / f"node{rank}.pt", weights_only=True)
         assert ckpt["data_position"] == 2 * 3 * 2
+
+
+def _resume(d: Path, **extra) -> int:
+    options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, resume=True, **extra)
+    return launch(d / "plan.csv", d / "scenario.toml", options)
+
+
+def test_resume_skips_a_corrupt_checkpoint_and_stale_temps(tmp_path, capfd):
+    nodes = [("a", 2, 2), ("b", 1, 3)]
+    scenario = scenario_text(rounds=3)
+    whole = run(tmp_path, "whole", nodes, scenario)
+    part = run(tmp_path, "part", nodes, scenario, stop_after=2)
+    ckpts = part / "out" / "checkpoints"
+    (ckpts / "node0.tmp4242").write_bytes(b"half a checkpoint")  # a run killed mid-write
+    (ckpts / "node1.pt").write_bytes(b"\x00" * 100)               # a file that no longer loads
+    capfd.readouterr()
+    assert _resume(part) == 0
+    err = capfd.readouterr().err
+    assert f"{ckpts / 'node1.pt'}: unreadable checkpoint" in err
+    assert not (ckpts / "node0.tmp4242").exists()
+    # Both nodes went back to round 1 (node b's intact previous copy) and redid round 2.
+    for w1, w2 in zip(final_weights(whole), final_weights(part)):
+        assert torch.equal(w1, w2)
+
+
+@pytest.mark.parametrize("edit, key", [
+    (("seed = 7", "seed = 8"), "seed"),
+    (("inner_lr = 2e-3", "inner_lr = 3e-3"), "diloco.inner_lr"),
+    (('averaging = "uniform"', 'averaging = "tokens"'), "diloco.averaging"),
+    (("rounds = 3", "rounds = 4"), "training.rounds"),
+])
+def test_resume_refuses_other_settings(tmp_path, capfd, edit, key):
+    part = run(tmp_path, "part", [("a", 2, 2), ("b", 1, 3)], scenario_text(rounds=3), stop_after=1)
+    (part / "scenario.toml").write_text(scenario_text(rounds=3).replace(*edit))
+    capfd.readouterr()
+    assert _resume(part) == 2
+    err = capfd.readouterr().err
+    assert f": {key}: the checkpoints were made with" in err
+
+
+def test_resume_refuses_global_weights_that_differ_between_nodes(tmp_path, capfd):
+    part = run(tmp_path, "part", [("a", 2, 2), ("b", 1, 3)], scenario_text(rounds=3), stop_after=1)
+    path = part / "out" / "checkpoints" / "node1.pt"
+    state = torch.load(path, weights_only=True)
+    flat = state["outer"]["global_flat"]
+    flat.view(torch.int32)[123] ^= 1 << 20  # one flipped bit in one weight
+    torch.save(state, path)
+    capfd.readouterr()
+    assert _resume(part) == 2
+    err = capfd.readouterr().err
+    assert "hold different global weights" in err and "refusing to resume" in err

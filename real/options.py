@@ -1,0 +1,78 @@
+"""How a plan is executed (ExecOptions), and the helpers every process of a run shares:
+lost-peer errors, the settings a resume must match, backend choice."""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from real.config import RunSpec
+from real.plan import Plan
+
+@dataclass(frozen=True)
+class ExecOptions:
+    """How to execute a plan (not what to train: that is RunSpec + Plan)."""
+
+    out_dir: str
+    emulate: bool = False
+    time_scale: float = 1.0
+    resume: bool = False
+    data_path: str | None = None
+    replicate_data: bool = False   # every node reads shard 0 (to check the arithmetic)
+    timeout_s: float = 300.0       # process-group timeout: how long a lost peer can stall us
+    backend: str = "auto"          # auto | gloo | nccl
+    stop_after: int | None = None  # stop cleanly after this many rounds (resumable)
+    threads: int = 0               # torch threads per process; 0 = cores / local processes
+    progress: bool = True
+    checkpoint: bool = True
+    summary: bool = True           # rank 0 prints per-node totals at the end
+
+    def __post_init__(self) -> None:
+        import math
+
+        if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
+            raise ValueError(f"--time-scale: expected a finite positive number, got {self.time_scale}")
+        if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)) or self.timeout_s > 7 * 86400:
+            raise ValueError(f"--timeout-s: expected a positive number of seconds up to a week, got {self.timeout_s}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"--backend: expected auto, gloo or nccl, got {self.backend!r}")
+        if self.stop_after is not None and self.stop_after <= 0:
+            raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
+        if self.threads < 0:
+            raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
+
+
+class PeerLost(RuntimeError):
+    """A collective failed: a peer died or the network broke."""
+
+
+def resolve_backend(backend: str, local_world: int) -> str:
+    if backend != "auto":
+        return backend
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= local_world
+    return "nccl" if cuda else "gloo"
+
+
+def _sleep_until(deadline: float) -> None:
+    remaining = deadline - time.perf_counter()
+    if remaining > 0:
+        time.sleep(remaining)
+
+
+def _collective(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these
+        raise PeerLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+
+
+def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:
+    """The settings a resumed run must share with the run that wrote the checkpoints."""
+    config = {"seed": spec.seed, "model.preset": spec.model.preset, "model.seq_len": spec.model.seq_len,
+              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective, "sync": plan.sync,
+              "payload_dtype": plan.payload_dtype, "data": opts.data_path or "", "replicate_data": opts.replicate_data}
+    for key, value in asdict(spec.diloco).items():
+        config[f"diloco.{key}"] = list(value) if isinstance(value, tuple) else value
+    return config

@@ -1,0 +1,355 @@
+"""The plan schema: plan.csv's columns, the Plan/NodePlan dataclasses, parsing and validation.
+
+The one contract between the planner (`simulator`, which builds Plans) and the executor
+(`real`, which runs them). Torch-free and simulator-free, so both sides import it.
+
+plan.csv, one row per node (plan order = rank order, see real/launch.py):
+
+    strategy          the strategy that made the plan (same on every row)
+    node              node name (unique)
+    gpus              devices of the node G_i (the executor runs G_i processes)
+    batch_size        b_i, per device
+    local_steps       H_i, inner steps per round
+    step_s            predicted seconds of one inner step
+    tokens_per_round  H_i · b_i · G_i · seq_len
+    comm_s            predicted seconds of one outer sync (same on every row)
+    rounds            outer rounds to run (the strategy's, else the scenario's)
+    collective        ring | partitioned (same on every row)
+    payload_dtype     fp32 | fp16 | int8: what the pseudo-gradients travel as (same on every row)
+    sync              diloco (default: H inner steps, then the outer sync of pseudo-gradients)
+                      | gradients (synchronous data parallel, sync-ddp: every step's gradients
+                      averaged over all devices, weighted by batch; no outer step)
+    link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
+                      share of a partitioned all-reduce
+    cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
+                      with at least G cores device process j gets cores[j::G], else all share them
+    cpu_quota         optional: CPU quota per device process, in cores (0.4 = 40% of one core)
+
+The first eight columns are required; for the others a missing column or an empty cell means
+the scenario's value (rounds; [network] collective and payload_dtype, else ring and fp32),
+equal links, no CPU limits. `geodt run`
+and `geodt plan` write every column.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import numbers
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
+                    "comm_s")
+OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota")
+PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+COLLECTIVES = ("ring", "partitioned")
+SYNC_MODES = ("diloco", "gradients")
+PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
+INT8_CHUNK = 256  # elements per int8 scale (one fp32 scale per chunk)
+
+
+class PlanError(ValueError):
+    """A bad plan; str() names the key (and the file/line when read from one)."""
+
+    def __init__(self, key: str, expected: str):
+        super().__init__(f"{key}: {expected}")
+        self.key, self.expected = key, expected
+
+
+def _int(key: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise PlanError(key, f"expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _real(key: str, value, allow_zero: bool = False) -> float:
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value < 0 if allow_zero else value <= 0):
+        raise PlanError(key, f"expected a finite {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node's part of a plan (batch_size is per device)."""
+
+    node: str
+    gpus: int
+    batch_size: int
+    local_steps: int
+    step_s: float  # t_i(b_i): one inner step at this node's batch
+    link_gbps: float | None = None
+    cpu_cores: tuple[int, ...] | None = None
+    cpu_quota: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.node, str) or not self.node:
+            raise PlanError("node", f"expected a non-empty node name, got {self.node!r}")
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # frozen: normalise numpy scalars
+        set_("gpus", _int("gpus", self.gpus))
+        set_("batch_size", _int("batch_size", self.batch_size))
+        set_("local_steps", _int("local_steps", self.local_steps))
+        set_("step_s", _real("step_s", self.step_s))
+        if self.link_gbps is not None:
+            set_("link_gbps", _real("link_gbps", self.link_gbps))
+        if self.cpu_cores is not None:
+            cores = tuple(self.cpu_cores)
+            if not cores:
+                raise PlanError("cpu_cores", "expected at least one core index (or none for no pinning)")
+            set_("cpu_cores", tuple(_int("cpu_cores", c, minimum=0) for c in cores))
+        if self.cpu_quota is not None:
+            set_("cpu_quota", _real("cpu_quota", self.cpu_quota))
+
+    def tokens_per_round(self, seq_len: int) -> int:
+        return self.local_steps * self.batch_size * self.gpus * seq_len
+
+    @property
+    def compute_s(self) -> float:
+        return self.local_steps * self.step_s
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per node b_i and H_i, plus how the nodes sync. None = the scenario's value (resolved())."""
+
+    strategy: str
+    nodes: tuple[NodePlan, ...]
+    comm_s: float  # one outer sync
+    seq_len: int
+    note: str = ""  # what the strategy decided and why, for the printed report
+    # Overrides of the scenario for strategies that change how often or how the nodes sync:
+    # sync-ddp syncs every step (rounds = R × H), network-aware picks collective and payload.
+    rounds: int | None = None
+    collective: str | None = None
+    payload_dtype: str | None = None
+    sync: str | None = None  # None = "diloco"; sync-ddp sets "gradients"
+    _index: dict = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        if not self.nodes:
+            raise PlanError("node", "expected at least one node")
+        index = {n.node: i for i, n in enumerate(self.nodes)}
+        if len(index) != len(self.nodes):
+            raise PlanError("node", f"expected unique node names, got {[n.node for n in self.nodes]}")
+        object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "comm_s", _real("comm_s", self.comm_s, allow_zero=True))
+        object.__setattr__(self, "seq_len", _int("seq_len", self.seq_len))
+        if self.rounds is not None:
+            object.__setattr__(self, "rounds", _int("rounds", self.rounds))
+        if self.collective is not None and self.collective not in COLLECTIVES:
+            raise PlanError("collective", f"expected one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
+        if self.payload_dtype is not None and self.payload_dtype not in PAYLOAD_BYTES:
+            raise PlanError("payload_dtype", f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
+        if self.sync is not None and self.sync not in SYNC_MODES:
+            raise PlanError("sync", f"expected one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
+
+    def index(self, name: str) -> int:
+        return self._index[name]
+
+    @property
+    def tokens_per_round(self) -> int:
+        return sum(n.tokens_per_round(self.seq_len) for n in self.nodes)
+
+    @property
+    def round_s(self) -> float:
+        """Deterministic round time: the slowest node's compute plus the sync."""
+        return max(n.compute_s for n in self.nodes) + self.comm_s
+
+    @property
+    def world_size(self) -> int:
+        """Processes that run the plan: one per device."""
+        return sum(n.gpus for n in self.nodes)
+
+    def first_rank(self, index: int) -> int:
+        """Global rank of node `index`'s leader: ranks go to nodes in plan order, G_i each."""
+        return sum(n.gpus for n in self.nodes[:index])
+
+    def node_of_rank(self, rank: int) -> int:
+        start = 0
+        for i, n in enumerate(self.nodes):
+            if rank < start + n.gpus:
+                return i
+            start += n.gpus
+        raise PlanError("rank", f"rank {rank} is beyond the plan's {self.world_size} processes")
+
+    def resolved(self, rounds: int, collective: str = "ring", payload_dtype: str = "fp32",
+                 link_gbps: dict[str, float] | None = None) -> "Plan":
+        """A copy with every None filled from the given defaults (the plan's own values win)."""
+        links = link_gbps or {}
+        nodes = tuple(n if n.link_gbps is not None or n.node not in links else replace(n, link_gbps=links[n.node])
+                      for n in self.nodes)
+        return replace(self, nodes=nodes, rounds=self.rounds or rounds, collective=self.collective or collective,
+                       payload_dtype=self.payload_dtype or payload_dtype, sync=self.sync or "diloco")
+
+    def resolved_from(self, scenario) -> "Plan":
+        """resolved() with a scenario's defaults: any object with training.rounds,
+        network.{collective, payload_dtype, bandwidth_gbps} and nodes[*].{name, uplink_gbps}."""
+        net = scenario.network
+        links = {n.name: min(net.bandwidth_gbps, n.uplink_gbps) if getattr(n, "uplink_gbps", None)
+                 else net.bandwidth_gbps for n in scenario.nodes}
+        return self.resolved(scenario.training.rounds, net.collective, net.payload_dtype, links)
+
+    def rows(self) -> list[dict]:
+        """plan.csv's rows (empty cells for values left to the scenario)."""
+        blank = lambda v: "" if v is None else v
+        return [{"strategy": self.strategy, "node": n.node, "gpus": n.gpus, "batch_size": n.batch_size,
+                 "local_steps": n.local_steps, "step_s": n.step_s, "tokens_per_round": n.tokens_per_round(self.seq_len),
+                 "comm_s": self.comm_s, "rounds": blank(self.rounds), "collective": blank(self.collective),
+                 "payload_dtype": blank(self.payload_dtype), "sync": blank(self.sync), "link_gbps": blank(n.link_gbps),
+                 "cpu_cores": "" if n.cpu_cores is None else " ".join(map(str, n.cpu_cores)),
+                 "cpu_quota": blank(n.cpu_quota)} for n in self.nodes]
+
+    def to_frame(self, scenario=None):
+        """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
+        import pandas as pd
+
+        plan = self if scenario is None else self.resolved_from(scenario)
+        return pd.DataFrame(plan.rows(), columns=list(PLAN_COLUMNS))
+
+
+# --- bandwidth-balanced partitioned all-reduce ----------------------------------------
+
+def partition_shares(links_gbps: list[float]) -> list[float]:
+    """p_i, the share of the payload node i aggregates (Σ p = 1), minimising the slowest node's
+    time (1 + (n − 2)·p_i)·P / B_i: water-filling, slow links aggregate nothing (see
+    simulator/network.py, which computes the same vectorised). n ≤ 2: shares ∝ links."""
+    links = [float(b) for b in links_gbps]
+    n = len(links)
+    if n <= 2:
+        total = sum(links)
+        return [b / total for b in links]
+    ordered = sorted(links, reverse=True)
+    tau, running = None, 0.0
+    for k in range(1, n + 1):  # the k fastest aggregate while τ_k·B_k ≥ 1
+        running += ordered[k - 1]
+        tau_k = (n - 2 + k) / running
+        if tau_k * ordered[k - 1] >= 1.0:
+            tau = tau_k
+    return [max(0.0, tau * b - 1.0) / (n - 2) for b in links]
+
+
+def segment_lengths(total: int, shares: list[float]) -> list[int]:
+    """Split `total` elements by shares into integers summing to total (largest remainder)."""
+    exact = [s * total for s in shares]
+    lengths = [int(math.floor(e)) for e in exact]
+    order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - lengths[i]), i))
+    for i in order[:total - sum(lengths)]:
+        lengths[i] += 1
+    return lengths
+
+
+def encoded_bytes(elements: int, payload_dtype: str) -> int:
+    """Bytes of `elements` values encoded as payload_dtype (int8: one fp32 scale per INT8_CHUNK)."""
+    if payload_dtype == "int8":
+        return elements + 4 * -(-elements // INT8_CHUNK)
+    return elements * PAYLOAD_BYTES[payload_dtype]
+
+
+def bytes_sent_per_sync(params: int, payload_dtype: str, collective: str, links_gbps: list[float]) -> list[int]:
+    """Bytes each node puts on the wire in one outer sync (what trace.csv's bytes_sent records).
+
+    fp32 ring: torch's all-reduce, counted as a ring: 2(n−1)/n · 4P (rounded down).
+    Otherwise a reduce-scatter then an all-gather, both as all-to-all of encoded segments:
+    node i sends every other node j its segment j (Σ_{j≠i} E(L_j)), then its aggregated
+    segment to the n − 1 others ((n−1)·E(L_i)); L_j = P/n for ring, p_j·P for partitioned,
+    E(L) = encoded_bytes(L). Equal links: ≈ 2(n−1)/n · E(P); partitioned ≈ (1 + (n−2)p_i)·E(P).
+    """
+    n = len(links_gbps)
+    if n == 1:
+        return [0]
+    if collective == "ring" and payload_dtype == "fp32":
+        return [2 * (n - 1) * 4 * params // n] * n
+    shares = partition_shares(links_gbps) if collective == "partitioned" else [1.0 / n] * n
+    lengths = segment_lengths(params, shares)
+    enc = [encoded_bytes(length, payload_dtype) for length in lengths]
+    return [sum(enc) - enc[i] + (n - 1) * enc[i] for i in range(n)]
+
+
+# --- plan.csv ---------------------------------------------------------------------------
+
+def _number(text: str, kind):
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
+    if kind is int:
+        if not value.is_integer():
+            raise ValueError(f"expected an integer, got {text!r}")
+        return int(value)
+    return value
+
+
+def _same(path, column: str, values: set):
+    if len(values) != 1:
+        raise PlanError(column, f"expected the same value on every row, got {sorted(map(str, values))}")
+    return values.pop()
+
+
+def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
+    """Read and validate plan.csv; raises PlanError whose message starts with the file name.
+
+    With `seq_len` (the scenario's) every row's tokens_per_round is checked against it;
+    without, seq_len is inferred and must agree between rows."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as fh:
+            reader = csv.DictReader(fh)
+            header = reader.fieldnames or []
+            rows = list(reader)
+    except FileNotFoundError:
+        raise PlanError(str(path), "plan file not found") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        raise PlanError(str(path), f"not a readable CSV plan ({exc})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise PlanError(f"{path}: column {missing[0]}", f"missing; expected columns {', '.join(REQUIRED_COLUMNS)}")
+    if not rows:
+        raise PlanError(f"{path}: node", "expected at least one node row")
+    kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float, "tokens_per_round": int,
+             "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float}
+    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync")
+    nodes, shared, seq_lens = [], {k: set() for k in shared_columns}, set()
+    for line, row in enumerate(rows, start=2):  # line 1 is the header
+        values = {}
+        for column in PLAN_COLUMNS:
+            text = (row.get(column) or "").strip()
+            try:
+                if column in ("strategy", "node", "collective", "payload_dtype", "sync"):
+                    values[column] = text or None
+                elif column == "cpu_cores":
+                    values[column] = tuple(_number(t, int) for t in text.split()) if text else None
+                else:
+                    values[column] = _number(text, kinds[column]) if text else None
+            except ValueError as exc:
+                raise PlanError(f"{path}: line {line}: {column}", str(exc)) from None
+        for column in REQUIRED_COLUMNS:
+            if values[column] is None:
+                raise PlanError(f"{path}: line {line}: {column}", "empty; expected a value")
+        for column in shared:
+            shared[column].add(values[column])
+        try:
+            node = NodePlan(node=values["node"], gpus=values["gpus"], batch_size=values["batch_size"],
+                            local_steps=values["local_steps"], step_s=values["step_s"], link_gbps=values["link_gbps"],
+                            cpu_cores=values["cpu_cores"], cpu_quota=values["cpu_quota"])
+        except PlanError as exc:
+            raise PlanError(f"{path}: line {line}: {exc.key}", exc.expected) from None
+        per_seq = node.local_steps * node.batch_size * node.gpus
+        if seq_len is not None and values["tokens_per_round"] != per_seq * seq_len:
+            raise PlanError(f"{path}: line {line}: tokens_per_round",
+                            f"expected local_steps × batch_size × gpus × seq_len = {per_seq * seq_len} "
+                            f"(seq_len {seq_len} from the scenario), got {values['tokens_per_round']}")
+        if values["tokens_per_round"] % per_seq:
+            raise PlanError(f"{path}: line {line}: tokens_per_round",
+                            f"expected local_steps × batch_size × gpus × seq_len, a multiple of {per_seq}, "
+                            f"got {values['tokens_per_round']}")
+        seq_lens.add(values["tokens_per_round"] // per_seq)
+        nodes.append(node)
+    try:
+        one = {column: _same(path, column, values) for column, values in shared.items()}
+        seq_len = _same(path, "tokens_per_round", seq_lens)
+        return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
+                    rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
+                    sync=one["sync"])
+    except PlanError as exc:
+        raise PlanError(f"{path}: {exc.key}", exc.expected) from None

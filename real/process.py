@@ -1,0 +1,86 @@
+"""One process's life: CPU limits, threads, joining the process group, running its node, and
+the exit status (0 done, 1 lost peer, 2 bad input, 130 interrupted)."""
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from calibrate.cpulimit import CpuLimitError
+from real.config import RunSpec
+from real.data import make_chain
+from real.options import ExecOptions, PeerLost, resolve_backend
+from real.plan import Plan
+from real.worker import Node
+
+def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:
+    """Join the group: ("file", path) or ("tcp", host, port) from the local launcher, or
+    env:// (torchrun's MASTER_ADDR/MASTER_PORT) when store_spec is None."""
+    timeout = timedelta(seconds=timeout_s)
+    if store_spec is None:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
+        return
+    if store_spec[0] == "file":
+        store = dist.FileStore(store_spec[1], world)
+    else:
+        _, host, port = store_spec
+        store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+def _apply_limits(plan: Plan, rank: int):
+    """The node's CPU limits for this process (calibrate/cpulimit.py); returns (cleanup, cores)."""
+    index = plan.node_of_rank(rank)
+    node = plan.nodes[index]
+    if node.cpu_cores is None and node.cpu_quota is None:
+        return (lambda: None), None
+    from calibrate.cpulimit import apply_cpu_limits
+
+    local = rank - plan.first_rank(index)
+    cores = node.cpu_cores
+    if cores is not None and len(cores) >= node.gpus:  # enough cores: each device its own share
+        cores = cores[local::node.gpus]
+    tag = "geodt-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in node.node)[:40] + f"-{local}"
+    return apply_cpu_limits(list(cores) if cores else None, node.cpu_quota, tag), cores
+
+
+def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,
+                opts: ExecOptions, store_spec: tuple | None) -> None:
+    """Entry of one process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad
+    input, 130 when interrupted."""
+    name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
+    cleanup = lambda: None
+    status = 0
+    try:
+        cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
+        threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(threads)
+        backend = resolve_backend(opts.backend, local_world)
+        init_process_group(backend, rank, world, opts.timeout_s, store_spec)
+        node = Node(rank, world, local_rank, spec, plan, opts, backend)
+        if rank == 0 and opts.data_path is None:
+            chain = make_chain(spec.seed, node.vocab_size)
+            print(f"real: synthetic Markov corpus over {chain.states} tokens: entropy rate "
+                  f"{chain.entropy_rate():.4f} nats/token (the best achievable loss)", file=sys.stderr, flush=True)
+        node.run()
+    except PeerLost as exc:
+        print(f"real: node {name} (rank {rank}): lost contact with its peers ({exc}); a peer process "
+              f"died or the network failed; stopping", file=sys.stderr, flush=True)
+        status = 1  # no destroy_process_group: it could block on the dead peer
+    except KeyboardInterrupt:
+        status = 130
+    except (ValueError, CpuLimitError) as exc:
+        print(f"real: node {name} (rank {rank}): {str(exc).strip().splitlines()[0]}", file=sys.stderr, flush=True)
+        status = 2
+    cleanup()
+    if status == 0 and dist.is_initialized():
+        dist.destroy_process_group()
+    # Leave without running C++ static destructors: at interpreter teardown gloo/TCPStore
+    # threads can still be joinable and abort the process ("terminate called without an
+    # active exception") after all outputs were written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

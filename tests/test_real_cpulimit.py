@@ -1,0 +1,74 @@
+"""calibrate.cpulimit: pinning and a cgroup CPU quota, applied in a child process and undone.
+
+The quota test checks the kernel's own accounting (cpu.cfs_quota_us / cpu.max written, the
+process listed in the group, the group gone after cleanup), not speed: timing depends on load.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from calibrate.cpulimit import CpuLimitError, apply_cpu_limits, cpu_quota_supported
+
+
+def _child(queue, cores, quota, tag):
+    try:
+        cleanup = apply_cpu_limits(cores, quota, tag)
+    except CpuLimitError as exc:
+        queue.put(("error", str(exc)))
+        return
+    groups = [line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+              if "cpu" in line.split(":", 2)[1].split(",") or line.startswith("0::")]
+    seen = {"affinity": sorted(os.sched_getaffinity(0)), "groups": groups}
+    for path in Path("/sys/fs/cgroup").glob(f"**/{tag}.{os.getpid()}"):
+        for name in ("cpu.cfs_quota_us", "cpu.max"):
+            if (path / name).exists():
+                seen["quota"] = (path / name).read_text().split()[0]
+        seen["path"] = str(path)
+    cleanup()
+    seen["after"] = sorted(os.sched_getaffinity(0))
+    queue.put(("ok", seen))
+
+
+def _run(cores, quota, tag):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(queue, cores, quota, tag))
+    proc.start()
+    result = queue.get(timeout=60)
+    proc.join(timeout=60)
+    return result
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
+def test_pins_to_the_cores_given_and_restores():
+    allowed = sorted(os.sched_getaffinity(0))
+    status, seen = _run([allowed[0]], None, "geodt-test-pin")
+    assert status == "ok"
+    assert seen["affinity"] == [allowed[0]] and seen["after"] == allowed
+
+
+def test_refuses_a_core_outside_the_allowed_set():
+    status, message = _run([10_000], None, "geodt-test-pin")
+    assert status == "error" and message.startswith("cpu_cores: expected core indices among")
+
+
+@pytest.mark.skipif(not cpu_quota_supported(), reason="needs root and a cgroup cpu controller")
+def test_quota_sets_the_cgroup_and_removes_it():
+    status, seen = _run(None, 0.4, "geodt-test-quota")
+    assert status == "ok"
+    assert seen["quota"] == "40000"  # 0.4 × the 100 ms period, in µs
+    assert any(g.endswith(Path(seen["path"]).name) for g in seen["groups"])
+    assert not Path(seen["path"]).exists()
+
+
+def test_unsupported_quota_is_one_line(monkeypatch):
+    import calibrate.cpulimit as cl
+
+    monkeypatch.setattr(cl, "_base", lambda: None)
+    with pytest.raises(CpuLimitError, match="^cpu_quota: this machine offers no writable cgroup"):
+        cl.apply_cpu_limits(None, 0.5, "geodt-test-none")
+    assert not cl.cpu_quota_supported()
