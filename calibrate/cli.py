@@ -7,8 +7,10 @@ measured or written. torch is imported only once `calibrate` has checked its arg
 from __future__ import annotations
 
 import argparse
+import atexit
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from calibrate.presets import PresetError, load_arch
@@ -63,6 +65,26 @@ def parse_batches(text: str) -> list[int] | tuple[str, int]:
     return sorted({int(p) for p in parts})
 
 
+def _cpu_quota(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of cores, got {text!r}") from None
+    if not 0.01 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"expected a share of cores in [0.01, 1024], got {text!r}")
+    return value
+
+
+def _core_list(text: str) -> list[int]:
+    try:
+        cores = [int(v) for v in text.split(",") if v.isascii()]
+    except ValueError:
+        cores = []
+    if not cores or len(cores) != len(text.split(",")) or min(cores) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated core indices like 0,1, got {text!r}")
+    return cores
+
+
 def calibrate_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="geodt calibrate", description="Measure training-step time and peak memory per "
                 "batch size on a device, into a profile CSV (DESIGN.md, 'Profiles').")
@@ -82,6 +104,11 @@ def calibrate_parser() -> argparse.ArgumentParser:
                    help=f"--batch auto never tries a larger batch [{DEFAULT_CPU_MAX_BATCH} on CPU, "
                    "unbounded on CUDA]")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads [torch's default]")
+    p.add_argument("--cpu-quota", type=_cpu_quota, default=None, metavar="CORES",
+                   help="CPU device: measure under a CPU quota of this many cores (0.6 = 60%% of one core; "
+                   "needs root and the cgroup cpu controller), as a scenario node's cpu_quota runs it")
+    p.add_argument("--cpu-cores", type=_core_list, default=None, metavar="0,1",
+                   help="CPU device: pin the measurement to these cores, as a node's cpu_cores")
     p.add_argument("--seed", type=non_negative_int, default=0, help="model init and token seed [0]")
     p.add_argument("--out", required=True, type=Path, help="profile CSV; an existing one is completed")
     return p
@@ -158,8 +185,23 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                                "expected smaller batches, or a larger --max-batch")
         if args.threads:
             torch.set_num_threads(args.threads)
+        limits = ""
+        if args.cpu_quota is not None or args.cpu_cores is not None:
+            if not cpu:
+                raise HarnessError("--cpu-quota/--cpu-cores: expected --device cpu (they limit a CPU device)")
+            from calibrate.cpulimit import CpuLimitError, apply_cpu_limits
+
+            try:
+                atexit.register(apply_cpu_limits(args.cpu_cores, args.cpu_quota, "geodt-calibrate"))
+            except CpuLimitError as exc:
+                raise HarnessError(str(exc)) from None
+            limits = ", ".join(x for x in (f"quota {args.cpu_quota:g} cores" if args.cpu_quota else "",
+                                           f"cores {','.join(map(str, args.cpu_cores))}" if args.cpu_cores else "") if x)
         for device, out in zip(devices, _out_paths(args.out, devices)):
             info = describe_device(device)
+            if limits:  # the limits are part of what was measured: the profile's identity says so
+                info = replace(info, device_name=f"{info.device_name[:-1]}, {limits})"
+                               if info.device_name.endswith(")") else f"{info.device_name} ({limits})")
             identity = {"device_name": info.device_name, "device_index": info.device_index,
                         "gpu_key": info.gpu_key, "model": arch.name, "seq_len": args.seq_len, "dtype": dtype}
             jobs.append((info, ProfileWriter(out, identity)))

@@ -26,7 +26,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-PERIOD_US = 100_000
+# The quota is enforced per period. With the kernel's default 100 ms, a 40-80 ms training step
+# runs unthrottled or waits out the rest of a period, so step times split into two modes and
+# their median misses their mean (by 7% at 0.6 of a core, measured here). 10 ms periods spread
+# the throttling over every step: median and mean agree within about 1%.
+PERIOD_US = 10_000
 _TAG = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
@@ -93,7 +97,7 @@ def _set_quota(quota: float, tag: str) -> Callable[[], None]:
     home = _own_cgroup_v2() if _v2() else _own_cgroup_v1()
     group = base / f"{tag}.{os.getpid()}"
     group.mkdir(exist_ok=True)
-    quota_us = max(1000, int(round(quota * PERIOD_US)))  # the kernel's minimum is 1 ms
+    quota_us = max(1000, int(round(quota * PERIOD_US)))  # the kernel's minimum is 1 ms (a quota >= 0.1 core)
     try:
         if _v2():
             (group / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")

@@ -68,7 +68,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
                 timeline = simulate(scenario, plan, args.engine)
                 results.append((plan, timeline, summary(timeline, plan)))
         out = Path(args.out or Path("out") / scenario.name)
-        plan_frame = pd.concat([p.to_frame() for p, _, _ in results], ignore_index=True)
+        plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
         files = {"plan.csv": csv_bytes(plan_frame)}
         if not plan_only:
             files["timeline.csv"] = csv_bytes(pd.concat([t for _, t, _ in results], ignore_index=True))
@@ -86,7 +86,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
         return 2
 
     for plan, timeline, summ in results:
-        frame = plan.to_frame()
+        frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
               f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
               + (f"; {plan.note}" if plan.note else ""))

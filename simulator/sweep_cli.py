@@ -284,7 +284,7 @@ def _table(args, strategies, out: Path) -> int:
     table = table_frame(scenario, plans, timelines)
     table = table[table["strategy"].isin(strategies)].reset_index(drop=True)
     files = {"table.csv": csv_bytes(table), "table.md": format_markdown(scenario, table).encode(),
-             "plan.csv": csv_bytes(pd.concat([p.to_frame() for p in plans], ignore_index=True)),
+             "plan.csv": csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)),
              "summary.csv": csv_bytes(pd.concat([summary(t, p) for t, p in zip(timelines, plans)], ignore_index=True)),
              "scenario.toml": scenario.to_toml().encode()}
     try:

@@ -356,3 +356,33 @@ def test_fp16_scaler_survives_an_oom_mid_step(monkeypatch):
     assert all(p.grad is None for p in cal.model.parameters())
     after = cal.measure(2)
     assert not after.oom and len(after.times_s) == 1
+
+
+@pytest.mark.parametrize("extra", [["--cpu-cores", "0"], ["--cpu-quota", "0.5", "--cpu-cores", "0"]])
+def test_cpu_limits_are_applied_and_named_in_the_profile(tmp_path, extra):
+    from calibrate.cpulimit import cpu_quota_supported
+
+    if "--cpu-quota" in extra and not cpu_quota_supported():
+        pytest.skip("needs root and a cgroup cpu controller")
+    out = tmp_path / "p.csv"
+    proc = subprocess.run([sys.executable, "-m", "geodt", "calibrate", "--device", "cpu", "--model", "tiny",
+                           "--seq-len", "16", "--batch", "1", "--repeats", "2", "--warmup", "0", "--threads", "1",
+                           *extra, "--out", str(out)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    name = pd.read_csv(out)["device_name"].iloc[0]
+    assert name.endswith(", cores 0)")
+    assert ("quota 0.5 cores" in name) == ("--cpu-quota" in extra)
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--cpu-quota", "0"], "--cpu-quota: expected a share of cores in [0.01, 1024]"),
+    (["--cpu-cores", "a,1"], "--cpu-cores: expected comma-separated core indices"),
+    (["--cpu-cores", "0", "--device", "cuda:0"], None),
+])
+def test_bad_cpu_limits_are_one_line(tmp_path, capsys, extra, expected):
+    from calibrate.cli import calibrate_main
+
+    assert calibrate_main(["--model", "tiny", *extra, "--out", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and (expected is None or expected in err)
+    assert not (tmp_path / "p.csv").exists()

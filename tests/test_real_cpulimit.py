@@ -60,7 +60,7 @@ def test_refuses_a_core_outside_the_allowed_set():
 def test_quota_sets_the_cgroup_and_removes_it():
     status, seen = _run(None, 0.4, "geodt-test-quota")
     assert status == "ok"
-    assert seen["quota"] == "40000"  # 0.4 × the 100 ms period, in µs
+    assert seen["quota"] == "4000"  # 0.4 × the 10 ms period, in µs
     assert any(g.endswith(Path(seen["path"]).name) for g in seen["groups"])
     assert not Path(seen["path"]).exists()
 

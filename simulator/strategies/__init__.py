@@ -56,8 +56,9 @@ def round_half_up(x: float) -> int:
 
 
 def node_plan(timing: NodeTiming, batch_size: int, local_steps: int) -> NodePlan:
-    return NodePlan(node=timing.node.name, gpus=timing.node.gpu_count, batch_size=batch_size,
-                    local_steps=local_steps, step_s=timing.step_s(batch_size))
+    node = timing.node
+    return NodePlan(node=node.name, gpus=node.gpu_count, batch_size=batch_size, local_steps=local_steps,
+                    step_s=timing.step_s(batch_size), cpu_cores=node.cpu_cores, cpu_quota=node.cpu_quota)
 
 
 def uniform_plan(name: str, scenario: Scenario, nodes: list[NodePlan], note: str = "") -> Plan:
@@ -127,7 +128,8 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
                 seq_len=scenario.model.seq_len, note=rule.note(d, tables) if rule.note else "",
                 rounds=None if d["rounds"] is None else int(first(d["rounds"])),
                 collective=str(first(raw["collective"])) if "collective" in raw else None,
-                payload_dtype=str(first(raw["dtype"])) if "dtype" in raw else None)
+                payload_dtype=str(first(raw["dtype"])) if "dtype" in raw else None,
+                sync=raw.get("sync"))
 
 
 # Registration happens on import; keep this list in the order strategies are printed.
