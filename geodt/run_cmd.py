@@ -107,8 +107,36 @@ def run_main(argv: list[str]) -> int:
     out = Path(args.out)
     status = launch(out / "plan.csv", out / "scenario.toml", prepared[2], host=args.host)
     if status == 0:
-        print(f"geodt run: wrote {out / 'trace.csv'}")
+        from simulator.perfetto import trace_csv_to_json
+
+        trace_csv_to_json(out / "trace.csv", out / "trace.json")  # opens in ui.perfetto.dev
+        print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}")
     return status
+
+
+VARIABILITY_SAMPLES = 32
+
+
+def predicted_timeline(scenario, plan, engine: str):
+    """The simulator's timeline; with per-step jitter on, the mean over VARIABILITY_SAMPLES seeds.
+
+    One measured run is one draw of the step times, but the prediction to compare it with is
+    the expectation: with jitter the slowest node varies from round to round, which adds idle
+    on average that a single seeded draw over or under-states."""
+    from dataclasses import replace
+
+    from simulator.engine import simulate
+    from simulator.workload import node_cvs
+
+    timeline = simulate(scenario, plan, engine=engine)
+    if not any(node_cvs(scenario, plan)):
+        return timeline
+    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
+    total = timeline[numeric].to_numpy(copy=True)
+    for k in range(1, VARIABILITY_SAMPLES):
+        total += simulate(replace(scenario, seed=scenario.seed + k), plan, engine=engine)[numeric].to_numpy()
+    timeline[numeric] = total / VARIABILITY_SAMPLES
+    return timeline
 
 
 def validation_table(timeline, trace, time_scale: float, emulated: bool = False):
@@ -200,11 +228,11 @@ def validate_main(argv: list[str]) -> int:
     import pandas as pd
 
     from real.launch import launch
-    from simulator.engine import simulate
     from simulator.outputs import write_csv
+    from simulator.perfetto import validation_trace, write_trace_json
 
     out = Path(args.out)
-    timeline = simulate(scenario, plan, engine=args.engine)
+    timeline = predicted_timeline(scenario, plan, args.engine)
     write_csv(timeline, out / "timeline.csv")
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host)
     if status != 0:
@@ -213,6 +241,7 @@ def validate_main(argv: list[str]) -> int:
     scale = args.time_scale if args.emulate else 1.0
     table = validation_table(timeline, trace, scale, emulated=args.emulate)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
+    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
             else "measured, not emulated")
     plot_validation(table, out / "validation.png",
@@ -225,7 +254,7 @@ def validate_main(argv: list[str]) -> int:
     worst = table["error_pct_of_round"].abs().max()
     label = "schedule check (emulated): " if args.emulate else "measured: "
     print(f"{label}largest idle error: {worst:.2f}% of round time; wrote {out / 'validation.csv'}, "
-          f"{out / 'validation.png'}")
+          f"{out / 'validation.png'}, {out / 'trace.json'}")
     overruns = int(table["overrun_steps"].sum())
     if args.emulate and overruns:
         print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "

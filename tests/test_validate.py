@@ -6,6 +6,8 @@ token counts and bytes, which are exact.
 """
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
@@ -64,8 +66,12 @@ def test_validate_emulated_is_a_schedule_check(tmp_path, capsys):
     code = validate_main(["hetero-cpu", "--strategy", "baseline", "--out", str(out), "--no-progress", "--emulate",
                           "--set", "training.rounds=2", "--set", "training.local_steps=3", "--time-scale", "0.5"])
     assert code == 0
-    for name in ("plan.csv", "scenario.toml", "timeline.csv", "trace.csv", "validation.csv", "validation.png"):
+    for name in ("plan.csv", "scenario.toml", "timeline.csv", "trace.csv", "validation.csv", "validation.png",
+                 "trace.json"):
         assert (out / name).stat().st_size > 0
+    processes = {e["args"]["name"] for e in json.loads((out / "trace.json").read_text())["traceEvents"]
+                 if e.get("name") == "process_name"}
+    assert processes == {"predicted: baseline", "measured: baseline"}
     table = pd.read_csv(out / "validation.csv")
     assert list(table.columns) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert list(table["node"]) == ["fast", "medium", "slow", "slowest"]
@@ -98,6 +104,8 @@ def test_run_executes_the_plan_rounds_of_sync_ddp(tmp_path, capfd):
     assert plan.rounds == 3 and {n.local_steps for n in plan.nodes} == {1}
     trace = pd.read_csv(out / "trace.csv")
     assert sorted(set(trace["round"])) == [0, 1, 2]
+    slices = [e for e in json.loads((out / "trace.json").read_text())["traceEvents"] if e.get("ph") == "X"]
+    assert sum(e["dur"] for e in slices if e["name"] == "compute") == pytest.approx(trace["compute_s"].sum() * 1e6)
     printed = capfd.readouterr().out
     assert "final_loss" in printed and "slowest" in printed  # the summary
 
@@ -120,3 +128,23 @@ def test_run_partitioned_int8_plan_sends_int8_bytes(tmp_path):
     for r in (0, 1):
         assert list(trace[trace["round"] == r]["bytes_sent"]) == want
     assert trace["loss"].notna().all()
+
+
+def test_prediction_with_jitter_is_the_mean_over_seeds(write_scenario):
+    """One measured run is one draw; validate compares it with the expectation over seeds."""
+    from dataclasses import replace
+
+    from geodt.run_cmd import VARIABILITY_SAMPLES, predicted_timeline
+    from simulator.engine import simulate
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    scenario = load_scenario(str(write_scenario()), ["simulation.jitter_cv=0.2"])
+    plan = make_plan(scenario, "baseline")
+    mean = predicted_timeline(scenario, plan, "analytic")
+    draws = [simulate(replace(scenario, seed=k), plan, "analytic") for k in range(VARIABILITY_SAMPLES)]
+    expected = sum(d["idle_s"].to_numpy() for d in draws) / VARIABILITY_SAMPLES
+    assert mean["idle_s"].to_numpy() == pytest.approx(expected, rel=1e-12)
+    assert not (mean["idle_s"].to_numpy() == draws[0]["idle_s"].to_numpy()).all()
+    calm = load_scenario(str(write_scenario()))
+    assert predicted_timeline(calm, plan, "analytic").equals(simulate(calm, plan, "analytic"))
