@@ -5,6 +5,8 @@ Jitter multiplies every inner step by a lognormal factor of mean 1 and coefficie
 variation `simulation.jitter_cv`, drawn from numpy.random.default_rng(scenario.seed). With
 `simulation.variability = "profile"`, a node timed by calibration profiles takes its own
 coefficient from their measured p10/p90 spread at its planned batch (the largest of its profiles).
+A node of G devices draws each device's step and waits for the slowest (then its intra-node
+all-reduce), as data-parallel devices do.
 """
 from __future__ import annotations
 
@@ -21,12 +23,18 @@ def compute_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
     cvs = node_cvs(scenario, plan)
     if not any(cvs):
         return np.broadcast_to(base, (rounds, len(base))).copy()
+    from simulator.timing import intra_node_allreduce_s
+
     rng = np.random.default_rng(scenario.seed)
     out = np.empty((rounds, len(base)))
+    by_name = {node.name: node for node in scenario.nodes}
     for i, (n, cv) in enumerate(zip(plan.nodes, cvs)):
         sigma = np.sqrt(np.log1p(cv * cv))
-        factors = rng.lognormal(-sigma * sigma / 2, sigma, size=(rounds, n.local_steps))
-        out[:, i] = n.step_s * factors.sum(axis=1)
+        # Every device of the node draws its own step; the node's step waits for the slowest
+        # of them, then all-reduces (data parallel): more devices, more expected wait.
+        factors = rng.lognormal(-sigma * sigma / 2, sigma, size=(rounds, n.local_steps, n.gpus)).max(axis=2)
+        intra_s = intra_node_allreduce_s(scenario, by_name[n.node]) if n.gpus > 1 else 0.0
+        out[:, i] = (n.step_s - intra_s) * factors.sum(axis=1) + n.local_steps * intra_s
     return out
 
 

@@ -183,3 +183,22 @@ def test_profile_variability_drives_per_node_jitter(write_scenario):
     assert node_cvs(scenario, plan) == [0.02, pytest.approx(expected, rel=1e-12)]
     a, b = compute_matrix(scenario, plan), compute_matrix(scenario, plan)
     assert (a == b).all() and a[:, 0].std() > 0  # seeded: the same draw every time, and not constant
+
+
+def test_a_node_of_several_devices_waits_for_the_slowest_draw(write_scenario):
+    """G devices per node: each step lasts the slowest device's draw, so the mean rises with G
+    (for a lognormal of cv 0.2, E[max of 2] is about 1.11× the mean), the all-reduce unchanged."""
+    import numpy as np
+
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+    from simulator.workload import compute_matrix
+
+    text = SCENARIO.replace('profile = "net.csv"\n', "").replace("rounds = 2", "rounds = 400") + \
+        "[simulation]\njitter_cv = 0.2\n"
+    scenario = load_scenario(str(write_scenario(text)))
+    plan = make_plan(scenario, "baseline")
+    one, two = compute_matrix(scenario, plan).mean(axis=0) / (10 * 0.1)
+    assert one == pytest.approx(1.0, abs=0.01)  # one device: the mean of the draws
+    assert two == pytest.approx(1.11, abs=0.015)
+    assert np.isclose(plan.nodes[1].step_s, 0.1)  # the given step time includes no extra all-reduce here
