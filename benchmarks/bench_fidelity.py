@@ -42,6 +42,8 @@ CASES = [  # (scenario, strategy): device mixes × strategies × batch mixes
 ]
 GOAL_ROUND_PCT, GOAL_IDLE_MEDIAN_PCT, GOAL_IDLE_WORST_PCT = 5.0, 3.0, 6.0
 IDLE_FLOOR = 0.05  # % of idle only where the node waited at least this share of its round
+# Profiles: geodt calibrate --scenario benchmarks/fidelity/S.toml --batch 1,2,4,8,16 --repeats 20
+#           --out-dir profiles/fidelity/S; network: geodt calibrate --network --processes 2,3 ...
 
 
 def run_case(scenario: str, strategy: str, out: Path) -> pd.DataFrame:
@@ -64,7 +66,16 @@ def errors(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarise(rows: pd.DataFrame) -> pd.DataFrame:
+    """Errors per case, beside the repeat spread: how far identical runs of the case fall apart
+    (half the range over repeats, per node, the case's median): the noise floor of the errors."""
     g = rows.groupby(["scenario", "strategy"], sort=False)
+    per_node = rows.assign(idle_pct=100 * rows.measured_idle_s / rows.measured_round_s).groupby(
+        ["scenario", "strategy", "node"], sort=False)
+    half_range = lambda s: (s.max() - s.min()) / 2
+    spread = pd.DataFrame({
+        "round_spread_pct": per_node["measured_round_s"].apply(lambda s: 100 * half_range(s) / s.median()),
+        "idle_spread_pct_of_round": per_node["idle_pct"].apply(half_range),
+    }).groupby(level=[0, 1], sort=False).median()
     table = pd.DataFrame({
         "runs": g["repeat"].nunique(),
         "node_rows": g.size(),
@@ -74,7 +85,7 @@ def summarise(rows: pd.DataFrame) -> pd.DataFrame:
         "idle_err_pct_of_round_worst": g["idle_err_pct_of_round"].max(),
         "idle_err_pct_of_idle_median": g["idle_err_pct_of_idle"].median(),
         "measured_idle_s_mean": g["measured_idle_s"].mean(),
-    }).reset_index()
+    }).join(spread).reset_index()
     return table
 
 

@@ -87,7 +87,7 @@ def _core_list(text: str) -> list[int]:
 
 def calibrate_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="geodt calibrate", description="Measure training-step time and peak memory per "
-                "batch size on a device, into a profile CSV (DESIGN.md, 'Profiles').")
+                "batch size on a device, into a profile CSV (docs/DESIGN.md, 'Profiles').")
     p.add_argument("--device", default="cpu", help="cpu, cuda:N, or all (every CUDA device: one "
                    "file per device, OUT-cudaN.csv) [cpu]")
     p.add_argument("--model", default="tiny", help="preset (tiny, llama-60m, llama-150m, llama-1b) "

@@ -212,7 +212,7 @@ def is_allocator_error(exc: BaseException) -> bool:
 
 
 def profile_row(info: DeviceInfo, model: str, seq_len: int, dtype: str, m: Measurement) -> dict:
-    """One profile CSV row (DESIGN.md, "Profiles") from a measurement."""
+    """One profile CSV row (docs/DESIGN.md, "Profiles") from a measurement."""
     timed = bool(m.times_s) and not m.oom
     times = np.asarray(m.times_s, dtype=float)
     median = float(np.median(times)) if timed else None

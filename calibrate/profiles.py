@@ -1,6 +1,6 @@
 """Calibration profiles as a timing and memory model t(b), m(b) (torch-free: the simulator reads it).
 
-A profile is the tidy CSV `geodt calibrate` writes (DESIGN.md, "Profiles"): one row per batch
+A profile is the tidy CSV `geodt calibrate` writes (docs/DESIGN.md, "Profiles"): one row per batch
 size tried, OOM rows included. `ProfileModel` turns it into
 
 - step_s(b): exact at measured batches, piecewise linear between them, and the affine

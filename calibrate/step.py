@@ -23,7 +23,7 @@ import torch
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
-# OpenDiLoCo's inner optimizer (DESIGN.md, "Real executor").
+# OpenDiLoCo's inner optimizer (docs/DESIGN.md, "Real executor").
 DEFAULT_LR = 4e-4
 DEFAULT_WEIGHT_DECAY = 0.1
 DEFAULT_BETAS = (0.9, 0.95)

@@ -1,4 +1,4 @@
-"""trace.csv: DESIGN.md's timeline columns plus loss and tokens, one row per node and round.
+"""trace.csv: docs/DESIGN.md's timeline columns plus loss and tokens, one row per node and round.
 
 Extra columns: `overrun_steps` (under --emulate, inner steps whose real compute took longer
 than the emulated step time, so the step could not be padded to it), `ckpt_s` (the

@@ -47,7 +47,7 @@ def check_size(scenario: Scenario, plan: Plan) -> None:
 
 
 def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFrame:
-    """Timeline (one row per node and round, rounds outer) with DESIGN.md's columns."""
+    """Timeline (one row per node and round, rounds outer) with docs/DESIGN.md's columns."""
     runners = {"simpy": run_simpy, "analytic": run_analytic}
     if engine not in runners:
         raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")

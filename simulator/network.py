@@ -139,5 +139,5 @@ def checkpoint_s(scenario: Scenario) -> float:
 
 
 def sync_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
-    """comm_s of one outer sync (DESIGN.md): the all-reduce plus the outer optimizer step."""
+    """comm_s of one outer sync (docs/DESIGN.md): the all-reduce plus the outer optimizer step."""
     return allreduce_s(scenario, payload_dtype, collective) + outer_step_s(scenario)

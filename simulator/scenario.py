@@ -1,4 +1,4 @@
-"""Scenarios: the TOML file DESIGN.md specifies, as frozen dataclasses, plus `--set` overrides.
+"""Scenarios: the TOML file docs/DESIGN.md specifies, as frozen dataclasses, plus `--set` overrides.
 
 `load_scenario(source, overrides)` takes a path or a built-in name (`paper`, `hetero-cpu`),
 applies `key=value` overrides, validates everything and returns a `Scenario`. Any problem is
@@ -310,9 +310,14 @@ def apply_override(table: dict, path: list[str], value: Any, text: str) -> str:
     return ".".join(path)
 
 
-def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
-    """A validated Scenario from a file or built-in name, with `key=value` overrides applied."""
+def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = (), without_profiles: bool = False) -> Scenario:
+    """A validated Scenario from a file or built-in name, with `key=value` overrides applied.
+
+    without_profiles: the nodes' profiles left out (`geodt calibrate --scenario` makes them)."""
     table, resolved = _read_source(source)
+    if without_profiles and isinstance(table.get("nodes"), list):
+        table["nodes"] = [{k: v for k, v in node.items() if k != "profile"} if isinstance(node, dict) else node
+                          for node in table["nodes"]]
     overridden = set()
     for text in overrides:
         path, value = _parse_override(text)

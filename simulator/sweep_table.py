@@ -47,7 +47,7 @@ def format_markdown(scenario, table: pd.DataFrame) -> str:
         lines.append(f"| {r.strategy} | {r.tokens_vs_baseline:.3f} | {r.round_s:.2f} | {r.idle_s:.2f} "
                      f"| {r.idle_floor_s:.2f} | {r.idle_vs_floor:.2f} | {100 * r.idle_left:.1f}% "
                      f"| {r.utilization:.3f} | {r.tokens_per_s:,.0f} | {r.speedup:.2f}x |")
-    lines += ["", "idle: GPU idle at the sync barrier, summed over nodes and rounds (DESIGN.md). idle floor: one step",
+    lines += ["", "idle: GPU idle at the sync barrier, summed over nodes and rounds (docs/DESIGN.md). idle floor: one step",
               "time per node per round at the plan's own batches, what a perfectly balanced integer plan stays",
               "under. Idle at baseline's tokens scales idle to the baseline's token count (strategies that change",
               "H or b change the work per round). Round: wall time / rounds (sync-ddp: one step and its all-reduce).",

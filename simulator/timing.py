@@ -22,7 +22,7 @@ a conservative choice):
 The intra-node link is the node's `intra_node_gbps` if given, else the slowest of its GPUs'
 catalog `intra_node_gbps` (NVLink for SXM parts, PCIe for the rest).
 
-Precedence (DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
+Precedence (docs/DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
 other batches follow the catalog estimate's shape scaled to it,
 t(b) = step_time_s · est(b) / est(b_base). A `profile` replaces the per-GPU estimate with
 measured t(b) (exact at measured batches, interpolated between, fitted beyond).
@@ -177,7 +177,7 @@ class NodeTiming:
         return self.memo["base_estimate"]
 
     def step_s(self, batch: int) -> float:
-        """t_i(b) in seconds, by DESIGN.md's precedence: given constant, profile, catalog."""
+        """t_i(b) in seconds, by docs/DESIGN.md's precedence: given constant, profile, catalog."""
         steps = self.memo.setdefault("step_s", {})
         if batch not in steps:
             steps[batch] = self._step_s(batch)

@@ -1,7 +1,7 @@
-"""The source papers' own figures (PAPERS.md), as data: what `geodt paper` sets its results beside.
+"""The source papers' own figures (docs/PAPERS.md), as data: what `geodt paper` sets its results beside.
 
 Nothing here is computed or measured by geodt; every number is copied from the digest of the
-papers in PAPERS.md (000: the DiLoCo idle-time paper; 001: DDP across A30 and Titan Xp nodes;
+papers in docs/PAPERS.md (000: the DiLoCo idle-time paper; 001: DDP across A30 and Titan Xp nodes;
 002: batch size against training time under Horovod).
 """
 from __future__ import annotations

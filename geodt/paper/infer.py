@@ -1,4 +1,4 @@
-"""Per-node step times inferred from the paper's own measurements (PAPERS.md 000, Table 3).
+"""Per-node step times inferred from the paper's own measurements (docs/PAPERS.md 000, Table 3).
 
 In a synchronous round every node waits for the slowest, so with the baseline's equal H and b
 

@@ -1,4 +1,4 @@
-"""Models of the two companion papers (PAPERS.md 001 and 002), built from geodt's own parts.
+"""Models of the two companion papers (docs/PAPERS.md 001 and 002), built from geodt's own parts.
 
 002 (ResNet-18, CIFAR-10, Horovod on 4x T4): a run of S samples per GPU at per-GPU batch b
 takes S/b synchronous steps of t(b) = t0 + a + c·b, where t0 is the fixed per-step compute

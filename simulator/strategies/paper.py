@@ -1,4 +1,4 @@
-"""The paper's strategies (PAPERS.md 000, Table 2): baseline, A, B and C.
+"""The paper's strategies (docs/PAPERS.md 000, Table 2): baseline, A, B and C.
 
 A and C scale by F_i, the node's MEAN spec TFLOPS in the paper's convention
 (`calibrate.catalog.spec_tflops`: the figures the paper used for its GPUs), normalised by the

@@ -1,0 +1,150 @@
+"""`geodt calibrate --scenario S.toml`: every CPU device of a scenario, measured at once, as it runs.
+
+A device measured alone is not the device the executor runs: next to the scenario's other
+processes it shares the machine's caches, memory bandwidth and scheduler, and on a virtual
+machine even a CPU-quota throttled process runs at another speed when the other cores are busy.
+So this measures all of a scenario's devices together, each in its own process under its
+node's limits exactly as real/ applies them (cpu_cores, with a node's G devices taking
+cores[j::G] when there are enough; cpu_quota per process; --threads torch threads): for each
+batch size every process warms up and times its steps at the same moment, and a process that
+finishes first keeps stepping, untimed, until the last one is done, so every timed step ran
+under the full load. One profile per device, DIR/<node>-<j>.csv; point the node at them
+(`profile = ["DIR/two-0.csv", "DIR/two-1.csv"]`): a node's step is its slowest device's.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"geodt calibrate --scenario: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parser() -> argparse.ArgumentParser:
+    from calibrate.cli import positive_int
+
+    p = _Parser(prog="geodt calibrate --scenario", description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", required=True, help="a scenario TOML whose nodes are CPU devices")
+    p.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8 [1,2,4,8]")
+    p.add_argument("--repeats", type=positive_int, default=20, help="timed steps per batch [20]")
+    p.add_argument("--warmup", type=positive_int, default=3, help="untimed steps per batch first [3]")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per device process [1]")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out-dir", required=True, type=Path, help="directory for one profile per device")
+    return p
+
+
+def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
+    import torch
+
+    from calibrate.cpulimit import apply_cpu_limits
+    from calibrate.harness import Calibrator, describe_device, profile_row
+    from calibrate.presets import load_arch
+    from calibrate.step import random_batch, train_step
+
+    node, j, gpus, cores, quota = jobs[rank]
+    if cores is not None and len(cores) >= gpus:  # as real/process.py places a node's devices
+        cores = cores[j::gpus]
+    cleanup = apply_cpu_limits(list(cores) if cores else None, quota, f"geodt-cal-{rank}")
+    try:
+        torch.set_num_threads(setup["threads"])
+        arch = load_arch(setup["preset"], setup["base_dir"])
+        info = describe_device("cpu")
+        limits = ", ".join(x for x in (f"quota {quota:g} cores" if quota else "",
+                                       f"cores {','.join(map(str, cores))}" if cores else "") if x)
+        name = f"{info.device_name[:-1]}{', ' + limits if limits else ''}; {setup['scenario']} {node} {j + 1}/{gpus})"
+        calibrator = Calibrator(arch, setup["seq_len"], setup["dtype"], "cpu", setup["repeats"], setup["warmup"])
+        for batch in setup["batches"]:
+            barrier.wait()
+            m = calibrator.measure(batch)
+            with done.get_lock():
+                done.value += 1
+            batch_tensor = random_batch(arch.vocab_size, batch, setup["seq_len"], torch.device("cpu"),
+                                        calibrator.generator)
+            while done.value < len(jobs) * (setup["batches"].index(batch) + 1):  # keep the load on
+                train_step(calibrator.model, calibrator.optimizer, batch_tensor, setup["dtype"], calibrator.scaler)
+            results.put((rank, profile_row(info, arch.name, setup["seq_len"], setup["dtype"], m) | {"device_name": name}))
+    finally:
+        cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from calibrate.cli import UsageError, parse_batches
+    from simulator.errors import InputError
+    from simulator.scenario import load_scenario
+
+    prog = "geodt calibrate --scenario"
+    try:
+        scenario = load_scenario(args.scenario, args.overrides, without_profiles=True)
+    except InputError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        args.batch = parse_batches(args.batch)
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(args.batch, tuple):
+        print(f"{prog}: --batch: expected a list of batch sizes (auto searches one device at a time)", file=sys.stderr)
+        return 2
+    bad = [n.name for n in scenario.nodes if set(n.gpus) != {"cpu"}]
+    if bad:
+        print(f"{prog}: {args.scenario}: nodes {', '.join(bad)}: expected CPU devices only (gpus = {{ \"cpu\" = G }}); "
+              "calibrate GPUs with geodt calibrate --device cuda:N", file=sys.stderr)
+        return 2
+    if not args.out_dir.is_dir():
+        print(f"{prog}: --out-dir {args.out_dir}: expected an existing directory", file=sys.stderr)
+        return 2
+    import torch.multiprocessing as mp
+    from tqdm import tqdm
+
+    from calibrate.profile_writer import ProfileWriter
+
+    jobs = [(n.name, j, n.gpu_count, n.cpu_cores, n.cpu_quota) for n in scenario.nodes for j in range(n.gpu_count)]
+    setup = {"preset": scenario.model.preset, "base_dir": scenario.base_dir, "seq_len": scenario.model.seq_len,
+             "dtype": scenario.model.dtype, "batches": list(args.batch), "repeats": args.repeats,
+             "warmup": args.warmup, "threads": args.threads, "scenario": scenario.name}
+    ctx = mp.get_context("spawn")
+    barrier, done, results = ctx.Barrier(len(jobs)), ctx.Value("i", 0), ctx.Queue()
+    rows: dict[int, list] = {rank: [] for rank in range(len(jobs))}
+    try:
+        procs = mp.start_processes(_device, args=(jobs, setup, barrier, done, results), nprocs=len(jobs),
+                                   join=False, start_method="spawn")
+        with tqdm(total=len(jobs) * len(args.batch), desc="calibrate scenario", unit="row", file=sys.stderr) as bar:
+            for _ in range(len(jobs) * len(args.batch)):
+                rank, row = results.get()
+                rows[rank].append(row)
+                bar.update(1)
+        while not procs.join():
+            pass
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except mp.ProcessRaisedException as exc:
+        print(f"{prog}: a device process failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+        return 1
+    written = []
+    for rank, (node, j, *_rest) in enumerate(jobs):
+        path = args.out_dir / f"{node}-{j}.csv"
+        identity = {k: rows[rank][0][k] for k in ("device_name", "device_index", "gpu_key", "model", "seq_len", "dtype")}
+        path.unlink(missing_ok=True)  # a scenario calibration is one measurement: the whole set is new
+        writer = ProfileWriter(path, identity)
+        try:
+            for row in rows[rank]:
+                writer.append(row)
+        finally:
+            writer.close()
+        written.append(path)
+        medians = ", ".join(f"b{r['batch_size']} {r['step_s_median'] * 1e3:.1f} ms" for r in rows[rank]
+                            if r["step_s_median"] is not None)
+        print(f"{path}: {node} device {j + 1}/{jobs[rank][2]}: {medians}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
