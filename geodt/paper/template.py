@@ -103,7 +103,7 @@ minGPT `gpt-mini` (chargpt's settings, fp32) on node A = 2Ã— A30 and node B = 4Ã
 
 ## Validation: what the emulated runs check
 
-`geodt paper` runs no real executor (this directory must regenerate byte for byte). `results/paper-validation/` holds the paper cluster run by the real DiLoCo executor under `--emulate`, which pads every inner step and every sync to the times this simulator predicted. Those runs therefore check the executor's schedule and its barrier and idle accounting, not the timing model: the step times come in as inputs. The check of the timing model is a non-emulated run, where nothing is padded (`geodt validate --no-emulate`).
+`geodt paper` runs no real executor (this directory must regenerate byte for byte). `results/paper-validation/` holds the paper cluster run by the real DiLoCo executor under `--emulate`, which pads every inner step and every sync to the times this simulator predicted. Those runs therefore check the executor's schedule and its barrier and idle accounting, not the timing model: the step times come in as inputs. The check of the timing model is a non-emulated run, where nothing is padded (`geodt validate`, whose default it is; results/fidelity/).
 
 ## Files
 

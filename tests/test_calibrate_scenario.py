@@ -1,0 +1,72 @@
+"""geodt calibrate --scenario: every CPU device of a scenario measured at once, one profile each,
+which the scenario's nodes then use."""
+from __future__ import annotations
+
+import textwrap
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+
+SCENARIO = """
+name = "pair"
+[model]
+preset = "tiny"
+seq_len = 16
+dtype = "fp32"
+[training]
+rounds = 2
+local_steps = 3
+batch_size = 2
+[[nodes]]
+name = "a"
+gpus = { "cpu" = 1 }
+cpu_cores = [0]
+profile = "cal/a-0.csv"
+[[nodes]]
+name = "b"
+gpus = { "cpu" = 2 }
+profile = ["cal/b-0.csv", "cal/b-1.csv"]
+"""
+
+
+def test_every_device_gets_a_profile_the_scenario_then_uses(tmp_path, capsys):
+    from geodt.calibrate_scenario import main
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    path = tmp_path / "pair.toml"
+    path.write_text(textwrap.dedent(SCENARIO))
+    (tmp_path / "cal").mkdir()
+    # the profiles the scenario names do not exist yet: that is what this command makes
+    assert main(["--scenario", str(path), "--batch", "1,2", "--repeats", "2", "--warmup", "1",
+                 "--out-dir", str(tmp_path / "cal")]) == 0
+    names = sorted(p.name for p in (tmp_path / "cal").iterdir())
+    assert names == ["a-0.csv", "b-0.csv", "b-1.csv"]
+    for name in names:
+        frame = pd.read_csv(tmp_path / "cal" / name)
+        assert list(frame["batch_size"]) == [1, 2] and (frame["repeats"] == 2).all()
+    device = pd.read_csv(tmp_path / "cal" / "b-1.csv")["device_name"].iloc[0]
+    assert device.endswith("; pair b 2/2)")
+    assert "cores 0" in pd.read_csv(tmp_path / "cal" / "a-0.csv")["device_name"].iloc[0]
+    scenario = load_scenario(str(path))
+    plan = make_plan(scenario, "baseline")
+    measured = pd.read_csv(tmp_path / "cal" / "a-0.csv").set_index("batch_size")["step_s_median"]
+    assert plan.nodes[0].step_s == pytest.approx(measured[2])
+    assert "b device 2/2" in capsys.readouterr().out
+
+
+def test_gpu_nodes_and_bad_arguments_are_one_line(tmp_path, capsys):
+    from geodt.calibrate_scenario import main
+
+    assert main(["--scenario", "paper", "--out-dir", str(tmp_path)]) == 2
+    assert "expected CPU devices only" in capsys.readouterr().err
+    path = tmp_path / "pair.toml"
+    path.write_text(textwrap.dedent(SCENARIO))
+    for argv, expected in ((["--batch", "x"], "--batch 'x'"), (["--batch", "auto"], "expected a list"),
+                           (["--out-dir", str(tmp_path / "nope")], "expected an existing directory")):
+        full = ["--scenario", str(path), "--out-dir", str(tmp_path), *argv]
+        assert main(full) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and expected in err
