@@ -39,10 +39,11 @@ from simulator.scenario import PAYLOAD_BYTES, Scenario
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
 # The outer step on the CPU (pseudo-gradient, divide, Nesterov, copy back: real.diloco.OuterState), per
 # parameter. Measured by benchmarks/bench_outer_step.py (rerun it to re-measure) on 2026-11-23 on this
-# project's 2-core AMD EPYC, torch 2.13.0+cpu, 2 threads, 50 M fp32 parameters: median of 6 runs of 9
-# repeats 96 ms (runs 91-106 ms, one outlier 367 ms). A LOADED-machine figure (5 agents sharing 2 cores);
-# it replaced a memory-bandwidth guess of 32 B/param on the GPU (11 ms for 215 M parameters; now 0.41 s).
-OUTER_STEP_NS_PER_PARAM = 1.93
+# project's 2-core AMD EPYC, torch 2.13.0+cpu, 2 threads, 50 M fp32 parameters, the machine otherwise
+# idle: four runs of 7 repeats gave medians of 2.313, 2.061, 2.241 and 2.272 ns per parameter (their
+# median 2.26). It replaced a memory-bandwidth guess of 32 B/param on the GPU (11 ms for 215 M
+# parameters; now 0.49 s).
+OUTER_STEP_NS_PER_PARAM = 2.26
 
 
 def link_gbps(scenario: Scenario) -> list[float]:

@@ -59,7 +59,7 @@ Sync per round by payload, fp16 training (`payload_dtype_used`: network-aware pi
 
 {variants_sync}
 
-With the inferred step times, the sync (ring all-reduce over 1 Gbit/s plus the outer step on the CPU, measured at 1.93 ns per parameter by benchmarks/bench_outer_step.py on a loaded 2-core machine) takes {sync16:.2f} s per round with fp16 pseudo-gradients, {share16:.0f}% of a baseline round, and {sync32:.2f} s ({share32:.0f}%) with fp32 ones. With the catalog's slower steps it is {cat_share16:.0f}% (fp16) or {cat_share32:.0f}% (fp32) of a round.
+With the inferred step times, the sync (ring all-reduce over 1 Gbit/s plus the outer step on the CPU, as measured by benchmarks/bench_outer_step.py: simulator/network.py's OUTER_STEP_NS_PER_PARAM) takes {sync16:.2f} s per round with fp16 pseudo-gradients, {share16:.0f}% of a baseline round, and {sync32:.2f} s ({share32:.0f}%) with fp32 ones. With the catalog's slower steps it is {cat_share16:.0f}% (fp16) or {cat_share32:.0f}% (fp32) of a round.
 
 ## Sync time and tokens per round (fp16, fp16 payload) — `table3_strategies.csv`
 
