@@ -108,8 +108,9 @@ def check_outputs(out: Path) -> None:
     from simulator.timing import node_timings
 
     for csv in out.glob("*.csv"):
-        # idle_left is NaN by definition where the baseline has no idle (nothing to remove); note is text
-        frame = pd.read_csv(csv).drop(columns=["idle_left", "note"], errors="ignore")
+        # idle_left is NaN by definition where the baseline has no idle (nothing to remove); note is text;
+        # a plan's cpu_cores / cpu_quota are empty for a node without CPU limits
+        frame = pd.read_csv(csv).drop(columns=["idle_left", "note", "cpu_cores", "cpu_quota"], errors="ignore")
         numbers = frame.select_dtypes("number").to_numpy(dtype=float)
         assert np.isfinite(numbers).all(), f"{csv.name}: a non-finite number"
     if (out / "plan.csv").exists():
