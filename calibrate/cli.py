@@ -189,14 +189,13 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         if args.cpu_quota is not None or args.cpu_cores is not None:
             if not cpu:
                 raise HarnessError("--cpu-quota/--cpu-cores: expected --device cpu (they limit a CPU device)")
-            from calibrate.cpulimit import CpuLimitError, apply_cpu_limits
+            from calibrate.cpulimit import CpuLimitError, apply_cpu_limits, describe_limits
 
             try:
                 atexit.register(apply_cpu_limits(args.cpu_cores, args.cpu_quota, "geodt-calibrate"))
             except CpuLimitError as exc:
                 raise HarnessError(str(exc)) from None
-            limits = ", ".join(x for x in (f"quota {args.cpu_quota:g} cores" if args.cpu_quota else "",
-                                           f"cores {','.join(map(str, args.cpu_cores))}" if args.cpu_cores else "") if x)
+            limits = describe_limits(args.cpu_cores, args.cpu_quota)
         for device, out in zip(devices, _out_paths(args.out, devices)):
             info = describe_device(device)
             if limits:  # the limits are part of what was measured: the profile's identity says so

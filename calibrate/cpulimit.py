@@ -128,6 +128,20 @@ def _set_quota(quota: float, tag: str) -> Callable[[], None]:
     return cleanup
 
 
+def device_cores(cores: list[int] | tuple[int, ...] | None, devices: int, index: int) -> list[int] | None:
+    """The cores device `index` of a node of `devices` devices runs on: with at least one core per
+    device each takes cores[index::devices], else all of them share every core (None: unpinned)."""
+    if not cores:
+        return None
+    return list(cores[index::devices]) if len(cores) >= devices else list(cores)
+
+
+def describe_limits(cores: list[int] | None, quota: float | None) -> str:
+    """The limits as a profile's device_name carries them ('quota 0.6 cores, cores 0'); '' for none."""
+    parts = ([f"quota {quota:g} cores"] if quota else []) + ([f"cores {','.join(map(str, cores))}"] if cores else [])
+    return ", ".join(parts)
+
+
 def apply_cpu_limits(cores: list[int] | None, quota: float | None, tag: str) -> Callable[[], None]:
     """Pin this process to `cores` and give it `quota` cores of CPU time; returns cleanup().
 

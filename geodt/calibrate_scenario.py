@@ -41,31 +41,29 @@ def parser() -> argparse.ArgumentParser:
 def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
     import torch
 
-    from calibrate.cpulimit import apply_cpu_limits
+    from calibrate.cpulimit import apply_cpu_limits, describe_limits, device_cores
     from calibrate.harness import Calibrator, describe_device, profile_row
     from calibrate.presets import load_arch
     from calibrate.step import random_batch, train_step
 
     node, j, gpus, cores, quota = jobs[rank]
-    if cores is not None and len(cores) >= gpus:  # as real/process.py places a node's devices
-        cores = cores[j::gpus]
-    cleanup = apply_cpu_limits(list(cores) if cores else None, quota, f"geodt-cal-{rank}")
+    cores = device_cores(cores, gpus, j)  # as real/process.py places a node's devices
+    cleanup = apply_cpu_limits(cores, quota, f"geodt-cal-{rank}")
     try:
         torch.set_num_threads(setup["threads"])
         arch = load_arch(setup["preset"], setup["base_dir"])
         info = describe_device("cpu")
-        limits = ", ".join(x for x in (f"quota {quota:g} cores" if quota else "",
-                                       f"cores {','.join(map(str, cores))}" if cores else "") if x)
+        limits = describe_limits(cores, quota)
         name = f"{info.device_name[:-1]}{', ' + limits if limits else ''}; {setup['scenario']} {node} {j + 1}/{gpus})"
         calibrator = Calibrator(arch, setup["seq_len"], setup["dtype"], "cpu", setup["repeats"], setup["warmup"])
-        for batch in setup["batches"]:
+        for done_batches, batch in enumerate(setup["batches"], start=1):
             barrier.wait()
             m = calibrator.measure(batch)
             with done.get_lock():
                 done.value += 1
             batch_tensor = random_batch(arch.vocab_size, batch, setup["seq_len"], torch.device("cpu"),
                                         calibrator.generator)
-            while done.value < len(jobs) * (setup["batches"].index(batch) + 1):  # keep the load on
+            while done.value < len(jobs) * done_batches:  # keep the load on until every device is done
                 train_step(calibrator.model, calibrator.optimizer, batch_tensor, setup["dtype"], calibrator.scaler)
             results.put((rank, profile_row(info, arch.name, setup["seq_len"], setup["dtype"], m) | {"device_name": name}))
     finally:

@@ -37,14 +37,12 @@ def _apply_limits(plan: Plan, rank: int):
     node = plan.nodes[index]
     if node.cpu_cores is None and node.cpu_quota is None:
         return (lambda: None), None
-    from calibrate.cpulimit import apply_cpu_limits
+    from calibrate.cpulimit import apply_cpu_limits, device_cores
 
     local = rank - plan.first_rank(index)
-    cores = node.cpu_cores
-    if cores is not None and len(cores) >= node.gpus:  # enough cores: each device its own share
-        cores = cores[local::node.gpus]
+    cores = device_cores(node.cpu_cores, node.gpus, local)
     tag = "geodt-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in node.node)[:40] + f"-{local}"
-    return apply_cpu_limits(list(cores) if cores else None, node.cpu_quota, tag), cores
+    return apply_cpu_limits(cores, node.cpu_quota, tag), cores
 
 
 def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,

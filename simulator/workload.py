@@ -43,11 +43,11 @@ def node_cvs(scenario: Scenario, plan: Plan) -> list[float]:
     given = scenario.simulation.jitter_cv
     if scenario.simulation.variability != "profile":
         return [given] * len(plan.nodes)
-    from simulator.timing import NodeTiming
+    from simulator.timing import node_timings
 
-    by_name = {node.name: node for node in scenario.nodes}
+    by_name = {t.node.name: t for t in node_timings(scenario)}  # alike nodes share one profile load
     cvs = []
     for n in plan.nodes:
-        profiles = NodeTiming(scenario, by_name[n.node]).profiles
+        profiles = by_name[n.node].profiles
         cvs.append(max(p.step_cv(n.batch_size) for p in profiles) if profiles else given)
     return cvs
