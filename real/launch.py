@@ -58,6 +58,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds, spec.collective,
                                                                     spec.payload_dtype)
     spec = replace(spec, rounds=plan.rounds)
+    check_runnable_layout(plan, plan_path)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
@@ -68,6 +69,20 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     return spec, plan
+
+
+# What this executor runs of the plan's memory layout; the rest (issue 15 item 6: FSDP2, activation
+# checkpointing) is refused rather than run as something else. (outer_state: real.diloco.OuterState keeps the
+# outer state beside the model, on the CPU for CPU devices; honouring the column is item 6's.)
+RUNNABLE_LAYOUT = {"sharding": ("none",), "activation_checkpointing": ("none",)}
+
+
+def check_runnable_layout(plan: Plan, plan_path) -> None:
+    for i, node in enumerate(plan.nodes, start=2):
+        for column, runnable in RUNNABLE_LAYOUT.items():
+            if getattr(node, column) not in runnable:
+                raise LaunchError(f"{plan_path}: line {i}: {column}: {getattr(node, column)} is not run by this "
+                                  f"executor yet; expected {' or '.join(runnable)}")
 
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
