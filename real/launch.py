@@ -42,6 +42,7 @@ from real.data import load_tokens
 from real.plan import Plan
 from real.options import ExecOptions
 from real.process import worker_main
+from real.streaming import StreamingSpec
 
 
 class LaunchError(ValueError):
@@ -63,6 +64,11 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
+    streaming = opts.streaming or StreamingSpec.from_plan(plan)
+    try:
+        streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
+    except ValueError as exc:
+        raise LaunchError(f"{plan_path}: {exc}") from None
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
