@@ -39,7 +39,7 @@ from pathlib import Path
 
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
-from real.plan import Plan
+from formats.plan import Plan
 from real.options import ExecOptions
 from real.process import worker_main
 from real.streaming import StreamingSpec

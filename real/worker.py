@@ -5,7 +5,7 @@ parallel inside the node: each device takes b samples per step (the plan's per-d
 batch) and, after backward, the devices' gradients are averaged by an all-reduce in the
 node's group (gloo on CPU, nccl on GPUs), so the node waits for its slowest device each step
 and all its processes hold the same weights and optimizer state. Ranks go to nodes in plan
-order, G_i consecutive ranks each (real.plan.Plan.first_rank); the first is the node's
+order, G_i consecutive ranks each (formats.plan.Plan.first_rank); the first is the node's
 leader. The outer sync is hierarchical (as OpenDiLoCo/torchft): the leaders, one group of n
 processes, average the pseudo-gradients across nodes (real/sync.py: the plan's collective
 and payload dtype), then each leader broadcasts the average within its node and every
@@ -49,7 +49,7 @@ from real.config import RunSpec
 from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
 from real.options import ExecOptions, _collective, _sleep_until, run_config
-from real.plan import Plan
+from formats.plan import Plan
 from real.streaming import FRAGMENT_NUMERIC, StreamingRound, StreamingSpec, write_fragments
 from real.sync import CrossNodeSync
 from real.trace import NUMERIC_COLUMNS, summary, write_trace

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.engine import TIMELINE_COLUMNS
+from formats.timeline import TIMELINE_COLUMNS
 from simulator.outputs import write_text
 
 # slice name, timeline column, catapult colour name (chrome://tracing; Perfetto colours by name)

@@ -13,7 +13,7 @@ import torch
 from real.diloco import OuterState
 from real.launch import launch
 from real.options import ExecOptions
-from real.plan import bytes_sent_per_sync
+from formats.wire import bytes_sent_per_sync
 from real.streaming import FragmentedOuter, StreamingSpec, fragment_layout
 from tests.test_real_runs import plan_text, scenario_text
 
