@@ -37,9 +37,9 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+from formats.plan import Plan
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
-from formats.plan import Plan
 from real.options import ExecOptions
 from real.process import worker_main
 from real.streaming import StreamingSpec
@@ -137,7 +137,7 @@ def _interface_of(ip: str) -> str | None:
     return None
 
 
-def _pin_gloo(ip: str) -> None:
+def pin_gloo(ip: str) -> None:
     """Gloo otherwise binds to the address the hostname resolves to, which may be public."""
     if "GLOO_SOCKET_IFNAME" in os.environ:
         return
@@ -193,7 +193,36 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     out_dir.mkdir(parents=True, exist_ok=True)
     if under_torchrun():
         return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
+    if ipaddress.ip_address(ip).is_loopback:
+        # One machine: rendezvous through a file, so nothing listens on the network.
+        pin_gloo(ip)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        listener = None
+    else:
+        listener = _listen(ip, host)
+        if listener is None:
+            return 2
+        pin_gloo(ip)
+    _copy_inputs(plan_path, scenario_path, out_dir)
+    return _run_spawned(spec, plan, opts, ip, listener)
 
+
+def _listen(ip: str, host: str) -> socket.socket | None:
+    """A listening socket bound to `ip` alone for the TCPStore; None (said in one line) if it cannot bind."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((ip, 0))
+    except OSError as exc:
+        listener.close()
+        print(f"real: --host: cannot bind to {host} ({ip}): {exc.strerror}; expected an address of this machine",
+              file=sys.stderr)
+        return None
+    listener.listen()
+    return listener
+
+
+def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener: socket.socket | None) -> int:
+    """Spawn every process of the plan here and wait for them; returns the exit status."""
     import logging
 
     import torch.distributed as dist
@@ -201,24 +230,6 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
 
     # torch logs a line per child it stops after a failure; our own one line says it all.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    listener = None
-    if ipaddress.ip_address(ip).is_loopback:
-        # One machine: rendezvous through a file, so nothing listens on the network.
-        _pin_gloo(ip)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        store_spec_fn = lambda rdzv: ("file", os.path.join(rdzv, "store"))
-    else:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.bind((ip, 0))
-        except OSError as exc:
-            listener.close()
-            print(f"real: --host: cannot bind to {host} ({ip}): {exc.strerror}; expected an address of this machine",
-                  file=sys.stderr)
-            return 2
-        listener.listen()
-        _pin_gloo(ip)
-    _copy_inputs(plan_path, scenario_path, out_dir)
     store = None
     context = None
     with tempfile.TemporaryDirectory(prefix="geodt-rdzv-") as rdzv:
@@ -231,40 +242,51 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
                 store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
                 listener.detach()  # the store owns (and closes) the socket now
             else:
-                store_spec = store_spec_fn(rdzv)
+                store_spec = ("file", os.path.join(rdzv, "store"))
             context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec), nprocs=plan.world_size,
                                          join=False, start_method="spawn")
             while not context.join():
                 pass
         except mp.ProcessExitedException as exc:
-            name = plan.nodes[plan.node_of_rank(exc.error_index)].node
-            if exc.exit_code == 130:
-                print("real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)",
-                      file=sys.stderr)
-                return 130
-            if exc.exit_code < 0:
-                how = f"was killed by signal {-exc.exit_code}" + (
-                    " (SIGKILL: often the out-of-memory killer; is the batch too large?)" if exc.exit_code == -9 else "")
-            else:
-                how = f"exited with status {exc.exit_code}"
-            print(f"real: node {name} {how}; the other processes were stopped", file=sys.stderr)
-            return 2 if exc.exit_code == 2 else 1
+            return _exited(plan, exc)
         except mp.ProcessRaisedException as exc:
             name = plan.nodes[plan.node_of_rank(exc.error_index)].node
             print(f"real: node {name} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             if context is not None:
-                for proc in context.processes:
-                    if proc.is_alive():
-                        proc.terminate()
-                for proc in context.processes:
-                    proc.join(timeout=10)
-            print("real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)",
-                  file=sys.stderr)
+                _stop(context.processes)
+            print(INTERRUPTED, file=sys.stderr)
             return 130
         finally:
             del store
             if listener is not None:
                 listener.close()
     return 0
+
+
+INTERRUPTED = "real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)"
+
+
+def _exited(plan: Plan, exc) -> int:
+    """One line for a process that exited early (the others were stopped); the run's status."""
+    name = plan.nodes[plan.node_of_rank(exc.error_index)].node
+    if exc.exit_code == 130:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    if exc.exit_code < 0:
+        how = f"was killed by signal {-exc.exit_code}" + (
+            " (SIGKILL: often the out-of-memory killer; is the batch too large?)" if exc.exit_code == -9 else "")
+    else:
+        how = f"exited with status {exc.exit_code}"
+    print(f"real: node {name} {how}; the other processes were stopped", file=sys.stderr)
+    return 2 if exc.exit_code == 2 else 1
+
+
+def _stop(processes) -> None:
+    """Terminate the processes still alive and wait for each (10 s at most)."""
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=10)

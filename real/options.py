@@ -1,5 +1,5 @@
 """How a plan is executed (ExecOptions), and the helpers every process of a run shares:
-lost-peer errors, the settings a resume must match, backend choice."""
+lost-peer errors (run_collective), the settings a resume must match, backend choice, sleep_until."""
 from __future__ import annotations
 
 import time
@@ -8,9 +8,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from real.config import RunSpec
 from formats.plan import Plan
+from real.config import RunSpec
 from real.streaming import StreamingSpec
+
 
 @dataclass(frozen=True)
 class ExecOptions:
@@ -59,13 +60,15 @@ def resolve_backend(backend: str, local_world: int) -> str:
     return "nccl" if cuda else "gloo"
 
 
-def _sleep_until(deadline: float) -> None:
+def sleep_until(deadline: float) -> None:
+    """Sleep until time.perf_counter() reaches `deadline` (no sleep when it has)."""
     remaining = deadline - time.perf_counter()
     if remaining > 0:
         time.sleep(remaining)
 
 
-def _collective(fn, *args, **kwargs):
+def run_collective(fn, *args, **kwargs):
+    """fn(*args, **kwargs), a collective; a lost peer surfaces as PeerLost."""
     try:
         return fn(*args, **kwargs)
     except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these

@@ -10,11 +10,12 @@ import torch
 import torch.distributed as dist
 
 from calibrate.cpulimit import CpuLimitError
+from formats.plan import Plan
 from real.config import RunSpec
 from real.data import make_chain
 from real.options import ExecOptions, PeerLost, resolve_backend
-from formats.plan import Plan
 from real.worker import Node
+
 
 def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:
     """Join the group: ("file", path) or ("tcp", host, port) from the local launcher, or

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from real.diloco import OuterState
+from real.trace import trace_row
 
 PATTERNS = ("sequential", "strided")
 FRAGMENT_COLUMNS = ["strategy", "node", "round", "fragment", "prepare_step", "sync_step", "start_s", "end_s",
@@ -308,16 +309,16 @@ class StreamingRound:
 
     def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[float, float, int, dict]:
         """Wait for fragment k's average, apply it; (main-thread sync seconds, idle, bytes, row)."""
-        from real.options import _collective
+        from real.options import run_collective  # real.options imports this module
 
         node, d = self.node, self.node.spec.diloco
         wait_start = time.perf_counter()
-        average, sent, ready, end = _collective(flight.future.result)
+        average, sent, ready, end = run_collective(flight.future.result)
         wait_end = time.perf_counter()
         blocked = wait_end - wait_start
         idle = min(max(ready - wait_start, 0.0), blocked)
         self.fragmented.apply(k, average, d.outer_lr, d.outer_momentum, self.spec.fragment_alpha)
-        node._sync_device()
+        node.groups.sync_device()
         applied = time.perf_counter() - wait_end
         prepare, sync = self.schedule[k]
         offset = node.time_offset_s - t0
@@ -327,23 +328,22 @@ class StreamingRound:
         return flight.prepare_s + blocked - idle + applied, idle, sent, row
 
     def run_round(self, r: int, t0: float, bar=None) -> dict:
+        """Round r: the node's inner steps (real/worker.py's loop), fragment k's pseudo-gradient
+        sent after its prepare step and its average applied after its sync step."""
+        from real.worker import RoundClock
+
         node = self.node
         prepare_at = {p: k for k, (p, _) in enumerate(self.schedule)}
         sync_at = {s: k for k, (_, s) in enumerate(self.schedule)}
-        grad_sync = node._grad_sync if node.me.gpus > 1 else None
         round_start = time.perf_counter()
-        clock = {"deadline": round_start, "overruns": 0}
-        loss_sum = torch.zeros((), device=node.device)
-        comm = idle = 0.0
-        sent_total = 0
+        clock = RoundClock(deadline=round_start)
         flight = None
-        for step in range(1, node.me.local_steps + 1):
-            loss_sum += node.train_inner_step(clock, grad_sync)
-            if bar is not None:
-                bar.update(1)
+
+        def after_step(step: int) -> None:
+            nonlocal flight
             if step in prepare_at:
                 k = prepare_at[step]
-                node._sync_device()
+                node.groups.sync_device()
                 start = time.perf_counter()
                 delta = (self.fragmented.pseudo_gradient(k, node.coef) if node.is_leader
                          else self.fragmented.buffer(k))
@@ -352,24 +352,18 @@ class StreamingRound:
             if step in sync_at:
                 seconds, waited, sent, row = self._sync(sync_at[step], flight, t0)
                 flight = None
-                comm, idle, sent_total = comm + seconds, idle + waited, sent_total + sent
+                clock.comm_s, clock.idle_s, clock.bytes_sent = clock.comm_s + seconds, clock.idle_s + waited, \
+                    clock.bytes_sent + sent
                 if node.is_leader:
                     self.rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
-        if node.me.gpus > 1:
-            from real.options import _collective
 
-            _collective(dist.all_reduce, loss_sum, group=node.node_group)
-            loss_sum /= node.me.gpus
-        node._sync_device()
+        loss_sum = node.inner_steps(clock, node.node_grad_sync(), bar, after_step)
+        node.groups.sync_device()
         end = time.perf_counter()
-        return {
-            "strategy": node.plan.strategy, "node": node.me.node, "round": r,
-            "compute_s": end - round_start - idle - comm, "idle_s": idle, "comm_s": comm,
-            "round_start_s": node.time_offset_s + round_start - t0, "round_end_s": node.time_offset_s + end - t0,
-            "loss": float(loss_sum.item()) / node.me.local_steps, "tokens": node.tokens_per_round,
-            "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
-            "local_steps": node.me.local_steps, "batch_size": node.batch, "bytes_sent": sent_total,
-        }
+        return trace_row(node.plan.strategy, node.me, r, compute_s=end - round_start - clock.idle_s - clock.comm_s,
+                         idle_s=clock.idle_s, comm_s=clock.comm_s, start_s=node.time_offset_s + round_start - t0,
+                         end_s=node.time_offset_s + end - t0, loss=float(loss_sum.item()) / node.me.local_steps,
+                         tokens=node.tokens_per_round, overruns=clock.overruns, bytes_sent=clock.bytes_sent)
 
     # --- checkpoints: the model's own weights (they differ from θ_g) and the fragment rows ---
     def state_dict(self) -> dict:
