@@ -30,7 +30,9 @@ SCENARIO_TOP_KEYS = {"name", "seed", "model", "training", "network", "diloco", "
 # Keys the simulator may write in the sections read here that the executor does not need
 # (the plan carries per-node batch size and local steps).
 IGNORED_MODEL_KEYS = {"params", "flops_per_token"}
-IGNORED_TRAINING_KEYS = {"local_steps", "batch_size"}
+IGNORED_TRAINING_KEYS = {"local_steps", "batch_size", "sharding", "activation_checkpointing"}
+# [diloco] outer_state: the plan's outer_state column carries the resolved value.
+IGNORED_DILOCO_KEYS = {"outer_state"}
 
 
 class ConfigError(ValueError):
@@ -151,7 +153,9 @@ def run_spec_from_dict(data: dict) -> RunSpec:
     if "rounds" not in training:
         raise _FieldError("training.rounds", "missing; expected a positive integer")
     diloco = dict(_table(data, "diloco"))
-    _check_keys(diloco, set(DilocoSpec.__dataclass_fields__), "diloco.")
+    _check_keys(diloco, set(DilocoSpec.__dataclass_fields__) | IGNORED_DILOCO_KEYS, "diloco.")
+    for key in IGNORED_DILOCO_KEYS:
+        diloco.pop(key, None)
     if "betas" in diloco:
         betas = diloco["betas"]
         diloco["betas"] = tuple(betas) if isinstance(betas, list) else betas

@@ -42,6 +42,7 @@ from real.data import load_tokens
 from real.plan import Plan
 from real.options import ExecOptions
 from real.process import worker_main
+from real.streaming import StreamingSpec
 
 
 class LaunchError(ValueError):
@@ -62,12 +63,32 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
+    streaming = opts.streaming or StreamingSpec.from_plan(plan)
+    try:
+        streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
+    except ValueError as exc:
+        raise LaunchError(f"{plan_path}: {exc}") from None
+    check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     return spec, plan
+
+
+def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
+    """A sharded node (real/sharding.py) runs classic DiLoCo rounds; sync-ddp's per-step gradient
+    average and Streaming DiLoCo's fragments work on whole replicas, so those are refused."""
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.sharding in (None, "none") or node.gpus == 1:
+            continue
+        if plan.sync == "gradients":
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with sync = gradients (sync-ddp) is "
+                              f"not run by this executor; expected none")
+        if streams:
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
+                              f"not run by this executor; expected none")
 
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:

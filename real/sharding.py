@@ -47,32 +47,21 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-SHARDINGS = ("none", "zero1", "zero2", "fsdp")
-CHECKPOINTING = ("none", "full")
-OUTER_STATES = ("cpu", "device")
 
 
 @dataclass(frozen=True)
 class ShardingSpec:
-    """How one node trains: its sharding, its recomputation, where its outer state lives."""
+    """How one node trains: its sharding, its recomputation, where its outer state lives (the
+    plan's resolved columns; real/plan.py validates them)."""
 
     sharding: str = "none"
     activation_checkpointing: str = "none"
-    outer_state: str = "device"
-
-    def __post_init__(self) -> None:
-        for key, value, allowed in (("sharding", self.sharding, SHARDINGS),
-                                    ("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING),
-                                    ("outer_state", self.outer_state, OUTER_STATES)):
-            if value not in allowed:
-                raise ValueError(f"plan: {key}: expected one of {', '.join(allowed)}, got {value!r}")
+    outer_state: str = "cpu"
 
     @classmethod
     def of(cls, plan, node) -> "ShardingSpec":
-        """The spec of a plan's node (plan columns sharding, activation_checkpointing, outer_state)."""
-        return cls(getattr(node, "sharding", None) or "none",
-                   getattr(node, "activation_checkpointing", None) or "none",
-                   getattr(plan, "outer_state", None) or "device")
+        """The spec of a plan's node (empty cells: none, none, cpu, as Plan.resolved())."""
+        return cls(node.sharding or "none", node.activation_checkpointing or "none", plan.outer_state or "cpu")
 
 
 def prepare_model(model: torch.nn.Module, spec: ShardingSpec, node_group, gpus: int,

@@ -13,7 +13,6 @@ inputs, so on CPU it changes no bit.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pandas as pd
@@ -24,42 +23,27 @@ from calibrate.models import build_model
 from calibrate.presets import load_arch
 from real.launch import launch
 from real.options import ExecOptions
-from real.plan import NodePlan, bytes_sent_per_sync
+from real.plan import NodePlan, Plan, bytes_sent_per_sync
 from real.sharding import ShardingSpec
-from tests.test_real_nodes import plan_text
 from tests.test_real_runs import SEQ_LEN, _distance, scenario_text
 
 NODES = [("a", 2, 2, 3), ("b", 1, 3, 2)]
 
 
-@dataclass(frozen=True)
-class _ShardedNode(NodePlan):
-    """A node plan with the sharding columns (until plan.csv carries them)."""
-
-    sharding: str = "none"
-    activation_checkpointing: str = "none"
-
-
-def _with_sharding(monkeypatch, per_node: dict[str, dict]) -> None:
-    import real.launch as launch_module
-
-    original = launch_module.check_inputs
-
-    def check_inputs(*args, **kwargs):
-        spec, plan = original(*args, **kwargs)
-        nodes = tuple(_ShardedNode(**{f.name: getattr(n, f.name) for f in fields(NodePlan)}, **per_node.get(n.node, {}))
-                      for n in plan.nodes)
-        return spec, replace(plan, nodes=nodes)
-
-    monkeypatch.setattr(launch_module, "check_inputs", check_inputs)
+def _plan_text(per_node: dict[str, dict]) -> str:
+    lines = ["strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sharding,activation_checkpointing"]
+    for name, g, b, h in NODES:
+        layout = per_node.get(name, {})
+        lines.append(f"test,{name},{g},{b},{h},0.01,{g * b * h * SEQ_LEN},0.0,{layout.get('sharding', '')},"
+                     f"{layout.get('activation_checkpointing', '')}")
+    return "\n".join(lines) + "\n"
 
 
-def _run(tmp: Path, name: str, monkeypatch, per_node: dict | None = None, **opts) -> Path:
+def _run(tmp: Path, name: str, per_node: dict | None = None, **opts) -> Path:
     d = tmp / name
     d.mkdir(exist_ok=True)
-    (d / "plan.csv").write_text(plan_text(NODES))
+    (d / "plan.csv").write_text(_plan_text(per_node or {}))
     (d / "scenario.toml").write_text(scenario_text(rounds=2))
-    _with_sharding(monkeypatch, per_node or {})
     options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, summary=False, **opts)
     assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
     return d
@@ -69,46 +53,50 @@ def _weights(d: Path) -> dict[str, torch.Tensor]:
     return torch.load(d / "out" / "final_weights.pt", weights_only=True)
 
 
-def test_sharded_node_equals_unsharded_node(tmp_path, monkeypatch):
-    plain = _run(tmp_path, "none", monkeypatch)
-    fsdp = _run(tmp_path, "fsdp", monkeypatch, {"a": {"sharding": "fsdp"}})
-    recompute = _run(tmp_path, "fsdp_ac", monkeypatch, {"a": {"sharding": "fsdp", "activation_checkpointing": "full"}})
-    want, got = _weights(plain), _weights(fsdp)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict[str, Path]:
+    """Node a unsharded, and node a under FSDP; two rounds each."""
+    tmp = tmp_path_factory.mktemp("sharding")
+    return {"none": _run(tmp, "none"), "fsdp": _run(tmp, "fsdp", {"a": {"sharding": "fsdp"}})}
+
+
+def test_sharded_node_equals_unsharded_node(reference):
+    want, got = _weights(reference["none"]), _weights(reference["fsdp"])
     assert list(got) == list(want)  # full tensors under the unsharded names
     start = [p.detach() for p in build_model(load_arch("tiny"), SEQ_LEN, seed=7).parameters()]
     travelled = _distance(list(want.values()), start)
     assert _distance(list(got.values()), list(want.values())) < 1e-4 * travelled
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=5e-5)
-    for name, value in _weights(recompute).items():
-        assert torch.equal(value, got[name]), name
-    trace, ref = pd.read_csv(fsdp / "out" / "trace.csv"), pd.read_csv(plain / "out" / "trace.csv")
+    trace, ref = pd.read_csv(reference["fsdp"] / "out" / "trace.csv"), pd.read_csv(reference["none"] / "out" / "trace.csv")
     assert (trace["loss"] - ref["loss"]).abs().max() < 1e-4
     # The leader sends the canonical full pseudo-gradient, as an unsharded node's.
     params = sum(p.numel() for p in start)
     assert list(trace["bytes_sent"]) == bytes_sent_per_sync(params, "fp32", "ring", [1.0, 1.0]) * 2
     assert (trace["peak_mem_bytes"] > 0).all() and (ref["peak_mem_bytes"] > 0).all()
+    # The check can fail: the unsharded run moved the weights far beyond the tolerance.
+    assert travelled > 1e3 * 5e-5
 
 
-def test_sharded_resume_is_exact(tmp_path, monkeypatch):
-    sharded = {"a": {"sharding": "zero2"}}
-    whole = _run(tmp_path, "whole", monkeypatch, sharded)
-    _run(tmp_path, "split", monkeypatch, sharded, stop_after=1)
-    resumed = _run(tmp_path, "split", monkeypatch, sharded, resume=True)
-    want, got = _weights(whole), _weights(resumed)
+def test_recomputation_zero2_and_resume_change_no_bit(reference, tmp_path):
+    """zero2 (weights kept gathered from forward to backward) with activation checkpointing,
+    stopped after round 1 and resumed from its checkpoints: the same bits as fsdp straight
+    through. zero2 and fsdp run the same reduce-scatters and updates (only when weights are
+    freed differs); recomputation repeats the same kernels; the checkpoint is exact."""
+    node = {"a": {"sharding": "zero2", "activation_checkpointing": "full"}}
+    _run(tmp_path, "split", node, stop_after=1)
+    resumed = _run(tmp_path, "split", node, resume=True)
+    want, got = _weights(reference["fsdp"]), _weights(resumed)
     for name in want:
         assert torch.equal(got[name], want[name]), name
     # The checkpoint holds the canonical form: full θ_g and full AdamW moments.
     state = torch.load(resumed / "out" / "checkpoints" / "node0.pt", weights_only=True)
     assert state["outer"]["global_flat"].numel() == sum(v.numel() for v in want.values())
-    first = state["inner_optimizer"]["state"][0]["exp_avg"]
-    assert first.shape == next(iter(want.values())).shape
+    assert state["inner_optimizer"]["state"][0]["exp_avg"].shape == next(iter(want.values())).shape
 
 
-def test_sharding_spec_defaults_and_validation():
-    node = NodePlan(node="a", gpus=2, batch_size=1, local_steps=1, step_s=0.1)
-    assert ShardingSpec.of(object(), node) == ShardingSpec("none", "none", "device")
-    assert ShardingSpec.of(object(), _ShardedNode(**{f.name: getattr(node, f.name) for f in fields(NodePlan)},
-                                                  sharding="fsdp")).sharding == "fsdp"
-    with pytest.raises(ValueError, match="sharding: expected one of none, zero1, zero2, fsdp, got 'auto'"):
-        ShardingSpec("auto")
+def test_sharding_spec_reads_the_resolved_plan():
+    plan = Plan(strategy="t", nodes=(NodePlan("a", 2, 1, 1, 0.1, sharding="fsdp", activation_checkpointing="full"),
+                                     NodePlan("b", 1, 1, 1, 0.1)), comm_s=0.0, seq_len=8).resolved(1)
+    assert ShardingSpec.of(plan, plan.nodes[0]) == ShardingSpec("fsdp", "full", "cpu")
+    assert ShardingSpec.of(plan, plan.nodes[1]) == ShardingSpec("none", "none", "cpu")
