@@ -100,3 +100,49 @@ def test_sharding_spec_reads_the_resolved_plan():
                                      NodePlan("b", 1, 1, 1, 0.1)), comm_s=0.0, seq_len=8).resolved(1)
     assert ShardingSpec.of(plan, plan.nodes[0]) == ShardingSpec("fsdp", "full", "cpu")
     assert ShardingSpec.of(plan, plan.nodes[1]) == ShardingSpec("none", "none", "cpu")
+
+
+def _layout_worker(rank: int, world: int, store_path: str, results) -> None:
+    import torch.distributed as dist
+
+    from real.sharding import ShardLayout
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    torch.manual_seed(0)
+    # Odd shapes: 5 rows over 3 processes (2, 2, 1), 2 rows (one process holds none), 1 row.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2), torch.nn.Linear(2, 1))
+    full = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+    shapes = [p.shape for p in model.parameters()]
+    group = dist.new_group(list(range(world)))
+    fully_shard(model, mesh=DeviceMesh.from_group(group, "cpu"))
+    layout = ShardLayout(list(model.parameters()), shapes, group, world)
+    local = torch.cat([t.detach().reshape(-1) for t in layout.local_tensors()])
+    gathered = layout.gather(local)
+    back = torch.empty_like(local)
+    layout.scatter(full * 2 if rank == 0 else None, back)
+    results[rank] = (gathered, local, layout.local_slice(full), back, layout.local_slice(full * 2))
+    dist.destroy_process_group()
+
+
+def test_shard_layout_round_trips_uneven_shards(tmp_path):
+    """gather() rebuilds the canonical flat vector from FSDP2's shards, scatter() and
+    local_slice() cut it back, for dim-0 sizes that do not divide by G (empty shards too)."""
+    import torch.multiprocessing as mp
+
+    world = 3
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_layout_worker, args=(world, str(tmp_path / "store"), results), nprocs=world)
+        results = dict(results)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2), torch.nn.Linear(2, 1))
+    full = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    assert torch.equal(results[0][0], full)
+    assert results[1][0] is None and results[2][0] is None
+    for rank in range(world):
+        _, local, sliced, back, want_back = results[rank]
+        assert torch.equal(local, sliced) and torch.equal(back, want_back)
+    assert sum(results[r][1].numel() for r in range(world)) == full.numel()
