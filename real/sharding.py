@@ -22,6 +22,10 @@ and the node runs unsharded whatever the plan says):
   layer (torch.utils.checkpoint, use_reentrant=False): activations inside a layer are
   recomputed in backward. Recomputation repeats the same kernels on the same inputs, so on
   CPU the weights are bitwise those without it (tests/test_real_sharding.py).
+- fp16 (loss scaling): torch's ShardedGradScaler over the node's group, so the processes agree
+  on whether any shard's gradient overflowed (node_scaler).
+- sync = gradients (sync-ddp) and Streaming DiLoCo fragments work on whole replicas: a sharded
+  node with either is refused at launch (real/launch.py).
 
 The outer step per shard. Every process keeps θ_g and the Nesterov momentum only for its own
 shard (OuterState over the local shards, on the CPU or the device per the plan's
@@ -83,6 +87,17 @@ def prepare_model(model: torch.nn.Module, spec: ShardingSpec, node_group, gpus: 
     # The root's weights (embedding, final norm, LM head) are needed again first in backward.
     fully_shard(model, mesh=mesh, reshard_after_forward=None if reshard else False)
     return ShardLayout(list(model.parameters()), full_shapes, node_group, gpus)
+
+
+def node_scaler(scaler, layout: "ShardLayout | None", device: torch.device):
+    """fp16's loss scaler for the node: a sharded node's processes each see only their shards'
+    gradients, so whether any is inf/nan is agreed over the node (ShardedGradScaler all-reduces
+    it) and every process skips or takes the same steps with the same scale."""
+    if scaler is None or layout is None:
+        return scaler
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    return ShardedGradScaler(device.type, process_group=layout.group)
 
 
 def _rows(dim0: int, gpus: int, j: int) -> tuple[int, int]:

@@ -50,7 +50,7 @@ from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
 from real.options import ExecOptions, _collective, _sleep_until, run_config
 from real.plan import Plan
-from real.sharding import (ShardingSpec, peak_memory_bytes, peak_memory_reset, prepare_model,
+from real.sharding import (ShardingSpec, node_scaler, peak_memory_bytes, peak_memory_reset, prepare_model,
                            sharded_average)
 from real.streaming import FRAGMENT_NUMERIC, StreamingRound, StreamingSpec, write_fragments
 from real.sync import CrossNodeSync
@@ -91,7 +91,7 @@ class Node:
         self.layout = prepare_model(self.model, self.sharding, self.node_group, self.me.gpus, self.device)
         d = spec.diloco
         self.optimizer = make_optimizer(self.model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
-        self.scaler = make_scaler(self.device, spec.model.dtype)
+        self.scaler = node_scaler(make_scaler(self.device, spec.model.dtype), self.layout, self.device)
         self.outer = OuterState(self.layout.local_tensors() if self.layout else list(self.model.parameters()),
                                 device=self.outer_device)
         params = self.layout.full_numel if self.layout else self.outer.global_flat.numel()
