@@ -8,34 +8,51 @@ in a second, slower test with the tiny model, one round and few steps.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from pathlib import Path
 
 import pytest
 
 from geodt.cli import main as geodt
 
-SIMULATOR_JOURNEY = [
-    (["simulate", "paper"], "out/paper/simulate", {"plan.csv", "timeline.csv", "summary.csv", "trace.json",
-                                                    "scenario.toml"}),
-    (["plan", "paper", "--strategy", "hybrid"], "out/paper/plan-hybrid", {"plan.csv", "scenario.toml"}),
-    (["sweep", "--gpu-types", "a30,v100,t4", "--samples", "30", "--workers", "1", "--out", "out/sweep"], "out/sweep",
-     {"sweep.csv", "sweep.csv.sha256", "spec.json", "scenario.toml", "idle_left.png", "winners.png", "speedup.png"}),
-    (["sweep", "--table", "paper"], "out/paper/table", {"table.csv", "table.md", "plan.csv", "summary.csv",
-                                                       "scenario.toml"}),
+ROOT = Path(__file__).resolve().parents[1]
+NEEDS_TORCH = {"calibrate", "profile", "run", "validate"}
+# What each command of the README's list writes (directory, some of its files), in the list's order.
+WRITES = [
+    ("out/paper/simulate", {"plan.csv", "timeline.csv", "summary.csv", "trace.json", "scenario.toml"}),
+    ("out/paper/plan-hybrid", {"plan.csv", "scenario.toml"}),
+    ("out/sweep", {"sweep.csv", "sweep.csv.sha256", "spec.json", "scenario.toml", "idle_left.png", "winners.png",
+                   "speedup.png"}),
+    ("out/paper/table", {"table.csv", "table.md", "plan.csv", "summary.csv", "scenario.toml"}),
+    ("profiles", {"cpu.csv"}),
+    (None, set()),
+    ("out/hetero-cpu/run-measured-steps", {"plan.csv", "scenario.toml", "trace.csv", "trace.json"}),
+    ("out/hetero-cpu/validate-measured-steps", {"plan.csv", "scenario.toml", "timeline.csv", "trace.csv",
+                                                "validation.csv", "validation.png", "trace.json"}),
+    ("results/paper", {"table3_idle.csv", "README.md", "timeline.png"}),
 ]
+# Appended to the README's commands to keep the test quick; none changes where outputs go.
 SMALL = ["--set", "training.rounds=1", "--set", "training.local_steps=2", "--time-scale", "0.2", "--no-progress",
          "--threads", "1"]
-TORCH_JOURNEY = [
-    (["calibrate", "--device", "cpu", "--model", "tiny", "--seq-len", "64", "--batch", "1,2", "--repeats", "2",
-      "--warmup", "1", "--out", "profiles/cpu.csv"], "profiles", {"cpu.csv"}),
-    (["profile", "check", "profiles/cpu.csv"], None, set()),
-    (["run", "hetero-cpu", "--strategy", "measured-steps", "--emulate", *SMALL], "out/hetero-cpu/run-measured-steps",
-     {"plan.csv", "scenario.toml", "trace.csv", "trace.json"}),
-    (["validate", "hetero-cpu", "--strategy", "measured-steps", "--emulate", *SMALL],
-     "out/hetero-cpu/validate-measured-steps",
-     {"plan.csv", "scenario.toml", "timeline.csv", "trace.csv", "validation.csv", "validation.png", "trace.json"}),
-]
-PAPER = (["paper"], "results/paper", {"table3_idle.csv", "README.md", "timeline.png"})
+QUICKER = {"sweep": ["--workers", "1"], "calibrate": ["--repeats", "2", "--warmup", "1"], "run": SMALL,
+           "validate": SMALL}
+
+
+def readme_first_hour() -> list[list[str]]:
+    """The commands of the README's "A first hour" block, as argv lists without `geodt`."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## A first hour"):]
+    block = block[block.index("```bash") + len("```bash"):]
+    block = block[:block.index("```")]
+    return [shlex.split(line, comments=True)[1:] for line in block.strip().splitlines()]
+
+
+def journey(with_torch: bool):
+    commands = readme_first_hour()
+    assert [argv[0] for argv in commands] == ["simulate", "plan", "sweep", "sweep", "calibrate", "profile", "run",
+                                              "validate", "paper"] and len(commands) == len(WRITES)
+    return [(argv + QUICKER.get(argv[0], []), where, files) for argv, (where, files) in zip(commands, WRITES)
+            if with_torch or argv[0] not in NEEDS_TORCH]
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -59,7 +76,7 @@ def walk(root: Path, journey) -> None:
 
 def test_the_simulator_journey_keeps_every_output(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    walk(tmp_path, [*SIMULATOR_JOURNEY, PAPER])
+    walk(tmp_path, journey(with_torch=False))
     printed = capsys.readouterr().out
     assert "wrote out/paper/simulate/" in printed and "wrote out/paper/plan-hybrid/" in printed
     assert "removed" not in printed  # nothing of an earlier command was in the way
@@ -70,4 +87,4 @@ def test_the_whole_journey_with_torch_keeps_every_output(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "profiles").mkdir()  # as in a checkout, where calibrate's README command writes
-    walk(tmp_path, [*SIMULATOR_JOURNEY, *TORCH_JOURNEY, PAPER])
+    walk(tmp_path, journey(with_torch=True))
