@@ -60,7 +60,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
         parser.add_argument("--engine", default="simpy", help=f"one of {', '.join(ENGINES)} (default simpy)")
         parser.add_argument("--full-trace", action="store_true",
                             help=f"trace.json with every round (default: the first rounds, up to "
-                                 f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds, which ui.perfetto.dev opens quickly)")
+                                 f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds: a file a trace viewer opens comfortably)")
     args = parser.parse_args(argv)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -111,7 +111,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
     print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     if trace_kept is not None:
         print(f"trace.json holds rounds 0-{trace_kept - 1} of {int(timeline['round'].max()) + 1} (the first "
-              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, so that ui.perfetto.dev opens it quickly); "
+              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, a file a trace viewer opens comfortably); "
               "--full-trace writes every round")
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
         from simulator.report import answer
