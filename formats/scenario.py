@@ -17,6 +17,7 @@ from formats.config import require_choice, require_positive
 from formats.errors import FieldError
 from formats.limits import limit
 from formats.wire import AVERAGING_MODES, MODEL_DTYPES
+from formats.plan import OUTER_STATES
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,11 @@ class DilocoConfig:
     averaging: str = "uniform"
     betas: tuple[float, ...] = (0.9, 0.95)
     cosine_min_lr_ratio: float = 0.1
+    outer_state: str = "cpu"  # where the global copy and outer momentum live (OpenDiLoCo: CPU)
 
     def __post_init__(self) -> None:
         require_positive(self, "inner_lr", "outer_lr")
+        require_choice(self, "outer_state", OUTER_STATES)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
         if not 0 <= self.cosine_min_lr_ratio <= 1:

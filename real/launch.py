@@ -56,8 +56,8 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     from calibrate.presets import PresetError, load_arch
 
     spec = load_run_spec(scenario_path)
-    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds, spec.collective,
-                                                                    spec.payload_dtype)
+    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
+        spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
     check_runnable_layout(plan, plan_path)
     try:
