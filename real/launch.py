@@ -178,9 +178,12 @@ def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: Exe
     return 0  # not reached: worker_main exits
 
 
-def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1") -> int:
+def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
+           announce=None) -> int:
     """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
-    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary)."""
+    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary).
+    announce(), if given, is called once every input is checked, right before the processes start
+    (warnings about the run go there, so that bad input stays one line)."""
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
         if not under_torchrun():
@@ -218,6 +221,8 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
             return 2
         listener.listen()
         _pin_gloo(ip)
+    if announce is not None:
+        announce()
     _copy_inputs(plan_path, scenario_path, out_dir)
     store = None
     context = None
