@@ -20,13 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
-                      "measured_round_s", "error_pct_of_round", "mode"]
+from formats.timeline import VALIDATION_COLUMNS
+
 MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
-    from real.cli import OneLineParser, add_exec_arguments
+    from formats.cli import OneLineParser
+    from real.cli import add_exec_arguments
 
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
@@ -49,10 +50,10 @@ def _prepare(prog: str, args: argparse.Namespace):
     Returns (scenario, plan, exec options) or an exit status. Nothing is written unless
     every input is good.
     """
+    from formats.errors import InputError
     from real.cli import exec_options
     from real.config import ConfigError
     from real.launch import LaunchError, check_inputs
-    from simulator.errors import InputError
     from simulator.outputs import write_csv, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan

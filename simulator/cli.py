@@ -7,14 +7,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.errors import FieldError, InputError
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: {message}\n")
+from formats.cli import OneLineParser
+from formats.errors import FieldError, InputError
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.engine import TIMELINE_COLUMNS
+from formats.timeline import TIMELINE_COLUMNS
 from simulator.outputs import write_text
 
 # `geodt simulate` writes the first rounds up to this many node-rounds (rows of the timeline) into

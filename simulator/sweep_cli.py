@@ -31,7 +31,7 @@ _WORKER: dict = {}
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    from simulator.scenario import LIMITS
+    from formats.limits import LIMITS
 
     lo, hi = LIMITS["bandwidth_gbps"]
     try:
@@ -44,7 +44,7 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def parser():
-    from simulator.cli import OneLineParser
+    from formats.cli import OneLineParser
 
     p = OneLineParser(prog="geodt sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", metavar="SCENARIO", help="instead of a sweep: every strategy on this scenario")
@@ -84,7 +84,7 @@ def _quiet_worker() -> None:
 
 def _lock(out: Path):
     """An exclusive lock on DIR/.sweep.lock (waited for), removed with release()."""
-    from calibrate.files import FileLock
+    from formats.files import FileLock
 
     def say():
         print(f"geodt sweep: another sweep is writing {out}; waiting for it", file=sys.stderr)
@@ -126,7 +126,7 @@ def _run_chunk(job) -> tuple[int, int]:
 
 def _spec_from_args(args, strategies):
     from calibrate.catalog import CatalogError, get_gpu
-    from simulator.errors import InputError
+    from formats.errors import InputError
     from simulator.sweep import SweepSpec
 
     types = tuple(t.strip() for t in args.gpu_types.split(",") if t.strip())
@@ -165,7 +165,7 @@ def _sweep(args, strategies, out: Path) -> int:
 
     import pandas as pd
 
-    from simulator.errors import InputError
+    from formats.errors import InputError
     from simulator.outputs import check_writable, write_text
     from simulator.scenario import load_scenario
 
@@ -237,7 +237,7 @@ def _finish(args, frame, csv_data: bytes, base, out: Path, write: bool) -> int:
     import shutil
     import tempfile
 
-    from simulator.errors import InputError
+    from formats.errors import InputError
     from simulator.outputs import OutputError, write_output_set
 
     files = {"sweep.csv": csv_data, "sweep.csv.sha256": f"{_digest(csv_data)}  sweep.csv\n".encode(),
@@ -270,8 +270,8 @@ def _finish(args, frame, csv_data: bytes, base, out: Path, write: bool) -> int:
 def _table(args, strategies, out: Path | None) -> int:
     import pandas as pd
 
+    from formats.errors import FieldError, InputError
     from simulator.engine import simulate, summary
-    from simulator.errors import FieldError, InputError
     from simulator.outputs import OutputError, csv_bytes, write_output_set
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
@@ -302,7 +302,7 @@ def _table(args, strategies, out: Path | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.errors import InputError
+    from formats.errors import InputError
     from simulator.strategies import STRATEGIES
 
     try:

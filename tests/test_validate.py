@@ -11,9 +11,10 @@ import json
 import pandas as pd
 import pytest
 
-from geodt.run_cmd import (VALIDATION_COLUMNS, device_kind, reproduction_warnings, run_heading, run_main, validate_main,
-                           validation_table)
-from real.plan import bytes_sent_per_sync, load_plan
+from formats.plan import load_plan
+from formats.timeline import VALIDATION_COLUMNS
+from formats.wire import bytes_sent_per_sync
+from geodt.run_cmd import device_kind, reproduction_warnings, run_heading, run_main, validate_main, validation_table
 
 
 def test_validation_table_sums_rounds_and_scales_measured_time():
