@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from collections.abc import Sequence
@@ -248,7 +249,7 @@ class BackgroundSync:
 
     def _run(self, k: int, delta: torch.Tensor, event):
         node, opts = self.node, self.node.opts
-        ctx = torch.cuda.stream(self.stream) if self.stream is not None else _null()
+        ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         with ctx:
             if event is not None:
                 self.stream.wait_event(event)
@@ -274,14 +275,6 @@ class BackgroundSync:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 class StreamingRound:
@@ -387,18 +380,25 @@ class StreamingRound:
         self.background.close()
 
 
-def write_syncs(rows: list[dict], node_order: list[str], path) -> None:
-    """syncs.csv, whole or not at all (temp file, then os.replace)."""
+def write_syncs(plan, tables: list[list[list[float]]], path) -> None:
+    """syncs.csv from every leader's rows (SYNC_NUMERIC values, plan order), whole or not at all."""
     import os
     from pathlib import Path
 
     import pandas as pd
 
-    path = Path(path)
-    order = {name: i for i, name in enumerate(node_order)}
+    rows = []
+    for node, table in zip(plan.nodes, tables):
+        for values in table:
+            row = {"strategy": plan.strategy, "node": node.node, **dict(zip(SYNC_NUMERIC, values))}
+            for c in ("round", "fragment", "bytes_sent"):
+                row[c] = int(row[c])
+            rows.append(row)
+    order = {node.node: i for i, node in enumerate(plan.nodes)}
     frame = pd.DataFrame(rows, columns=SYNC_COLUMNS)
     frame = frame.sort_values(["round", "fragment", "node"],
                               key=lambda col: col.map(order) if col.name == "node" else col).reset_index(drop=True)
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)

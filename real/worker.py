@@ -429,16 +429,7 @@ class Node:
                             row[c] = int(row[c])
                         rows.append(row)
                 if fragment_tables is not None:
-                    fragment_rows = []
-                    for node, table in zip(self.plan.nodes, fragment_tables):
-                        for values in table:
-                            row = {"strategy": self.plan.strategy, "node": node.node,
-                                   **dict(zip(SYNC_NUMERIC, values))}
-                            for c in ("round", "fragment", "bytes_sent"):
-                                row[c] = int(row[c])
-                            fragment_rows.append(row)
-                    write_syncs(fragment_rows, [node.node for node in self.plan.nodes],
-                                os.path.join(self.opts.out_dir, "syncs.csv"))
+                    write_syncs(self.plan, fragment_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
                 frame = write_trace(rows, [node.node for node in self.plan.nodes],
                                     os.path.join(self.opts.out_dir, "trace.csv"))
                 tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
