@@ -50,7 +50,7 @@ from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
 from real.options import ExecOptions, _collective, _sleep_until, run_config
 from formats.plan import Plan
-from real.streaming import FRAGMENT_NUMERIC, StreamingRound, StreamingSpec, write_fragments
+from real.streaming import SYNC_NUMERIC, StreamingRound, StreamingSpec, write_syncs
 from real.sync import CrossNodeSync
 from real.trace import NUMERIC_COLUMNS, summary, write_trace
 
@@ -413,12 +413,12 @@ class Node:
 
     def finish(self) -> None:
         """Gather the leaders' rows (float64 tensors) to rank 0, which writes trace.csv (and
-        fragments.csv when streaming) and the model's final weights."""
+        syncs.csv when streaming) and the model's final weights."""
         if self.streaming is not None:
             self.streaming.close()
         if self.is_leader:
             tables = self._gather_tables(self.trace, NUMERIC_COLUMNS)
-            fragment_tables = (self._gather_tables(self.streaming.rows, FRAGMENT_NUMERIC)
+            fragment_tables = (self._gather_tables(self.streaming.rows, SYNC_NUMERIC)
                                if self.streaming is not None else None)
             if self.rank == 0:
                 rows = []
@@ -429,16 +429,7 @@ class Node:
                             row[c] = int(row[c])
                         rows.append(row)
                 if fragment_tables is not None:
-                    fragment_rows = []
-                    for node, table in zip(self.plan.nodes, fragment_tables):
-                        for values in table:
-                            row = {"strategy": self.plan.strategy, "node": node.node,
-                                   **dict(zip(FRAGMENT_NUMERIC, values))}
-                            for c in ("round", "fragment", "prepare_step", "sync_step", "bytes_sent"):
-                                row[c] = int(row[c])
-                            fragment_rows.append(row)
-                    write_fragments(fragment_rows, [node.node for node in self.plan.nodes],
-                                    os.path.join(self.opts.out_dir, "fragments.csv"))
+                    write_syncs(self.plan, fragment_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
                 frame = write_trace(rows, [node.node for node in self.plan.nodes],
                                     os.path.join(self.opts.out_dir, "trace.csv"))
                 tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")

@@ -35,7 +35,7 @@ def test_core_dependencies_have_no_torch_and_extras_do():
     extras = meta["optional-dependencies"]
     assert names(extras["real"]) == {"torch", "transformers"}
     assert names(extras["calibrate"]) == {"torch", "transformers", "nvidia-ml-py"}
-    assert names(extras["test"]) == {"pytest", "hypothesis"}
+    assert names(extras["test"]) == {"pytest", "hypothesis", "torchft"}
     assert extras["all"] == ["geodt[real,calibrate,test]"]
 
 
