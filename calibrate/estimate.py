@@ -21,7 +21,7 @@ of work at, and every rate a datasheet figure or a published measurement:
   (12·s·h per token per layer at η_mm) and moves the score matrix through memory.
 - B_act: bytes per token that the memory-bound work streams at the peak bandwidth BW: the
   activations each GEMM reads and writes, the norms, rotary embedding, SwiGLU, residual adds,
-  the flash-attention inputs/outputs (`ACT_ELEMENTS_*`, counted op by op below), the loss over
+  the flash-attention inputs/outputs (`ACT_BYTES_*`, counted op by op below), the loss over
   the vocabulary, and with eager attention the score matrix. This is what makes small hidden
   sizes slow: matmul FLOPs per token grow with h², these bytes with h.
 - t_weights: per micro-step, the autocast casts fp32 weights to half precision once, the
