@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from calibrate.catalog import get_gpu
 from calibrate.estimate import OPTIMIZER_BYTES_PER_PARAM, Shape, estimate_step  # noqa: F401  (re-exported)
-from simulator.errors import FieldError
+from formats.errors import FieldError
 from simulator.memory import GIB, memory_need_bytes
 from simulator.scenario import NodeConfig, Scenario
 
@@ -136,7 +136,7 @@ class NodeTiming:
         return self.memo["profiles"]
 
     def _read_profiles(self) -> tuple:
-        from calibrate.profiles import ProfileError  # pandas: only when profiles are used
+        from formats.profile import ProfileError  # pandas: only when profiles are used
 
         models = []
         index = self.position
