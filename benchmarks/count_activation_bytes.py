@@ -1,17 +1,22 @@
-"""Memory traffic of a training step's forward + backward per token, counted op by op.
+"""Memory traffic of a training step's forward + backward per token, counted op by op on geodt's own step.
 
 calibrate/estimate.py prices the memory-bound part of a step (norms, rotary, SwiGLU, residual
 adds, casts, the loss, and the activation operands every GEMM reads and writes) as bytes per
-token through the GPU's memory bandwidth. This script counts those bytes on geodt's own step
-(calibrate.step.train_step's forward and backward: transformers' LlamaForCausalLM under torch
-autocast, SDPA attention) under a TorchDispatchMode that sees every aten op, as
-benchmarks/count_optimizer_bytes.py does for the optimizer: per op, the bytes of every tensor
-it reads and writes (views move nothing). Parameters (fp32 masters), their half-precision
-casts and their gradients are excluded here: they are per-step weight traffic, not per token
-(calibrate.estimate.WEIGHT_BYTES_PER_PARAM). Matmul FLOPs are not bytes and are not counted.
+token through the GPU's memory bandwidth, from an op-by-op count of a lean training stack
+(ACT_BYTES_*: 58h + 12kv + 16f forward bytes per token per layer, ×3 with backward). This script
+counts the same traffic on geodt's own step (transformers' LlamaForCausalLM under torch autocast,
+SDPA attention: calibrate.step's forward and backward) under a TorchDispatchMode that sees every
+aten op: per op, the bytes of every tensor it reads and writes (views move nothing). Tensors
+shaped like a weight (casts, weight gradients, their accumulation) are per-step traffic and are
+left out, as are 0-d tensors. Matmul FLOPs are not bytes and are not counted.
 
-It is a count, not a timing: deterministic, so it runs on a CPU. Two models that differ in one
-size give the coefficient of that size exactly (the count is linear in h, kv and f per layer).
+What it shows (torch 2.13, this CPU; a count, so it runs anywhere):
+- backward moves 1.79x the forward's bytes (loss and embedding included): the estimate's PASSES = 3;
+- transformers' eager Llama moves far more than a lean stack: about 577h + 130kv + 54f bytes
+  per token per layer (fp32 RMSNorm in several kernels, casts, rotary's cat/neg/mul, GQA's
+  repeat_kv copies), about 3x the estimate's 3 × (58h + 12kv + 16f). The estimate describes the
+  published, optimised stacks (fused or compiled norms, flash attention); geodt's own eager
+  step is slower than it by that traffic, which a calibration profile measures.
 
     PYTHONPATH=. python benchmarks/count_activation_bytes.py
 """
@@ -23,8 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16") -> float:
-    """Bytes read + written per token by the forward + backward of one step, weights excluded.
+def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: bool = False):
+    """Bytes read + written per token by the forward + backward of one step, weights excluded
+    ((forward, backward) if split).
 
     A tensor shaped like a weight (or its transpose) is per-step traffic (casts, weight
     gradients, their accumulation) and is left out; so is every 0-d tensor."""
@@ -65,25 +71,31 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16") -> floa
     with Count():
         with torch.autocast(device_type="cpu", dtype=amp, enabled=amp is not torch.float32):
             loss = model(input_ids=ids, labels=ids).loss
+        forward = total[0]
         loss.backward()
+    if split:
+        return forward / (batch * seq_len), (total[0] - forward) / (batch * seq_len)
     return total[0] / (batch * seq_len)
 
 
 def main() -> int:
+    import numpy as np
     from dataclasses import replace
 
     from calibrate.presets import ModelArch
 
-    base = ModelArch("count", hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=4, ffn_size=512, vocab_size=1024)
-    variants = {"base": base, "layers+1": replace(base, num_layers=3), "h+128": replace(base, hidden_size=384, num_heads=6, num_kv_heads=6),
-                "ffn+256": replace(base, ffn_size=768), "kv/2": replace(base, num_kv_heads=2), "vocab+1024": replace(base, vocab_size=2048)}
-    counts = {k: count(v) for k, v in variants.items()}
-    per_layer = counts["layers+1"] - counts["base"]
-    print(f"bytes per token: base {counts['base']:.0f}; per layer {per_layer:.0f}")
-    print(f"  per layer per unit f  {(counts['ffn+256'] - counts['base']) / 2 / 256:.2f}")
-    print(f"  per layer per unit kv {(counts['kv/2'] - counts['base']) / 2 / -128:.2f}")
-    print(f"  per unit vocab        {(counts['vocab+1024'] - counts['base']) / 1024:.2f}")
-    print(f"  h+128 total change    {counts['h+128'] - counts['base']:.0f}")
+    base = ModelArch("count", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=512, vocab_size=1536)
+    variants = [base, replace(base, hidden_size=384, num_heads=6, num_kv_heads=6), replace(base, num_kv_heads=2),
+                replace(base, ffn_size=768)]
+    sizes, per_layer = [], []
+    for arch in variants:  # one layer more isolates the per-layer bytes
+        sizes.append([arch.hidden_size, arch.num_kv_heads * arch.head_dim, arch.ffn_size])
+        per_layer.append(count(replace(arch, num_layers=2)) - count(arch))
+    (h, kv, f), *_ = np.linalg.lstsq(np.array(sizes, float), np.array(per_layer), rcond=None)
+    fwd, bwd = count(base, split=True)
+    vocab = (count(replace(base, vocab_size=3072)) - count(base)) / 1536
+    print(f"transformers Llama, bf16 autocast: {h:.0f}h + {kv:.0f}kv + {f:.0f}f bytes per token per layer "
+          f"(forward + backward), {vocab:.0f} bytes per vocabulary entry; backward/forward {bwd / fwd:.2f}")
     return 0
 
 

@@ -68,7 +68,7 @@ DEFAULT_ATTENTION_EFFICIENCY = 0.55
 # 10h; MLP norm 6h; gate/up GEMMs read x twice and write 2f 4h + 4f; SiLU 4f and product 6f;
 # down GEMM 2f + 2h; residual add 10h. Sum 58h + 12kv + 16f bytes (GELU MLP of GPT/MPT: up GEMM
 # writes f, GELU reads and writes it, down GEMM reads it: 8f). Backward moves twice the forward
-# (counted on geodt's own step by benchmarks/count_activation_bytes.py: 1.92x), so ×3 in all.
+# (counted on geodt's own step by benchmarks/count_activation_bytes.py: 1.79x), so ×3 in all.
 # In fp32 every activation is 4 bytes: ×2 (the residual stream's share is overcounted; small).
 ACT_BYTES_H = 58
 ACT_BYTES_KV = 12
