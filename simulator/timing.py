@@ -1,16 +1,16 @@
 """Per-node step-time models t_i(b) and memory limits: catalog estimate, given constant, profile.
 
-Catalog estimate (affine, per GPU type g, per-GPU batch b):
+Catalog estimate (affine, per GPU type g, per-GPU batch b), `calibrate.estimate`:
 
     t_g(b) = t0_g + c_g · b
-    t0_g   = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM[dtype] · N / mem_bandwidth_g
-    c_g    = flops_per_token · seq_len / (peak_tflops_g(dtype) · 1e12 · MFU)
 
-t0 is the per-step cost that does not grow with the batch: unscaling (fp16), gradient clipping
-and the foreach AdamW update stream every parameter's fp32 weight, gradient and two moments
-through memory in several passes (OPTIMIZER_BYTES_PER_PARAM, counted), plus kernel launches. c is the per-sample cost:
-training FLOPs of one sequence at a model FLOPs utilisation MFU of the correct dense peak
-(`calibrate.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
+t0 is the per-step cost that does not grow with the batch: the optimizer's memory traffic
+(unscaling, clipping and the foreach AdamW update, OPTIMIZER_BYTES_PER_PARAM, counted), the
+weights' per-step traffic (autocast cast, GEMM reads, fp32 gradient accumulation) and kernel
+launches. c is the per-sample cost: the matmul FLOPs at the GPU's measured maximum achievable
+matmul rate, attention at FlashAttention-2's published efficiency, and the activations' memory
+traffic at the GPU's bandwidth (`calibrate.estimate`'s docstring has the terms and sources; the
+peak is `calibrate.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
 datasheet headline).
 
 A node with several GPUs runs data-parallel inside: each step waits for its slowest GPU and
@@ -32,18 +32,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from calibrate.catalog import get_gpu, peak_tflops
+from calibrate.catalog import get_gpu
+from calibrate.estimate import OPTIMIZER_BYTES_PER_PARAM, Shape, estimate_step  # noqa: F401  (re-exported)
 from formats.errors import FieldError
 from simulator.memory import GIB, memory_need_bytes
 from simulator.scenario import NodeConfig, Scenario
 
-MFU = 0.40
-LAUNCH_OVERHEAD_S = 0.008
-# Bytes of memory traffic per parameter after backward, counted op by op on calibrate/step.py's step
-# (benchmarks/count_optimizer_bytes.py, torch 2.13): foreach AdamW 80 (weight decay 8, lerp m 12, v·β2 8,
-# addcmul v 12, sqrt 8, div 8, +eps 8, addcdiv θ 16), clip_grad_norm_ 12 (norm 4, scale 8), and under fp16
-# the GradScaler's unscale 8; zero_grad(set_to_none) moves nothing. Was 36 (one fused pass).
-OPTIMIZER_BYTES_PER_PARAM = {"fp16": 100, "bf16": 92, "fp32": 92}
 GRAD_BYTES_PER_PARAM = 4
 DEFAULT_INTRA_NODE_GBPS = 100.0  # PCIe 3.0 x16 through the host, effective (the catalog's PCIe figure)
 # The largest batch any search tries: far above what a GPU holds of any preset, and it keeps
@@ -52,13 +46,16 @@ MAX_SEARCH_BATCH = 1 << 16
 
 
 def gpu_step_coefficients(scenario: Scenario, gpu_key: str) -> tuple[float, float]:
-    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key."""
-    spec = get_gpu(gpu_key)
-    n = scenario.model.param_count
-    t0 = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM[scenario.model.dtype] * n / (spec.memory_bandwidth_gbs * 1e9)
-    flops_per_sample = scenario.model.train_flops_per_token * scenario.model.seq_len
-    c = flops_per_sample / (peak_tflops(spec, scenario.model.dtype) * 1e12 * MFU)
-    return t0, c
+    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key (`calibrate.estimate`).
+
+    A preset or config.json gives the model's shape; a bare `params` model has none (its work is
+    `flops_per_token`, else 6·params, at the matmul rate). A given `flops_per_token` replaces the
+    shape's matmul and attention FLOPs."""
+    model = scenario.model
+    shape = Shape.of(model.arch) if model.arch is not None else None
+    est = estimate_step(gpu_key, model.dtype, model.seq_len, shape=shape, params=model.param_count,
+                        flops_per_token=model.flops_per_token)
+    return est.fixed_s, est.sample_s
 
 
 def gpu_step_s(scenario: Scenario, gpu_key: str, batch):
