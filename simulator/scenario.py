@@ -33,6 +33,10 @@ DTYPES = ("bf16", "fp16", "fp32")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 COLLECTIVES = ("ring", "partitioned")
 AVERAGING = ("uniform", "tokens", "normalized")
+# Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
+SHARDINGS = ("none", "zero1", "zero2", "fsdp")
+CHECKPOINTING = ("none", "full")
+OUTER_STATES = ("cpu", "device")
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -75,13 +79,21 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
+    """rounds R, local steps H, baseline per-device batch b; how every node lays out its memory
+    (sharding over its devices, activation recomputation: "auto" = the least that holds b, see
+    simulator/memory.py), each overridable per node."""
+
     rounds: int = 10
     local_steps: int = 100
     batch_size: int = 4
+    sharding: str = "auto"
+    activation_checkpointing: str = "auto"
 
     def __post_init__(self) -> None:
         require_positive(self, "rounds", "local_steps", "batch_size")
         limit(self, "rounds", "local_steps", "batch_size")
+        require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
 
 @dataclass(frozen=True)
@@ -115,9 +127,14 @@ class DilocoConfig:
     averaging: str = "uniform"
     betas: tuple[float, ...] = (0.9, 0.95)
     cosine_min_lr_ratio: float = 0.1
+    # Where each device process keeps the global weights and outer momentum (of its shard when
+    # sharded): on the host, as OpenDiLoCo does, or in device memory. Counts in memory and in the
+    # outer step's time (simulator/network.py).
+    outer_state: str = "cpu"
 
     def __post_init__(self) -> None:
         require_positive(self, "inner_lr", "outer_lr")
+        require_choice(self, "outer_state", OUTER_STATES)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
         if not 0 <= self.cosine_min_lr_ratio <= 1:
@@ -156,6 +173,9 @@ class NodeConfig:
     # profiles for such a node must be measured under the same limits).
     cpu_quota: float | None = None        # share of one core per device process, e.g. 0.6
     cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
+    # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/memory.py).
+    sharding: str | None = None
+    activation_checkpointing: str | None = None
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)
@@ -176,6 +196,10 @@ class NodeConfig:
             raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
         if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
             raise FieldError("cpu_cores", f"expected a non-empty list of core indices, got {list(self.cpu_cores)!r}")
+        if self.sharding is not None:
+            require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        if self.activation_checkpointing is not None:
+            require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
     @property
     def gpu_count(self) -> int:
