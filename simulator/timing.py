@@ -22,6 +22,12 @@ a conservative choice):
 The intra-node link is the node's `intra_node_gbps` if given, else the slowest of its GPUs'
 catalog `intra_node_gbps` (NVLink for SXM parts, PCIe for the rest).
 
+That is the unsharded node. Under a sharded layout or recomputation (simulator/memory.py's
+Layout, chosen per node by `NodeTiming.layout`) t0's optimizer work is per shard (N/G), c grows
+by RECOMPUTE_FACTOR under full recomputation, and the collectives are `intra_node_comm_s`'s: the
+all-reduce's volume after backward for zero1/zero2, and for fsdp two all-gathers and a
+reduce-scatter hidden behind compute except one unit's: t0 + max(c·b, comm) + exposed.
+
 Precedence (docs/DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
 other batches follow the catalog estimate's shape scaled to it,
 t(b) = step_time_s · est(b) / est(b_base). A `profile` replaces the per-GPU estimate with

@@ -191,3 +191,18 @@ def test_four_nodes_of_8_h100_train_an_8b_model_at_seq_8192(tmp_path):
     unsharded = load_scenario(str(path), ["training.sharding=none"])
     with pytest.raises(Exception, match="cannot hold even batch 1"):
         make_plan(unsharded, "baseline")
+
+
+def test_a_node_override_wins_and_auto_names_the_last_layout_it_tried(tmp_path, capsys):
+    s = load_scenario("paper", ["model.preset=llama-1b", "nodes.node3.sharding=zero2",
+                                "nodes.node4.activation_checkpointing=full"])
+    plan = make_plan(s, "baseline")
+    assert [(n.sharding, n.activation_checkpointing) for n in plan.nodes] == [
+        ("fsdp", "full"), ("fsdp", "full"), ("zero2", "none"), ("none", "full")]  # recomputing, node4 needs no sharding
+    # one device cannot shard: auto tries none, then recomputation, and names the last
+    path = tmp_path / "one.toml"
+    path.write_text(f'name = "one"\n[model]\npreset = "{LLAMA_8B}"\nseq_len = 8192\n[training]\nbatch_size = 1\n'
+                    '[[nodes]]\nname = "t"\ngpus = { "t4" = 1 }\n')
+    assert plan_main([str(path), "--strategy", "A", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "node 't' cannot hold even batch 1: t4: batch 1 needs" in err and "GiB (full recomputation), the GPU" in err
