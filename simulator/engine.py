@@ -6,17 +6,16 @@ import math
 import numpy as np
 import pandas as pd
 
+from formats.errors import InputError
+from formats.plan import Plan
+from formats.timeline import SUMMARY_COLUMNS, TIMELINE_COLUMNS
 from simulator.engine_analytic import run_analytic
 from simulator.engine_simpy import run_simpy
-from simulator.errors import InputError
 from simulator.network import checkpoint_s
-from simulator.plan import Plan
 from simulator.scenario import Scenario
 from simulator.workload import compute_matrix
 
 ENGINES = ("simpy", "analytic")
-TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
-SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
 
 
 # A timeline of more rows than this (or a jittered run drawing more step times) is refused up

@@ -37,8 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibrate.catalog import get_gpu
-from simulator.errors import FieldError
-from simulator.scenario import CHECKPOINTING, SHARDINGS
+from formats.errors import FieldError
+from formats.plan import CHECKPOINTING, SHARDINGS
 
 RESERVE_BYTES = 1.0e9
 STATIC_BYTES_PER_PARAM = 16

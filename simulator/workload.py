@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.plan import Plan
+from formats.plan import Plan
 from simulator.scenario import Scenario
 
 

@@ -47,18 +47,17 @@ import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
                     "comm_s")
 OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota",
                     "sharding", "activation_checkpointing", "outer_state")
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
-COLLECTIVES = ("ring", "partitioned")
 SYNC_MODES = ("diloco", "gradients")
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")  # least to most sharded
 CHECKPOINTING = ("none", "full")
 OUTER_STATES = ("cpu", "device")
-PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
-INT8_CHUNK = 256  # elements per int8 scale (one fp32 scale per chunk)
 
 
 class PlanError(ValueError):
@@ -237,64 +236,6 @@ class Plan:
 
         plan = self if scenario is None else self.resolved_from(scenario)
         return pd.DataFrame(plan.rows(), columns=list(PLAN_COLUMNS))
-
-
-# --- bandwidth-balanced partitioned all-reduce ----------------------------------------
-
-def partition_shares(links_gbps: list[float]) -> list[float]:
-    """p_i, the share of the payload node i aggregates (Σ p = 1), minimising the slowest node's
-    time (1 + (n − 2)·p_i)·P / B_i: water-filling, slow links aggregate nothing (see
-    simulator/network.py, which computes the same vectorised). n ≤ 2: shares ∝ links."""
-    links = [float(b) for b in links_gbps]
-    n = len(links)
-    if n <= 2:
-        total = sum(links)
-        return [b / total for b in links]
-    ordered = sorted(links, reverse=True)
-    tau, running = None, 0.0
-    for k in range(1, n + 1):  # the k fastest aggregate while τ_k·B_k ≥ 1
-        running += ordered[k - 1]
-        tau_k = (n - 2 + k) / running
-        if tau_k * ordered[k - 1] >= 1.0:
-            tau = tau_k
-    return [max(0.0, tau * b - 1.0) / (n - 2) for b in links]
-
-
-def segment_lengths(total: int, shares: list[float]) -> list[int]:
-    """Split `total` elements by shares into integers summing to total (largest remainder)."""
-    exact = [s * total for s in shares]
-    lengths = [int(math.floor(e)) for e in exact]
-    order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - lengths[i]), i))
-    for i in order[:total - sum(lengths)]:
-        lengths[i] += 1
-    return lengths
-
-
-def encoded_bytes(elements: int, payload_dtype: str) -> int:
-    """Bytes of `elements` values encoded as payload_dtype (int8: one fp32 scale per INT8_CHUNK)."""
-    if payload_dtype == "int8":
-        return elements + 4 * -(-elements // INT8_CHUNK)
-    return elements * PAYLOAD_BYTES[payload_dtype]
-
-
-def bytes_sent_per_sync(params: int, payload_dtype: str, collective: str, links_gbps: list[float]) -> list[int]:
-    """Bytes each node puts on the wire in one outer sync (what trace.csv's bytes_sent records).
-
-    fp32 ring: torch's all-reduce, counted as a ring: 2(n−1)/n · 4P (rounded down).
-    Otherwise a reduce-scatter then an all-gather, both as all-to-all of encoded segments:
-    node i sends every other node j its segment j (Σ_{j≠i} E(L_j)), then its aggregated
-    segment to the n − 1 others ((n−1)·E(L_i)); L_j = P/n for ring, p_j·P for partitioned,
-    E(L) = encoded_bytes(L). Equal links: ≈ 2(n−1)/n · E(P); partitioned ≈ (1 + (n−2)p_i)·E(P).
-    """
-    n = len(links_gbps)
-    if n == 1:
-        return [0]
-    if collective == "ring" and payload_dtype == "fp32":
-        return [2 * (n - 1) * 4 * params // n] * n
-    shares = partition_shares(links_gbps) if collective == "partitioned" else [1.0 / n] * n
-    lengths = segment_lengths(params, shares)
-    enc = [encoded_bytes(length, payload_dtype) for length in lengths]
-    return [sum(enc) - enc[i] + (n - 1) * enc[i] for i in range(n)]
 
 
 # --- plan.csv ---------------------------------------------------------------------------
