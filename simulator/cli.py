@@ -33,6 +33,9 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum()}
     table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
     table["tokens"] = table["tokens"].astype("int64")
+    layout = plan_frame["sharding"] + plan_frame["activation_checkpointing"].map({"none": "", "full": "+recompute"})
+    if (layout != "none").any():  # how each node holds its batch (simulator/memory.py), where any is sharded
+        table.insert(1, "memory", list(layout) + [""])
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 

@@ -22,6 +22,8 @@ from formats.files import read_regular_file
 from formats.files import short as _short
 from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
                             limit)
+# Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
+from formats.plan import CHECKPOINTING, SHARDINGS
 from formats.scenario import DilocoConfig, ModelSection
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
@@ -58,13 +60,21 @@ class ModelConfig(ModelSection):
 
 @dataclass(frozen=True)
 class TrainingConfig:
+    """rounds R, local steps H, baseline per-device batch b; how every node lays out its memory
+    (sharding over its devices, activation recomputation: "auto" = the least that holds b, see
+    simulator/memory.py), each overridable per node."""
+
     rounds: int = 10
     local_steps: int = 100
     batch_size: int = 4
+    sharding: str = "auto"
+    activation_checkpointing: str = "auto"
 
     def __post_init__(self) -> None:
         require_positive(self, "rounds", "local_steps", "batch_size")
         limit(self, "rounds", "local_steps", "batch_size")
+        require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,9 @@ class NodeConfig:
     # profiles for such a node must be measured under the same limits).
     cpu_quota: float | None = None        # share of one core per device process, e.g. 0.6
     cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
+    # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/memory.py).
+    sharding: str | None = None
+    activation_checkpointing: str | None = None
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)
@@ -132,6 +145,10 @@ class NodeConfig:
             raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
         if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
             raise FieldError("cpu_cores", f"expected a non-empty list of core indices, got {list(self.cpu_cores)!r}")
+        if self.sharding is not None:
+            require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        if self.activation_checkpointing is not None:
+            require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
     @property
     def gpu_count(self) -> int:

@@ -125,6 +125,11 @@ def scenario_grid(spec: SweepSpec, n_kinds: int) -> tuple[np.ndarray, np.ndarray
     return np.repeat(mixes, len(bws), axis=0), np.tile(bws, len(mixes))
 
 
+# The sweep's closed form is the unsharded one (t0 + c·b plus the gradient all-reduce): its nodes
+# are planned unsharded, without recomputation, whatever the base scenario's [training] says.
+UNSHARDED_NODE = {"sharding": "none", "activation_checkpointing": "none"}
+
+
 class KindTables:
     """Per node kind, what the strategies need, computed from the base scenario exactly as NodeTiming does."""
 
@@ -133,7 +138,7 @@ class KindTables:
         b = base.training.batch_size
         single = {}
         for key in sorted({k for kind in kinds for k, _ in kind}):
-            node = NodeConfig(name="x", gpus={key: 1})
+            node = NodeConfig(name="x", gpus={key: 1}, **UNSHARDED_NODE)
             single[key] = NodeTiming(replace(base, nodes=(node,)), node, 0)
         for key, timing in single.items():  # every node must hold the baseline batch (and so batch 1)
             problem = timing.memory_problem(b)
@@ -178,7 +183,7 @@ class KindTables:
 
     @staticmethod
     def node_config(kind: Kind, name: str) -> NodeConfig:
-        return NodeConfig(name=name, gpus=dict(kind))
+        return NodeConfig(name=name, gpus=dict(kind), **UNSHARDED_NODE)
 
     def scenario(self, kinds_row, bandwidth_gbps: float) -> Scenario:
         """The Scenario a sweep row stands for (what make_plan + simulate would be given)."""

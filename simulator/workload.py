@@ -23,17 +23,17 @@ def compute_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
     cvs = node_cvs(scenario, plan)
     if not any(cvs):
         return np.broadcast_to(base, (rounds, len(base))).copy()
-    from simulator.timing import intra_node_allreduce_s
+    from simulator.timing import node_timings
 
+    intra = {t.node.name: t.intra_s for t in node_timings(scenario)}
     rng = np.random.default_rng(scenario.seed)
     out = np.empty((rounds, len(base)))
-    by_name = {node.name: node for node in scenario.nodes}
     for i, (n, cv) in enumerate(zip(plan.nodes, cvs)):
         sigma = np.sqrt(np.log1p(cv * cv))
         # Every device of the node draws its own step; the node's step waits for the slowest
         # of them, then all-reduces (data parallel): more devices, more expected wait.
         factors = rng.lognormal(-sigma * sigma / 2, sigma, size=(rounds, n.local_steps, n.gpus)).max(axis=2)
-        intra_s = intra_node_allreduce_s(scenario, by_name[n.node]) if n.gpus > 1 else 0.0
+        intra_s = intra[n.node] if n.gpus > 1 else 0.0
         out[:, i] = (n.step_s - intra_s) * factors.sum(axis=1) + n.local_steps * intra_s
     return out
 

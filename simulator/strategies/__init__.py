@@ -57,16 +57,19 @@ def round_half_up(x: float) -> int:
 
 def node_plan(timing: NodeTiming, batch_size: int, local_steps: int) -> NodePlan:
     node = timing.node
+    layout = timing.layout
     return NodePlan(node=node.name, gpus=node.gpu_count, batch_size=batch_size, local_steps=local_steps,
-                    step_s=timing.step_s(batch_size), cpu_cores=node.cpu_cores, cpu_quota=node.cpu_quota)
+                    step_s=timing.step_s(batch_size), cpu_cores=node.cpu_cores, cpu_quota=node.cpu_quota,
+                    sharding=layout.sharding, activation_checkpointing=layout.checkpointing)
 
 
 def uniform_plan(name: str, scenario: Scenario, nodes: list[NodePlan], note: str = "") -> Plan:
     """A plan whose rounds end with one ordinary outer sync over the scenario's network."""
     from simulator.network import sync_s
 
-    return Plan(strategy=name, nodes=tuple(nodes), comm_s=sync_s(scenario),
-                seq_len=scenario.model.seq_len, note=note)
+    layouts = [t.layout for t in node_timings(scenario)]
+    return Plan(strategy=name, nodes=tuple(nodes), comm_s=sync_s(scenario, layouts=layouts),
+                seq_len=scenario.model.seq_len, note=note, outer_state=scenario.diloco.outer_state)
 
 
 def complete(d: dict, tables: NodeTables, net: NetTables) -> dict:
@@ -129,7 +132,7 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
                 rounds=None if d["rounds"] is None else int(first(d["rounds"])),
                 collective=str(first(raw["collective"])) if "collective" in raw else None,
                 payload_dtype=str(first(raw["dtype"])) if "dtype" in raw else None,
-                sync=raw.get("sync"))
+                sync=raw.get("sync"), outer_state=scenario.diloco.outer_state)
 
 
 # Registration happens on import; keep this list in the order strategies are printed.

@@ -129,7 +129,7 @@ def from_scenario(scenario, timings) -> tuple[NodeTables, NetTables]:
         return np.array([[timings[i].step_s(int(v)) for i, v in enumerate(r)] for r in batch], dtype=float)
 
     net = NetTables(links_gbps=np.array([link_gbps(scenario)], dtype=float),
-                    outer_step_s=np.array([outer_step_s(scenario)], dtype=float),
+                    outer_step_s=np.array([outer_step_s(scenario, [t.layout for t in timings])], dtype=float),
                     params=scenario.model.param_count, latency_ms=scenario.network.latency_ms,
                     payload_dtype=scenario.network.payload_dtype, collective=scenario.network.collective)
     return NodeTables(step, gpus, b, h, scenario.training.rounds, max_batch, spec[0], spec[1], lookup), net
