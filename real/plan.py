@@ -24,11 +24,28 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
                       with at least G cores device process j gets cores[j::G], else all share them
     cpu_quota         optional: CPU quota per device process, in cores (0.4 = 40% of one core)
+    fragments         P, Streaming DiLoCo's fragments (1 = classic DiLoCo; same on every row)
+    sync_delay_steps  τ, inner steps a fragment's all-reduce overlaps (0 = blocking; same on every row)
+    fragment_alpha    α, the merge θ = (1 − α)·θ_global + α·θ_local (same on every row)
+    fragment_pattern  sequential | strided: how layers are grouped into fragments (same on every row)
 
 The first eight columns are required; for the others a missing column or an empty cell means
 the scenario's value (rounds; [network] collective and payload_dtype, else ring and fp32),
-equal links, no CPU limits. `geodt run`
-and `geodt plan` write every column.
+equal links, no CPU limits, and classic DiLoCo (fragments 1, sync_delay_steps 0,
+fragment_alpha 0.0, fragment_pattern sequential). `geodt run` and `geodt plan` write every column.
+
+Streaming DiLoCo (arXiv 2501.18512; torchft.local_sgd.DiLoCo, whose semantics these are):
+the model's layers form P fragments (`sequential`: consecutive layers; `strided`: layer l
+in fragment l mod P) and each round syncs them one after the other, fragment p (0-based) at
+its merge point, the end of inner step m_p = ⌊H_i·(p + 1) / P⌋ of the round (`merge_steps`;
+torchft's H/P, 2H/P, ... when P divides H). The fragment's pseudo-gradient is taken and its
+all-reduce started τ steps earlier, after step m_p − τ, and runs while those τ steps compute;
+at the merge point the node waits for it, applies the outer step to the fragment and merges
+θ = (1 − α)·θ_global + α·θ_local (torch's lerp, as torchft's `fragment_update_alpha`, whose
+default 0 keeps the global weights: the τ steps' local progress on the fragment is dropped).
+Valid: 1 ≤ P ≤ H_i and 0 ≤ τ < ⌊H_i / P⌋ on every node (a fragment's all-reduce is merged
+before the next one starts, as torchft requires), 0 ≤ α ≤ 1; P = 1 and τ = 0 is classic
+DiLoCo; sync = gradients only with P = 1 and τ = 0.
 """
 from __future__ import annotations
 
@@ -40,10 +57,13 @@ from pathlib import Path
 
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
                     "comm_s")
-OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota")
+OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota",
+                    "fragments", "sync_delay_steps", "fragment_alpha", "fragment_pattern")
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+STREAMING_COLUMNS = ("fragments", "sync_delay_steps", "fragment_alpha", "fragment_pattern")
 COLLECTIVES = ("ring", "partitioned")
 SYNC_MODES = ("diloco", "gradients")
+FRAGMENT_PATTERNS = ("sequential", "strided")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 INT8_CHUNK = 256  # elements per int8 scale (one fp32 scale per chunk)
 
@@ -123,6 +143,11 @@ class Plan:
     collective: str | None = None
     payload_dtype: str | None = None
     sync: str | None = None  # None = "diloco"; sync-ddp sets "gradients"
+    # Streaming DiLoCo (module docstring); the defaults are classic DiLoCo.
+    fragments: int = 1
+    sync_delay_steps: int = 0
+    fragment_alpha: float = 0.0
+    fragment_pattern: str = "sequential"
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +168,31 @@ class Plan:
             raise PlanError("payload_dtype", f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
         if self.sync is not None and self.sync not in SYNC_MODES:
             raise PlanError("sync", f"expected one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
+        self._check_fragments()
+
+    def _check_fragments(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # frozen: normalise numpy scalars
+        set_("fragments", _int("fragments", self.fragments))
+        set_("sync_delay_steps", _int("sync_delay_steps", self.sync_delay_steps, minimum=0))
+        alpha = self.fragment_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
+            raise PlanError("fragment_alpha", f"expected a number in [0, 1], got {alpha!r}")
+        set_("fragment_alpha", float(alpha))
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+            raise PlanError("fragment_pattern",
+                            f"expected one of {', '.join(FRAGMENT_PATTERNS)}, got {self.fragment_pattern!r}")
+        if self.sync == "gradients" and self.streaming:
+            raise PlanError("fragments", f"sync = gradients syncs every step; expected fragments 1 and "
+                            f"sync_delay_steps 0, got {self.fragments} and {self.sync_delay_steps}")
+        problem = fragment_problem([n.local_steps for n in self.nodes], self.fragments, self.sync_delay_steps)
+        if problem is not None:
+            key, i, expected = problem
+            raise PlanError(key, f"node {self.nodes[i].node} (local_steps {self.nodes[i].local_steps}): {expected}")
+
+    @property
+    def streaming(self) -> bool:
+        """Whether syncs overlap compute or split the model: anything but classic DiLoCo."""
+        return self.fragments > 1 or self.sync_delay_steps > 0
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -153,8 +203,10 @@ class Plan:
 
     @property
     def round_s(self) -> float:
-        """Deterministic round time: the slowest node's compute plus the sync."""
-        return max(n.compute_s for n in self.nodes) + self.comm_s
+        """Deterministic round time with nothing overlapped: the slowest node's compute plus its
+        syncs (P fragment syncs of comm_s each). Exact for classic DiLoCo; the engines give the
+        streaming round, in which the all-reduces overlap compute."""
+        return max(n.compute_s for n in self.nodes) + self.fragments * self.comm_s
 
     @property
     def world_size(self) -> int:
@@ -198,7 +250,9 @@ class Plan:
                  "comm_s": self.comm_s, "rounds": blank(self.rounds), "collective": blank(self.collective),
                  "payload_dtype": blank(self.payload_dtype), "sync": blank(self.sync), "link_gbps": blank(n.link_gbps),
                  "cpu_cores": "" if n.cpu_cores is None else " ".join(map(str, n.cpu_cores)),
-                 "cpu_quota": blank(n.cpu_quota)} for n in self.nodes]
+                 "cpu_quota": blank(n.cpu_quota), "fragments": self.fragments,
+                 "sync_delay_steps": self.sync_delay_steps, "fragment_alpha": self.fragment_alpha,
+                 "fragment_pattern": self.fragment_pattern} for n in self.nodes]
 
     def to_frame(self, scenario=None):
         """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
@@ -206,6 +260,25 @@ class Plan:
 
         plan = self if scenario is None else self.resolved_from(scenario)
         return pd.DataFrame(plan.rows(), columns=list(PLAN_COLUMNS))
+
+
+def merge_steps(local_steps: int, fragments: int) -> list[int]:
+    """Per fragment p, the inner step of a round after which it merges: ⌊H·(p + 1) / P⌋ (module docstring)."""
+    return [local_steps * (p + 1) // fragments for p in range(fragments)]
+
+
+def fragment_problem(local_steps: list[int], fragments: int, delay_steps: int) -> tuple[str, int, str] | None:
+    """(key, node index, what was expected) for the first node whose H_i cannot hold the schedule; else None.
+
+    Every fragment needs at least one step of a round (P ≤ H_i), and a fragment's all-reduce must
+    start after the previous fragment merged (τ < ⌊H_i / P⌋, torchft's rule)."""
+    for i, steps in enumerate(local_steps):
+        if fragments > steps:
+            return "fragments", i, f"expected at most local_steps fragments, got {fragments}"
+        if delay_steps >= steps // fragments:
+            return ("sync_delay_steps", i, f"expected sync_delay_steps < local_steps // fragments = "
+                    f"{steps // fragments}, got {delay_steps}")
+    return None
 
 
 # --- bandwidth-balanced partitioned all-reduce ----------------------------------------
@@ -307,15 +380,17 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
     if not rows:
         raise PlanError(f"{path}: node", "expected at least one node row")
     kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float, "tokens_per_round": int,
-             "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float}
-    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync")
+             "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float, "fragments": int,
+             "sync_delay_steps": int, "fragment_alpha": float}
+    text_columns = ("strategy", "node", "collective", "payload_dtype", "sync", "fragment_pattern")
+    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync", *STREAMING_COLUMNS)
     nodes, shared, seq_lens = [], {k: set() for k in shared_columns}, set()
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         values = {}
         for column in PLAN_COLUMNS:
             text = (row.get(column) or "").strip()
             try:
-                if column in ("strategy", "node", "collective", "payload_dtype", "sync"):
+                if column in text_columns:
                     values[column] = text or None
                 elif column == "cpu_cores":
                     values[column] = tuple(_number(t, int) for t in text.split()) if text else None
@@ -348,8 +423,9 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
     try:
         one = {column: _same(path, column, values) for column, values in shared.items()}
         seq_len = _same(path, "tokens_per_round", seq_lens)
+        streaming = {k: one[k] for k in STREAMING_COLUMNS if one[k] is not None}  # empty: classic DiLoCo
         return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
                     rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
-                    sync=one["sync"])
+                    sync=one["sync"], **streaming)
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.key}", exc.expected) from None

@@ -88,7 +88,9 @@ def _run(argv: list[str], plan_only: bool) -> int:
     for plan, timeline, summ in results:
         frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
-              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
+              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
+              + (f"fragment, {plan.fragments} a round, all-reduces overlapping {plan.sync_delay_steps} inner steps"
+                 if plan.streaming else "round")
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(frame.drop(columns=["strategy"]).to_string(index=False))

@@ -7,6 +7,6 @@ scenario the values the strategy left to the scenario are empty cells.
 """
 from __future__ import annotations
 
-from real.plan import PLAN_COLUMNS, NodePlan, Plan, PlanError, partition_shares
+from real.plan import PLAN_COLUMNS, NodePlan, Plan, PlanError, merge_steps, partition_shares
 
-__all__ = ["PLAN_COLUMNS", "NodePlan", "Plan", "PlanError", "partition_shares"]
+__all__ = ["PLAN_COLUMNS", "NodePlan", "Plan", "PlanError", "merge_steps", "partition_shares"]

@@ -33,6 +33,7 @@ DTYPES = ("bf16", "fp16", "fp32")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 COLLECTIVES = ("ring", "partitioned")
 AVERAGING = ("uniform", "tokens", "normalized")
+FRAGMENT_PATTERNS = ("sequential", "strided")
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -115,9 +116,21 @@ class DilocoConfig:
     averaging: str = "uniform"
     betas: tuple[float, ...] = (0.9, 0.95)
     cosine_min_lr_ratio: float = 0.1
+    # Streaming DiLoCo (real/plan.py's docstring): P fragments synced in turn, each all-reduce
+    # overlapping τ inner steps, merged with weight α on the local weights (torchft's semantics).
+    # Every strategy plans with these unless it chooses its own (`streaming` does).
+    fragments: int = 1
+    sync_delay_steps: int = 0
+    fragment_alpha: float = 0.0
+    fragment_pattern: str = "sequential"
 
     def __post_init__(self) -> None:
-        require_positive(self, "inner_lr", "outer_lr")
+        require_positive(self, "inner_lr", "outer_lr", "fragments")
+        if self.sync_delay_steps < 0:
+            raise FieldError("sync_delay_steps", f"expected an integer >= 0, got {self.sync_delay_steps!r}")
+        if not 0 <= self.fragment_alpha <= 1:
+            raise FieldError("fragment_alpha", f"expected a number in [0, 1], got {self.fragment_alpha!r}")
+        require_choice(self, "fragment_pattern", FRAGMENT_PATTERNS)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
         if not 0 <= self.cosine_min_lr_ratio <= 1:
@@ -366,6 +379,7 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
+    _check_fragments(scenario)
     _check_profiles(scenario)
     return _with_network_profile(scenario)
 
@@ -375,6 +389,21 @@ def _resolve_model(scenario: Scenario) -> None:
         scenario.model.resolve(scenario.base_dir)
     except FieldError as exc:
         raise FieldError(f"model.{exc.key}", exc.expected) from None
+
+
+def _check_fragments(scenario: Scenario) -> None:
+    """The [diloco] fragment keys against the baseline H and the model's layers (fragments group layers)."""
+    d, steps = scenario.diloco, scenario.training.local_steps
+    if d.fragments > steps:
+        raise FieldError("diloco.fragments", f"expected at most training.local_steps ({steps}) fragments, "
+                         f"got {d.fragments}")
+    layers = scenario.model.arch.num_layers if scenario.model.arch is not None else None
+    if layers is not None and d.fragments > layers:
+        raise FieldError("diloco.fragments", f"expected at most the model's {layers} layers (a fragment is a "
+                         f"group of layers), got {d.fragments}")
+    if d.sync_delay_steps >= steps // d.fragments:
+        raise FieldError("diloco.sync_delay_steps", f"expected 0 <= sync_delay_steps < training.local_steps // "
+                         f"fragments = {steps // d.fragments}, got {d.sync_delay_steps}")
 
 
 def _check_profiles(scenario: Scenario) -> None:

@@ -39,7 +39,7 @@ from simulator.errors import InputError
 from simulator.network import outer_step_s
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
-from simulator.strategies.tables import NetTables, NodeTables, batch_cap, node_spec_tflops
+from simulator.strategies.tables import NetTables, NodeTables, batch_cap, fragment_keys, node_spec_tflops
 from simulator.timing import NodeTiming, gpu_step_coefficients, intra_node_allreduce_s
 
 Kind = tuple[tuple[str, int], ...]  # ((gpu key, count), ...) in the order of --gpu-types
@@ -172,7 +172,7 @@ def _net(kt: KindTables, kinds: np.ndarray, bw: np.ndarray) -> NetTables:
     return NetTables(links_gbps=np.broadcast_to(bw[:, None], kinds.shape).astype(float),
                      outer_step_s=np.full(len(kinds), outer_step_s(base)), params=base.model.param_count,
                      latency_ms=base.network.latency_ms, payload_dtype=base.network.payload_dtype,
-                     collective=base.network.collective)
+                     collective=base.network.collective, **fragment_keys(base))
 
 
 def decide(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategy: str) -> dict:
