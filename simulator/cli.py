@@ -36,7 +36,7 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
 
 
 def _run(argv: list[str], plan_only: bool) -> int:
-    from simulator.engine import ENGINES, simulate, summary
+    from simulator.engine import ENGINES, simulate_syncs, summary
     from simulator.outputs import OutputError, csv_bytes, write_output_set
     from simulator.scenario import load_scenario
     from simulator.strategies import STRATEGIES, make_plan
@@ -60,22 +60,25 @@ def _run(argv: list[str], plan_only: bool) -> int:
             plans = [make_plan(scenario, s) for s in strategies]
         except FieldError as exc:
             raise InputError(f"{args.scenario}: {exc.key}: {exc.expected}") from None
-        results = []
+        results, sync_frames = [], []
         for plan in plans:
             if plan_only:
                 results.append((plan, None, None))
             else:
-                timeline = simulate(scenario, plan, args.engine)
+                timeline, syncs = simulate_syncs(scenario, plan, args.engine)
                 results.append((plan, timeline, summary(timeline, plan)))
+                sync_frames.append(syncs)
         out = Path(args.out or Path("out") / scenario.name)
         plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
         files = {"plan.csv": csv_bytes(plan_frame)}
         if not plan_only:
             files["timeline.csv"] = csv_bytes(pd.concat([t for _, t, _ in results], ignore_index=True))
             files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
+            syncs = pd.concat(sync_frames, ignore_index=True)
+            files["syncs.csv"] = csv_bytes(syncs)
             from simulator.perfetto import simulation_trace, trace_text  # opens in ui.perfetto.dev
             files["trace.json"] = trace_text(simulation_trace(pd.concat([t for _, t, _ in results], ignore_index=True),
-                                                              plan_frame)).encode()
+                                                              plan_frame, syncs)).encode()
         files["scenario.toml"] = scenario.to_toml().encode()
         try:
             stale = write_output_set(out, files)

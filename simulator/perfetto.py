@@ -16,7 +16,12 @@ form of the trace-event format, {"traceEvents": [...], "displayTimeUnit": "ms"},
 Timestamps and durations are microseconds (the format's unit): dur = seconds × 1e6, and each
 part starts where the previous one ends (ts + dur), so the parts of one node never overlap.
 A round starting an instant (floating-point rounding) before the previous one ended starts at
-its end instead. Torch-free, for `geodt simulate` (simulation_trace), `geodt run` (run_trace,
+its end instead.
+
+A Streaming DiLoCo strategy (given its fragment syncs, engine.SYNC_COLUMNS) is drawn per fragment
+sync instead (`streaming_events`): on the node's thread `compute` up to the merge point, then
+`idle` and `sync` (exposed comm and the outer step); on a second thread per node, "<node> all-reduce",
+each fragment's all-reduce from its start to its end, overlapping the compute beside it. Torch-free, for `geodt simulate` (simulation_trace), `geodt run` (run_trace,
 trace_csv_to_json) and `geodt validate` (validation_trace).
 """
 from __future__ import annotations
@@ -121,10 +126,62 @@ def _by_strategy(frame: pd.DataFrame, prefix: str = "") -> list[tuple[str, pd.Da
     return [(f"{prefix}{s}", frame[frame["strategy"].astype(str) == s]) for s in strategies]
 
 
-def simulation_trace(timeline: pd.DataFrame, plan_frame: pd.DataFrame | None = None) -> dict:
-    """`geodt simulate`: one process per strategy; tokens from plan.csv's tokens_per_round."""
-    return trace_document(_by_strategy(timeline), plan_frame,
-                          note="simulated timeline; times in the scenario's seconds")
+def simulation_trace(timeline: pd.DataFrame, plan_frame: pd.DataFrame | None = None,
+                     syncs: pd.DataFrame | None = None) -> dict:
+    """`geodt simulate`: one process per strategy; tokens from plan.csv's tokens_per_round. With the
+    fragment syncs, Streaming DiLoCo strategies (plan_frame's fragments > 1 or sync_delay_steps > 0)
+    are drawn per fragment sync, their all-reduces on a track of their own."""
+    doc = trace_document(_by_strategy(timeline), plan_frame, note="simulated timeline; times in the scenario's seconds")
+    if syncs is None or plan_frame is None or "fragments" not in plan_frame.columns:
+        return doc
+    streaming = set(plan_frame.loc[(plan_frame["fragments"] > 1) | (plan_frame["sync_delay_steps"] > 0), "strategy"])
+    if not streaming:
+        return doc
+    kept, sources = [], _by_strategy(timeline)
+    pids = {name: pid for pid, (name, _) in enumerate(sources, start=1)}
+    for event in doc["traceEvents"]:
+        if not any(event["pid"] == pids[s] for s in streaming if s in pids):
+            kept.append(event)
+    for name in streaming:
+        if name in pids:
+            frame = syncs[syncs["strategy"].astype(str) == name]
+            kept += streaming_events(frame, name, pids[name])
+    doc["traceEvents"] = kept
+    return doc
+
+
+def streaming_events(syncs: pd.DataFrame, process: str, pid: int) -> list[dict]:
+    """One Streaming DiLoCo strategy's events from its fragment syncs (module docstring)."""
+    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": process}},
+                          {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+    nodes = list(dict.fromkeys(syncs["node"].astype(str)))
+    for k, node in enumerate(nodes):
+        for tid, label in ((2 * k + 1, node), (2 * k + 2, f"{node} all-reduce")):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    for k, node in enumerate(nodes):
+        rows = syncs[syncs["node"].astype(str) == node]
+        end_us = -math.inf
+        for r in rows.itertuples(index=False):
+            args = {"round": int(r.round), "fragment": int(r.fragment)}
+            ts = max(r.compute_start_s * US_PER_S, end_us)
+            parts = (("compute", r.merge_point_s - r.compute_start_s, "thread_state_running"),
+                     ("idle", r.idle_s, "terrible"), ("sync", r.exposed_s + r.outer_s, "thread_state_iowait"))
+            for name, seconds, colour in parts:
+                if seconds <= 0:
+                    continue
+                events.append({"name": name, "cat": "diloco", "ph": "X", "ts": float(ts), "dur": float(seconds * US_PER_S),
+                               "pid": pid, "tid": 2 * k + 1, "cname": colour, "args": {**args, "seconds": float(seconds)}})
+                ts = ts + seconds * US_PER_S
+            end_us = ts
+            span = r.end_s - r.start_s
+            if span > 0:
+                hidden = max(span - r.exposed_s, 0.0)
+                events.append({"name": "all-reduce", "cat": "diloco", "ph": "X", "ts": float(r.start_s * US_PER_S),
+                               "dur": float(span * US_PER_S), "pid": pid, "tid": 2 * k + 2, "cname": "generic_work",
+                               "args": {**args, "seconds": float(span), "exposed_s": float(r.exposed_s),
+                                        "hidden_s": float(hidden)}})
+    return events
 
 
 def run_trace(trace: pd.DataFrame) -> dict:
