@@ -117,21 +117,21 @@ def stream_node_process(env, pre: list, delay: list, outer_s: float, sync: Fragm
                         fragments: int, ckpt_s: float = 0.0):
     """One node: per fragment sync, compute to the sync point, start the all-reduce, compute the τ
     steps to the merge point, wait there for the all-reduce, apply the outer step."""
-    timeout, arrive, now = env.timeout, sync.arrive, lambda: env.now
+    timeout, arrive = env.timeout, sync.arrive
     for k, (busy_s, window_s) in enumerate(zip(pre, delay)):
-        begin = now()
+        begin = env.now
         if busy_s:
             yield timeout(busy_s)
-        sync_point = now()
+        sync_point = env.now
         done = arrive()
         if window_s:
             yield timeout(window_s)
-        merge_point = now()
+        merge_point = env.now
         if not done.triggered:
             yield done
         if outer_s:
             yield timeout(outer_s)
-        record((begin, sync_point, merge_point, now()))
+        record((begin, sync_point, merge_point, env.now))
         if ckpt_s and (k + 1) % fragments == 0:
             yield timeout(ckpt_s)
 
@@ -143,11 +143,11 @@ def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, 
     env = simpy.Environment()
     k_total, n = pre.shape
     sync, recorder = FragmentSync(env, n, float(allreduce_s)), Recorder(n)
-    for i in range(n):
+    for i in range(n):  # each node extends one flat list of floats: one array, built once
         env.process(stream_node_process(env, pre[:, i].tolist(), delay[:, i].tolist(), float(outer_s), sync,
-                                        recorder.per_node[i].append, fragments, ckpt_s))
+                                        recorder.per_node[i].extend, fragments, ckpt_s))
     env.run()
-    table = np.array(recorder.per_node, dtype=float)  # nodes × K × fields
+    table = np.array(recorder.per_node, dtype=float).reshape(n, k_total, 4)  # nodes × K × fields
     spans = np.array(sync.spans, dtype=float).reshape(k_total, 2)
     out = {name: table[:, :, f].T for f, name in enumerate(("compute_start_s", "sync_point_s", "merge_point_s",
                                                               "resume_s"))}
