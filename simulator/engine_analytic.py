@@ -4,6 +4,13 @@ Round r starts at s_r; node i finishes at s_r + c[r, i]; the barrier opens at th
 finish; every node then syncs for comm_s; s_{r+1} = barrier_r + comm_s. Additions happen in
 the same order as SimPy's clock, so both paths agree to rounding. A checkpoint after each
 sync (ckpt_s, the same on every node: each writes the same state) delays the next round.
+
+Streaming DiLoCo (`run_streaming_analytic`): the same idea one level down, a recurrence over
+the fragment syncs in which the all-reduces overlap compute, exact for every plan. It reduces to
+closed forms where nodes are alike (tests/test_simulator_engines.py checks them on both engines):
+a fragment costs pre_p + max(τ·t, A) + O (its compute to the sync point, the longer of its τ
+window and its all-reduce, the outer step), so a round is T + P·O when every all-reduce fits in
+its window (hidden) and T + P·(A + O) with τ = 0 (fully exposed).
 """
 from __future__ import annotations
 

@@ -6,18 +6,17 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
 
 from real.plan import PlanError, load_plan, merge_steps
 from simulator.cli import simulate_main
-from simulator.engine import simulate, simulate_syncs, summary
+from simulator.engine import simulate, simulate_syncs
 from simulator.engine_analytic import run_analytic, run_streaming_analytic
-from simulator.engine_simpy import run_simpy, run_streaming_simpy
+from simulator.engine_simpy import run_streaming_simpy
 from simulator.network import outer_step_s
 from simulator.plan import NodePlan, Plan
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
-from simulator.workload import compute_matrix, segment_matrices
+from simulator.workload import segment_matrices
 
 FRAGMENT_KEYS = ["diloco.fragments=4", "diloco.sync_delay_steps=2"]
 
@@ -179,50 +178,6 @@ def test_streaming_engine_on_a_classic_schedule_is_the_round_engine():
         rec = run(compute, np.zeros_like(compute), comm - outer, outer, 1)
         assert np.max(np.abs(rec["resume_s"] - classic["round_end_s"])) <= 1e-12
         assert np.max(np.abs(rec["compute_start_s"] - classic["round_start_s"])) <= 1e-12
-
-
-@settings(max_examples=40, deadline=None)
-@given(steps=st.lists(st.integers(2, 30), min_size=1, max_size=6), step_s=st.floats(0.01, 3.0),
-       fragments=st.integers(1, 4), allreduce_s=st.floats(0.0, 20.0), outer_s=st.floats(0.0, 2.0),
-       rounds=st.integers(1, 6), ckpt=st.sampled_from([0.0, 0.7]), data=st.data())
-def test_engines_agree_on_random_streaming_schedules(steps, step_s, fragments, allreduce_s, outer_s, rounds, ckpt,
-                                                     data):
-    fragments = min(fragments, min(steps))
-    tau = data.draw(st.integers(0, min(steps) // fragments - 1))
-    rng = np.random.default_rng(len(steps) + rounds)
-    step = step_s * rng.uniform(0.3, 1.0, size=len(steps))
-    pre = np.array([[(merge_steps(h, fragments)[p] - (merge_steps(h, fragments)[p - 1] if p else 0) - tau) * t
-                     for h, t in zip(steps, step)] for _ in range(rounds) for p in range(fragments)])
-    delay = np.tile(tau * step, (rounds * fragments, 1)) * rng.uniform(0.5, 1.5, size=pre.shape)
-    a = run_streaming_simpy(pre, delay, allreduce_s, outer_s, fragments, ckpt)
-    b = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt)
-    for key in a:
-        assert np.max(np.abs(np.asarray(a[key]) - np.asarray(b[key]))) <= 1e-9, key
-    totals = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt, record=False)
-    assert totals["wall_s"] == pytest.approx(b["resume_s"][-1].max(), rel=1e-12)
-
-
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(step_times=st.lists(st.floats(0.01, 2.0), min_size=2, max_size=5), local_steps=st.integers(4, 40),
-       rounds=st.integers(1, 4), jitter=st.sampled_from([0.0, 0.1]), fragments=st.integers(1, 3), data=st.data())
-def test_engines_agree_on_random_streaming_scenarios(write_scenario, step_times, local_steps, rounds, jitter,
-                                                     fragments, data):
-    tau = data.draw(st.integers(0, local_steps // fragments - 1))
-    nodes = "".join(f'[[nodes]]\nname = "n{i}"\ngpus = {{ "a30" = {1 + i % 3} }}\nstep_time_s = {t!r}\n'
-                    for i, t in enumerate(step_times))
-    text = (f'name = "r"\n[model]\npreset = "llama-60m"\n[training]\nrounds = {rounds}\nlocal_steps = {local_steps}\n'
-            f'[diloco]\nfragments = {fragments}\nsync_delay_steps = {tau}\n[simulation]\njitter_cv = {jitter}\n{nodes}')
-    scenario = load_scenario(str(write_scenario(text)))
-    plan = make_plan(scenario, "baseline")
-    (ta, sa), (tb, sb) = simulate_syncs(scenario, plan, "simpy"), simulate_syncs(scenario, plan, "analytic")
-    assert np.max(np.abs(ta.iloc[:, 3:].to_numpy() - tb.iloc[:, 3:].to_numpy())) <= 1e-9
-    assert np.max(np.abs(sa.iloc[:, 4:].to_numpy() - sb.iloc[:, 4:].to_numpy())) <= 1e-9
-    # every node's round is its compute, idle and comm, back to back
-    span = ta["round_end_s"] - ta["round_start_s"]
-    assert np.allclose(span, ta["compute_s"] + ta["idle_s"] + ta["comm_s"], rtol=1e-12, atol=1e-9)
-    # the segments hold the same draws as the rounds
-    assert np.allclose(ta["compute_s"].to_numpy(), compute_matrix(scenario, plan).ravel(), rtol=1e-12)
-    assert len(sa) == rounds * fragments * len(step_times)
 
 
 def test_classic_plans_keep_the_round_engine_and_their_syncs_are_whole(write_scenario):
