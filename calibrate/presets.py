@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibrate.files import read_regular_file, short
+from formats.files import read_regular_file, short
 
 MAX_CONFIG_BYTES = 1 << 20
 # The largest size a config may give (hidden size, layers, heads, vocabulary...): far beyond any

@@ -39,9 +39,10 @@ from pathlib import Path
 
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
-from real.plan import Plan
+from formats.plan import Plan
 from real.options import ExecOptions
 from real.process import worker_main
+from real.streaming import StreamingSpec
 
 
 class LaunchError(ValueError):
@@ -55,19 +56,39 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     from calibrate.presets import PresetError, load_arch
 
     spec = load_run_spec(scenario_path)
-    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds, spec.collective,
-                                                                    spec.payload_dtype)
+    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
+        spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
+    check_runnable_layout(plan, plan_path)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
+    streaming = opts.streaming or StreamingSpec.from_plan(plan)
+    try:
+        streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
+    except ValueError as exc:
+        raise LaunchError(f"{plan_path}: {exc}") from None
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     return spec, plan
+
+
+# What this executor runs of the plan's memory layout; the rest (issue 15 item 6: FSDP2, activation
+# checkpointing) is refused rather than run as something else. (outer_state: real.diloco.OuterState keeps the
+# outer state beside the model, on the CPU for CPU devices; honouring the column is item 6's.)
+RUNNABLE_LAYOUT = {"sharding": ("none",), "activation_checkpointing": ("none",)}
+
+
+def check_runnable_layout(plan: Plan, plan_path) -> None:
+    for i, node in enumerate(plan.nodes, start=2):
+        for column, runnable in RUNNABLE_LAYOUT.items():
+            if getattr(node, column) not in runnable:
+                raise LaunchError(f"{plan_path}: line {i}: {column}: {getattr(node, column)} is not run by this "
+                                  f"executor yet; expected {' or '.join(runnable)}")
 
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
@@ -157,9 +178,12 @@ def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: Exe
     return 0  # not reached: worker_main exits
 
 
-def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1") -> int:
+def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
+           announce=None) -> int:
     """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
-    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary)."""
+    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary).
+    announce(), if given, is called once every input is checked, right before the processes start
+    (warnings about the run go there, so that bad input stays one line)."""
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
         if not under_torchrun():
@@ -197,6 +221,8 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
             return 2
         listener.listen()
         _pin_gloo(ip)
+    if announce is not None:
+        announce()
     _copy_inputs(plan_path, scenario_path, out_dir)
     store = None
     context = None

@@ -5,7 +5,7 @@ parallel inside the node: each device takes b samples per step (the plan's per-d
 batch) and, after backward, the devices' gradients are averaged by an all-reduce in the
 node's group (gloo on CPU, nccl on GPUs), so the node waits for its slowest device each step
 and all its processes hold the same weights and optimizer state. Ranks go to nodes in plan
-order, G_i consecutive ranks each (real.plan.Plan.first_rank); the first is the node's
+order, G_i consecutive ranks each (formats.plan.Plan.first_rank); the first is the node's
 leader. The outer sync is hierarchical (as OpenDiLoCo/torchft): the leaders, one group of n
 processes, average the pseudo-gradients across nodes (real/sync.py: the plan's collective
 and payload dtype), then each leader broadcasts the average within its node and every
@@ -49,7 +49,8 @@ from real.config import RunSpec
 from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
 from real.options import ExecOptions, _collective, _sleep_until, run_config
-from real.plan import Plan
+from formats.plan import Plan
+from real.streaming import FRAGMENT_NUMERIC, StreamingRound, StreamingSpec, write_fragments
 from real.sync import CrossNodeSync
 from real.trace import NUMERIC_COLUMNS, summary, write_trace
 
@@ -108,6 +109,11 @@ class Node:
         self.time_offset_s = 0.0
         self.trace: list[dict] = []
         self._flag = torch.zeros(1, device=self.device)
+        # Streaming DiLoCo (real/streaming.py) when the plan asks for it, or when forced by
+        # ExecOptions.streaming (P = 1, τ = 0 then checks the streaming loop against this one).
+        streaming = opts.streaming or StreamingSpec.from_plan(plan)
+        use = not self.gradient_sync and (opts.streaming is not None or not streaming.classic)
+        self.streaming = StreamingRound(self, streaming) if use else None
 
     # --- collectives -------------------------------------------------------------------
     def _sync_device(self) -> None:
@@ -209,6 +215,7 @@ class Node:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "trace": self.trace, "time_offset_s": self.time_offset_s,
+            "streaming": self.streaming.state_dict() if self.streaming is not None else None,
         }
 
     def load_state_dict(self, state: dict, source: str) -> None:
@@ -224,6 +231,8 @@ class Node:
                                  f"has {mine!r}; resume with the same settings (or start afresh in another --out)")
         self.outer.load_state_dict(state["outer"])
         self.outer.load_into_model()
+        if self.streaming is not None:  # the model's own weights, which streaming keeps apart from θ_g
+            self.streaming.load_state_dict(state["streaming"])
         self.optimizer.load_state_dict(state["inner_optimizer"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
@@ -271,35 +280,41 @@ class Node:
         self.time_offset_s = float(offset.item())
 
     # --- the loop ----------------------------------------------------------------------
+    def train_inner_step(self, clock: dict, grad_sync=None) -> torch.Tensor:
+        """One DiLoCo inner step (the loss); under --emulate padded to the plan's step time, with
+        clock["deadline"] accumulating and clock["overruns"] counting steps that overran it."""
+        opts = self.opts
+        step_start = time.perf_counter()
+        lr = inner_lr(self.inner_step, self.spec.diloco, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        # Device j of the node reads samples j·b .. j·b + b − 1 of the node's next G·b.
+        start = self.data_position + self.local * self.batch
+        batch = self.shard.batch(start, self.batch).to(self.device, non_blocking=True)
+        loss = train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler, grad_sync=grad_sync)
+        self.data_position += self.node_batch
+        self.inner_step += 1
+        if opts.emulate:
+            step_target = self.me.step_s * opts.time_scale
+            self._sync_device()
+            if time.perf_counter() - step_start > step_target:
+                clock["overruns"] += 1
+            clock["deadline"] = max(clock["deadline"], step_start) + step_target
+            _sleep_until(clock["deadline"])
+        return loss
+
     def run_round(self, r: int, t0: float, bar=None) -> dict:
         if self.gradient_sync:
             return self._run_gradient_round(r, t0, bar)
+        if self.streaming is not None:  # Streaming DiLoCo: fragments synced in the background
+            return self.streaming.run_round(r, t0, bar)
         opts, d = self.opts, self.spec.diloco
-        step_target = self.me.step_s * opts.time_scale
         grad_sync = self._grad_sync if self.me.gpus > 1 else None
         round_start = time.perf_counter()
-        deadline = round_start
-        overruns = 0
+        clock = {"deadline": round_start, "overruns": 0}
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(self.me.local_steps):
-            step_start = time.perf_counter()
-            lr = inner_lr(self.inner_step, d, self.total_steps)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            # Device j of the node reads samples j·b .. j·b + b − 1 of the node's next G·b.
-            start = self.data_position + self.local * self.batch
-            batch = self.shard.batch(start, self.batch).to(self.device, non_blocking=True)
-            loss_sum += train_step(self.model, self.optimizer, batch, self.spec.model.dtype, self.scaler,
-                                   grad_sync=grad_sync)
-            self.data_position += self.node_batch
-            self.inner_step += 1
-            if opts.emulate:
-                self._sync_device()
-                now = time.perf_counter()
-                if now - step_start > step_target:
-                    overruns += 1
-                deadline = max(deadline, step_start) + step_target
-                _sleep_until(deadline)
+            loss_sum += self.train_inner_step(clock, grad_sync)
             if bar is not None:
                 bar.update(1)
         if self.me.gpus > 1:  # the node's loss: the mean over its devices
@@ -330,7 +345,7 @@ class Node:
             "round_start_s": self.time_offset_s + round_start - t0,
             "round_end_s": self.time_offset_s + sync_end - t0,
             "loss": float(loss_sum.item()) / self.me.local_steps, "tokens": self.tokens_per_round,
-            "overrun_steps": overruns, "ckpt_s": 0.0,
+            "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
             "local_steps": self.me.local_steps, "batch_size": self.batch, "bytes_sent": sent,
         }
 
@@ -380,33 +395,50 @@ class Node:
                 bar.close()
         self.finish()
 
+    def _gather_tables(self, rows: list[dict], columns: list[str]) -> list[list[list[float]]]:
+        """Leaders only: every leader's rows (the numeric columns, as float64) in plan order."""
+        mine = torch.tensor([[float(row[c]) for c in columns] for row in rows],
+                            dtype=torch.float64, device=self.device).reshape(-1, len(columns))
+        n = len(self.plan.nodes)
+        if n == 1:
+            return [mine.cpu().tolist()]
+        counts = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(n)]
+        _collective(dist.all_gather, counts, torch.tensor([mine.shape[0]], device=self.device), group=self.leaders)
+        longest = max(int(c) for c in counts)
+        padded = torch.zeros(longest, len(columns), dtype=torch.float64, device=self.device)
+        padded[:mine.shape[0]] = mine
+        tables = [torch.empty_like(padded) for _ in range(n)]
+        _collective(dist.all_gather, tables, padded, group=self.leaders)
+        return [t[:int(c)].cpu().tolist() for t, c in zip(tables, counts)]
+
     def finish(self) -> None:
-        """Gather the leaders' rows (float64 tensors) to rank 0, which writes trace.csv and the
-        global weights."""
+        """Gather the leaders' rows (float64 tensors) to rank 0, which writes trace.csv (and
+        fragments.csv when streaming) and the model's final weights."""
+        if self.streaming is not None:
+            self.streaming.close()
         if self.is_leader:
-            mine = torch.tensor([[float(row[c]) for c in NUMERIC_COLUMNS] for row in self.trace],
-                                dtype=torch.float64, device=self.device).reshape(-1, len(NUMERIC_COLUMNS))
-            n = len(self.plan.nodes)
-            if n > 1:
-                counts = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(n)]
-                _collective(dist.all_gather, counts, torch.tensor([mine.shape[0]], device=self.device),
-                            group=self.leaders)
-                longest = max(int(c) for c in counts)
-                padded = torch.zeros(longest, len(NUMERIC_COLUMNS), dtype=torch.float64, device=self.device)
-                padded[:mine.shape[0]] = mine
-                tables = [torch.empty_like(padded) for _ in range(n)]
-                _collective(dist.all_gather, tables, padded, group=self.leaders)
-                tables = [t[:int(c)] for t, c in zip(tables, counts)]
-            else:
-                tables = [mine]
+            tables = self._gather_tables(self.trace, NUMERIC_COLUMNS)
+            fragment_tables = (self._gather_tables(self.streaming.rows, FRAGMENT_NUMERIC)
+                               if self.streaming is not None else None)
             if self.rank == 0:
                 rows = []
                 for node, table in zip(self.plan.nodes, tables):
-                    for values in table.cpu().tolist():
+                    for values in table:
                         row = {"strategy": self.plan.strategy, "node": node.node, **dict(zip(NUMERIC_COLUMNS, values))}
                         for c in ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent"):
                             row[c] = int(row[c])
                         rows.append(row)
+                if fragment_tables is not None:
+                    fragment_rows = []
+                    for node, table in zip(self.plan.nodes, fragment_tables):
+                        for values in table:
+                            row = {"strategy": self.plan.strategy, "node": node.node,
+                                   **dict(zip(FRAGMENT_NUMERIC, values))}
+                            for c in ("round", "fragment", "prepare_step", "sync_step", "bytes_sent"):
+                                row[c] = int(row[c])
+                            fragment_rows.append(row)
+                    write_fragments(fragment_rows, [node.node for node in self.plan.nodes],
+                                    os.path.join(self.opts.out_dir, "fragments.csv"))
                 frame = write_trace(rows, [node.node for node in self.plan.nodes],
                                     os.path.join(self.opts.out_dir, "trace.csv"))
                 tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")

@@ -7,21 +7,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.errors import FieldError, InputError
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: {message}\n")
+from formats.cli import OneLineParser
+from formats.errors import FieldError, InputError
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=20 or nodes.node1.step_time_s=0.1")
-    parser.add_argument("--out", help="output directory (default: out/<scenario name>)")
+    parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, see default_out)")
+
+
+def default_out(scenario_name: str, command: str, strategy: str | None = None) -> Path:
+    """Each command's own default directory, so that no command removes another's outputs:
+    out/<scenario>/simulate, out/<scenario>/plan-<S>, out/<scenario>/table, out/<scenario>/run-<S>,
+    out/<scenario>/validate-<S> (docs/DESIGN.md, "Where outputs go")."""
+    return Path("out") / scenario_name / (f"{command}-{strategy}" if strategy else command)
 
 
 def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
@@ -38,6 +39,7 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
 def _run(argv: list[str], plan_only: bool) -> int:
     from simulator.engine import ENGINES, simulate_syncs, summary
     from simulator.outputs import OutputError, csv_bytes, write_output_set
+    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
     from simulator.scenario import load_scenario
     from simulator.strategies import STRATEGIES, make_plan
 
@@ -50,6 +52,9 @@ def _run(argv: list[str], plan_only: bool) -> int:
         parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                             help=f"strategies to compare (default: all of {', '.join(STRATEGIES)})")
         parser.add_argument("--engine", default="simpy", help=f"one of {', '.join(ENGINES)} (default simpy)")
+        parser.add_argument("--full-trace", action="store_true",
+                            help=f"trace.json with every round (default: the first rounds, up to "
+                                 f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds, which ui.perfetto.dev opens quickly)")
     args = parser.parse_args(argv)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -68,17 +73,20 @@ def _run(argv: list[str], plan_only: bool) -> int:
                 timeline, syncs = simulate_syncs(scenario, plan, args.engine)
                 results.append((plan, timeline, summary(timeline, plan)))
                 sync_frames.append(syncs)
-        out = Path(args.out or Path("out") / scenario.name)
+        out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
+                                                          args.strategy if plan_only else None)
         plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
         files = {"plan.csv": csv_bytes(plan_frame)}
+        trace_kept = None
         if not plan_only:
-            files["timeline.csv"] = csv_bytes(pd.concat([t for _, t, _ in results], ignore_index=True))
+            timeline = pd.concat([t for _, t, _ in results], ignore_index=True)
+            files["timeline.csv"] = csv_bytes(timeline)
             files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
             syncs = pd.concat(sync_frames, ignore_index=True)
             files["syncs.csv"] = csv_bytes(syncs)
-            from simulator.perfetto import simulation_trace, trace_text  # opens in ui.perfetto.dev
-            files["trace.json"] = trace_text(simulation_trace(pd.concat([t for _, t, _ in results], ignore_index=True),
-                                                              plan_frame, syncs)).encode()
+            trace, trace_kept = simulation_trace_text(timeline, plan_frame,  # opens in ui.perfetto.dev
+                                                      None if args.full_trace else TRACE_MAX_NODE_ROUNDS, syncs)
+            files["trace.json"] = trace.encode()
         files["scenario.toml"] = scenario.to_toml().encode()
         try:
             stale = write_output_set(out, files)
@@ -100,6 +108,10 @@ def _run(argv: list[str], plan_only: bool) -> int:
         else:
             print(format_table(summ, frame))
     print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
+    if trace_kept is not None:
+        print(f"trace.json holds rounds 0-{trace_kept - 1} of {int(timeline['round'].max()) + 1} (the first "
+              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, so that ui.perfetto.dev opens it quickly); "
+              "--full-trace writes every round")
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
         from simulator.report import answer
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], args.engine))

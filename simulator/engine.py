@@ -11,23 +11,16 @@ import math
 import numpy as np
 import pandas as pd
 
+from formats.errors import InputError
+from formats.plan import Plan
+from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
 from simulator.engine_analytic import run_analytic, run_streaming_analytic
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
-from simulator.errors import InputError
 from simulator.network import checkpoint_s, outer_step_s
-from simulator.plan import Plan
 from simulator.scenario import Scenario
 from simulator.workload import compute_matrix, segment_matrices
 
 ENGINES = ("simpy", "analytic")
-TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
-SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
-# Per node and fragment sync: when its compute towards the sync began, reached the sync point, the
-# all-reduce's start and end (the same for every node), the merge point, and the wait there split into
-# exposed comm (what the node's own τ window did not hide) and idle (the wait for the other nodes),
-# then the outer step (engine_analytic.run_streaming_analytic).
-SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
-                "merge_point_s", "idle_s", "exposed_s", "outer_s"]
 
 
 # A timeline of more rows than this (or a jittered run drawing more step times) is refused up
@@ -127,8 +120,8 @@ def streaming_frames(plan: Plan, rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]
     merge = rec["merge_point_s"]
     waited = np.maximum(merge, end)
     wait = waited - merge  # split as engine_analytic.run_streaming_analytic's docstring says
-    exposed = np.minimum(wait, np.maximum((rec["sync_point_s"] + (end - start)) - merge, 0.0))
-    idle = wait - exposed
+    idle = np.minimum(wait, np.maximum(start - merge, 0.0))
+    exposed = wait - idle
     outer = rec["resume_s"] - waited
     per_sync = {"compute_start_s": rec["compute_start_s"], "sync_point_s": rec["sync_point_s"], "start_s": start,
                 "end_s": end, "merge_point_s": merge, "idle_s": idle, "exposed_s": exposed, "outer_s": outer}

@@ -58,10 +58,10 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     same order as the SimPy engine's clock. syncs: K, when pre and delay hold fewer rows that repeat
     (row k % their length: one round's P rows of a deterministic plan). record: per sync the arrays of STREAM_FIELDS (K, [S,] n)
     and start_s, end_s (K, [S]); else only the totals compute_s, idle_s, comm_s ([S,] n) and wall_s.
-    The wait at a merge point, max(m_i, e) − m_i, splits into exposed comm, the part the node's own
-    window did not hide, min(wait, max(0, x_i + allreduce_s − m_i)) (the wait had the all-reduce
-    started at its own sync point), and idle, the rest (the wait for the other nodes' sync points);
-    comm = exposed + outer step (docs/DESIGN.md, "Time accounting").
+    The wait at a merge point, max(m_i, e) − m_i, splits into idle, the part before the all-reduce
+    started (min(wait, max(0, s − m_i)): the wait for the node that reached its sync point last),
+    and exposed comm, the rest (the all-reduce ran and no compute hid it); comm = exposed + outer
+    step (docs/DESIGN.md, "Time accounting"; real/streaming.py measures the same split).
     """
     pre, delay = np.asarray(pre, dtype=float), np.asarray(delay, dtype=float)
     k_total = pre.shape[0] if syncs is None else syncs
@@ -81,14 +81,14 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
         end = start + a
         link_free = end
         merge_point = sync_point + delay[k % period]
-        end_c = end[..., None] if end.ndim else end
+        start_c, end_c = (start[..., None], end[..., None]) if end.ndim else (start, end)
         waited = np.maximum(merge_point, end_c)
         resume = waited + o_col
         wait = waited - merge_point
-        exposed = np.minimum(wait, np.maximum((sync_point + a_col) - merge_point, 0.0))
+        idle = np.minimum(wait, np.maximum(start_c - merge_point, 0.0))
         totals["compute_s"] += merge_point - clock
-        totals["idle_s"] += wait - exposed
-        totals["comm_s"] += exposed + (resume - waited)
+        totals["idle_s"] += idle
+        totals["comm_s"] += (wait - idle) + (resume - waited)
         if record:
             for name, value in zip(STREAM_FIELDS, (clock, sync_point, merge_point, resume)):
                 rec[name][k] = value

@@ -15,7 +15,7 @@ preset or profiles.
 from __future__ import annotations
 
 from calibrate.catalog import get_gpu
-from simulator.errors import FieldError
+from formats.errors import FieldError
 
 RESERVE_BYTES = 1.0e9
 STATIC_BYTES_PER_PARAM = 16

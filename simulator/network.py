@@ -28,13 +28,17 @@ still sends and receives its own payload once, hence the floor 1 / min B. Two la
 With equal links τ = 2(n−1)/(n·B), the ring's bandwidth term; with one slow link the
 partitioned collective approaches P·8 / B_slow against the ring's 2(n−1)/n · P·8 / B_slow.
 The functions ending in `_raw` take plain numbers or numpy arrays (leading axes are
-independent scenarios), so the sweep computes exactly what the scalar path computes.
+independent scenarios), so the sweep computes exactly what the scalar path computes. The ring
+formula, the water level and the shares are formats/wire.py's (the executor splits its
+payload by the same shares).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from simulator.scenario import PAYLOAD_BYTES, Scenario
+from formats import wire
+from formats.wire import PAYLOAD_BYTES
+from simulator.scenario import Scenario
 
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
 # The outer step on the CPU (pseudo-gradient, divide, Nesterov, copy back: real.diloco.OuterState), per
@@ -64,31 +68,9 @@ def outer_step_s(scenario: Scenario) -> float:
     return OUTER_STEP_NS_PER_PARAM * 1e-9 * scenario.model.param_count
 
 
-def ring_allreduce_raw(n: int, latency_ms: float, payload_bytes_: float, slowest_gbps):
-    """Ring all-reduce time; slowest_gbps may be an array (one value per scenario)."""
-    if n == 1:
-        return 0.0 * slowest_gbps
-    latency_s = latency_ms / 1e3
-    bits = payload_bytes_ * 8
-    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * bits / (slowest_gbps * 1e9)
-
-
 def ring_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
-    return float(ring_allreduce_raw(len(scenario.nodes), scenario.network.latency_ms,
+    return float(wire.ring_allreduce_s(len(scenario.nodes), scenario.network.latency_ms,
                                     payload_bytes(scenario, payload_dtype), min(link_gbps(scenario))))
-
-
-def _water_level(links: np.ndarray) -> np.ndarray:
-    """τ_w of the module docstring (n >= 3): the time per Gbit at which the aggregators balance."""
-    n = links.shape[-1]
-    ordered = -np.sort(-links, axis=-1)  # fastest first
-    k = np.arange(1, n + 1, dtype=float)
-    # If the k fastest links aggregate, Σ_{top k} (τ·B − 1) = n − 2 gives τ_k = (n − 2 + k) / Σ_{top k} B.
-    tau_k = (n - 2 + k) / np.cumsum(ordered, axis=-1)
-    # τ_k is right when the k-th fastest link still aggregates (τ_k·B_k ≥ 1) and the next would not.
-    valid = tau_k * ordered >= 1.0
-    last = n - 1 - np.argmax(valid[..., ::-1], axis=-1)  # the largest valid k (k = 1 is always valid)
-    return np.take_along_axis(tau_k, last[..., None], axis=-1)[..., 0]
 
 
 def partitioned_seconds_per_gbit(links_gbps) -> np.ndarray:
@@ -97,17 +79,7 @@ def partitioned_seconds_per_gbit(links_gbps) -> np.ndarray:
     floor = 1.0 / links.min(axis=-1)  # every node sends and receives its own payload once
     if links.shape[-1] <= 2:
         return floor
-    return np.maximum(_water_level(links), floor)
-
-
-def partitioned_shares(links_gbps) -> np.ndarray:
-    """p_i, the share of the payload each node aggregates (sums to 1 over the last axis)."""
-    links = np.asarray(links_gbps, dtype=float)
-    n = links.shape[-1]
-    if n <= 2:
-        return links / links.sum(axis=-1, keepdims=True)
-    tau = _water_level(links)[..., None]
-    return np.maximum(0.0, tau * links - 1.0) / (n - 2)
+    return np.maximum(wire.water_level(links), floor)
 
 
 def partitioned_allreduce_raw(latency_ms: float, payload_bytes_: float, links_gbps):

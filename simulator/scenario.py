@@ -12,46 +12,28 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 import tomli_w
 
 from calibrate.catalog import CatalogError, get_gpu
 from calibrate.presets import ModelArch, PresetError, load_arch
-from calibrate.files import read_regular_file
-from calibrate.files import short as _short
-from simulator.config import as_table, build, coerce, require_choice, require_positive
-from simulator.errors import FieldError, InputError
-from simulator.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
-                              limit)
+from formats.config import as_table, build, coerce, require_choice, require_positive
+from formats.errors import FieldError, InputError
+from formats.files import read_regular_file
+from formats.files import short as _short
+from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
+                            limit)
+from formats.scenario import DilocoConfig, ModelSection
+from formats.toml import tomllib
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
-DTYPES = ("bf16", "fp16", "fp32")
-PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
-COLLECTIVES = ("ring", "partitioned")
-AVERAGING = ("uniform", "tokens", "normalized")
-FRAGMENT_PATTERNS = ("sequential", "strided")
+
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """What is trained: a preset (or config.json), or a bare parameter count."""
+class ModelConfig(ModelSection):
+    """[model] (formats/scenario.py) plus the architecture its preset resolves to."""
 
-    preset: str | None = None
-    params: float | None = None
-    flops_per_token: float | None = None
-    seq_len: int = 1024
-    dtype: str = "bf16"
     arch: ModelArch | None = field(default=None, init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        require_positive(self, "params", "flops_per_token", "seq_len")
-        limit(self, "params", "flops_per_token", "seq_len")
-        require_choice(self, "dtype", DTYPES)
-        if self.preset is None and self.params is None:
-            raise FieldError("preset", "expected a model preset name (or `params = <count>`)")
 
     def resolve(self, base_dir: Path | None) -> None:
         if self.preset is not None:
@@ -102,45 +84,6 @@ class NetworkConfig:
         limit(self, "bandwidth_gbps", "latency_ms")
         require_choice(self, "collective", COLLECTIVES)
         require_choice(self, "payload_dtype", tuple(PAYLOAD_BYTES))
-
-
-@dataclass(frozen=True)
-class DilocoConfig:
-    """The real executor's hyper-parameters (OpenDiLoCo's defaults); the simulator only checks them."""
-
-    inner_lr: float = 4e-4
-    weight_decay: float = 0.1
-    warmup_steps: int = 1000
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    averaging: str = "uniform"
-    betas: tuple[float, ...] = (0.9, 0.95)
-    cosine_min_lr_ratio: float = 0.1
-    # Streaming DiLoCo (real/plan.py's docstring): P fragments synced in turn, each all-reduce
-    # overlapping τ inner steps, merged with weight α on the local weights (torchft's semantics).
-    # Every strategy plans with these unless it chooses its own (`streaming` does).
-    fragments: int = 1
-    sync_delay_steps: int = 0
-    fragment_alpha: float = 0.0
-    fragment_pattern: str = "sequential"
-
-    def __post_init__(self) -> None:
-        require_positive(self, "inner_lr", "outer_lr", "fragments")
-        if self.sync_delay_steps < 0:
-            raise FieldError("sync_delay_steps", f"expected an integer >= 0, got {self.sync_delay_steps!r}")
-        if not 0 <= self.fragment_alpha <= 1:
-            raise FieldError("fragment_alpha", f"expected a number in [0, 1], got {self.fragment_alpha!r}")
-        require_choice(self, "fragment_pattern", FRAGMENT_PATTERNS)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
-        if not 0 <= self.cosine_min_lr_ratio <= 1:
-            raise FieldError("cosine_min_lr_ratio", f"expected a number in [0, 1], got {self.cosine_min_lr_ratio!r}")
-        for name in ("weight_decay", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise FieldError(name, f"expected a number >= 0, got {getattr(self, name)!r}")
-        if not 0 <= self.outer_momentum < 1:
-            raise FieldError("outer_momentum", f"expected 0 <= momentum < 1, got {self.outer_momentum!r}")
-        require_choice(self, "averaging", AVERAGING)
 
 
 @dataclass(frozen=True)
@@ -418,7 +361,8 @@ def _with_network_profile(scenario: Scenario) -> Scenario:
     """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
     if scenario.network.profile is None:
         return scenario
-    from calibrate.netprofile import NetProfileError, read_network_profile  # pandas: only when used
+    from calibrate.netprofile import read_network_profile  # pandas: only when used
+    from formats.netprofile import NetProfileError
 
     try:
         model = read_network_profile(scenario.resolve_path(scenario.network.profile))

@@ -19,7 +19,11 @@ exactly; tests/test_sweep.py checks both on a handful of scenarios).
 Metrics per scenario × strategy (the whole simulated run; R = the plan's rounds):
   round_s = max_i compute_i + comm_s (Streaming DiLoCo plans: wall time / R of the analytic
   engine's fragment-sync recurrence, and idle_s its idle);  wall_s = R × round_s
-  idle_s = R × Σ_i (max_j compute_j − compute_i);  idle_floor_s = R × Σ_i t_i(b_i)
+  idle_s = R × Σ_i (max_j compute_j − compute_i)
+  idle_floor_s = R × Σ_i t_i(b_i): the one-step bound (the CSV keeps its first name). Not a floor:
+    a bound from above on the idle of a plan balanced to the step: when every node finishes
+    within one of its own inner steps of the slowest, idle_i < t_i(b_i) each round, so idle_s <
+    idle_floor_s; idle_vs_floor = idle_s / idle_floor_s < 1 says a plan is balanced that finely.
   utilization = Σ_i compute_i / (n × round_s);  tokens = R × Σ_i H_i·b_i·gpus_i·seq_len
   idle_s_equal_tokens = idle_s × baseline tokens / tokens (the idle of as many tokens as the
   baseline trains); idle_left = that / the baseline's idle_s; speedup = tokens_per_s / baseline's.
@@ -36,7 +40,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from simulator.errors import InputError
+from formats.errors import InputError
 from simulator.network import outer_step_s
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
@@ -96,6 +100,23 @@ def choose_mixes(spec: SweepSpec, n_kinds: int) -> np.ndarray:
             if len(seen) == per_bw:
                 break
     return np.array(list(seen), dtype=np.int64)
+
+
+def describe_grid(spec: SweepSpec, n_kinds: int) -> str:
+    """How --samples became this many scenarios (choose_mixes' rule), in words."""
+    bws = len(spec.bandwidths_gbps)
+    per_bw = max(1, math.ceil(spec.samples / bws))
+    total = math.comb(n_kinds + spec.nodes - 1, spec.nodes)
+    mixes = min(total, per_bw)
+    if total <= per_bw:
+        why = (f"all {total:,} distinct mixes of {spec.nodes} nodes over {n_kinds} node kinds (--samples "
+               f"{spec.samples} over {bws} bandwidth{'s' if bws > 1 else ''} asks for up to {per_bw:,} each"
+               + (", and there are no more)" if total < per_bw else ")"))
+    else:
+        why = (f"{mixes:,} mixes of {spec.nodes} nodes drawn (seed {spec.seed}) from the {total:,} distinct ones "
+               f"over {n_kinds} node kinds (--samples {spec.samples} / {bws} bandwidth{'s' if bws > 1 else ''}, "
+               "rounded up)")
+    return f"{mixes * bws:,} scenarios: {why}, each at {bws} bandwidth{'s' if bws > 1 else ''}"
 
 
 def scenario_grid(spec: SweepSpec, n_kinds: int) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass, field
 
 from calibrate.catalog import get_gpu, peak_tflops
-from simulator.errors import FieldError
+from formats.errors import FieldError
 from simulator.memory import GIB, memory_need_bytes
 from simulator.scenario import NodeConfig, Scenario
 
@@ -139,7 +139,7 @@ class NodeTiming:
         return self.memo["profiles"]
 
     def _read_profiles(self) -> tuple:
-        from calibrate.profiles import ProfileError  # pandas: only when profiles are used
+        from formats.profile import ProfileError  # pandas: only when profiles are used
 
         models = []
         index = self.position

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.plan import Plan, merge_steps
+from formats.plan import Plan, merge_steps
 from simulator.scenario import Scenario
 
 

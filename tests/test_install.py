@@ -13,10 +13,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from formats.toml import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDE_TORCH = "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "

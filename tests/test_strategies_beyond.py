@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from formats.wire import partition_shares
 from simulator.engine import simulate, summary
 from simulator.network import (allreduce_s, link_gbps, partitioned_allreduce_s, partitioned_seconds_per_gbit,
-                               partitioned_shares, ring_allreduce_s, sync_s)
+                               ring_allreduce_s, sync_s)
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 from simulator.strategies.hybrid import TOLERANCE, capacity, least_round_s
@@ -121,7 +122,7 @@ def test_partitioned_allreduce_balances_bandwidth():
     assert partitioned_seconds_per_gbit([1.0, 1.0, 1.0, 1.0]) == pytest.approx(1.5)  # 2(n-1)/n
     assert partitioned_seconds_per_gbit([0.1, 1.0, 1.0, 1.0]) == pytest.approx(10.0)  # the slow link sends P once
     assert partitioned_seconds_per_gbit([3.0, 2.0, 1.0, 0.5]) == pytest.approx(2.0)
-    np.testing.assert_allclose(partitioned_shares([3.0, 2.0, 1.0, 0.5]), [0.7, 0.3, 0.0, 0.0])
+    np.testing.assert_allclose(partition_shares([3.0, 2.0, 1.0, 0.5]), [0.7, 0.3, 0.0, 0.0])
     slow = load_scenario("paper", [*BF16_FP32, "nodes.node1.uplink_gbps=0.1", "network.collective=partitioned"])
     assert link_gbps(slow) == [0.1, 1.0, 1.0, 1.0]
     assert partitioned_allreduce_s(slow) < ring_allreduce_s(slow) / 1.45
@@ -135,5 +136,5 @@ def test_partitioned_is_optimal_against_random_splits():
         tau = partitioned_seconds_per_gbit(links)
         splits = rng.dirichlet(np.ones(n), size=5000)
         assert tau <= ((1 + (n - 2) * splits) / links).max(axis=1).min() + 1e-12
-        p = partitioned_shares(links)
+        p = partition_shares(links)
         assert p.sum() == pytest.approx(1) and ((1 + (n - 2) * p) / links).max() <= tau * (1 + 1e-12)

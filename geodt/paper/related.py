@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from calibrate.catalog import get_gpu, peak_tflops
+from formats.wire import ring_allreduce_s
 from geodt.paper import facts
 from simulator.scenario import ModelConfig, NetworkConfig, NodeConfig, Scenario
 from simulator.timing import DEFAULT_INTRA_NODE_GBPS, MFU, NodeTiming
@@ -43,13 +44,6 @@ MINGPT_LAYERS, MINGPT_WIDTH, MINGPT_VOCAB, MINGPT_CONTEXT = 6, 192, 65, 128
 MINGPT_BATCH_PER_PROCESS = 64
 TINYSHAKESPEARE_CHARS = 1_115_394
 P001_LINK_GBPS, P001_LINK_LATENCY_MS = 1.0, 1.0
-
-
-def ring_allreduce_s(payload_bytes: float, ranks: int, gbps: float, latency_ms: float = 0.0) -> float:
-    """Ring all-reduce among `ranks` over links of `gbps` (the network model's formula)."""
-    if ranks <= 1:
-        return 0.0
-    return 2 * (ranks - 1) * latency_ms / 1e3 + 2 * (ranks - 1) / ranks * payload_bytes * 8 / (gbps * 1e9)
 
 
 @dataclass(frozen=True)
@@ -76,7 +70,7 @@ def fit_batch_time(batch=facts.P002_BATCH, time_s=facts.P002_TIME_S) -> BatchFit
     (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
     fitted = alpha / b + beta
     spec = get_gpu(facts.P002_GPU)
-    a = ring_allreduce_s(4 * RESNET18_CIFAR_PARAMS, facts.P002_GPUS, DEFAULT_INTRA_NODE_GBPS)
+    a = ring_allreduce_s(facts.P002_GPUS, 0.0, 4 * RESNET18_CIFAR_PARAMS, DEFAULT_INTRA_NODE_GBPS)
     c = 3 * RESNET18_CIFAR_FWD_FLOPS / (peak_tflops(spec, "fp32") * 1e12 * MFU)
     samples = beta / c
     return BatchFit(alpha_s=float(alpha), beta_s=float(beta), fitted_s=tuple(map(float, fitted)),
@@ -134,7 +128,7 @@ def share_curves(points: int = 401) -> ShareCurves:
     share = np.linspace(0.0, 1.0, points)
     t_a = np.array([timing_a.estimate_s(s * global_batch / gpus_a) if s > 0 else 0.0 for s in share])
     t_b = np.array([timing_b.estimate_s((1 - s) * global_batch / gpus_b) if s < 1 else 0.0 for s in share])
-    allreduce = ring_allreduce_s(4 * mingpt_params(), ranks, P001_LINK_GBPS, P001_LINK_LATENCY_MS)
+    allreduce = ring_allreduce_s(ranks, P001_LINK_LATENCY_MS, 4 * mingpt_params(), P001_LINK_GBPS)
     ddp = steps * (np.maximum(t_a, t_b) + allreduce)
     # Separate jobs: each node runs its share at the same per-process batch.
     per_a = np.array(timing_a.estimate_s(MINGPT_BATCH_PER_PROCESS)) / (MINGPT_BATCH_PER_PROCESS * gpus_a)

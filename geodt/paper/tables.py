@@ -19,12 +19,12 @@ from dataclasses import dataclass
 import pandas as pd
 
 from calibrate.catalog import get_gpu, peak_tflops
+from formats.errors import FieldError, InputError
+from formats.plan import Plan
 from geodt.paper import facts
 from geodt.paper.fmt import round_as_printed
 from geodt.paper.infer import Inference, inferred_scenario
 from simulator.engine import simulate, summary
-from simulator.errors import FieldError, InputError
-from simulator.plan import Plan
 from simulator.scenario import Scenario, load_scenario
 from simulator.strategies import STRATEGIES, make_plan, node_plan, uniform_plan
 from simulator.strategies.paper import mean_spec_tflops, normalized_speed

@@ -21,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from simulator.errors import FieldError, InputError
-from simulator.plan import NodePlan, Plan, PlanError
+from formats.errors import FieldError, InputError
+from formats.plan import NodePlan, Plan, PlanError
 from simulator.scenario import Scenario
 from simulator.timing import NodeTiming, node_timings
 from simulator.strategies.tables import NetTables, NodeTables, from_scenario

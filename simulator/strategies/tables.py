@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 
 from calibrate.catalog import get_gpu, spec_tflops
-from simulator.network import link_gbps, outer_step_s, partitioned_allreduce_raw, ring_allreduce_raw
-from simulator.scenario import PAYLOAD_BYTES
+from formats.wire import PAYLOAD_BYTES, ring_allreduce_s
+from simulator.network import link_gbps, outer_step_s, partitioned_allreduce_raw
 
 MAX_BATCH_FACTOR = 16
 
@@ -91,7 +91,7 @@ class NetTables:
         payload = self.payload_bytes(dtype or self.payload_dtype) / np.asarray(fragments, dtype=float)
         if (collective or self.collective) == "partitioned":
             return partitioned_allreduce_raw(self.latency_ms, payload, self.links_gbps)
-        return ring_allreduce_raw(self.links_gbps.shape[1], self.latency_ms, payload, self.links_gbps.min(axis=1))
+        return ring_allreduce_s(self.links_gbps.shape[1], self.latency_ms, payload, self.links_gbps.min(axis=1))
 
     def sync_s(self, fragments=None) -> np.ndarray:
         """comm_s of one outer sync per row: the all-reduce plus the outer step, of one fragment
