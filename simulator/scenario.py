@@ -339,6 +339,7 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
+    _check_fragments(scenario)
     _check_profiles(scenario)
     return _with_network_profile(scenario)
 
@@ -348,6 +349,21 @@ def _resolve_model(scenario: Scenario) -> None:
         scenario.model.resolve(scenario.base_dir)
     except FieldError as exc:
         raise FieldError(f"model.{exc.key}", exc.expected) from None
+
+
+def _check_fragments(scenario: Scenario) -> None:
+    """The [diloco] fragment keys against the baseline H and the model's layers (fragments group layers)."""
+    d, steps = scenario.diloco, scenario.training.local_steps
+    if d.fragments > steps:
+        raise FieldError("diloco.fragments", f"expected at most training.local_steps ({steps}) fragments, "
+                         f"got {d.fragments}")
+    layers = scenario.model.arch.num_layers if scenario.model.arch is not None else None
+    if layers is not None and d.fragments > layers:
+        raise FieldError("diloco.fragments", f"expected at most the model's {layers} layers (a fragment is a "
+                         f"group of layers), got {d.fragments}")
+    if d.sync_delay_steps >= steps // d.fragments:
+        raise FieldError("diloco.sync_delay_steps", f"expected 0 <= sync_delay_steps < training.local_steps // "
+                         f"fragments = {steps // d.fragments}, got {d.sync_delay_steps}")
 
 
 def _check_profiles(scenario: Scenario) -> None:

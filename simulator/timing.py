@@ -24,7 +24,7 @@ catalog `intra_node_gbps` (NVLink for SXM parts, PCIe for the rest).
 
 That is the unsharded node. Under a sharded layout or recomputation (simulator/memory.py's
 Layout, chosen per node by `NodeTiming.layout`) t0's optimizer work is per shard (N/G), c grows
-by RECOMPUTE_FACTOR under full recomputation, and the collectives are `intra_node_comm_s`'s: the
+by a third (one more forward, `calibrate.estimate`) under full recomputation, and the collectives are `intra_node_comm_s`'s: the
 all-reduce's volume after backward for zero1/zero2, and for fsdp two all-gathers and a
 reduce-scatter hidden behind compute except one unit's: t0 + max(c·b, comm) + exposed.
 
@@ -50,7 +50,6 @@ DEFAULT_INTRA_NODE_GBPS = 100.0  # PCIe 3.0 x16 through the host, effective (the
 # every search bounded when nothing (no OOM row, no memory figure) bounds the batch.
 MAX_SEARCH_BATCH = 1 << 16
 # Training FLOPs are forward + backward = 1 + 2 forwards; full recomputation adds one forward.
-RECOMPUTE_FACTOR = 4.0 / 3.0
 
 
 def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float]:
@@ -59,7 +58,7 @@ def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNS
     A preset or config.json gives the model's shape; a bare `params` model has none (its work is
     `flops_per_token`, else 6·params, at the matmul rate). A given `flops_per_token` replaces the
     shape's matmul and attention FLOPs. Sharded (zero1/zero2/fsdp): each device clips and steps
-    AdamW on its 1/G of the parameters. Full recomputation: one more forward (RECOMPUTE_FACTOR)."""
+    AdamW on its 1/G of the parameters. Full recomputation: one more forward."""
     model = scenario.model
     shape = Shape.of(model.arch) if model.arch is not None else None
     est = estimate_step(gpu_key, model.dtype, model.seq_len, shape=shape, params=model.param_count,
