@@ -27,7 +27,8 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     sharding          none | zero1 | zero2 | fsdp: how the node's G devices divide the training
                       state (none: every device a whole replica, DDP; zero1: AdamW moments /G;
                       zero2: + gradients /G; fsdp: + parameters /G, FSDP2 `fully_shard` per
-                      layer); never "auto" (the planner writes what it chose)
+                      layer); never "auto" (the planner writes what it chose). The executor
+                      runs zero1 as zero2 (real/sharding.py says why)
     activation_checkpointing  none | full: full = every decoder layer recomputed in backward
                       (only the layer inputs kept)
     outer_state       cpu | device: where each device process keeps its DiLoCo global weights

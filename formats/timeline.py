@@ -17,6 +17,6 @@ SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "syn
                 "merge_point_s", "idle_s", "exposed_s", "outer_s"]
 # trace.csv: the timeline plus what a real run measures (real/trace.py's docstring).
 TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size",
-                                    "bytes_sent"]
+                                    "bytes_sent", "peak_mem_bytes"]
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
                       "measured_round_s", "error_pct_of_round", "mode"]

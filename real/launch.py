@@ -59,7 +59,6 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
         spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
-    check_runnable_layout(plan, plan_path)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
@@ -69,6 +68,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
         streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
+    check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
@@ -77,18 +77,18 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     return spec, plan
 
 
-# What this executor runs of the plan's memory layout; the rest (issue 15 item 6: FSDP2, activation
-# checkpointing) is refused rather than run as something else. (outer_state: real.diloco.OuterState keeps the
-# outer state beside the model, on the CPU for CPU devices; honouring the column is item 6's.)
-RUNNABLE_LAYOUT = {"sharding": ("none",), "activation_checkpointing": ("none",)}
-
-
-def check_runnable_layout(plan: Plan, plan_path) -> None:
+def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
+    """A sharded node (real/sharding.py) runs classic DiLoCo rounds; sync-ddp's per-step gradient
+    average and Streaming DiLoCo's fragments work on whole replicas, so those are refused."""
     for i, node in enumerate(plan.nodes, start=2):
-        for column, runnable in RUNNABLE_LAYOUT.items():
-            if getattr(node, column) not in runnable:
-                raise LaunchError(f"{plan_path}: line {i}: {column}: {getattr(node, column)} is not run by this "
-                                  f"executor yet; expected {' or '.join(runnable)}")
+        if node.sharding in (None, "none") or node.gpus == 1:
+            continue
+        if plan.sync == "gradients":
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with sync = gradients (sync-ddp) is "
+                              f"not run by this executor; expected none")
+        if streams:
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
+                              f"not run by this executor; expected none")
 
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:

@@ -51,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from real.diloco import OuterState
+from real.sharding import peak_memory_reset
 
 PATTERNS = ("sequential", "strided")
 SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
@@ -326,6 +327,7 @@ class StreamingRound:
         prepare_at = {p: k for k, (p, _) in enumerate(self.schedule)}
         sync_at = {s: k for k, (_, s) in enumerate(self.schedule)}
         grad_sync = node._grad_sync if node.me.gpus > 1 else None
+        peak_memory_reset(node.device)
         round_start = time.perf_counter()
         clock = {"deadline": round_start, "overruns": 0}
         loss_sum = torch.zeros((), device=node.device)
@@ -366,6 +368,7 @@ class StreamingRound:
             "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
             "local_steps": node.me.local_steps, "batch_size": node.batch,
             "bytes_sent": sum(row["bytes_sent"] for row in rows),
+            "peak_mem_bytes": node._peak_memory(),
         }
 
     # --- checkpoints: the model's own weights (they differ from θ_g) and the fragment rows ---
