@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from real.config import DilocoSpec
+from formats.scenario import DilocoConfig
 
 
-def inner_lr(step: int, spec: DilocoSpec, total_steps: int) -> float:
+def inner_lr(step: int, spec: DilocoConfig, total_steps: int) -> float:
     """Learning rate of inner step `step` (0-based): linear warm-up, then cosine to min ratio."""
     if step < spec.warmup_steps:
         return spec.inner_lr * (step + 1) / spec.warmup_steps
@@ -109,7 +109,7 @@ class OuterState:
             getattr(self, key).copy_(value)
 
 
-def outer_sync(state: OuterState, spec: DilocoSpec, coef: float, divisor: float,
+def outer_sync(state: OuterState, spec: DilocoConfig, coef: float, divisor: float,
                all_reduce: Callable[[torch.Tensor], None]) -> None:
     """One outer sync: pseudo-gradient, SUM all-reduce, divide, outer step, weights into the model."""
     delta = state.pseudo_gradient(coef)

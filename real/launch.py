@@ -39,7 +39,7 @@ from pathlib import Path
 
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
-from real.plan import Plan
+from formats.plan import Plan
 from real.options import ExecOptions
 from real.process import worker_main
 from real.streaming import StreamingSpec
@@ -56,8 +56,8 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     from calibrate.presets import PresetError, load_arch
 
     spec = load_run_spec(scenario_path)
-    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds, spec.collective,
-                                                                    spec.payload_dtype)
+    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
+        spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
@@ -178,9 +178,12 @@ def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: Exe
     return 0  # not reached: worker_main exits
 
 
-def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1") -> int:
+def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
+           announce=None) -> int:
     """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
-    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary)."""
+    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary).
+    announce(), if given, is called once every input is checked, right before the processes start
+    (warnings about the run go there, so that bad input stays one line)."""
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
         if not under_torchrun():
@@ -218,6 +221,8 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
             return 2
         listener.listen()
         _pin_gloo(ip)
+    if announce is not None:
+        announce()
     _copy_inputs(plan_path, scenario_path, out_dir)
     store = None
     context = None

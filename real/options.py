@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from real.config import RunSpec
-from real.plan import Plan
+from formats.plan import Plan
 from real.streaming import StreamingSpec
 
 @dataclass(frozen=True)

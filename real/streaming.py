@@ -20,20 +20,29 @@ none at a round's end: checkpoints at round ends hold no in-flight state, only t
 own weights beside θ_g (they differ from θ_g for fragments synced earlier in the round, or
 when α > 0).
 
-Timing (leader's clock, per fragment sync; fragments.csv):
-- comm_s: the background average (cross-node collective of the plan's payload and collective,
-  the broadcast in the node), from the moment every node had started it to its end;
-- idle_s: time blocked at the sync point before every node had started the fragment's
-  average (the wait for the slowest node; a one-element all-reduce marks that moment);
-- exposed_s: the rest of the block at the sync point, comm that compute did not hide.
+Timing: syncs.csv, one row per node and fragment sync, the simulator's columns (docs/DESIGN.md)
+on the node leader's clock plus bytes_sent:
+- compute_start_s: the start of the inner steps before the sync (the round's start, or the
+  previous fragment's resume);
+- sync_point_s: the node reached the fragment's sync point (then forms its pseudo-gradient and
+  hands it to the communication thread);
+- start_s, end_s: the average itself, from the moment every node had started it (a
+  one-element all-reduce of the leaders marks it) to its end (broadcast in the node included);
+- merge_point_s: the node reached the fragment's merge point and began to wait;
+- idle_s, exposed_s: that wait, split as the simulator splits it: exposed is what the node's
+  own average would still have taken had it started at its sync point
+  (min(wait, max(sync_point_s + end_s − start_s − merge_point_s, 0))), idle the rest, the
+  wait for slower nodes;
+- outer_s: the main thread's own sync work (pseudo-gradient, outer step, merge).
 The round's trace row (trace.csv) keeps docs/DESIGN.md's accounting: idle_s = Σ idle_s,
-comm_s = Σ (exposed_s + the pseudo-gradient and outer-step work on the main thread), and
-compute_s the rest of the round, hidden comm included.
+comm_s = Σ (exposed_s + outer_s), and compute_s the rest of the round, hidden comm included.
+Under --emulate each fragment's average is padded to the plan's comm_s (one fragment sync).
 """
 from __future__ import annotations
 
 import re
 import time
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from collections.abc import Sequence
@@ -45,9 +54,9 @@ from real.diloco import OuterState
 from real.sharding import peak_memory_reset
 
 PATTERNS = ("sequential", "strided")
-FRAGMENT_COLUMNS = ["strategy", "node", "round", "fragment", "prepare_step", "sync_step", "start_s", "end_s",
-                    "comm_s", "exposed_s", "idle_s", "bytes_sent"]
-FRAGMENT_NUMERIC = FRAGMENT_COLUMNS[2:]
+SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
+                "merge_point_s", "idle_s", "exposed_s", "outer_s", "bytes_sent"]
+SYNC_NUMERIC = SYNC_COLUMNS[2:]
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -213,7 +222,8 @@ def threads_for_comm() -> None:
 class InFlight:
     fragment: int
     future: object
-    start: float
+    compute_start: float  # perf_counter seconds
+    sync_point: float
     prepare_s: float
 
 
@@ -224,10 +234,9 @@ class BackgroundSync:
     and payload (real/sync.py), and broadcast in the node; other processes receive the
     broadcast. On CUDA the thread runs on its own stream."""
 
-    def __init__(self, node, crosses: list | None, leaders_group, node_group, fractions: list[float]):
+    def __init__(self, node, crosses: list | None, leaders_group, node_group):
         self.node = node
         self.crosses, self.leaders_group, self.node_group = crosses, leaders_group, node_group
-        self.fractions = fractions
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-comm", initializer=threads_for_comm)
         self.stream = torch.cuda.Stream(node.device) if node.device.type == "cuda" else None
         self.flag = torch.zeros(1, device=node.device)
@@ -241,7 +250,7 @@ class BackgroundSync:
 
     def _run(self, k: int, delta: torch.Tensor, event):
         node, opts = self.node, self.node.opts
-        ctx = torch.cuda.stream(self.stream) if self.stream is not None else _null()
+        ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         with ctx:
             if event is not None:
                 self.stream.wait_event(event)
@@ -259,27 +268,14 @@ class BackgroundSync:
                 dist.broadcast(average, src=node.leader_rank, group=self.node_group)
             if self.stream is not None:
                 self.stream.synchronize()
-            if opts.emulate:  # the fragment's share of the plan's sync time
-                remaining = ready + self.fractions[k] * node.plan.comm_s * opts.time_scale - time.perf_counter()
+            if opts.emulate:  # the plan's comm_s is one fragment sync
+                remaining = ready + node.plan.comm_s * opts.time_scale - time.perf_counter()
                 if remaining > 0:
                     time.sleep(remaining)
             return average, sent, ready, time.perf_counter()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def fractions_of(fragmented: FragmentedOuter) -> list[float]:
-    total = fragmented.offsets[-1]
-    return [fragmented.numel(k) / total for k in range(len(fragmented.ranges))]
 
 
 class StreamingRound:
@@ -304,28 +300,27 @@ class StreamingRound:
             crosses = [CrossNodeSync(leaders, n, node.index, self.fragmented.numel(k), plan.payload_dtype,
                                      plan.collective, links) for k in range(spec.fragments)]
         self.background = BackgroundSync(node, crosses, leaders if node.is_leader else None,
-                                         node_groups[node.index], fractions_of(self.fragmented))
-        self.rows: list[dict] = []  # the leader's per-fragment rows (fragments.csv)
+                                         node_groups[node.index])
+        self.rows: list[dict] = []  # the leader's per-fragment rows (syncs.csv)
 
-    def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[float, float, int, dict]:
-        """Wait for fragment k's average, apply it; (main-thread sync seconds, idle, bytes, row)."""
+    def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[dict, float]:
+        """Wait for fragment k's average and apply it: (the syncs.csv row, the resume time)."""
         from real.options import _collective
 
         node, d = self.node, self.node.spec.diloco
-        wait_start = time.perf_counter()
-        average, sent, ready, end = _collective(flight.future.result)
-        wait_end = time.perf_counter()
-        blocked = wait_end - wait_start
-        idle = min(max(ready - wait_start, 0.0), blocked)
+        merge = time.perf_counter()
+        average, sent, start, end = _collective(flight.future.result)
+        waited = time.perf_counter()
         self.fragmented.apply(k, average, d.outer_lr, d.outer_momentum, self.spec.fragment_alpha)
         node._sync_device()
-        applied = time.perf_counter() - wait_end
-        prepare, sync = self.schedule[k]
-        offset = node.time_offset_s - t0
-        row = {"fragment": k, "prepare_step": prepare, "sync_step": sync, "start_s": offset + flight.start,
-               "end_s": offset + end, "comm_s": end - ready, "exposed_s": blocked - idle, "idle_s": idle,
-               "bytes_sent": sent}
-        return flight.prepare_s + blocked - idle + applied, idle, sent, row
+        resume = time.perf_counter()
+        wait = waited - merge
+        exposed = min(wait, max(flight.sync_point + (end - start) - merge, 0.0))
+        at = lambda t: node.time_offset_s + t - t0
+        row = {"fragment": k, "compute_start_s": at(flight.compute_start), "sync_point_s": at(flight.sync_point),
+               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": wait - exposed,
+               "exposed_s": exposed, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
+        return row, resume
 
     def run_round(self, r: int, t0: float, bar=None) -> dict:
         node = self.node
@@ -336,9 +331,7 @@ class StreamingRound:
         round_start = time.perf_counter()
         clock = {"deadline": round_start, "overruns": 0}
         loss_sum = torch.zeros((), device=node.device)
-        comm = idle = 0.0
-        sent_total = 0
-        flight = None
+        rows, resume, flight = [], round_start, None
         for step in range(1, node.me.local_steps + 1):
             loss_sum += node.train_inner_step(clock, grad_sync)
             if bar is not None:
@@ -346,17 +339,16 @@ class StreamingRound:
             if step in prepare_at:
                 k = prepare_at[step]
                 node._sync_device()
-                start = time.perf_counter()
+                begin = time.perf_counter()
                 delta = (self.fragmented.pseudo_gradient(k, node.coef) if node.is_leader
                          else self.fragmented.buffer(k))
                 future = self.background.start(k, delta)
-                flight = InFlight(k, future, start, time.perf_counter() - start)
+                handed = time.perf_counter()
+                flight = InFlight(k, future, resume, begin, handed - begin)
             if step in sync_at:
-                seconds, waited, sent, row = self._sync(sync_at[step], flight, t0)
+                row, resume = self._sync(sync_at[step], flight, t0)
+                rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
                 flight = None
-                comm, idle, sent_total = comm + seconds, idle + waited, sent_total + sent
-                if node.is_leader:
-                    self.rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
         if node.me.gpus > 1:
             from real.options import _collective
 
@@ -364,13 +356,18 @@ class StreamingRound:
             loss_sum /= node.me.gpus
         node._sync_device()
         end = time.perf_counter()
+        if node.is_leader:
+            self.rows.extend(rows)
+        idle = sum(row["idle_s"] for row in rows)
+        comm = sum(row["exposed_s"] + row["outer_s"] for row in rows)
         return {
             "strategy": node.plan.strategy, "node": node.me.node, "round": r,
             "compute_s": end - round_start - idle - comm, "idle_s": idle, "comm_s": comm,
             "round_start_s": node.time_offset_s + round_start - t0, "round_end_s": node.time_offset_s + end - t0,
             "loss": float(loss_sum.item()) / node.me.local_steps, "tokens": node.tokens_per_round,
             "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
-            "local_steps": node.me.local_steps, "batch_size": node.batch, "bytes_sent": sent_total,
+            "local_steps": node.me.local_steps, "batch_size": node.batch,
+            "bytes_sent": sum(row["bytes_sent"] for row in rows),
             "peak_mem_bytes": node._peak_memory(),
         }
 
@@ -386,18 +383,25 @@ class StreamingRound:
         self.background.close()
 
 
-def write_fragments(rows: list[dict], node_order: list[str], path) -> None:
-    """fragments.csv, whole or not at all (temp file, then os.replace)."""
+def write_syncs(plan, tables: list[list[list[float]]], path) -> None:
+    """syncs.csv from every leader's rows (SYNC_NUMERIC values, plan order), whole or not at all."""
     import os
     from pathlib import Path
 
     import pandas as pd
 
-    path = Path(path)
-    order = {name: i for i, name in enumerate(node_order)}
-    frame = pd.DataFrame(rows, columns=FRAGMENT_COLUMNS)
+    rows = []
+    for node, table in zip(plan.nodes, tables):
+        for values in table:
+            row = {"strategy": plan.strategy, "node": node.node, **dict(zip(SYNC_NUMERIC, values))}
+            for c in ("round", "fragment", "bytes_sent"):
+                row[c] = int(row[c])
+            rows.append(row)
+    order = {node.node: i for i, node in enumerate(plan.nodes)}
+    frame = pd.DataFrame(rows, columns=SYNC_COLUMNS)
     frame = frame.sort_values(["round", "fragment", "node"],
                               key=lambda col: col.map(order) if col.name == "node" else col).reset_index(drop=True)
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-TRACE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s",
-                 "round_end_s", "loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size", "bytes_sent",
-                 "peak_mem_bytes"]
+from formats.timeline import TRACE_COLUMNS
+
 NUMERIC_COLUMNS = TRACE_COLUMNS[2:]  # what travels between nodes as a float64 tensor
 INT_COLUMNS = ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent", "peak_mem_bytes")
 

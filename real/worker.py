@@ -5,7 +5,7 @@ parallel inside the node: each device takes b samples per step (the plan's per-d
 batch) and, after backward, the devices' gradients are averaged by an all-reduce in the
 node's group (gloo on CPU, nccl on GPUs), so the node waits for its slowest device each step
 and all its processes hold the same weights and optimizer state. Ranks go to nodes in plan
-order, G_i consecutive ranks each (real.plan.Plan.first_rank); the first is the node's
+order, G_i consecutive ranks each (formats.plan.Plan.first_rank); the first is the node's
 leader. The outer sync is hierarchical (as OpenDiLoCo/torchft): the leaders, one group of n
 processes, average the pseudo-gradients across nodes (real/sync.py: the plan's collective
 and payload dtype), then each leader broadcasts the average within its node and every
@@ -49,10 +49,10 @@ from real.config import RunSpec
 from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
 from real.options import ExecOptions, _collective, _sleep_until, run_config
-from real.plan import Plan
+from formats.plan import Plan
 from real.sharding import (ShardingSpec, node_scaler, peak_memory_bytes, peak_memory_reset, prepare_model,
                            sharded_average)
-from real.streaming import FRAGMENT_NUMERIC, StreamingRound, StreamingSpec, write_fragments
+from real.streaming import SYNC_NUMERIC, StreamingRound, StreamingSpec, write_syncs
 from real.sync import CrossNodeSync
 from real.trace import INT_COLUMNS, NUMERIC_COLUMNS, summary, write_trace
 
@@ -465,7 +465,7 @@ class Node:
 
     def finish(self) -> None:
         """Gather the leaders' rows (float64 tensors) to rank 0, which writes trace.csv (and
-        fragments.csv when streaming) and the model's final weights."""
+        syncs.csv when streaming) and the model's final weights."""
         if self.streaming is not None:
             self.streaming.close()
         weights = None
@@ -474,7 +474,7 @@ class Node:
                        {name: p.detach().cpu() for name, p in self.model.named_parameters()})
         if self.is_leader:
             tables = self._gather_tables(self.trace, NUMERIC_COLUMNS)
-            fragment_tables = (self._gather_tables(self.streaming.rows, FRAGMENT_NUMERIC)
+            fragment_tables = (self._gather_tables(self.streaming.rows, SYNC_NUMERIC)
                                if self.streaming is not None else None)
             if self.rank == 0:
                 rows = []
@@ -485,16 +485,7 @@ class Node:
                             row[c] = int(row[c])
                         rows.append(row)
                 if fragment_tables is not None:
-                    fragment_rows = []
-                    for node, table in zip(self.plan.nodes, fragment_tables):
-                        for values in table:
-                            row = {"strategy": self.plan.strategy, "node": node.node,
-                                   **dict(zip(FRAGMENT_NUMERIC, values))}
-                            for c in ("round", "fragment", "prepare_step", "sync_step", "bytes_sent"):
-                                row[c] = int(row[c])
-                            fragment_rows.append(row)
-                    write_fragments(fragment_rows, [node.node for node in self.plan.nodes],
-                                    os.path.join(self.opts.out_dir, "fragments.csv"))
+                    write_syncs(self.plan, fragment_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
                 frame = write_trace(rows, [node.node for node in self.plan.nodes],
                                     os.path.join(self.opts.out_dir, "trace.csv"))
                 tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")

@@ -56,7 +56,7 @@ def test_reads_plan_and_scenario(tmp_path):
     (("rounds = 2", "rounds = 0"), "training.rounds: expected a positive integer"),
     (("dtype = \"fp32\"", "dtype = \"fp8\""), "model.dtype: expected one of bf16, fp16, fp32"),
     (("seq_len = 32", "seq_lne = 32"), "model.seq_lne: unknown key"),
-    (("inner_lr = 1e-3", "inner_lr = -1.0"), "diloco.inner_lr: expected a positive number"),
+    (("inner_lr = 1e-3", "inner_lr = -1.0"), "diloco.inner_lr: expected a positive finite number"),
 ])
 def test_bad_scenario_names_file_and_key(tmp_path, edit, message):
     _, scenario_path = write(tmp_path, scenario=SCENARIO.replace(*edit))
@@ -129,22 +129,25 @@ def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
     import sys
 
     pytest.importorskip("tomli")
+    import formats.toml
     import real.config
 
     monkeypatch.setattr(sys, "version_info", (3, 10, 0))
     monkeypatch.setitem(sys.modules, "tomllib", None)  # as on 3.10: no such module
     try:
+        assert importlib.reload(formats.toml).tomllib.__name__ == "tomli"
         module = importlib.reload(real.config)
         assert module.tomllib.__name__ == "tomli"
         _, scenario_path = write(tmp_path)
         assert module.load_run_spec(scenario_path).rounds == 2
     finally:
         monkeypatch.undo()
+        importlib.reload(formats.toml)
         importlib.reload(real.config)
 
 
 def test_plan_round_trips_through_the_shared_schema(tmp_path):
-    from real.plan import NodePlan, Plan, load_plan as load_schema
+    from formats.plan import NodePlan, Plan, load_plan as load_schema
 
     plan = Plan(strategy="C", seq_len=32, comm_s=0.5, rounds=4, collective="partitioned", payload_dtype="int8",
                 outer_state="device",

@@ -32,8 +32,11 @@ def cluster(path: Path, nodes: list[tuple[str, dict]], batch: int = 4, extra: st
 REPRODUCER = [("h100", {"h100-sxm": 8}), ("t4", {"t4": 2}), ("v100", {"v100": 4})]
 
 
+UNSHARDED = 'sharding = "none"\nactivation_checkpointing = "none"'
+
+
 def test_issue_reproducer_a_node_that_cannot_hold_batch_1_is_one_line(tmp_path, capsys):
-    path = cluster(tmp_path / "s.toml", REPRODUCER)
+    path = cluster(tmp_path / "s.toml", REPRODUCER, extra=UNSHARDED)
     assert simulate_main([str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"geodt simulate: {path}: nodes[1]: node 't4' cannot hold even batch 1: t4: batch 1 needs "
@@ -45,7 +48,7 @@ def test_issue_reproducer_a_node_that_cannot_hold_batch_1_is_one_line(tmp_path, 
 
 
 def test_a_baseline_batch_that_does_not_fit_is_one_line(tmp_path, capsys):
-    path = cluster(tmp_path / "s.toml", [("h100", {"h100-sxm": 8}), ("v100", {"v100": 4})])
+    path = cluster(tmp_path / "s.toml", [("h100", {"h100-sxm": 8}), ("v100", {"v100": 4})], extra=UNSHARDED)
     assert simulate_main([str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
