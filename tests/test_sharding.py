@@ -18,7 +18,7 @@ from simulator.strategies import STRATEGIES, make_plan
 from simulator.timing import gpu_step_coefficients, intra_node_comm_s, node_timings
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_8B = ROOT / "tests" / "fixtures" / "llama-3.1-8b-config.json"
+LLAMA_8B = "llama-3.1-8b"  # calibrate/presets.py: Meta's Llama-3.1-8B config
 # A model with round sizes: h 1024, 4 layers, 8 heads (no GQA), ffn 4096, vocabulary 1000, untied.
 # Per layer 2·1024² (q, o) + 2·1024² (k, v) + 3·1024·4096 + 2·1024 = 16,779,264; embedding and head
 # 1,024,000 each; final norm 1024: Ψ = 4·16,779,264 + 2·1,024,000 + 1024 = 69,166,080.
@@ -191,6 +191,10 @@ def test_four_nodes_of_8_h100_train_an_8b_model_at_seq_8192(tmp_path):
     unsharded = load_scenario(str(path), ["training.sharding=none"])
     with pytest.raises(Exception, match="cannot hold even batch 1"):
         make_plan(unsharded, "baseline")
+    # the default baseline batch 4 needs recomputation as well; every strategy plans it
+    four = load_scenario(str(path), ["training.batch_size=4"])
+    for strategy in STRATEGIES:
+        assert {(n.sharding, n.activation_checkpointing) for n in make_plan(four, strategy).nodes} == {("fsdp", "full")}
 
 
 def test_a_node_override_wins_and_auto_names_the_last_layout_it_tried(tmp_path, capsys):

@@ -161,11 +161,11 @@ SMALL_ARGS = ["hetero-cpu", "--set", "training.rounds=2"]
 def test_plan_after_simulate_removes_and_names_the_stale_outputs(tmp_path, capsys):
     out = tmp_path / "o"
     assert simulate_main([*SMALL_ARGS, "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml", "summary.csv", "timeline.csv",
-                                                      "trace.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml", "summary.csv", "syncs.csv",
+                                                      "timeline.csv", "trace.json"]
     capsys.readouterr()
     assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out)]) == 0
-    assert "removed timeline.csv, summary.csv, trace.json of an earlier command" in capsys.readouterr().out
+    assert "removed timeline.csv, summary.csv, syncs.csv, trace.json of an earlier command" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml"]
 
 
