@@ -65,7 +65,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
     streaming = opts.streaming or StreamingSpec.from_plan(plan)
     try:
-        streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
+        streaming.check(plan.nodes, arch.num_layers)
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
     check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)

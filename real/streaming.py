@@ -29,10 +29,8 @@ on the node leader's clock plus bytes_sent:
 - start_s, end_s: the average itself, from the moment every node had started it (a
   one-element all-reduce of the leaders marks it) to its end (broadcast in the node included);
 - merge_point_s: the node reached the fragment's merge point and began to wait;
-- idle_s, exposed_s: that wait, split as the simulator splits it: exposed is what the node's
-  own average would still have taken had it started at its sync point
-  (min(wait, max(sync_point_s + end_s − start_s − merge_point_s, 0))), idle the rest, the
-  wait for slower nodes;
+- idle_s, exposed_s: that wait, split as the simulator splits it (formats/timeline.py): idle
+  until the average started (the wait for slower nodes), exposed while it ran;
 - outer_s: the main thread's own sync work (pseudo-gradient, outer step, merge).
 The round's trace row (trace.csv) keeps docs/DESIGN.md's accounting: idle_s = Σ idle_s,
 comm_s = Σ (exposed_s + outer_s), and compute_s the rest of the round, hidden comm included.
@@ -50,12 +48,12 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from formats.plan import FRAGMENT_PATTERNS, fragment_problem, merge_steps
+from formats.timeline import SYNC_COLUMNS as SIM_SYNC_COLUMNS
 from real.diloco import OuterState
 from real.sharding import peak_memory_reset
 
-PATTERNS = ("sequential", "strided")
-SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
-                "merge_point_s", "idle_s", "exposed_s", "outer_s", "bytes_sent"]
+SYNC_COLUMNS = SIM_SYNC_COLUMNS + ["bytes_sent"]  # what a real run adds to the simulator's
 SYNC_NUMERIC = SYNC_COLUMNS[2:]
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -77,8 +75,9 @@ class StreamingSpec:
             raise ValueError(f"sync_delay_steps: expected an integer >= 0, got {tau!r}")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
             raise ValueError(f"fragment_alpha: expected a number in [0, 1], got {alpha!r}")
-        if self.fragment_pattern not in PATTERNS:
-            raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {self.fragment_pattern!r}")
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+            raise ValueError(f"fragment_pattern: expected one of {', '.join(FRAGMENT_PATTERNS)}, "
+                             f"got {self.fragment_pattern!r}")
         object.__setattr__(self, "fragment_alpha", float(alpha))
 
     @classmethod
@@ -92,23 +91,20 @@ class StreamingSpec:
     def classic(self) -> bool:
         return self.fragments == 1 and self.sync_delay_steps == 0 and self.fragment_alpha == 0.0
 
-    def check(self, local_steps: Sequence[int], layers: int) -> None:
-        """Every node can sync P fragments a round with τ < ⌊H_i/P⌋ (one fragment in flight), and
-        every fragment holds at least one of the model's layers."""
+    def check(self, nodes, layers: int) -> None:
+        """Every node can hold the schedule (formats.plan.fragment_problem: P ≤ H_i and
+        τ < ⌊H_i/P⌋, one fragment in flight), and every fragment holds one of the model's layers."""
         if self.fragments > layers:
             raise ValueError(f"fragments: expected at most the model's {layers} layers, got {self.fragments}")
-        h = min(local_steps)
-        if h < self.fragments:
-            raise ValueError(f"fragments: expected at most the least local_steps ({h}), got {self.fragments}")
-        if self.sync_delay_steps >= h // self.fragments:
-            raise ValueError(f"sync_delay_steps: expected less than local_steps / fragments = {h // self.fragments} "
-                             f"(the least over the nodes), got {self.sync_delay_steps}")
+        problem = fragment_problem([n.local_steps for n in nodes], self.fragments, self.sync_delay_steps)
+        if problem is not None:
+            key, i, expected = problem
+            raise ValueError(f"{key}: node {nodes[i].node} (local_steps {nodes[i].local_steps}): {expected}")
 
     def schedule(self, local_steps: int) -> list[tuple[int, int]]:
-        """(prepare, sync) per fragment: inner steps of the round done when the fragment's average
-        starts and when it is applied."""
-        p = self.fragments
-        return [((k + 1) * local_steps // p - self.sync_delay_steps, (k + 1) * local_steps // p) for k in range(p)]
+        """(prepare, merge) per fragment: inner steps of the round done when the fragment's average
+        starts and when it is applied (formats.plan.merge_steps)."""
+        return [(m - self.sync_delay_steps, m) for m in merge_steps(local_steps, self.fragments)]
 
     def config(self) -> dict:
         """The settings a resumed run must share (real/options.run_config)."""
@@ -127,7 +123,7 @@ def fragment_layout(names: Sequence[str], fragments: int, pattern: str) -> list[
     elif pattern == "strided":
         of_layer = {l: rank[l] % fragments for l in ids}
     else:
-        raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {pattern!r}")
+        raise ValueError(f"fragment_pattern: expected one of {', '.join(FRAGMENT_PATTERNS)}, got {pattern!r}")
     first = next(i for i, l in enumerate(layers) if l is not None)
     out: list[list[int]] = [[] for _ in range(fragments)]
     for i, layer in enumerate(layers):
@@ -199,7 +195,7 @@ class FragmentedOuter:
             if alpha == 0.0:
                 p.copy_(g)  # lerp with weight 0 would turn a −0.0 into +0.0: classic bits need a copy
             else:
-                p.copy_(torch.lerp(g, p.detach(), alpha))
+                p.copy_(torch.lerp(g.to(p.device), p.detach(), alpha))
 
     def model_flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.outer.params]).cpu()
@@ -239,7 +235,7 @@ class BackgroundSync:
         self.crosses, self.leaders_group, self.node_group = crosses, leaders_group, node_group
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-comm", initializer=threads_for_comm)
         self.stream = torch.cuda.Stream(node.device) if node.device.type == "cuda" else None
-        self.flag = torch.zeros(1, device=node.device)
+        self.flag = torch.zeros(1, device=node.outer_device)
 
     def start(self, k: int, delta: torch.Tensor) -> object:
         event = None
@@ -264,8 +260,11 @@ class BackgroundSync:
             else:
                 ready = time.perf_counter()
                 average = delta
-            if node.me.gpus > 1:
-                dist.broadcast(average, src=node.leader_rank, group=self.node_group)
+            if node.me.gpus > 1:  # staged through the device when the outer state is on the CPU
+                staged = average if average.device == node.device else average.to(node.device)
+                dist.broadcast(staged, src=node.leader_rank, group=self.node_group)
+                if staged is not average:
+                    average.copy_(staged)
             if self.stream is not None:
                 self.stream.synchronize()
             if opts.emulate:  # the plan's comm_s is one fragment sync
@@ -293,7 +292,9 @@ class StreamingRound:
         n = len(plan.nodes)
         node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)))
                        for i, nd in enumerate(plan.nodes)]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)])
+        # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/worker.py)
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)],
+                                 backend="gloo" if node.outer_device != node.device else None)
         crosses = None
         if node.is_leader:
             links = [nd.link_gbps for nd in plan.nodes]
@@ -315,11 +316,11 @@ class StreamingRound:
         node._sync_device()
         resume = time.perf_counter()
         wait = waited - merge
-        exposed = min(wait, max(flight.sync_point + (end - start) - merge, 0.0))
+        idle = min(wait, max(start - merge, 0.0))
         at = lambda t: node.time_offset_s + t - t0
         row = {"fragment": k, "compute_start_s": at(flight.compute_start), "sync_point_s": at(flight.sync_point),
-               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": wait - exposed,
-               "exposed_s": exposed, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
+               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": idle,
+               "exposed_s": wait - idle, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
         return row, resume
 
     def run_round(self, r: int, t0: float, bar=None) -> dict:
