@@ -112,6 +112,7 @@ class RunSpec:
     # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
     collective: str = "ring"
     payload_dtype: str = "fp32"
+    latency_ms: float = 1.0  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -122,6 +123,7 @@ class RunSpec:
         if self.payload_dtype not in PAYLOAD_BYTES:
             raise _FieldError("network.payload_dtype",
                               f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
+        _positive("network.latency_ms", self.latency_ms, allow_zero=True)
 
 
 def _check_keys(section: dict, allowed: set[str], prefix: str) -> None:
@@ -163,6 +165,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
         diloco=DilocoSpec(**diloco),
         collective=network.get("collective", "ring"),
         payload_dtype=network.get("payload_dtype", "fp32"),
+        latency_ms=network.get("latency_ms", 1.0),
     )
 
 

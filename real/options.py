@@ -11,6 +11,9 @@ import torch.distributed as dist
 from real.config import RunSpec
 from real.plan import Plan
 
+WAN_MODES = ("loopback", "shaped")
+
+
 @dataclass(frozen=True)
 class ExecOptions:
     """How to execute a plan (not what to train: that is RunSpec + Plan)."""
@@ -28,6 +31,7 @@ class ExecOptions:
     progress: bool = True
     checkpoint: bool = True
     summary: bool = True           # rank 0 prints per-node totals at the end
+    wan: str = "loopback"          # loopback | shaped (real/wan.py: node namespaces, shaped links)
 
     def __post_init__(self) -> None:
         import math
@@ -40,6 +44,8 @@ class ExecOptions:
             raise ValueError(f"--backend: expected auto, gloo or nccl, got {self.backend!r}")
         if self.stop_after is not None and self.stop_after <= 0:
             raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
+        if self.wan not in WAN_MODES:
+            raise ValueError(f"--wan: expected {' or '.join(WAN_MODES)}, got {self.wan!r}")
         if self.threads < 0:
             raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 
