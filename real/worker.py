@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -68,10 +69,12 @@ class Node:
         self.is_leader = self.local == 0
         n = len(plan.nodes)
         # Every process creates every group, in the same order (torch.distributed requires it).
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)))
+        # Each with --timeout-s: new_group's own default is 30 minutes, not the default group's.
+        timeout = timedelta(seconds=opts.timeout_s)
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)), timeout=timeout)
                        for i, node in enumerate(plan.nodes)]
         self.node_group = node_groups[self.index]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)])
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout)
         self.leaders = leaders if self.is_leader else None
         self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
         if self.device.type == "cuda":
