@@ -96,7 +96,7 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
 
     from calibrate.models import build_model
     from calibrate.presets import load_arch
-    from real.config import DilocoSpec
+    from formats.scenario import DilocoConfig
     from real.diloco import OuterState, outer_sync
 
     torch.set_num_threads(threads)
@@ -104,7 +104,7 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=120))
     model = build_model(load_arch(preset), 128, seed=0)
     state = OuterState(list(model.parameters()))
-    spec = DilocoSpec()
+    spec = DilocoConfig()
     bare_buf = torch.randn(state.global_flat.numel())
     inside: list[float] = []
 

@@ -53,9 +53,10 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 
+from formats.wire import MODEL_DTYPES
+
 CATALOG_PATH = Path(__file__).with_name("gpu_catalog.csv")
 
-DTYPES = ("bf16", "fp16", "fp32")
 
 _KEY_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 
@@ -207,8 +208,8 @@ def get_gpu(key: str) -> GpuSpec:
 
 
 def _check_dtype(dtype: str) -> None:
-    if dtype not in DTYPES:
-        raise CatalogError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if dtype not in MODEL_DTYPES:
+        raise CatalogError(f"unknown dtype {dtype!r}; expected one of {', '.join(MODEL_DTYPES)}")
 
 
 def peak_tflops(spec: GpuSpec, dtype: str) -> float:

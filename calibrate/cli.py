@@ -14,7 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from calibrate.presets import PresetError, load_arch
-from calibrate.profiles import ProfileError, ProfileModel, leave_one_out, read_profile_frame
+from calibrate.profiles import ProfileModel, leave_one_out
+from formats.cli import OneLineParser
+from formats.profile import ProfileError, read_profile_frame
+from formats.wire import MODEL_DTYPES
 
 DEFAULT_CPU_MAX_BATCH = 64
 # p90/p10 above this flags a batch whose steps were disturbed (another process on the CPU...).
@@ -23,11 +26,6 @@ NOISY_SPREAD = 1.5
 
 class UsageError(ValueError):
     """A bad command-line option (printed as one line, exit 2)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # argparse would print usage and a second line
-        raise UsageError(message)
 
 
 _DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() accepts '²', which int() refuses
@@ -86,14 +84,14 @@ def _core_list(text: str) -> list[int]:
 
 
 def calibrate_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="geodt calibrate", description="Measure training-step time and peak memory per "
+    p = OneLineParser(prog="geodt calibrate", description="Measure training-step time and peak memory per "
                 "batch size on a device, into a profile CSV (docs/DESIGN.md, 'Profiles').")
     p.add_argument("--device", default="cpu", help="cpu, cuda:N, or all (every CUDA device: one "
                    "file per device, OUT-cudaN.csv) [cpu]")
     p.add_argument("--model", default="tiny", help="preset (tiny, llama-60m, llama-150m, llama-1b) "
                    "or a LLaMA config.json [tiny]")
     p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per sample [1024]")
-    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
+    p.add_argument("--dtype", choices=MODEL_DTYPES, default=None,
                    help="autocast dtype [bf16 on CUDA, fp32 on CPU: CPUs without bf16 units run bf16 "
                    "autocast far slower than fp32]")
     p.add_argument("--batch", default="1,2,4,8", help="batch sizes per step: 1,2,4,8 or auto "
@@ -153,6 +151,9 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = calibrate_parser().parse_args(argv)
+    except SystemExit as exc:  # a usage error, already printed as one line (2), or --help (0)
+        return exc.code
+    try:
         batches = parse_batches(args.batch)
         arch = load_arch(args.model)
     except (UsageError, PresetError) as exc:
@@ -265,12 +266,15 @@ def calibrate_main(argv: list[str] | None = None) -> int:
 def profile_main(argv: list[str] | None = None) -> int:
     """`geodt profile check PROFILE.csv`: leave-one-out error of the t(b) model."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _Parser(prog="geodt profile", description="Inspect calibration profiles.")
-    sub = parser.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="geodt profile", description="Inspect calibration profiles.")
+    sub = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
     check = sub.add_parser("check", help="leave-one-out error of the step-time model at each batch")
     check.add_argument("profile", type=Path)
     try:
         args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error, already printed as one line (2), or --help (0)
+        return exc.code
+    try:
         model = ProfileModel(read_profile_frame(args.profile), source=str(args.profile))
         table = leave_one_out(model)
     except (UsageError, ProfileError) as exc:

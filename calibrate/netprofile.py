@@ -19,26 +19,13 @@ One row per (kind, processes, size), tidy CSV. `NetworkModel` fits:
 """
 from __future__ import annotations
 
-import io
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from calibrate.files import read_regular_file
-
-NET_COLUMNS: tuple[str, ...] = (
-    "kind", "processes", "backend", "size", "seconds_median", "seconds_p10", "seconds_p90",
-    "repeats", "host", "torch_version", "measured_at",
-)
-KINDS = ("all_reduce", "outer_step", "checkpoint")
-MAX_BYTES = 16 << 20  # a profile is a few hundred rows
-
-
-class NetProfileError(ValueError):
-    """'<path>: <row/column>: expected ...' for a network profile that cannot be used."""
+from formats.netprofile import NetProfileError, read_network_rows
+from formats.wire import ring_allreduce_s
 
 
 def _relative_lstsq(design: np.ndarray, seconds: np.ndarray) -> np.ndarray:
@@ -83,8 +70,7 @@ class RingFit:
         return self.bandwidth_bps / 1e9
 
     def all_reduce_s(self, processes: int, payload_bytes: float) -> float:
-        n = processes
-        return 2 * (n - 1) * self.latency_s + 2 * (n - 1) / n * 8 * payload_bytes / self.bandwidth_bps
+        return ring_allreduce_s(processes, self.latency_ms, payload_bytes, self.bandwidth_gbps)
 
 
 def fit_ring(processes, payload_bytes, seconds) -> RingFit:
@@ -113,26 +99,7 @@ class NetworkModel:
 def read_network_profile(path: str | Path) -> NetworkModel:
     """Load and fit a network profile; NetProfileError naming the file, row and column."""
     path = Path(path)
-    data = read_regular_file(path, "a network profile CSV (geodt calibrate --network)", MAX_BYTES, NetProfileError)
-    try:
-        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
-        raise NetProfileError(f"{path}: unreadable ({type(exc).__name__}); expected a network profile CSV") from None
-    missing = [c for c in NET_COLUMNS if c not in frame.columns]
-    if missing:
-        raise NetProfileError(f"{path}: column {missing[0]!r} missing; expected columns {', '.join(NET_COLUMNS)}")
-    rows = []
-    for i, row in enumerate(frame.to_dict("records"), start=2):
-        if row["kind"] not in KINDS:
-            raise NetProfileError(f"{path}: line {i}: kind: expected one of {', '.join(KINDS)}, got {row['kind']!r}")
-        try:
-            processes, size, seconds = int(row["processes"]), float(row["size"]), float(row["seconds_median"])
-        except ValueError:
-            raise NetProfileError(f"{path}: line {i}: processes/size/seconds_median: expected numbers") from None
-        if processes < 1 or not (math.isfinite(size) and size > 0 and math.isfinite(seconds) and seconds > 0):
-            raise NetProfileError(f"{path}: line {i}: expected processes >= 1 and positive finite size and seconds")
-        rows.append((row["kind"], processes, size, seconds))
-    data = pd.DataFrame(rows, columns=["kind", "processes", "size", "seconds"])
+    data = read_network_rows(path)
     ring = data[(data.kind == "all_reduce") & (data.processes >= 2)]
     outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
     if ring.empty and outer.empty and ckpt.empty:

@@ -19,8 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from calibrate.files import FileLock
-from calibrate.profiles import COLUMNS, IDENTITY, ProfileError, read_profile_frame
+from formats.files import FileLock
+from formats.profile import COLUMNS, IDENTITY, ProfileError, read_profile_frame
 
 
 def format_cell(value) -> str:

@@ -17,17 +17,13 @@ import argparse
 import sys
 from pathlib import Path
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"geodt calibrate --scenario: {message}", file=sys.stderr)
-        raise SystemExit(2)
+from formats.cli import OneLineParser
 
 
 def parser() -> argparse.ArgumentParser:
     from calibrate.cli import positive_int
 
-    p = _Parser(prog="geodt calibrate --scenario", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="geodt calibrate --scenario", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", required=True, help="a scenario TOML whose nodes are CPU devices")
     p.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8 [1,2,4,8]")
     p.add_argument("--repeats", type=positive_int, default=20, help="timed steps per batch [20]")
@@ -73,7 +69,7 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from calibrate.cli import UsageError, parse_batches
-    from simulator.errors import InputError
+    from formats.errors import InputError
     from simulator.scenario import load_scenario
 
     prog = "geodt calibrate --scenario"

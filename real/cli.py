@@ -8,13 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """Bad arguments: one line and exit 2, not a usage block."""
-
-    def error(self, message: str):
-        print(f"{self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
-        raise SystemExit(2)
+from formats.cli import OneLineParser
 
 
 def add_exec_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from real.config import DilocoSpec
+from formats.scenario import DilocoConfig
 
 
-def inner_lr(step: int, spec: DilocoSpec, total_steps: int) -> float:
+def inner_lr(step: int, spec: DilocoConfig, total_steps: int) -> float:
     """Learning rate of inner step `step` (0-based): linear warm-up, then cosine to min ratio."""
     if step < spec.warmup_steps:
         return spec.inner_lr * (step + 1) / spec.warmup_steps
@@ -54,11 +54,13 @@ def averaging_weights(mode: str, tokens: Sequence[float], local_steps: Sequence[
 class OuterState:
     """Global weights θ_g (flat), the outer momentum buffer, and the pseudo-gradient buffer."""
 
-    def __init__(self, params: Sequence[torch.Tensor]):
+    def __init__(self, params: Sequence[torch.Tensor], device: torch.device | None = None):
+        """`params`: the model's weights (or a sharded node's local shards, real/sharding.py);
+        `device`: where the state lives (default: the weights' device)."""
         self.params = list(params)
         self.sizes = [p.numel() for p in self.params]
         with torch.no_grad():
-            self.global_flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])
+            self.global_flat = torch.cat([p.detach().reshape(-1).float() for p in self.params]).to(device)
         self.momentum = torch.zeros_like(self.global_flat)
         self.delta = torch.empty_like(self.global_flat)
 
@@ -107,7 +109,7 @@ class OuterState:
             getattr(self, key).copy_(value)
 
 
-def outer_sync(state: OuterState, spec: DilocoSpec, coef: float, divisor: float,
+def outer_sync(state: OuterState, spec: DilocoConfig, coef: float, divisor: float,
                all_reduce: Callable[[torch.Tensor], None]) -> None:
     """One outer sync: pseudo-gradient, SUM all-reduce, divide, outer step, weights into the model."""
     delta = state.pseudo_gradient(coef)

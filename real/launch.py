@@ -45,9 +45,10 @@ from pathlib import Path
 
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
-from real.plan import Plan
+from formats.plan import Plan
 from real.options import ExecOptions
 from real.process import worker_main
+from real.streaming import StreamingSpec
 
 
 LIVENESS_GRACE_S = 6.0  # > real.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
@@ -64,19 +65,39 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     from calibrate.presets import PresetError, load_arch
 
     spec = load_run_spec(scenario_path)
-    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(spec.rounds, spec.collective,
-                                                                    spec.payload_dtype)
+    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
+        spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
+    streaming = opts.streaming or StreamingSpec.from_plan(plan)
+    try:
+        streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
+    except ValueError as exc:
+        raise LaunchError(f"{plan_path}: {exc}") from None
+    check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     return spec, plan
+
+
+def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
+    """A sharded node (real/sharding.py) runs classic DiLoCo rounds; sync-ddp's per-step gradient
+    average and Streaming DiLoCo's fragments work on whole replicas, so those are refused."""
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.sharding in (None, "none") or node.gpus == 1:
+            continue
+        if plan.sync == "gradients":
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with sync = gradients (sync-ddp) is "
+                              f"not run by this executor; expected none")
+        if streams:
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
+                              f"not run by this executor; expected none")
 
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
@@ -185,9 +206,12 @@ def check_wan(plan: Plan, plan_path, opts: ExecOptions, host: str) -> None:
                               f"expected a value on every row")
 
 
-def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1") -> int:
+def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
+           announce=None) -> int:
     """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
-    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary)."""
+    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary).
+    announce(), if given, is called once every input is checked, right before the processes start
+    (warnings about the run go there, so that bad input stays one line)."""
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
         check_wan(plan, plan_path, opts, host)
@@ -205,15 +229,14 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
         from real.wan import shaped_run
 
         return shaped_run(spec, plan, out_dir, lambda links: _run_local(plan_path, scenario_path, spec, plan, opts,
-                                                                       out_dir, ip, host, links))
+                                                                       out_dir, ip, host, links, announce))
     (out_dir / "wan.csv").unlink(missing_ok=True)  # a shaped run's description, not this run's
-    return _run_local(plan_path, scenario_path, spec, plan, opts, out_dir, ip, host, None)
+    return _run_local(plan_path, scenario_path, spec, plan, opts, out_dir, ip, host, None, announce)
 
 
 def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip: str,
-               host: str, links: tuple | None) -> int:
+               host: str, links: tuple | None, announce=None) -> int:
     """Spawn every process here and wait for them (links: the shaped WAN's nodes, or None)."""
-
     import logging
 
     import torch.distributed as dist
@@ -238,6 +261,8 @@ def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOp
             return 2
         listener.listen()
         _pin_gloo(ip)
+    if announce is not None:
+        announce()
     _copy_inputs(plan_path, scenario_path, out_dir)
     store = None
     context = None

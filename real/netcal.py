@@ -26,14 +26,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from formats.cli import OneLineParser
+
 KIB = 1024
 PARAMS_PER_TENSOR = 1 << 20
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2 (argparse would print the usage too)
-        print(f"{self.prog}: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _int_list(text: str) -> list[int]:
@@ -59,7 +55,7 @@ def _bounded_int(low: int, high: int):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="geodt calibrate --network", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="geodt calibrate --network", description=__doc__.splitlines()[0])
     p.add_argument("--network", action="store_true", help="(the mode this command measures)")
     p.add_argument("--processes", type=_int_list, default=[2], help="process counts, e.g. 2,3,4 (default 2)")
     p.add_argument("--max-mib", type=_bounded_int(1, 4096), default=64, help="largest payload in MiB (default 64)")
@@ -179,7 +175,7 @@ def to_frame(rows_by_n: dict[int, list], repeats: int):
     import pandas as pd
     import torch
 
-    from calibrate.netprofile import NET_COLUMNS
+    from formats.netprofile import NET_COLUMNS
 
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     records = []
@@ -203,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tqdm import tqdm
 
-    from calibrate.netprofile import NetProfileError, read_network_profile
+    from calibrate.netprofile import read_network_profile
+    from formats.netprofile import NetProfileError
 
     sizes = sizes_bytes(args.max_mib)
     rows_by_n = {}

@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from real.config import RunSpec
-from real.plan import Plan
+from formats.plan import Plan
+from real.streaming import StreamingSpec
 
 WAN_MODES = ("loopback", "shaped")
 
@@ -32,6 +33,9 @@ class ExecOptions:
     checkpoint: bool = True
     summary: bool = True           # rank 0 prints per-node totals at the end
     wan: str = "loopback"          # loopback | shaped (real/wan.py: node namespaces, shaped links)
+    # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for
+    # P = 1, τ = 0, α = 0 (which must then equal the classic loop bit for bit: a test's check).
+    streaming: StreamingSpec | None = None
 
     def __post_init__(self) -> None:
         import math
@@ -81,4 +85,5 @@ def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:
               "payload_dtype": plan.payload_dtype, "data": opts.data_path or "", "replicate_data": opts.replicate_data}
     for key, value in asdict(spec.diloco).items():
         config[f"diloco.{key}"] = list(value) if isinstance(value, tuple) else value
+    config.update((opts.streaming or StreamingSpec.from_plan(plan)).config())
     return config

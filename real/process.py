@@ -13,7 +13,7 @@ from calibrate.cpulimit import CpuLimitError
 from real.config import RunSpec
 from real.data import make_chain
 from real.options import ExecOptions, PeerLost, resolve_backend
-from real.plan import Plan
+from formats.plan import Plan
 from real.worker import Node
 
 def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:

@@ -10,11 +10,11 @@ same bits on every node.
   fp16 and int8 need), then a reduce-scatter and an all-gather, both as all-to-all of
   *encoded* segments, so the bytes on the wire are the payload dtype's:
     1. the flat vector is cut into n segments, L_j elements for node j (ring: P/n each;
-       partitioned: p_j·P, p from the nodes' link_gbps by water-filling, real/plan.py);
+       partitioned: p_j·P, p from the nodes' link_gbps by water-filling, formats/wire.py);
        node i sends segment j, encoded, to node j;
     2. node j decodes the n versions of its segment and sums them in fp32 in node order;
     3. node j encodes that sum and sends it to every other node; all decode all segments.
-  Node i sends Σ_{j≠i} E(L_j) + (n−1)·E(L_i) bytes (real.plan.bytes_sent_per_sync), counted
+  Node i sends Σ_{j≠i} E(L_j) + (n−1)·E(L_i) bytes (formats.wire.bytes_sent_per_sync), counted
   here from the tensors handed to the all-to-alls.
 - Encodings E: fp32 (4 B/element), fp16 (2 B), int8: per chunk of INT8_CHUNK = 256
   elements one fp32 scale s = max|x|/127 and round(x/s) as int8 (1 B/element + 4 B/chunk).
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from real.plan import INT8_CHUNK, encoded_bytes, partition_shares, segment_lengths
+from formats.wire import INT8_CHUNK, encoded_bytes, sync_segments
 
 
 def encode(x: torch.Tensor, payload_dtype: str) -> torch.Tensor:
@@ -67,8 +67,7 @@ class CrossNodeSync:
         self.group, self.n, self.me, self.dtype = group, n, me, payload_dtype
         self.fused = collective == "ring" and payload_dtype == "fp32"
         links = links_gbps if links_gbps and None not in links_gbps else [1.0] * n
-        shares = partition_shares(links) if collective == "partitioned" else [1.0 / n] * n
-        self.lengths = segment_lengths(params, shares)
+        self.lengths = sync_segments(params, collective, links)
         self.params = params
 
     def average(self, delta: torch.Tensor, divisor: float) -> tuple[torch.Tensor, int]:

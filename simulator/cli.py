@@ -7,21 +7,22 @@ from pathlib import Path
 
 import pandas as pd
 
-from simulator.errors import FieldError, InputError
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line on stderr and exit status 2."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: {message}\n")
+from formats.cli import OneLineParser
+from formats.errors import FieldError, InputError
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=20 or nodes.node1.step_time_s=0.1")
-    parser.add_argument("--out", help="output directory (default: out/<scenario name>)")
+    parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, see default_out)")
+
+
+def default_out(scenario_name: str, command: str, strategy: str | None = None) -> Path:
+    """Each command's own default directory, so that no command removes another's outputs:
+    out/<scenario>/simulate, out/<scenario>/plan-<S>, out/<scenario>/table, out/<scenario>/run-<S>,
+    out/<scenario>/validate-<S> (docs/DESIGN.md, "Where outputs go")."""
+    return Path("out") / scenario_name / (f"{command}-{strategy}" if strategy else command)
 
 
 def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
@@ -32,12 +33,16 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum()}
     table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
     table["tokens"] = table["tokens"].astype("int64")
+    layout = plan_frame["sharding"] + plan_frame["activation_checkpointing"].map({"none": "", "full": "+recompute"})
+    if (layout != "none").any():  # how each node holds its batch (simulator/memory.py), where any is sharded
+        table.insert(1, "memory", list(layout) + [""])
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
 def _run(argv: list[str], plan_only: bool) -> int:
-    from simulator.engine import ENGINES, simulate, summary
+    from simulator.engine import ENGINES, simulate_syncs, summary
     from simulator.outputs import OutputError, csv_bytes, write_output_set
+    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
     from simulator.scenario import load_scenario
     from simulator.strategies import STRATEGIES, make_plan
 
@@ -50,6 +55,9 @@ def _run(argv: list[str], plan_only: bool) -> int:
         parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                             help=f"strategies to compare (default: all of {', '.join(STRATEGIES)})")
         parser.add_argument("--engine", default="simpy", help=f"one of {', '.join(ENGINES)} (default simpy)")
+        parser.add_argument("--full-trace", action="store_true",
+                            help=f"trace.json with every round (default: the first rounds, up to "
+                                 f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds: a file a trace viewer opens comfortably)")
     args = parser.parse_args(argv)
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -60,22 +68,28 @@ def _run(argv: list[str], plan_only: bool) -> int:
             plans = [make_plan(scenario, s) for s in strategies]
         except FieldError as exc:
             raise InputError(f"{args.scenario}: {exc.key}: {exc.expected}") from None
-        results = []
+        results, sync_frames = [], []
         for plan in plans:
             if plan_only:
                 results.append((plan, None, None))
             else:
-                timeline = simulate(scenario, plan, args.engine)
+                timeline, syncs = simulate_syncs(scenario, plan, args.engine)
                 results.append((plan, timeline, summary(timeline, plan)))
-        out = Path(args.out or Path("out") / scenario.name)
+                sync_frames.append(syncs)
+        out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
+                                                          args.strategy if plan_only else None)
         plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
         files = {"plan.csv": csv_bytes(plan_frame)}
+        trace_kept = None
         if not plan_only:
-            files["timeline.csv"] = csv_bytes(pd.concat([t for _, t, _ in results], ignore_index=True))
+            timeline = pd.concat([t for _, t, _ in results], ignore_index=True)
+            files["timeline.csv"] = csv_bytes(timeline)
             files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
-            from simulator.perfetto import simulation_trace, trace_text  # opens in ui.perfetto.dev
-            files["trace.json"] = trace_text(simulation_trace(pd.concat([t for _, t, _ in results], ignore_index=True),
-                                                              plan_frame)).encode()
+            syncs = pd.concat(sync_frames, ignore_index=True)
+            files["syncs.csv"] = csv_bytes(syncs)
+            trace, trace_kept = simulation_trace_text(timeline, plan_frame,  # opens in ui.perfetto.dev
+                                                      None if args.full_trace else TRACE_MAX_NODE_ROUNDS, syncs)
+            files["trace.json"] = trace.encode()
         files["scenario.toml"] = scenario.to_toml().encode()
         try:
             stale = write_output_set(out, files)
@@ -88,13 +102,19 @@ def _run(argv: list[str], plan_only: bool) -> int:
     for plan, timeline, summ in results:
         frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
-              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
+              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
+              + (f"fragment, {plan.fragments} a round, all-reduces overlapping {plan.sync_delay_steps} inner steps"
+                 if plan.streaming else "round")
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(frame.drop(columns=["strategy"]).to_string(index=False))
         else:
             print(format_table(summ, frame))
     print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
+    if trace_kept is not None:
+        print(f"trace.json holds rounds 0-{trace_kept - 1} of {int(timeline['round'].max()) + 1} (the first "
+              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, a file a trace viewer opens comfortably); "
+              "--full-trace writes every round")
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
         from simulator.report import answer
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], args.engine))

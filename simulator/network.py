@@ -28,13 +28,17 @@ still sends and receives its own payload once, hence the floor 1 / min B. Two la
 With equal links τ = 2(n−1)/(n·B), the ring's bandwidth term; with one slow link the
 partitioned collective approaches P·8 / B_slow against the ring's 2(n−1)/n · P·8 / B_slow.
 The functions ending in `_raw` take plain numbers or numpy arrays (leading axes are
-independent scenarios), so the sweep computes exactly what the scalar path computes.
+independent scenarios), so the sweep computes exactly what the scalar path computes. The ring
+formula, the water level and the shares are formats/wire.py's (the executor splits its
+payload by the same shares).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from simulator.scenario import PAYLOAD_BYTES, Scenario
+from formats import wire
+from formats.wire import PAYLOAD_BYTES
+from simulator.scenario import Scenario
 
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
 # The outer step on the CPU (pseudo-gradient, divide, Nesterov, copy back: real.diloco.OuterState), per
@@ -44,6 +48,11 @@ CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW ex
 # median 2.26). It replaced a memory-bandwidth guess of 32 B/param on the GPU (11 ms for 215 M
 # parameters; now 0.49 s).
 OUTER_STEP_NS_PER_PARAM = 2.26
+# The outer step in device memory: read θ_g, θ_i (8), momentum read + write (8), θ_g read + write (8),
+# θ_i written back (4), Δ written and read (not fused: +4): 32 bytes per parameter, the old GPU guess.
+OUTER_STEP_DEVICE_BYTES_PER_PARAM = 32
+# A GPU's own PCIe link to the host, effective (PCIe 3.0 x16: the catalog's PCIe intra_node_gbps figure).
+HOST_LINK_GBPS = 100.0
 
 
 def link_gbps(scenario: Scenario) -> list[float]:
@@ -56,39 +65,52 @@ def payload_bytes(scenario: Scenario, payload_dtype: str | None = None) -> float
     return scenario.model.param_count * PAYLOAD_BYTES[payload_dtype or scenario.network.payload_dtype]
 
 
-def outer_step_s(scenario: Scenario) -> float:
-    """The outer step: measured by the scenario's network profile, else the CPU figure above."""
+def outer_step_s(scenario: Scenario, layouts=None) -> float:
+    """The outer step after the all-reduce: the slowest node's (node_outer_step_s); unsharded
+    nodes with the outer state on the CPU when `layouts` (one memory.Layout per node) is None."""
+    if layouts is None:
+        return _host_outer_step_s(scenario)
+    return max(node_outer_step_s(scenario, node, layout) for node, layout in zip(scenario.nodes, layouts))
+
+
+def _host_outer_step_s(scenario: Scenario) -> float:
+    """The outer step's arithmetic on the host: measured by the network profile, else the CPU figure."""
     measured = scenario.network_model.outer_step if scenario.network_model is not None else None
     if measured is not None:
         return measured(scenario.model.param_count)
     return OUTER_STEP_NS_PER_PARAM * 1e-9 * scenario.model.param_count
 
 
-def ring_allreduce_raw(n: int, latency_ms: float, payload_bytes_: float, slowest_gbps):
-    """Ring all-reduce time; slowest_gbps may be an array (one value per scenario)."""
-    if n == 1:
-        return 0.0 * slowest_gbps
-    latency_s = latency_ms / 1e3
-    bits = payload_bytes_ * 8
-    return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * bits / (slowest_gbps * 1e9)
+def node_outer_step_s(scenario: Scenario, node, layout) -> float:
+    """One node's outer step (pseudo-gradient, Nesterov, copy back) under its layout.
+
+    outer_state = "cpu": the host's arithmetic over all Ψ parameters (_host_outer_step_s). A
+    sharded node's G processes each do their Ψ/G, but on one host they share its memory
+    bandwidth, which bounds this step, so together they take what one process takes for Ψ.
+    A sharded GPU node also copies each shard device → host (θ_i) and host → device (the new
+    θ_g), 2 · 4Ψ/G bytes per device over its own PCIe link at HOST_LINK_GBPS, in parallel. (An
+    unsharded GPU node's copy is not counted, as before sharding existed: counting it would
+    move every published result; it is 8Ψ / HOST_LINK_GBPS, 0.1 s for 150 M parameters.)
+    outer_state = "device": on the GPU, OUTER_STEP_DEVICE_BYTES_PER_PARAM per parameter of the
+    device's shard (all of Ψ unsharded) through its memory, the slowest GPU's bandwidth; CPU
+    devices keep the host figure."""
+    from calibrate.catalog import get_gpu
+
+    n = scenario.model.param_count
+    shard = n / layout.devices if layout.sharded else n
+    cpu_devices = set(node.gpus) == {"cpu"}
+    if layout.outer_state == "device" and not cpu_devices:
+        bandwidth_gbs = min(get_gpu(key).memory_bandwidth_gbs for key in node.gpus)
+        return OUTER_STEP_DEVICE_BYTES_PER_PARAM * shard / (bandwidth_gbs * 1e9)
+    host_s = _host_outer_step_s(scenario)
+    if layout.sharded and not cpu_devices:
+        host_s += 2 * 4 * shard * 8 / (HOST_LINK_GBPS * 1e9)
+    return host_s
 
 
 def ring_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
-    return float(ring_allreduce_raw(len(scenario.nodes), scenario.network.latency_ms,
+    return float(wire.ring_allreduce_s(len(scenario.nodes), scenario.network.latency_ms,
                                     payload_bytes(scenario, payload_dtype), min(link_gbps(scenario))))
-
-
-def _water_level(links: np.ndarray) -> np.ndarray:
-    """τ_w of the module docstring (n >= 3): the time per Gbit at which the aggregators balance."""
-    n = links.shape[-1]
-    ordered = -np.sort(-links, axis=-1)  # fastest first
-    k = np.arange(1, n + 1, dtype=float)
-    # If the k fastest links aggregate, Σ_{top k} (τ·B − 1) = n − 2 gives τ_k = (n − 2 + k) / Σ_{top k} B.
-    tau_k = (n - 2 + k) / np.cumsum(ordered, axis=-1)
-    # τ_k is right when the k-th fastest link still aggregates (τ_k·B_k ≥ 1) and the next would not.
-    valid = tau_k * ordered >= 1.0
-    last = n - 1 - np.argmax(valid[..., ::-1], axis=-1)  # the largest valid k (k = 1 is always valid)
-    return np.take_along_axis(tau_k, last[..., None], axis=-1)[..., 0]
 
 
 def partitioned_seconds_per_gbit(links_gbps) -> np.ndarray:
@@ -97,17 +119,7 @@ def partitioned_seconds_per_gbit(links_gbps) -> np.ndarray:
     floor = 1.0 / links.min(axis=-1)  # every node sends and receives its own payload once
     if links.shape[-1] <= 2:
         return floor
-    return np.maximum(_water_level(links), floor)
-
-
-def partitioned_shares(links_gbps) -> np.ndarray:
-    """p_i, the share of the payload each node aggregates (sums to 1 over the last axis)."""
-    links = np.asarray(links_gbps, dtype=float)
-    n = links.shape[-1]
-    if n <= 2:
-        return links / links.sum(axis=-1, keepdims=True)
-    tau = _water_level(links)[..., None]
-    return np.maximum(0.0, tau * links - 1.0) / (n - 2)
+    return np.maximum(wire.water_level(links), floor)
 
 
 def partitioned_allreduce_raw(latency_ms: float, payload_bytes_: float, links_gbps):
@@ -139,6 +151,12 @@ def checkpoint_s(scenario: Scenario) -> float:
     return measured(CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count) if measured is not None else 0.0
 
 
-def sync_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
-    """comm_s of one outer sync (docs/DESIGN.md): the all-reduce plus the outer optimizer step."""
-    return allreduce_s(scenario, payload_dtype, collective) + outer_step_s(scenario)
+def sync_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None,
+           layouts=None) -> float:
+    """comm_s of one outer sync (docs/DESIGN.md): the all-reduce plus the outer optimizer step.
+
+    A sharded node's devices each hold 1/G of the pseudo-gradient: the sync is G all-reduces,
+    one per shard index, run at once among the nodes; their streams share the node's uplink, so
+    its bytes (2(n−1)/n · P for a ring) and the all-reduce's time are those of one unsharded
+    all-reduce (the uplink, not the G streams, is the bottleneck)."""
+    return allreduce_s(scenario, payload_dtype, collective) + outer_step_s(scenario, layouts)

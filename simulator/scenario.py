@@ -12,45 +12,30 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
-
 import tomli_w
 
 from calibrate.catalog import CatalogError, get_gpu
 from calibrate.presets import ModelArch, PresetError, load_arch
-from calibrate.files import read_regular_file
-from calibrate.files import short as _short
-from simulator.config import as_table, build, coerce, require_choice, require_positive
-from simulator.errors import FieldError, InputError
-from simulator.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
-                              limit)
+from formats.config import as_table, build, coerce, require_choice, require_positive
+from formats.errors import FieldError, InputError
+from formats.files import read_regular_file
+from formats.files import short as _short
+from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
+                            limit)
+# Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
+from formats.plan import CHECKPOINTING, SHARDINGS
+from formats.scenario import DilocoConfig, ModelSection
+from formats.toml import tomllib
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
-DTYPES = ("bf16", "fp16", "fp32")
-PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
-COLLECTIVES = ("ring", "partitioned")
-AVERAGING = ("uniform", "tokens", "normalized")
+
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """What is trained: a preset (or config.json), or a bare parameter count."""
+class ModelConfig(ModelSection):
+    """[model] (formats/scenario.py) plus the architecture its preset resolves to."""
 
-    preset: str | None = None
-    params: float | None = None
-    flops_per_token: float | None = None
-    seq_len: int = 1024
-    dtype: str = "bf16"
     arch: ModelArch | None = field(default=None, init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        require_positive(self, "params", "flops_per_token", "seq_len")
-        limit(self, "params", "flops_per_token", "seq_len")
-        require_choice(self, "dtype", DTYPES)
-        if self.preset is None and self.params is None:
-            raise FieldError("preset", "expected a model preset name (or `params = <count>`)")
 
     def resolve(self, base_dir: Path | None) -> None:
         if self.preset is not None:
@@ -75,13 +60,21 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainingConfig:
+    """rounds R, local steps H, baseline per-device batch b; how every node lays out its memory
+    (sharding over its devices, activation recomputation: "auto" = the least that holds b, see
+    simulator/memory.py), each overridable per node."""
+
     rounds: int = 10
     local_steps: int = 100
     batch_size: int = 4
+    sharding: str = "auto"
+    activation_checkpointing: str = "auto"
 
     def __post_init__(self) -> None:
         require_positive(self, "rounds", "local_steps", "batch_size")
         limit(self, "rounds", "local_steps", "batch_size")
+        require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
 
 @dataclass(frozen=True)
@@ -101,33 +94,6 @@ class NetworkConfig:
         limit(self, "bandwidth_gbps", "latency_ms")
         require_choice(self, "collective", COLLECTIVES)
         require_choice(self, "payload_dtype", tuple(PAYLOAD_BYTES))
-
-
-@dataclass(frozen=True)
-class DilocoConfig:
-    """The real executor's hyper-parameters (OpenDiLoCo's defaults); the simulator only checks them."""
-
-    inner_lr: float = 4e-4
-    weight_decay: float = 0.1
-    warmup_steps: int = 1000
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    averaging: str = "uniform"
-    betas: tuple[float, ...] = (0.9, 0.95)
-    cosine_min_lr_ratio: float = 0.1
-
-    def __post_init__(self) -> None:
-        require_positive(self, "inner_lr", "outer_lr")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
-        if not 0 <= self.cosine_min_lr_ratio <= 1:
-            raise FieldError("cosine_min_lr_ratio", f"expected a number in [0, 1], got {self.cosine_min_lr_ratio!r}")
-        for name in ("weight_decay", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise FieldError(name, f"expected a number >= 0, got {getattr(self, name)!r}")
-        if not 0 <= self.outer_momentum < 1:
-            raise FieldError("outer_momentum", f"expected 0 <= momentum < 1, got {self.outer_momentum!r}")
-        require_choice(self, "averaging", AVERAGING)
 
 
 @dataclass(frozen=True)
@@ -156,6 +122,9 @@ class NodeConfig:
     # profiles for such a node must be measured under the same limits).
     cpu_quota: float | None = None        # share of one core per device process, e.g. 0.6
     cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
+    # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/memory.py).
+    sharding: str | None = None
+    activation_checkpointing: str | None = None
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)
@@ -176,6 +145,10 @@ class NodeConfig:
             raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
         if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
             raise FieldError("cpu_cores", f"expected a non-empty list of core indices, got {list(self.cpu_cores)!r}")
+        if self.sharding is not None:
+            require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        if self.activation_checkpointing is not None:
+            require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
     @property
     def gpu_count(self) -> int:
@@ -366,6 +339,7 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
+    _check_fragments(scenario)
     _check_profiles(scenario)
     return _with_network_profile(scenario)
 
@@ -375,6 +349,21 @@ def _resolve_model(scenario: Scenario) -> None:
         scenario.model.resolve(scenario.base_dir)
     except FieldError as exc:
         raise FieldError(f"model.{exc.key}", exc.expected) from None
+
+
+def _check_fragments(scenario: Scenario) -> None:
+    """The [diloco] fragment keys against the baseline H and the model's layers (fragments group layers)."""
+    d, steps = scenario.diloco, scenario.training.local_steps
+    if d.fragments > steps:
+        raise FieldError("diloco.fragments", f"expected at most training.local_steps ({steps}) fragments, "
+                         f"got {d.fragments}")
+    layers = scenario.model.arch.num_layers if scenario.model.arch is not None else None
+    if layers is not None and d.fragments > layers:
+        raise FieldError("diloco.fragments", f"expected at most the model's {layers} layers (a fragment is a "
+                         f"group of layers), got {d.fragments}")
+    if d.sync_delay_steps >= steps // d.fragments:
+        raise FieldError("diloco.sync_delay_steps", f"expected 0 <= sync_delay_steps < training.local_steps // "
+                         f"fragments = {steps // d.fragments}, got {d.sync_delay_steps}")
 
 
 def _check_profiles(scenario: Scenario) -> None:
@@ -389,7 +378,8 @@ def _with_network_profile(scenario: Scenario) -> Scenario:
     """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
     if scenario.network.profile is None:
         return scenario
-    from calibrate.netprofile import NetProfileError, read_network_profile  # pandas: only when used
+    from calibrate.netprofile import read_network_profile  # pandas: only when used
+    from formats.netprofile import NetProfileError
 
     try:
         model = read_network_profile(scenario.resolve_path(scenario.network.profile))

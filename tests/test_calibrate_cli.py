@@ -15,7 +15,8 @@ import torch
 
 import calibrate.harness as harness
 from calibrate.cli import calibrate_main, profile_main
-from calibrate.profiles import COLUMNS, ProfileModel
+from calibrate.profiles import ProfileModel
+from formats.profile import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--device", "cpu", "--model", "tiny", "--seq-len", "16", "--repeats", "2", "--warmup", "1",

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from calibrate.profile_writer import ProfileWriter
-from calibrate.profiles import COLUMNS, ProfileError, ProfileModel, leave_one_out
+from calibrate.profiles import ProfileModel, leave_one_out
+from formats.profile import COLUMNS, ProfileError
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = {"device_name": "NVIDIA GeForce RTX 3090", "device_index": 0, "gpu_key": "rtx-3090",

@@ -13,10 +13,7 @@ from pathlib import Path
 
 import pytest
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from formats.toml import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 HIDE_TORCH = "import sys; sys.modules['torch'] = None; sys.modules['transformers'] = None; "
@@ -38,7 +35,7 @@ def test_core_dependencies_have_no_torch_and_extras_do():
     extras = meta["optional-dependencies"]
     assert names(extras["real"]) == {"torch", "transformers", "pyroute2"}  # pyroute2: --wan shaped
     assert names(extras["calibrate"]) == {"torch", "transformers", "nvidia-ml-py"}
-    assert names(extras["test"]) == {"pytest", "hypothesis"}
+    assert names(extras["test"]) == {"pytest", "hypothesis", "torchft"}
     assert extras["all"] == ["geodt[real,calibrate,test]"]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from calibrate.netprofile import NET_COLUMNS, NetProfileError, fit_affine, fit_ring, read_network_profile
+from calibrate.netprofile import fit_affine, fit_ring, read_network_profile
+from formats.netprofile import NET_COLUMNS, NetProfileError
 
 
 def _rows(latency_s=2e-4, bandwidth_bps=8e9, per_param_s=3e-9, ckpt_fixed_s=1e-3, write_bps=4e9):
@@ -134,7 +135,7 @@ def test_simulator_uses_the_measured_network(tmp_path, write_scenario):
     ("cpu_cores = []", r"nodes\[1\]\.cpu_cores: expected a non-empty list"),
 ])
 def test_bad_network_and_cpu_keys(tmp_path, write_scenario, edit, expected):
-    from simulator.errors import InputError
+    from formats.errors import InputError
     from simulator.scenario import load_scenario
 
     _rows().to_csv(tmp_path / "net.csv", index=False)

@@ -15,8 +15,9 @@ import pytest
 
 from simulator.cli import simulate_main
 from simulator.engine import simulate
-from simulator.perfetto import (run_trace, simulation_trace, trace_csv_to_json, trace_text, validation_trace,
-                                write_trace_json)
+from simulator.perfetto import (SIMULATION_NOTE, _by_strategy, run_trace, simulation_trace, simulation_trace_text,
+                                trace_csv_to_json, trace_document, trace_json_text, trace_rounds, trace_text,
+                                validation_trace, write_trace_json)
 from simulator.scenario import load_scenario
 from simulator.strategies import STRATEGIES, make_plan
 
@@ -202,3 +203,58 @@ def test_missing_columns_are_named():
     with pytest.raises(ValueError, match="missing timeline columns round_start_s, round_end_s"):
         simulation_trace(frame([0, 0], [1.0, 1.0], [0.0, 0.0], [1.0, 1.0]).drop(columns=["round_start_s",
                                                                                           "round_end_s"]))
+
+
+def test_text_writer_equals_the_documents_json(write_scenario):
+    """trace_json_text (one format over all slices) writes exactly what json.dumps writes of the dicts."""
+    scenario = load_scenario("paper")
+    plans = [make_plan(scenario, s) for s in STRATEGIES]
+    timeline = pd.concat([simulate(scenario, p, "simpy") for p in plans], ignore_index=True)
+    plan_frame = pd.concat([p.to_frame() for p in plans], ignore_index=True)
+    text, kept = simulation_trace_text(timeline, plan_frame)
+    assert kept is None and text == trace_text(simulation_trace(timeline, plan_frame))
+    t = frame([0, 0, 1, 1], [0.1, 0.2, 0.1, 0.2], [0.1, 0.0, 0.1, 0.0], [0.3] * 4, [0.0, 0.0, 0.5 - 1e-9, 0.5 - 1e-9])
+    assert trace_json_text(_by_strategy(t)) == trace_text(trace_document(_by_strategy(t)))  # no tokens
+    some = pd.DataFrame({"strategy": ["C", "C"], "node": ["a", "zz"], "tokens_per_round": [7, 9]})[:1]
+    assert trace_json_text(_by_strategy(t), some) == trace_text(trace_document(_by_strategy(t), some))  # a: 7, b: ?
+    timeline = frame([0, 0], [1.0, 2.0], [1.0, 0.0], [0.5, 0.5])
+    trace = frame([0, 0], [0.5, 1.0], [0.625, 0.0], [0.25, 0.25], tokens=[100, 200])
+    sources = [("predicted: C", timeline), ("measured: C", trace)]
+    assert (trace_json_text(sources, time_scales=[1.0, 0.5], note="n")
+            == trace_text(trace_document(sources, time_scales=[1.0, 0.5], note="n")))
+    empty = frame([], [], [], [], [])
+    assert json.loads(trace_json_text([("x", empty)])) == trace_document([("x", empty)])
+
+
+def test_large_timelines_keep_their_first_rounds(tmp_path, write_scenario):
+    """Over max_node_rounds rows the trace holds the first rounds that fit, says so, and --full-trace
+    writes all: 3 nodes x 2 rounds = 6 rows, a cap of 4 keeps round 0 only."""
+    scenario = load_scenario(str(write_scenario()))
+    plan = make_plan(scenario, "baseline")
+    timeline = simulate(scenario, plan, "simpy")
+    assert trace_rounds(timeline, 6) is None and trace_rounds(timeline, None) is None
+    assert trace_rounds(timeline, 5) == 1 and trace_rounds(timeline, 1) == 1  # at least one round
+    text, kept = simulation_trace_text(timeline, plan.to_frame(), 4)
+    doc = json.loads(text)
+    slices = check_format(doc)
+    assert kept == 1 and {e["args"]["round"] for e in slices} == {0}
+    assert "rounds 0-0 of 2" in doc["otherData"]["geodt"] and "--full-trace" in doc["otherData"]["geodt"]
+    assert text == trace_text(simulation_trace(timeline[timeline["round"] == 0], plan.to_frame())).replace(
+        SIMULATION_NOTE, doc["otherData"]["geodt"])
+
+
+def test_simulate_caps_the_trace_unless_full_trace(tmp_path, write_scenario, capsys, monkeypatch):
+    import simulator.perfetto
+
+    monkeypatch.setattr(simulator.perfetto, "TRACE_MAX_NODE_ROUNDS", 4)
+    path = str(write_scenario())
+    assert simulate_main([path, "--out", str(tmp_path / "capped"), "--strategy", "baseline"]) == 0
+    assert "trace.json holds rounds 0-0 of 2" in capsys.readouterr().out
+    rounds = {e["args"]["round"] for e in check_format(json.loads((tmp_path / "capped" / "trace.json").read_text()))}
+    assert rounds == {0}
+    assert simulate_main([path, "--out", str(tmp_path / "full"), "--strategy", "baseline", "--full-trace"]) == 0
+    assert "trace.json holds" not in capsys.readouterr().out
+    rounds = {e["args"]["round"] for e in check_format(json.loads((tmp_path / "full" / "trace.json").read_text()))}
+    assert rounds == {0, 1}
+    timeline = pd.read_csv(tmp_path / "capped" / "timeline.csv")  # the CSVs keep every round
+    assert sorted(set(timeline["round"])) == [0, 1]

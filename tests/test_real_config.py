@@ -56,7 +56,7 @@ def test_reads_plan_and_scenario(tmp_path):
     (("rounds = 2", "rounds = 0"), "training.rounds: expected a positive integer"),
     (("dtype = \"fp32\"", "dtype = \"fp8\""), "model.dtype: expected one of bf16, fp16, fp32"),
     (("seq_len = 32", "seq_lne = 32"), "model.seq_lne: unknown key"),
-    (("inner_lr = 1e-3", "inner_lr = -1.0"), "diloco.inner_lr: expected a positive number"),
+    (("inner_lr = 1e-3", "inner_lr = -1.0"), "diloco.inner_lr: expected a positive finite number"),
 ])
 def test_bad_scenario_names_file_and_key(tmp_path, edit, message):
     _, scenario_path = write(tmp_path, scenario=SCENARIO.replace(*edit))
@@ -72,7 +72,15 @@ def test_bad_scenario_names_file_and_key(tmp_path, edit, message):
     (PLAN.replace("0.05,256,0.01", "0.05,256,0.02"), "comm_s: expected the same value on every row"),
     (PLAN.replace("baseline,b", "C,b"), "strategy: expected the same value on every row"),
     (PLAN.replace("baseline,b", "baseline,a"), "node: expected unique node names"),
+    (PLAN.replace("comm_s\n", "comm_s,sharding\n").replace("0.01\n", "0.01,auto\n"),
+     "line 2: sharding: expected one of none, zero1, zero2, fsdp, got 'auto'"),
+    (PLAN.replace("comm_s\n", "comm_s,activation_checkpointing\n").replace("0.01\n", "0.01,selective\n"),
+     "line 2: activation_checkpointing: expected one of none, full"),
+    (PLAN.replace("comm_s\n", "comm_s,outer_state\n").replace("0.01\nbaseline", "0.01,cpu\nbaseline")
+     .replace("0.01\n", "0.01,device\n"), "outer_state: expected the same value on every row"),
 ])
+
+
 def test_bad_plan_names_file_and_column(tmp_path, plan, message):
     plan_path, _ = write(tmp_path, plan=plan)
     with pytest.raises(ConfigError) as err:
@@ -121,27 +129,60 @@ def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
     import sys
 
     pytest.importorskip("tomli")
+    import formats.toml
     import real.config
 
     monkeypatch.setattr(sys, "version_info", (3, 10, 0))
     monkeypatch.setitem(sys.modules, "tomllib", None)  # as on 3.10: no such module
     try:
+        assert importlib.reload(formats.toml).tomllib.__name__ == "tomli"
         module = importlib.reload(real.config)
         assert module.tomllib.__name__ == "tomli"
         _, scenario_path = write(tmp_path)
         assert module.load_run_spec(scenario_path).rounds == 2
     finally:
         monkeypatch.undo()
+        importlib.reload(formats.toml)
         importlib.reload(real.config)
 
 
 def test_plan_round_trips_through_the_shared_schema(tmp_path):
-    from real.plan import NodePlan, Plan, load_plan as load_schema
+    from formats.plan import NodePlan, Plan, load_plan as load_schema
 
     plan = Plan(strategy="C", seq_len=32, comm_s=0.5, rounds=4, collective="partitioned", payload_dtype="int8",
-                nodes=(NodePlan("a", 2, 3, 4, 0.1, link_gbps=0.5, cpu_cores=(0, 1), cpu_quota=0.4),
-                       NodePlan("b", 1, 2, 5, 0.2, link_gbps=1.0)))
+                outer_state="device",
+                nodes=(NodePlan("a", 2, 3, 4, 0.1, link_gbps=0.5, cpu_cores=(0, 1), cpu_quota=0.4, sharding="fsdp",
+                                activation_checkpointing="full"),
+                       NodePlan("b", 1, 2, 5, 0.2, link_gbps=1.0, sharding="none", activation_checkpointing="none")))
     plan.to_frame().to_csv(tmp_path / "plan.csv", index=False)
     assert load_schema(tmp_path / "plan.csv") == plan
     with pytest.raises(ValueError, match="batch_size: expected an integer >= 1"):
         NodePlan("a", 1, 0, 1, 0.1)
+
+
+def test_plan_layout_cells_resolve_to_none_and_the_scenarios_outer_state(tmp_path):
+    """Empty sharding / activation_checkpointing cells mean none; outer_state comes from [diloco]."""
+    from real.launch import check_inputs
+    from real.worker import ExecOptions
+
+    scenario = SCENARIO.replace("[training]", "[training]\nsharding = \"auto\"").replace(
+        'averaging = "tokens"', 'averaging = "tokens"\nouter_state = "cpu"')
+    plan_path, scenario_path = write(tmp_path, scenario=scenario)
+    _, plan = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    assert [(n.sharding, n.activation_checkpointing) for n in plan.nodes] == [("none", "none")] * 2
+    assert plan.outer_state == "cpu"
+
+
+def test_executor_refuses_a_layout_it_does_not_run(tmp_path):
+    """A sharded node runs classic DiLoCo rounds only (real/sharding.py); sync-ddp is refused."""
+    from real.launch import LaunchError, check_inputs
+    from real.worker import ExecOptions
+
+    plan = ("strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sync,sharding\n"
+            "sync-ddp,a,2,2,3,0.05,384,0.01,gradients,zero2\n")
+    plan_path, scenario_path = write(tmp_path, plan=plan)
+    with pytest.raises(LaunchError, match="line 2: sharding: zero2 with sync = gradients \\(sync-ddp\\) is not run"):
+        check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    plan_path.write_text(plan.replace("gradients", "diloco"))
+    _, runnable = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    assert runnable.nodes[0].sharding == "zero2"

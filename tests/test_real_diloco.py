@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from real.config import DilocoSpec
+from formats.scenario import DilocoConfig
 from real.data import ArrayShard, SyntheticShard, make_chain
 from real.diloco import OuterState, averaging_weights, inner_lr, outer_sync
 
 
 def test_inner_lr_warmup_then_cosine_to_min_ratio():
-    spec = DilocoSpec(inner_lr=1e-3, warmup_steps=4, cosine_min_lr_ratio=0.1)
+    spec = DilocoConfig(inner_lr=1e-3, warmup_steps=4, cosine_min_lr_ratio=0.1)
     lrs = [inner_lr(s, spec, total_steps=14) for s in range(16)]
     assert lrs[:4] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
     assert lrs[4] == pytest.approx(1e-3)                       # cosine starts at the peak
@@ -55,7 +55,7 @@ def test_outer_sync_is_sum_then_divide_of_weighted_pseudo_gradients():
     state = OuterState(global_params)
     global_params[0].sub_(torch.tensor([1.0, 2.0, 3.0, 4.0]))  # the node's inner steps moved it
     # A stand-in all-reduce: another node contributed c·Δ = (10, 10, 10, 10).
-    outer_sync(state, DilocoSpec(outer_lr=1.0, outer_momentum=0.0), coef=2.0, divisor=4.0,
+    outer_sync(state, DilocoConfig(outer_lr=1.0, outer_momentum=0.0), coef=2.0, divisor=4.0,
                all_reduce=lambda t: t.add_(10.0))
     # Δ_self·2 = (2, 4, 6, 8); sum (12, 14, 16, 18) / 4 = (3, 3.5, 4, 4.5); θ = 1 − that
     assert global_params[0].tolist() == [-2.0, -2.5, -3.0, -3.5]

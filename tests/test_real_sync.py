@@ -4,7 +4,7 @@ Three gloo processes average known vectors through real.sync.CrossNodeSync. Tole
 from the encodings (real/sync.py): fp32 partitioned only reorders the fp32 sum; fp16 rounds
 each node's values and the aggregated sum to fp16 (≤ 2^-11 relative each); int8 is off by at
 most s/2 per element per encoding (s = the chunk's max|x|/127), over the n nodes' segments
-and the aggregated one. bytes_sent must equal real.plan.bytes_sent_per_sync exactly.
+and the aggregated one. bytes_sent must equal formats.wire.bytes_sent_per_sync exactly.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tempfile
 import pytest
 import torch
 
-from real.plan import INT8_CHUNK, bytes_sent_per_sync, partition_shares, segment_lengths
+from formats.wire import INT8_CHUNK, bytes_sent_per_sync, partition_shares, segment_lengths
 
 N, P = 3, 1000  # 1000 elements: segments are not multiples of the int8 chunk
 CASES = [(dtype, coll, links) for dtype in ("fp32", "fp16", "int8") for coll, links in
@@ -92,6 +92,6 @@ def test_bytes_formulas():
     assert bytes_sent_per_sync(999, "fp32", "ring", [1, 1, 1]) == [2 * 2 * 4 * 999 // 3] * 3
     assert bytes_sent_per_sync(999, "int8", "ring", [1, 1, 1]) == [4 * (333 + 8)] * 3
     assert bytes_sent_per_sync(1000, "fp16", "partitioned", [1, 4, 10]) == [2000, 2000, 4000]
-    assert partition_shares([1.0, 4.0, 10.0]) == [0.0, 0.0, 1.0]
+    assert partition_shares([1.0, 4.0, 10.0]).tolist() == [0.0, 0.0, 1.0]
     assert partition_shares([2.0, 3.0, 4.0]) == pytest.approx([0.0, 2 / 7, 5 / 7])
     assert bytes_sent_per_sync(10, "fp32", "ring", [1.0]) == [0]

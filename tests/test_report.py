@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from formats.plan import NodePlan, Plan
 from simulator.cli import simulate_main
 from simulator.engine import simulate
-from simulator.plan import NodePlan, Plan
 from simulator.report import answer, answer_table, recommend
 from simulator.scenario import load_scenario
 

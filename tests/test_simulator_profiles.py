@@ -4,7 +4,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from calibrate.profiles import COLUMNS
+from formats.profile import COLUMNS
 from simulator.engine import simulate, summary
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan

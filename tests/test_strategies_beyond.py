@@ -4,9 +4,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from formats.wire import partition_shares
 from simulator.engine import simulate, summary
 from simulator.network import (allreduce_s, link_gbps, partitioned_allreduce_s, partitioned_seconds_per_gbit,
-                               partitioned_shares, ring_allreduce_s, sync_s)
+                               ring_allreduce_s, sync_s)
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 from simulator.strategies.hybrid import TOLERANCE, capacity, least_round_s
@@ -78,7 +79,10 @@ def test_hybrid_budget_window_on_other_clusters(overrides):
 def test_sync_ddp_splits_the_global_batch_by_speed():
     scenario = load_scenario("hetero-cpu", ["model.seq_len=128"])  # step times 0.06, 0.08, 0.11, 0.15 s at b = 4; G = 16
     plan = make_plan(scenario, "sync-ddp")
-    assert [n.batch_size for n in plan.nodes] == [8, 5, 2, 1]
+    # the split follows each node's t(b) shape (given step time × the catalog estimate's t(b)/t(4));
+    # the physics estimate (calibrate.estimate) gives the nominal cpu device a larger fixed share than
+    # the old 40%-of-peak one did ([8, 5, 2, 1] then)
+    assert [n.batch_size for n in plan.nodes] == [7, 4, 3, 2]
     assert [n.local_steps for n in plan.nodes] == [1, 1, 1, 1]
     assert plan.rounds == scenario.training.rounds * scenario.training.local_steps
     assert plan.comm_s == allreduce_s(scenario)  # gradients only: no outer optimizer step
@@ -95,7 +99,10 @@ def test_sync_ddp_engines_agree_with_jitter():
     np.testing.assert_allclose(a["idle_s"], b["idle_s"], atol=1e-9)
 
 
-@pytest.mark.parametrize("bandwidth, dtype, multiple", [(10.0, "fp32", 1), (1.0, "int8", 1), (0.1, "int8", 8)])
+# At 1 Gbit/s the round doubles (it was 1x under the old 40%-of-peak estimate): the physics estimate's
+# bf16 steps on the paper's cluster are shorter, so one round of the baseline's tokens no longer reaches
+# the 90% utilisation target.
+@pytest.mark.parametrize("bandwidth, dtype, multiple", [(10.0, "fp32", 1), (1.0, "int8", 2), (0.1, "int8", 8)])
 def test_network_aware_picks_payload_and_round_length(bandwidth, dtype, multiple):
     scenario = load_scenario("paper", [*BF16_FP32, f"network.bandwidth_gbps={bandwidth}"])
     plan = make_plan(scenario, "network-aware")
@@ -121,7 +128,7 @@ def test_partitioned_allreduce_balances_bandwidth():
     assert partitioned_seconds_per_gbit([1.0, 1.0, 1.0, 1.0]) == pytest.approx(1.5)  # 2(n-1)/n
     assert partitioned_seconds_per_gbit([0.1, 1.0, 1.0, 1.0]) == pytest.approx(10.0)  # the slow link sends P once
     assert partitioned_seconds_per_gbit([3.0, 2.0, 1.0, 0.5]) == pytest.approx(2.0)
-    np.testing.assert_allclose(partitioned_shares([3.0, 2.0, 1.0, 0.5]), [0.7, 0.3, 0.0, 0.0])
+    np.testing.assert_allclose(partition_shares([3.0, 2.0, 1.0, 0.5]), [0.7, 0.3, 0.0, 0.0])
     slow = load_scenario("paper", [*BF16_FP32, "nodes.node1.uplink_gbps=0.1", "network.collective=partitioned"])
     assert link_gbps(slow) == [0.1, 1.0, 1.0, 1.0]
     assert partitioned_allreduce_s(slow) < ring_allreduce_s(slow) / 1.45
@@ -135,5 +142,5 @@ def test_partitioned_is_optimal_against_random_splits():
         tau = partitioned_seconds_per_gbit(links)
         splits = rng.dirichlet(np.ones(n), size=5000)
         assert tau <= ((1 + (n - 2) * splits) / links).max(axis=1).min() + 1e-12
-        p = partitioned_shares(links)
+        p = partition_shares(links)
         assert p.sum() == pytest.approx(1) and ((1 + (n - 2) * p) / links).max() <= tau * (1 + 1e-12)

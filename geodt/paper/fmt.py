@@ -14,7 +14,9 @@ def round_as_printed(x: float, places: int) -> float:
 
 def csv_text(frame: pd.DataFrame) -> str:
     """A table as CSV text: no index, floats to 9 significant digits (stable, loads straight into pandas)."""
-    return frame.to_csv(index=False, float_format="%.9g", lineterminator="\n")
+    from simulator.outputs import csv_bytes
+
+    return csv_bytes(frame).decode()
 
 
 def cell(value, digits: int = 2) -> str:

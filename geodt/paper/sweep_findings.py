@@ -139,10 +139,7 @@ def replace_section(readme: str, section: str) -> str:
 
 
 def load(sweep_dir: Path) -> tuple[pd.DataFrame, str]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    from formats.toml import tomllib
 
     frame = pd.read_csv(sweep_dir / "sweep.csv", keep_default_na=False, na_values=[""])
     with open(sweep_dir / "scenario.toml", "rb") as fh:

@@ -26,31 +26,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.network import partitioned_allreduce_raw, ring_allreduce_raw
-from simulator.scenario import PAYLOAD_BYTES
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES, ring_allreduce_s
+from simulator.network import partitioned_allreduce_raw
 from simulator.strategies import register
 from simulator.strategies.hybrid import hybrid_decide
 from simulator.strategies.tables import NetTables, NodeTables
 
 TARGET_UTILIZATION = 0.90
 H_MULTIPLIERS = (1, 2, 4, 8)
-COLLECTIVES = ("ring", "partitioned")
 
 
 def candidates(payload_dtype: str) -> list[tuple[str, int]]:
     """(payload dtype, budget multiple) in order of preference (module docstring, step 3)."""
-    dtypes = [d for d in ("fp32", "fp16", "int8") if PAYLOAD_BYTES[d] <= PAYLOAD_BYTES[payload_dtype]]
+    dtypes = [d for d in PAYLOAD_BYTES if PAYLOAD_BYTES[d] <= PAYLOAD_BYTES[payload_dtype]]
     return [(d, 1) for d in dtypes] + [(dtypes[-1], m) for m in H_MULTIPLIERS[1:]]
 
 
 def sync_options(net: NetTables, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """(comm_s, collective index) per row: the faster collective's all-reduce plus the outer step."""
     n = net.links_gbps.shape[1]
-    payload = net.payload_bytes(dtype)
-    ring = ring_allreduce_raw(n, net.latency_ms, payload, net.links_gbps.min(axis=1))
+    payload = net.payload_bytes(dtype) / net.fragments  # one fragment's (the scenario's fragments)
+    ring = ring_allreduce_s(n, net.latency_ms, payload, net.links_gbps.min(axis=1))
     part = partitioned_allreduce_raw(net.latency_ms, payload, net.links_gbps)
     which = (part < ring).astype(np.int64)
-    return np.where(which == 1, part, ring) + net.outer_step_s, which
+    return np.where(which == 1, part, ring) + net.outer_step_s / net.fragments, which
 
 
 def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.ndarray]:
@@ -63,7 +62,7 @@ def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.nda
     for k, (dtype, m) in enumerate(options):
         batch, steps = plans[m]
         compute = steps * np.take_along_axis(tables.step_s, (batch - 1)[:, :, None], axis=2)[:, :, 0]
-        utils[:, k] = compute.sum(axis=1) / (n * (compute.max(axis=1) + syncs[dtype][0]))
+        utils[:, k] = compute.sum(axis=1) / (n * (compute.max(axis=1) + net.fragments * syncs[dtype][0]))
     meets = utils >= TARGET_UTILIZATION
     pick = np.where(meets.any(axis=1), meets.argmax(axis=1), utils.argmax(axis=1))
     out = {"batch": np.empty((rows, n), np.int64), "steps": np.empty((rows, n), np.int64),

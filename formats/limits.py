@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulator.config import require_range
+from formats.config import require_range
 
 # Inclusive bounds per key.
 LIMITS = {

@@ -24,11 +24,38 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
                       with at least G cores device process j gets cores[j::G], else all share them
     cpu_quota         optional: CPU quota per device process, in cores (0.4 = 40% of one core)
+    sharding          none | zero1 | zero2 | fsdp: how the node's G devices divide the training
+                      state (none: every device a whole replica, DDP; zero1: AdamW moments /G;
+                      zero2: + gradients /G; fsdp: + parameters /G, FSDP2 `fully_shard` per
+                      layer); never "auto" (the planner writes what it chose). The executor
+                      runs zero1 as zero2 (real/sharding.py says why)
+    activation_checkpointing  none | full: full = every decoder layer recomputed in backward
+                      (only the layer inputs kept)
+    outer_state       cpu | device: where each device process keeps its DiLoCo global weights
+                      and outer momentum (its 1/G shard of them when sharded; same on every row)
+    fragments         P, Streaming DiLoCo's fragments (1 = classic DiLoCo; same on every row)
+    sync_delay_steps  τ, inner steps a fragment's all-reduce overlaps (0 = blocking; same on every row)
+    fragment_alpha    α, the merge θ = (1 − α)·θ_global + α·θ_local (same on every row)
+    fragment_pattern  sequential | strided: how layers are grouped into fragments (same on every row)
 
 The first eight columns are required; for the others a missing column or an empty cell means
 the scenario's value (rounds; [network] collective and payload_dtype, else ring and fp32),
-equal links, no CPU limits. `geodt run`
-and `geodt plan` write every column.
+equal links, no CPU limits, sharding none, activation_checkpointing none, outer_state cpu
+(the scenario's [diloco] outer_state), and classic DiLoCo (fragments 1, sync_delay_steps 0,
+fragment_alpha 0.0, fragment_pattern sequential). `geodt run` and `geodt plan` write every column.
+
+Streaming DiLoCo (arXiv 2501.18512; torchft.local_sgd.DiLoCo, whose semantics these are;
+real/streaming.py runs it): the model's layers form P fragments (`sequential`: consecutive
+layers; `strided`: layer l in fragment l mod P) and each round syncs them one after the other,
+fragment p (0-based) at its merge point, the end of inner step m_p = ⌊H_i·(p + 1) / P⌋ of the
+round (`merge_steps`; torchft's H/P, 2H/P, ... when P divides H). The fragment's pseudo-gradient
+is taken and its all-reduce started τ steps earlier, after step m_p − τ, and runs while those τ
+steps compute; at the merge point the node waits for it, applies the outer step to the fragment
+and merges θ = (1 − α)·θ_global + α·θ_local (torch's lerp, as torchft's `fragment_update_alpha`,
+whose default 0 keeps the global weights: the τ steps' local progress on the fragment is
+dropped). Valid: 1 ≤ P ≤ H_i and 0 ≤ τ < ⌊H_i / P⌋ on every node (a fragment's all-reduce is
+merged before the next one starts, as torchft requires), 0 ≤ α ≤ 1; P = 1 and τ = 0 is classic
+DiLoCo; sync = gradients only with P = 1 and τ = 0. comm_s is then one fragment's sync.
 """
 from __future__ import annotations
 
@@ -38,14 +65,20 @@ import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
                     "comm_s")
-OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota")
+OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota",
+                    "sharding", "activation_checkpointing", "outer_state", "fragments", "sync_delay_steps",
+                    "fragment_alpha", "fragment_pattern")
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
-COLLECTIVES = ("ring", "partitioned")
+STREAMING_COLUMNS = ("fragments", "sync_delay_steps", "fragment_alpha", "fragment_pattern")
+FRAGMENT_PATTERNS = ("sequential", "strided")
 SYNC_MODES = ("diloco", "gradients")
-PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
-INT8_CHUNK = 256  # elements per int8 scale (one fp32 scale per chunk)
+SHARDINGS = ("none", "zero1", "zero2", "fsdp")  # least to most sharded
+CHECKPOINTING = ("none", "full")
+OUTER_STATES = ("cpu", "device")
 
 
 class PlanError(ValueError):
@@ -69,6 +102,11 @@ def _real(key: str, value, allow_zero: bool = False) -> float:
     return float(value)
 
 
+def _choice(key: str, value, choices: tuple[str, ...]) -> None:
+    if value is not None and value not in choices:
+        raise PlanError(key, f"expected one of {', '.join(choices)}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class NodePlan:
     """One node's part of a plan (batch_size is per device)."""
@@ -81,6 +119,8 @@ class NodePlan:
     link_gbps: float | None = None
     cpu_cores: tuple[int, ...] | None = None
     cpu_quota: float | None = None
+    sharding: str | None = None  # None = "none" (resolved())
+    activation_checkpointing: str | None = None  # None = "none"
 
     def __post_init__(self) -> None:
         if not isinstance(self.node, str) or not self.node:
@@ -99,6 +139,8 @@ class NodePlan:
             set_("cpu_cores", tuple(_int("cpu_cores", c, minimum=0) for c in cores))
         if self.cpu_quota is not None:
             set_("cpu_quota", _real("cpu_quota", self.cpu_quota))
+        _choice("sharding", self.sharding, SHARDINGS)
+        _choice("activation_checkpointing", self.activation_checkpointing, CHECKPOINTING)
 
     def tokens_per_round(self, seq_len: int) -> int:
         return self.local_steps * self.batch_size * self.gpus * seq_len
@@ -123,6 +165,12 @@ class Plan:
     collective: str | None = None
     payload_dtype: str | None = None
     sync: str | None = None  # None = "diloco"; sync-ddp sets "gradients"
+    outer_state: str | None = None  # None = the scenario's [diloco] outer_state, else "cpu"
+    # Streaming DiLoCo (module docstring); the defaults are classic DiLoCo.
+    fragments: int = 1
+    sync_delay_steps: int = 0
+    fragment_alpha: float = 0.0
+    fragment_pattern: str = "sequential"
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -143,6 +191,32 @@ class Plan:
             raise PlanError("payload_dtype", f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
         if self.sync is not None and self.sync not in SYNC_MODES:
             raise PlanError("sync", f"expected one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
+        _choice("outer_state", self.outer_state, OUTER_STATES)
+        self._check_fragments()
+
+    def _check_fragments(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # frozen: normalise numpy scalars
+        set_("fragments", _int("fragments", self.fragments))
+        set_("sync_delay_steps", _int("sync_delay_steps", self.sync_delay_steps, minimum=0))
+        alpha = self.fragment_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
+            raise PlanError("fragment_alpha", f"expected a number in [0, 1], got {alpha!r}")
+        set_("fragment_alpha", float(alpha))
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+            raise PlanError("fragment_pattern",
+                            f"expected one of {', '.join(FRAGMENT_PATTERNS)}, got {self.fragment_pattern!r}")
+        if self.sync == "gradients" and self.streaming:
+            raise PlanError("fragments", f"sync = gradients syncs every step; expected fragments 1 and "
+                            f"sync_delay_steps 0, got {self.fragments} and {self.sync_delay_steps}")
+        problem = fragment_problem([n.local_steps for n in self.nodes], self.fragments, self.sync_delay_steps)
+        if problem is not None:
+            key, i, expected = problem
+            raise PlanError(key, f"node {self.nodes[i].node} (local_steps {self.nodes[i].local_steps}): {expected}")
+
+    @property
+    def streaming(self) -> bool:
+        """Whether syncs overlap compute or split the model: anything but classic DiLoCo."""
+        return self.fragments > 1 or self.sync_delay_steps > 0
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -153,8 +227,10 @@ class Plan:
 
     @property
     def round_s(self) -> float:
-        """Deterministic round time: the slowest node's compute plus the sync."""
-        return max(n.compute_s for n in self.nodes) + self.comm_s
+        """Deterministic round time with nothing overlapped: the slowest node's compute plus its
+        syncs (P fragment syncs of comm_s each). Exact for classic DiLoCo; the engines give the
+        streaming round, in which the all-reduces overlap compute."""
+        return max(n.compute_s for n in self.nodes) + self.fragments * self.comm_s
 
     @property
     def world_size(self) -> int:
@@ -174,21 +250,26 @@ class Plan:
         raise PlanError("rank", f"rank {rank} is beyond the plan's {self.world_size} processes")
 
     def resolved(self, rounds: int, collective: str = "ring", payload_dtype: str = "fp32",
-                 link_gbps: dict[str, float] | None = None) -> "Plan":
+                 link_gbps: dict[str, float] | None = None, outer_state: str = "cpu") -> "Plan":
         """A copy with every None filled from the given defaults (the plan's own values win)."""
         links = link_gbps or {}
-        nodes = tuple(n if n.link_gbps is not None or n.node not in links else replace(n, link_gbps=links[n.node])
+        nodes = tuple(replace(n, link_gbps=links.get(n.node) if n.link_gbps is None else n.link_gbps,
+                              sharding=n.sharding or "none",
+                              activation_checkpointing=n.activation_checkpointing or "none")
                       for n in self.nodes)
         return replace(self, nodes=nodes, rounds=self.rounds or rounds, collective=self.collective or collective,
-                       payload_dtype=self.payload_dtype or payload_dtype, sync=self.sync or "diloco")
+                       payload_dtype=self.payload_dtype or payload_dtype, sync=self.sync or "diloco",
+                       outer_state=self.outer_state or outer_state)
 
     def resolved_from(self, scenario) -> "Plan":
         """resolved() with a scenario's defaults: any object with training.rounds,
-        network.{collective, payload_dtype, bandwidth_gbps} and nodes[*].{name, uplink_gbps}."""
+        network.{collective, payload_dtype, bandwidth_gbps}, nodes[*].{name, uplink_gbps} and
+        optionally diloco.outer_state."""
         net = scenario.network
         links = {n.name: min(net.bandwidth_gbps, n.uplink_gbps) if getattr(n, "uplink_gbps", None)
                  else net.bandwidth_gbps for n in scenario.nodes}
-        return self.resolved(scenario.training.rounds, net.collective, net.payload_dtype, links)
+        outer = getattr(getattr(scenario, "diloco", None), "outer_state", None) or "cpu"
+        return self.resolved(scenario.training.rounds, net.collective, net.payload_dtype, links, outer)
 
     def rows(self) -> list[dict]:
         """plan.csv's rows (empty cells for values left to the scenario)."""
@@ -198,7 +279,11 @@ class Plan:
                  "comm_s": self.comm_s, "rounds": blank(self.rounds), "collective": blank(self.collective),
                  "payload_dtype": blank(self.payload_dtype), "sync": blank(self.sync), "link_gbps": blank(n.link_gbps),
                  "cpu_cores": "" if n.cpu_cores is None else " ".join(map(str, n.cpu_cores)),
-                 "cpu_quota": blank(n.cpu_quota)} for n in self.nodes]
+                 "cpu_quota": blank(n.cpu_quota), "sharding": blank(n.sharding),
+                 "activation_checkpointing": blank(n.activation_checkpointing),
+                 "outer_state": blank(self.outer_state), "fragments": self.fragments,
+                 "sync_delay_steps": self.sync_delay_steps, "fragment_alpha": self.fragment_alpha,
+                 "fragment_pattern": self.fragment_pattern} for n in self.nodes]
 
     def to_frame(self, scenario=None):
         """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
@@ -208,65 +293,26 @@ class Plan:
         return pd.DataFrame(plan.rows(), columns=list(PLAN_COLUMNS))
 
 
-# --- bandwidth-balanced partitioned all-reduce ----------------------------------------
-
-def partition_shares(links_gbps: list[float]) -> list[float]:
-    """p_i, the share of the payload node i aggregates (Σ p = 1), minimising the slowest node's
-    time (1 + (n − 2)·p_i)·P / B_i: water-filling, slow links aggregate nothing (see
-    simulator/network.py, which computes the same vectorised). n ≤ 2: shares ∝ links."""
-    links = [float(b) for b in links_gbps]
-    n = len(links)
-    if n <= 2:
-        total = sum(links)
-        return [b / total for b in links]
-    ordered = sorted(links, reverse=True)
-    tau, running = None, 0.0
-    for k in range(1, n + 1):  # the k fastest aggregate while τ_k·B_k ≥ 1
-        running += ordered[k - 1]
-        tau_k = (n - 2 + k) / running
-        if tau_k * ordered[k - 1] >= 1.0:
-            tau = tau_k
-    return [max(0.0, tau * b - 1.0) / (n - 2) for b in links]
-
-
-def segment_lengths(total: int, shares: list[float]) -> list[int]:
-    """Split `total` elements by shares into integers summing to total (largest remainder)."""
-    exact = [s * total for s in shares]
-    lengths = [int(math.floor(e)) for e in exact]
-    order = sorted(range(len(shares)), key=lambda i: (-(exact[i] - lengths[i]), i))
-    for i in order[:total - sum(lengths)]:
-        lengths[i] += 1
-    return lengths
-
-
-def encoded_bytes(elements: int, payload_dtype: str) -> int:
-    """Bytes of `elements` values encoded as payload_dtype (int8: one fp32 scale per INT8_CHUNK)."""
-    if payload_dtype == "int8":
-        return elements + 4 * -(-elements // INT8_CHUNK)
-    return elements * PAYLOAD_BYTES[payload_dtype]
-
-
-def bytes_sent_per_sync(params: int, payload_dtype: str, collective: str, links_gbps: list[float]) -> list[int]:
-    """Bytes each node puts on the wire in one outer sync (what trace.csv's bytes_sent records).
-
-    fp32 ring: torch's all-reduce, counted as a ring: 2(n−1)/n · 4P (rounded down).
-    Otherwise a reduce-scatter then an all-gather, both as all-to-all of encoded segments:
-    node i sends every other node j its segment j (Σ_{j≠i} E(L_j)), then its aggregated
-    segment to the n − 1 others ((n−1)·E(L_i)); L_j = P/n for ring, p_j·P for partitioned,
-    E(L) = encoded_bytes(L). Equal links: ≈ 2(n−1)/n · E(P); partitioned ≈ (1 + (n−2)p_i)·E(P).
-    """
-    n = len(links_gbps)
-    if n == 1:
-        return [0]
-    if collective == "ring" and payload_dtype == "fp32":
-        return [2 * (n - 1) * 4 * params // n] * n
-    shares = partition_shares(links_gbps) if collective == "partitioned" else [1.0 / n] * n
-    lengths = segment_lengths(params, shares)
-    enc = [encoded_bytes(length, payload_dtype) for length in lengths]
-    return [sum(enc) - enc[i] + (n - 1) * enc[i] for i in range(n)]
-
-
 # --- plan.csv ---------------------------------------------------------------------------
+
+def merge_steps(local_steps: int, fragments: int) -> list[int]:
+    """Per fragment p, the inner step of a round after which it merges: ⌊H·(p + 1) / P⌋ (module docstring)."""
+    return [local_steps * (p + 1) // fragments for p in range(fragments)]
+
+
+def fragment_problem(local_steps: list[int], fragments: int, delay_steps: int) -> tuple[str, int, str] | None:
+    """(key, node index, what was expected) for the first node whose H_i cannot hold the schedule; else None.
+
+    Every fragment needs at least one step of a round (P ≤ H_i), and a fragment's all-reduce must
+    start after the previous fragment merged (τ < ⌊H_i / P⌋, torchft's rule)."""
+    for i, steps in enumerate(local_steps):
+        if fragments > steps:
+            return "fragments", i, f"expected at most local_steps fragments, got {fragments}"
+        if delay_steps >= steps // fragments:
+            return ("sync_delay_steps", i, f"expected sync_delay_steps < local_steps // fragments = "
+                    f"{steps // fragments}, got {delay_steps}")
+    return None
+
 
 def _number(text: str, kind):
     try:
@@ -307,15 +353,19 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
     if not rows:
         raise PlanError(f"{path}: node", "expected at least one node row")
     kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float, "tokens_per_round": int,
-             "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float}
-    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync")
+             "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float, "fragments": int,
+             "sync_delay_steps": int, "fragment_alpha": float}
+    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync", "outer_state",
+                      *STREAMING_COLUMNS)
+    words = ("strategy", "node", "collective", "payload_dtype", "sync", "sharding", "activation_checkpointing",
+             "outer_state", "fragment_pattern")
     nodes, shared, seq_lens = [], {k: set() for k in shared_columns}, set()
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         values = {}
         for column in PLAN_COLUMNS:
             text = (row.get(column) or "").strip()
             try:
-                if column in ("strategy", "node", "collective", "payload_dtype", "sync"):
+                if column in words:
                     values[column] = text or None
                 elif column == "cpu_cores":
                     values[column] = tuple(_number(t, int) for t in text.split()) if text else None
@@ -331,7 +381,8 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
         try:
             node = NodePlan(node=values["node"], gpus=values["gpus"], batch_size=values["batch_size"],
                             local_steps=values["local_steps"], step_s=values["step_s"], link_gbps=values["link_gbps"],
-                            cpu_cores=values["cpu_cores"], cpu_quota=values["cpu_quota"])
+                            cpu_cores=values["cpu_cores"], cpu_quota=values["cpu_quota"],
+                            sharding=values["sharding"], activation_checkpointing=values["activation_checkpointing"])
         except PlanError as exc:
             raise PlanError(f"{path}: line {line}: {exc.key}", exc.expected) from None
         per_seq = node.local_steps * node.batch_size * node.gpus
@@ -348,8 +399,9 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
     try:
         one = {column: _same(path, column, values) for column, values in shared.items()}
         seq_len = _same(path, "tokens_per_round", seq_lens)
+        streaming = {k: one[k] for k in STREAMING_COLUMNS if one[k] is not None}  # empty: classic DiLoCo
         return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
                     rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
-                    sync=one["sync"])
+                    sync=one["sync"], outer_state=one["outer_state"], **streaming)
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.key}", exc.expected) from None

@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from simulator.errors import FieldError
+from formats.errors import FieldError
 
 _MISSING = dataclasses.MISSING
 

@@ -1,0 +1,53 @@
+"""Network profiles on disk: the columns `geodt calibrate --network` writes and the checked reader.
+
+One row per (kind, processes, size), tidy CSV (docs/DESIGN.md, "Outputs"); kinds:
+`all_reduce` (a SUM all-reduce of `size` bytes among `processes` ranks), `outer_step` (the
+executor's outer step over `size` parameters) and `checkpoint` (writing `size` bytes).
+real/netcal.py writes it; calibrate/netprofile.py fits the simulator's models to it. Torch-free.
+"""
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from formats.files import read_regular_file
+
+NET_COLUMNS: tuple[str, ...] = (
+    "kind", "processes", "backend", "size", "seconds_median", "seconds_p10", "seconds_p90",
+    "repeats", "host", "torch_version", "measured_at",
+)
+KINDS = ("all_reduce", "outer_step", "checkpoint")
+MAX_BYTES = 16 << 20  # a profile is a few hundred rows
+
+
+class NetProfileError(ValueError):
+    """'<path>: <row/column>: expected ...' for a network profile that cannot be used."""
+
+
+def read_network_rows(path: str | Path) -> pd.DataFrame:
+    """The profile's rows as kind, processes, size, seconds (the median), each checked;
+    NetProfileError naming the file, line and column otherwise."""
+    path = Path(path)
+    data = read_regular_file(path, "a network profile CSV (geodt calibrate --network)", MAX_BYTES, NetProfileError)
+    try:
+        frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise NetProfileError(f"{path}: unreadable ({type(exc).__name__}); expected a network profile CSV") from None
+    missing = [c for c in NET_COLUMNS if c not in frame.columns]
+    if missing:
+        raise NetProfileError(f"{path}: column {missing[0]!r} missing; expected columns {', '.join(NET_COLUMNS)}")
+    rows = []
+    for i, row in enumerate(frame.to_dict("records"), start=2):
+        if row["kind"] not in KINDS:
+            raise NetProfileError(f"{path}: line {i}: kind: expected one of {', '.join(KINDS)}, got {row['kind']!r}")
+        try:
+            processes, size, seconds = int(row["processes"]), float(row["size"]), float(row["seconds_median"])
+        except ValueError:
+            raise NetProfileError(f"{path}: line {i}: processes/size/seconds_median: expected numbers") from None
+        if processes < 1 or not (math.isfinite(size) and size > 0 and math.isfinite(seconds) and seconds > 0):
+            raise NetProfileError(f"{path}: line {i}: expected processes >= 1 and positive finite size and seconds")
+        rows.append((row["kind"], processes, size, seconds))
+    return pd.DataFrame(rows, columns=["kind", "processes", "size", "seconds"])

@@ -1,0 +1,410 @@
+"""Streaming DiLoCo (arXiv 2501.18512) as torchft's `DiLoCo` runs it: fragments, delay, merge.
+
+The model's parameters are cut into P fragments (`fragment_layout`): the transformer layers
+in P groups, `sequential` (contiguous blocks, as a pipeline split) or `strided` (layer l in
+fragment l mod P); what comes before the first layer (the embedding) joins fragment 0 and
+what comes after the last (final norm, output head) joins fragment P−1. Each round of H
+inner steps syncs every fragment once, one at a time, in order: fragment k's sync point is
+after s_k = ⌊(k+1)·H/P⌋ inner steps of the round (torchft: one fragment every H/P steps,
+fragment = sync count mod P). τ = sync_delay_steps steps before it, at s_k − τ, the node
+forms the fragment's pseudo-gradient Δ = θ_g − θ_local and starts its cross-node average in
+the background; inner steps continue. At s_k it waits for the average, applies the outer
+step (Nesterov SGD) to the fragment's slice of θ_g and of the momentum (so each fragment has
+its own outer optimizer state), and sets the fragment's weights to
+    θ = (1 − α)·θ_g + α·θ_local       (α = fragment_alpha; torch.lerp(θ_g, θ_local, α))
+where θ_local is the weights at s_k, τ steps past the pseudo-gradient. This is exactly
+torchft 0.2.0's `_StreamingDiLoCoFragment.prepare_sync` / `perform_sync`: α = 0 drops the
+fragment's τ local steps, α = 1 keeps the local weights. P = 1, τ = 0, α = 0 is classic DiLoCo,
+bit for bit (tests/test_streaming.py). Since τ < ⌊H/P⌋, at most one fragment is in flight, and
+none at a round's end: checkpoints at round ends hold no in-flight state, only the model's
+own weights beside θ_g (they differ from θ_g for fragments synced earlier in the round, or
+when α > 0).
+
+Timing: syncs.csv, one row per node and fragment sync, the simulator's columns (docs/DESIGN.md)
+on the node leader's clock plus bytes_sent:
+- compute_start_s: the start of the inner steps before the sync (the round's start, or the
+  previous fragment's resume);
+- sync_point_s: the node reached the fragment's sync point (then forms its pseudo-gradient and
+  hands it to the communication thread);
+- start_s, end_s: the average itself, from the moment every node had started it (a
+  one-element all-reduce of the leaders marks it) to its end (broadcast in the node included);
+- merge_point_s: the node reached the fragment's merge point and began to wait;
+- idle_s, exposed_s: that wait, split as the simulator splits it: exposed is what the node's
+  own average would still have taken had it started at its sync point
+  (min(wait, max(sync_point_s + end_s − start_s − merge_point_s, 0))), idle the rest, the
+  wait for slower nodes;
+- outer_s: the main thread's own sync work (pseudo-gradient, outer step, merge).
+The round's trace row (trace.csv) keeps docs/DESIGN.md's accounting: idle_s = Σ idle_s,
+comm_s = Σ (exposed_s + outer_s), and compute_s the rest of the round, hidden comm included.
+Under --emulate each fragment's average is padded to the plan's comm_s (one fragment sync).
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import re
+import time
+from contextlib import nullcontext
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from real.diloco import OuterState
+from real.sharding import peak_memory_reset
+
+PATTERNS = ("sequential", "strided")
+SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
+                "merge_point_s", "idle_s", "exposed_s", "outer_s", "bytes_sent"]
+SYNC_NUMERIC = SYNC_COLUMNS[2:]
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class StreamingSpec:
+    """P, τ, α and the layout; the defaults are classic DiLoCo."""
+
+    fragments: int = 1
+    sync_delay_steps: int = 0
+    fragment_alpha: float = 0.0
+    fragment_pattern: str = "sequential"
+
+    def __post_init__(self) -> None:
+        p, tau, alpha = self.fragments, self.sync_delay_steps, self.fragment_alpha
+        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+            raise ValueError(f"fragments: expected an integer >= 1, got {p!r}")
+        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 0:
+            raise ValueError(f"sync_delay_steps: expected an integer >= 0, got {tau!r}")
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+            raise ValueError(f"fragment_alpha: expected a number in [0, 1], got {alpha!r}")
+        if self.fragment_pattern not in PATTERNS:
+            raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {self.fragment_pattern!r}")
+        object.__setattr__(self, "fragment_alpha", float(alpha))
+
+    @classmethod
+    def from_plan(cls, plan) -> "StreamingSpec":
+        """The plan's streaming settings; a plan without them (or with empty ones) is classic."""
+        values = {k: getattr(plan, k, None) for k in ("fragments", "sync_delay_steps", "fragment_alpha",
+                                                      "fragment_pattern")}
+        return cls(**{k: v for k, v in values.items() if v is not None})
+
+    @property
+    def classic(self) -> bool:
+        return self.fragments == 1 and self.sync_delay_steps == 0 and self.fragment_alpha == 0.0
+
+    def check(self, local_steps: Sequence[int], layers: int) -> None:
+        """Every node can sync P fragments a round with τ < ⌊H_i/P⌋ (one fragment in flight), and
+        every fragment holds at least one of the model's layers."""
+        if self.fragments > layers:
+            raise ValueError(f"fragments: expected at most the model's {layers} layers, got {self.fragments}")
+        h = min(local_steps)
+        if h < self.fragments:
+            raise ValueError(f"fragments: expected at most the least local_steps ({h}), got {self.fragments}")
+        if self.sync_delay_steps >= h // self.fragments:
+            raise ValueError(f"sync_delay_steps: expected less than local_steps / fragments = {h // self.fragments} "
+                             f"(the least over the nodes), got {self.sync_delay_steps}")
+
+    def schedule(self, local_steps: int) -> list[tuple[int, int]]:
+        """(prepare, sync) per fragment: inner steps of the round done when the fragment's average
+        starts and when it is applied."""
+        p = self.fragments
+        return [((k + 1) * local_steps // p - self.sync_delay_steps, (k + 1) * local_steps // p) for k in range(p)]
+
+    def config(self) -> dict:
+        """The settings a resumed run must share (real/options.run_config)."""
+        return {f"streaming.{k}": v for k, v in asdict(self).items()}
+
+
+def fragment_layout(names: Sequence[str], fragments: int, pattern: str) -> list[list[int]]:
+    """Indices into `names` (parameters in model order) of each fragment; see the module doc."""
+    layers = [int(m.group(1)) if (m := _LAYER.search(n)) else None for n in names]
+    ids = sorted({l for l in layers if l is not None})
+    if len(ids) < fragments:
+        raise ValueError(f"fragments: expected at most the model's {len(ids)} layers, got {fragments}")
+    rank = {l: i for i, l in enumerate(ids)}
+    if pattern == "sequential":
+        of_layer = {l: rank[l] * fragments // len(ids) for l in ids}
+    elif pattern == "strided":
+        of_layer = {l: rank[l] % fragments for l in ids}
+    else:
+        raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {pattern!r}")
+    first = next(i for i, l in enumerate(layers) if l is not None)
+    out: list[list[int]] = [[] for _ in range(fragments)]
+    for i, layer in enumerate(layers):
+        out[of_layer[layer] if layer is not None else (0 if i < first else fragments - 1)].append(i)
+    return out
+
+
+class FragmentedOuter:
+    """Per-fragment views of an OuterState: pseudo-gradient, outer step and merge of one fragment.
+
+    A fragment is a set of parameters, i.e. a few ranges of the flat θ_g / momentum / delta
+    buffers (adjacent parameters merged), so the checkpointed OuterState holds every fragment's
+    outer state and nothing else is needed for it."""
+
+    def __init__(self, outer: OuterState, layout: Sequence[Sequence[int]]):
+        self.outer = outer
+        offsets = [0]
+        for size in outer.sizes:
+            offsets.append(offsets[-1] + size)
+        self.members = [list(idx) for idx in layout]
+        self.ranges: list[list[tuple[int, int]]] = []
+        for idx in self.members:
+            spans: list[tuple[int, int]] = []
+            for i in sorted(idx):
+                if spans and spans[-1][1] == offsets[i]:
+                    spans[-1] = (spans[-1][0], offsets[i + 1])
+                else:
+                    spans.append((offsets[i], offsets[i + 1]))
+            self.ranges.append(spans)
+        self.offsets = offsets
+
+    def numel(self, k: int) -> int:
+        return sum(b - a for a, b in self.ranges[k])
+
+    def _gather(self, flat: torch.Tensor, k: int) -> torch.Tensor:
+        spans = self.ranges[k]
+        if len(spans) == 1:
+            return flat[spans[0][0]:spans[0][1]]  # a view: no copy
+        return torch.cat([flat[a:b] for a, b in spans])
+
+    @torch.no_grad()
+    def pseudo_gradient(self, k: int, coef: float) -> torch.Tensor:
+        """c·(θ_g − θ_local) of fragment k, contiguous (a view of the delta buffer when it can be)."""
+        o = self.outer
+        for i in self.members[k]:
+            o.delta[self.offsets[i]:self.offsets[i + 1]].copy_(o.params[i].reshape(-1))
+        for a, b in self.ranges[k]:
+            torch.sub(o.global_flat[a:b], o.delta[a:b], out=o.delta[a:b])
+            if coef != 1.0:
+                o.delta[a:b].mul_(coef)
+        return self._gather(o.delta, k)
+
+    def buffer(self, k: int) -> torch.Tensor:
+        """A contiguous fragment-sized buffer to receive an average into (processes that do not send)."""
+        return self._gather(self.outer.delta, k)
+
+    @torch.no_grad()
+    def apply(self, k: int, average: torch.Tensor, lr: float, momentum: float, alpha: float) -> None:
+        """Outer step on fragment k's θ_g and momentum with the averaged pseudo-gradient (overwritten),
+        then the fragment's weights ← lerp(θ_g, θ_local, α)."""
+        o = self.outer
+        for (a, b), grad in zip(self.ranges[k], torch.split(average, [b - a for a, b in self.ranges[k]])):
+            if momentum > 0:  # OuterState.outer_step's formula, on the fragment's slices
+                o.momentum[a:b].mul_(momentum).add_(grad)
+                grad.add_(o.momentum[a:b], alpha=momentum)
+            o.global_flat[a:b].add_(grad, alpha=-lr)
+        for i in self.members[k]:
+            p, g = o.params[i], o.global_flat[self.offsets[i]:self.offsets[i + 1]].view_as(o.params[i])
+            if alpha == 0.0:
+                p.copy_(g)  # lerp with weight 0 would turn a −0.0 into +0.0: classic bits need a copy
+            else:
+                p.copy_(torch.lerp(g, p.detach(), alpha))
+
+    def model_flat(self) -> torch.Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.outer.params]).cpu()
+
+    @torch.no_grad()
+    def load_model_flat(self, flat: torch.Tensor) -> None:
+        if flat.numel() != self.offsets[-1]:
+            raise ValueError(f"checkpoint model_flat has {flat.numel()} values; the model has {self.offsets[-1]}")
+        for p, chunk in zip(self.outer.params, torch.split(flat, self.outer.sizes)):
+            p.copy_(chunk.view_as(p))
+
+
+def threads_for_comm() -> None:
+    """The communication thread's torch ops (encode, decode, sums) on one core: they are small,
+    and the inner steps keep the process's other threads."""
+    torch.set_num_threads(1)
+
+
+@dataclass
+class InFlight:
+    fragment: int
+    future: object
+    compute_start: float  # perf_counter seconds
+    sync_point: float
+    prepare_s: float
+
+
+class BackgroundSync:
+    """One fragment's cross-node average at a time, on a communication thread with its own
+    process groups (so it never interleaves with the main thread's collectives): the leaders
+    mark the moment all have started (one-element all-reduce), average by the plan's collective
+    and payload (real/sync.py), and broadcast in the node; other processes receive the
+    broadcast. On CUDA the thread runs on its own stream."""
+
+    def __init__(self, node, crosses: list | None, leaders_group, node_group):
+        self.node = node
+        self.crosses, self.leaders_group, self.node_group = crosses, leaders_group, node_group
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-comm", initializer=threads_for_comm)
+        self.stream = torch.cuda.Stream(node.device) if node.device.type == "cuda" else None
+        self.flag = torch.zeros(1, device=node.device)
+
+    def start(self, k: int, delta: torch.Tensor) -> object:
+        event = None
+        if self.stream is not None:  # the pseudo-gradient is ready on the main stream first
+            event = torch.cuda.Event()
+            event.record()
+        return self.pool.submit(self._run, k, delta, event)
+
+    def _run(self, k: int, delta: torch.Tensor, event):
+        node, opts = self.node, self.node.opts
+        ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
+        with ctx:
+            if event is not None:
+                self.stream.wait_event(event)
+            sent = 0
+            if node.is_leader:
+                dist.all_reduce(self.flag, group=self.leaders_group)
+                if self.stream is not None:
+                    self.stream.synchronize()
+                ready = time.perf_counter()
+                average, sent = self.crosses[k].average(delta, node.divisor)
+            else:
+                ready = time.perf_counter()
+                average = delta
+            if node.me.gpus > 1:
+                dist.broadcast(average, src=node.leader_rank, group=self.node_group)
+            if self.stream is not None:
+                self.stream.synchronize()
+            if opts.emulate:  # the plan's comm_s is one fragment sync
+                remaining = ready + node.plan.comm_s * opts.time_scale - time.perf_counter()
+                if remaining > 0:
+                    time.sleep(remaining)
+            return average, sent, ready, time.perf_counter()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+class StreamingRound:
+    """A node's rounds under Streaming DiLoCo (the module doc), driven by real/worker.py's Node."""
+
+    def __init__(self, node, spec: StreamingSpec):
+        from real.sync import CrossNodeSync
+
+        self.node, self.spec = node, spec
+        plan = node.plan
+        names = [name for name, _ in node.model.named_parameters()]
+        self.fragmented = FragmentedOuter(node.outer, fragment_layout(names, spec.fragments, spec.fragment_pattern))
+        self.schedule = spec.schedule(node.me.local_steps)
+        # The communication thread's own groups, created by every process in the same order.
+        n = len(plan.nodes)
+        timeout = timedelta(seconds=node.opts.timeout_s)  # new_group's own default is 30 minutes
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)), timeout=timeout)
+                       for i, nd in enumerate(plan.nodes)]
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout)
+        crosses = None
+        if node.is_leader:
+            links = [nd.link_gbps for nd in plan.nodes]
+            crosses = [CrossNodeSync(leaders, n, node.index, self.fragmented.numel(k), plan.payload_dtype,
+                                     plan.collective, links) for k in range(spec.fragments)]
+        self.background = BackgroundSync(node, crosses, leaders if node.is_leader else None,
+                                         node_groups[node.index])
+        self.rows: list[dict] = []  # the leader's per-fragment rows (syncs.csv)
+
+    def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[dict, float]:
+        """Wait for fragment k's average and apply it: (the syncs.csv row, the resume time)."""
+        from real.options import _collective
+
+        node, d = self.node, self.node.spec.diloco
+        merge = time.perf_counter()
+        average, sent, start, end = _collective(flight.future.result)
+        waited = time.perf_counter()
+        self.fragmented.apply(k, average, d.outer_lr, d.outer_momentum, self.spec.fragment_alpha)
+        node._sync_device()
+        resume = time.perf_counter()
+        wait = waited - merge
+        exposed = min(wait, max(flight.sync_point + (end - start) - merge, 0.0))
+        at = lambda t: node.time_offset_s + t - t0
+        row = {"fragment": k, "compute_start_s": at(flight.compute_start), "sync_point_s": at(flight.sync_point),
+               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": wait - exposed,
+               "exposed_s": exposed, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
+        return row, resume
+
+    def run_round(self, r: int, t0: float, bar=None) -> dict:
+        node = self.node
+        prepare_at = {p: k for k, (p, _) in enumerate(self.schedule)}
+        sync_at = {s: k for k, (_, s) in enumerate(self.schedule)}
+        grad_sync = node._grad_sync if node.me.gpus > 1 else None
+        peak_memory_reset(node.device)
+        round_start = time.perf_counter()
+        clock = {"deadline": round_start, "overruns": 0}
+        loss_sum = torch.zeros((), device=node.device)
+        rows, resume, flight = [], round_start, None
+        for step in range(1, node.me.local_steps + 1):
+            loss_sum += node.train_inner_step(clock, grad_sync)
+            if bar is not None:
+                bar.update(1)
+            if step in prepare_at:
+                k = prepare_at[step]
+                node._sync_device()
+                begin = time.perf_counter()
+                delta = (self.fragmented.pseudo_gradient(k, node.coef) if node.is_leader
+                         else self.fragmented.buffer(k))
+                future = self.background.start(k, delta)
+                handed = time.perf_counter()
+                flight = InFlight(k, future, resume, begin, handed - begin)
+            if step in sync_at:
+                row, resume = self._sync(sync_at[step], flight, t0)
+                rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
+                flight = None
+        if node.me.gpus > 1:
+            from real.options import _collective
+
+            _collective(dist.all_reduce, loss_sum, group=node.node_group)
+            loss_sum /= node.me.gpus
+        node._sync_device()
+        end = time.perf_counter()
+        if node.is_leader:
+            self.rows.extend(rows)
+        idle = sum(row["idle_s"] for row in rows)
+        comm = sum(row["exposed_s"] + row["outer_s"] for row in rows)
+        return {
+            "strategy": node.plan.strategy, "node": node.me.node, "round": r,
+            "compute_s": end - round_start - idle - comm, "idle_s": idle, "comm_s": comm,
+            "round_start_s": node.time_offset_s + round_start - t0, "round_end_s": node.time_offset_s + end - t0,
+            "loss": float(loss_sum.item()) / node.me.local_steps, "tokens": node.tokens_per_round,
+            "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
+            "local_steps": node.me.local_steps, "batch_size": node.batch,
+            "bytes_sent": sum(row["bytes_sent"] for row in rows),
+            "peak_mem_bytes": node._peak_memory(),
+        }
+
+    # --- checkpoints: the model's own weights (they differ from θ_g) and the fragment rows ---
+    def state_dict(self) -> dict:
+        return {"model_flat": self.fragmented.model_flat(), "rows": [dict(row) for row in self.rows]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.fragmented.load_model_flat(state["model_flat"])
+        self.rows = [dict(row) for row in state["rows"]] if self.node.is_leader else []
+
+    def close(self) -> None:
+        self.background.close()
+
+
+def write_syncs(plan, tables: list[list[list[float]]], path) -> None:
+    """syncs.csv from every leader's rows (SYNC_NUMERIC values, plan order), whole or not at all."""
+    import os
+    from pathlib import Path
+
+    import pandas as pd
+
+    rows = []
+    for node, table in zip(plan.nodes, tables):
+        for values in table:
+            row = {"strategy": plan.strategy, "node": node.node, **dict(zip(SYNC_NUMERIC, values))}
+            for c in ("round", "fragment", "bytes_sent"):
+                row[c] = int(row[c])
+            rows.append(row)
+    order = {node.node: i for i, node in enumerate(plan.nodes)}
+    frame = pd.DataFrame(rows, columns=SYNC_COLUMNS)
+    frame = frame.sort_values(["round", "fragment", "node"],
+                              key=lambda col: col.map(order) if col.name == "node" else col).reset_index(drop=True)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)
