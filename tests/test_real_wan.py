@@ -22,18 +22,33 @@ pytestmark = [pytest.mark.wan, pytest.mark.skipif(MISSING is not None, reason=MI
 FRAME_EFFICIENCY = 1448 / 1514
 
 
+def _goodput(net, src: int, dst: int) -> list[float]:
+    """Up to 3 measurements, stopping at the first that fills the link to within 3%.
+
+    A shaped link only caps the rate: on a machine whose CPUs are busy (other runs) the sender
+    can fall short of it, never exceed it, so a shortfall is retried and every try is kept."""
+    tries = []
+    for _ in range(3):
+        tries.append(wan.measure_mbit(net, src, dst, seconds=3.0))
+        if tries[-1] >= 0.97 * net.links[dst].link_gbps * 1e3 * FRAME_EFFICIENCY:
+            break
+    return tries
+
+
 def test_a_50_mbit_link_carries_50_mbit(capsys):
     with wan.ShapedWan([("a", 0.05), ("b", 0.05), ("slow", 0.02)]) as net:
-        up = wan.measure_mbit(net, 0, 1, seconds=3.0)
-        down = wan.measure_mbit(net, 1, 0, seconds=3.0)
-        slow = wan.measure_mbit(net, 0, 2, seconds=3.0)  # a's 50 Mbit/s into slow's 20 Mbit/s downlink
+        up, down = _goodput(net, 0, 1), _goodput(net, 1, 0)
+        slow = _goodput(net, 0, 2)  # a's 50 Mbit/s into slow's 20 Mbit/s downlink
     with capsys.disabled():
-        print(f"\nshaped goodput: a->b {up:.2f}, b->a {down:.2f} Mbit/s at 50; a->slow {slow:.2f} Mbit/s at 20")
+        show = lambda tries: "/".join(f"{t:.2f}" for t in tries)
+        print(f"\nshaped goodput (Mbit/s, every try): a->b {show(up)}, b->a {show(down)} at 50; "
+              f"a->slow {show(slow)} at 20")
     # The brief's bound (10% of the link); and, tighter, the frame-corrected goodput to within
-    # 3% (the measurement's own noise on a shared 2-core machine is well under that).
-    for measured, link in ((up, 50), (down, 50), (slow, 20)):
-        assert abs(measured - link) <= 0.10 * link
-        assert abs(measured - link * FRAME_EFFICIENCY) <= 0.03 * link * FRAME_EFFICIENCY
+    # 3%; no try may exceed it (the measurement's own noise is well under 3%).
+    for tries, link in ((up, 50), (down, 50), (slow, 20)):
+        assert abs(tries[-1] - link) <= 0.10 * link
+        assert abs(tries[-1] - link * FRAME_EFFICIENCY) <= 0.03 * link * FRAME_EFFICIENCY
+        assert max(tries) <= 1.03 * link * FRAME_EFFICIENCY
 
 
 def test_traffic_inside_a_node_is_not_shaped():
