@@ -19,4 +19,4 @@ SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "syn
 TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size",
                                     "bytes_sent", "peak_mem_bytes"]
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
-                      "measured_round_s", "error_pct_of_round", "mode"]
+                      "measured_round_s", "error_pct_of_round", "mode", "network"]

@@ -38,6 +38,8 @@ Under --emulate each fragment's average is padded to the plan's comm_s (one frag
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import re
 import time
 from contextlib import nullcontext
@@ -290,10 +292,11 @@ class StreamingRound:
         self.schedule = spec.schedule(node.me.local_steps)
         # The communication thread's own groups, created by every process in the same order.
         n = len(plan.nodes)
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)))
+        timeout = timedelta(seconds=node.opts.timeout_s)  # new_group's own default is 30 minutes
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)), timeout=timeout)
                        for i, nd in enumerate(plan.nodes)]
         # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/worker.py)
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)],
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout,
                                  backend="gloo" if node.outer_device != node.device else None)
         crosses = None
         if node.is_leader:

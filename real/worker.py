@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -81,10 +82,12 @@ class Node:
         on_cpu = self.sharding.outer_state == "cpu" and plan.sync != "gradients" and not streams
         self.outer_device = torch.device("cpu") if on_cpu else self.device
         # Every process creates every group, in the same order (torch.distributed requires it).
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)))
+        # Each with --timeout-s: new_group's own default is 30 minutes, not the default group's.
+        timeout = timedelta(seconds=opts.timeout_s)
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)), timeout=timeout)
                        for i, node in enumerate(plan.nodes)]
         self.node_group = node_groups[self.index]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)],
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout,
                                  backend="gloo" if self.outer_device != self.device else None)
         self.leaders = leaders if self.is_leader else None
         if self.device.type == "cuda":
