@@ -23,7 +23,8 @@ from calibrate.models import build_model
 from calibrate.presets import load_arch
 from real.launch import launch
 from real.options import ExecOptions
-from real.plan import NodePlan, Plan, bytes_sent_per_sync
+from formats.plan import NodePlan, Plan
+from formats.wire import bytes_sent_per_sync
 from real.sharding import ShardingSpec
 from tests.test_real_runs import SEQ_LEN, _distance, scenario_text
 
