@@ -56,7 +56,7 @@ import torch.distributed as dist
 @dataclass(frozen=True)
 class ShardingSpec:
     """How one node trains: its sharding, its recomputation, where its outer state lives (the
-    plan's resolved columns; real/plan.py validates them)."""
+    plan's resolved columns; formats/plan.py validates them)."""
 
     sharding: str = "none"
     activation_checkpointing: str = "none"

@@ -74,13 +74,18 @@ class Node:
         self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
         # The outer state, and the leaders' cross-node average, live where the plan says:
         # outer_state cpu on GPUs sends the WAN traffic through gloo from host memory (as OpenDiLoCo).
-        self.outer_device = torch.device("cpu") if self.sharding.outer_state == "cpu" else self.device
+        streaming = opts.streaming or StreamingSpec.from_plan(plan)
+        streams = plan.sync != "gradients" and (opts.streaming is not None or not streaming.classic)
+        # Streaming DiLoCo syncs its fragments from the device (real/streaming.py), and sync-ddp
+        # has no outer step: both keep the outer state beside the model.
+        on_cpu = self.sharding.outer_state == "cpu" and plan.sync != "gradients" and not streams
+        self.outer_device = torch.device("cpu") if on_cpu else self.device
         # Every process creates every group, in the same order (torch.distributed requires it).
         node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)))
                        for i, node in enumerate(plan.nodes)]
         self.node_group = node_groups[self.index]
         leaders = dist.new_group([plan.first_rank(i) for i in range(n)],
-                                 backend="gloo" if self.outer_device != self.device and plan.sync != "gradients" else None)
+                                 backend="gloo" if self.outer_device != self.device else None)
         self.leaders = leaders if self.is_leader else None
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -122,9 +127,7 @@ class Node:
         self._loaded_digest = None  # of the global weights a resume loaded (canonical layout)
         # Streaming DiLoCo (real/streaming.py) when the plan asks for it, or when forced by
         # ExecOptions.streaming (P = 1, τ = 0 then checks the streaming loop against this one).
-        streaming = opts.streaming or StreamingSpec.from_plan(plan)
-        use = not self.gradient_sync and (opts.streaming is not None or not streaming.classic)
-        self.streaming = StreamingRound(self, streaming) if use else None
+        self.streaming = StreamingRound(self, streaming) if streams else None
 
     # --- collectives -------------------------------------------------------------------
     def _sync_device(self) -> None:

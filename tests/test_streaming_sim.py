@@ -264,3 +264,24 @@ def test_streaming_keeps_classic_diloco_when_nothing_is_to_hide(write_scenario):
     scenario = load_scenario(str(write_scenario(given_steps_scenario(1000.0))))
     plan = make_plan(scenario, "streaming")
     assert (plan.fragments, plan.sync_delay_steps) == (1, 0) and not plan.streaming
+
+
+def test_the_executor_runs_the_fragments_plan_csv_carries(tmp_path):
+    """plan.csv's streaming columns, as the simulator writes them, are what the executor runs
+    (real/streaming.py reads the Plan attributes): two fragments, one step of delay, per node."""
+    pytest.importorskip("torch")
+    from real.launch import launch
+    from real.options import ExecOptions
+    from tests.test_real_runs import scenario_text
+
+    nodes = (NodePlan(node="a", gpus=1, batch_size=1, local_steps=4, step_s=0.01),
+             NodePlan(node="b", gpus=1, batch_size=2, local_steps=4, step_s=0.01))
+    plan = Plan(strategy="streaming", nodes=nodes, comm_s=0.0, seq_len=32, fragments=2, sync_delay_steps=1,
+                fragment_alpha=0.5, fragment_pattern="strided")
+    plan.to_frame().to_csv(tmp_path / "plan.csv", index=False)
+    (tmp_path / "scenario.toml").write_text(scenario_text(1))
+    options = ExecOptions(out_dir=str(tmp_path / "out"), threads=1, progress=False, summary=False)
+    assert launch(tmp_path / "plan.csv", tmp_path / "scenario.toml", options) == 0
+    frags = pd.read_csv(tmp_path / "out" / "fragments.csv")
+    assert sorted(set(frags["fragment"])) == [0, 1]
+    assert sorted(set(zip(frags["prepare_step"], frags["sync_step"]))) == [(1, 2), (3, 4)]  # merge_steps(4, 2) − τ

@@ -1,6 +1,6 @@
 """`streaming`: Streaming DiLoCo on hybrid's allocation, its fragments P and delay τ chosen to hide the sync.
 
-Rule (arXiv 2501.18512, torchft's semantics: real/plan.py's docstring):
+Rule (arXiv 2501.18512, torchft's semantics: formats/plan.py's docstring):
 
 1. b_i and H_i as `hybrid` decides them (within memory, the baseline's samples per round, +1%
    at most), so the work per round is the baseline's.
@@ -43,7 +43,7 @@ MAX_OVERLAP = 0.25
 def segments(steps: np.ndarray, step_s: np.ndarray, fragments: int, delay: np.ndarray):
     """(pre_s, delay_s), (P, S, n): one round's compute before each fragment's sync point and in its τ window."""
     p = np.arange(1, fragments + 1)[:, None, None]
-    merges = steps[None] * p // fragments  # real.plan.merge_steps, every node and row at once
+    merges = steps[None] * p // fragments  # formats.plan.merge_steps, every node and row at once
     pre_steps = np.diff(merges, axis=0, prepend=0) - delay[None, :, None]
     return pre_steps * step_s[None], np.broadcast_to(delay[None, :, None] * step_s[None], pre_steps.shape)
 
