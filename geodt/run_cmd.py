@@ -15,6 +15,7 @@ This is the one place that imports both `simulator` and `real`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +32,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--strategy", required=True, help="baseline, A, B, C, ...")
-    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--out", help="output directory (default: out/<scenario name>/run-<S> or validate-<S>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")
     add_exec_arguments(parser)
@@ -57,9 +58,13 @@ def _prepare(prog: str, args: argparse.Namespace):
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
+    from simulator.cli import default_out
+
     try:
         scenario = load_scenario(args.scenario, args.overrides)
         plan = make_plan(scenario, args.strategy)
+        if args.out is None:  # each command its own directory: a run never replaces a validation's trace
+            args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
         opts = exec_options(args, args.out)
     except (InputError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
@@ -83,6 +88,53 @@ def _prepare(prog: str, args: argparse.Namespace):
     return scenario, plan, opts
 
 
+def announcer(prog: str, scenario, plan, emulate: bool):
+    """launch()'s announce: the reproduction warnings, once the inputs are known to be good."""
+
+    def announce() -> None:
+        for warning in reproduction_warnings(scenario, plan, emulate):
+            print(f"{prog}: warning: {warning}", file=sys.stderr, flush=True)
+
+    return announce
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def reproduction_warnings(scenario, plan, emulate: bool, cores: int | None = None) -> list[str]:
+    """What a real (not emulated) run of this plan on this machine cannot reproduce, said up front.
+
+    1. A node whose step time is only given (`step_time_s`) and which carries no real limit
+       (`cpu_quota` / `cpu_cores`): this machine runs it at its own speed, like every other such
+       node, so its measured times say nothing about the given ones.
+    2. More CPU device processes than cores (each process without a quota counting as a core,
+       one with `cpu_quota` q as q): devices then share cores, while the prediction assumes each
+       device its own.
+    Under --emulate steps are padded to the plan's times, so neither applies.
+    """
+    if emulate:
+        return []
+    warnings = []
+    given = [n.name for n in scenario.nodes
+             if n.step_time_s is not None and n.cpu_quota is None and n.cpu_cores is None]
+    if given:
+        warnings.append(f"node{'s' if len(given) > 1 else ''} {', '.join(given)}: step_time_s is given and no real "
+                        "limit (cpu_quota, cpu_cores) is set, so this machine runs "
+                        f"{'them' if len(given) > 1 else 'it'} at its own speed and the measured times cannot "
+                        "reproduce the given ones; add --emulate to pad each step to step_time_s (a schedule "
+                        "check), or give the nodes real limits or profiles")
+    cpu_nodes = [node for node in plan.nodes if node.node in {n.name for n in scenario.nodes if set(n.gpus) == {"cpu"}}]
+    demand = sum(node.gpus * (node.cpu_quota or 1.0) for node in cpu_nodes)
+    processes = sum(node.gpus for node in cpu_nodes)
+    cores = available_cores() if cores is None else cores
+    if demand > cores + 1e-9:
+        warnings.append(f"{processes} CPU device processes need {demand:g} cores and this machine offers {cores}: "
+                        "devices share cores, so the prediction (every device its own) cannot hold; use fewer "
+                        "devices, or cpu_quota / cpu_cores limits that fit the machine")
+    return warnings
+
+
 def _interruptible(main):
     """Ctrl-C: one line and exit 130 (outputs are written whole or not at all)."""
 
@@ -103,16 +155,36 @@ def run_main(argv: list[str]) -> int:
     prepared = _prepare("geodt run", args)
     if isinstance(prepared, int):
         return prepared
+    from dataclasses import replace
+
     from real.launch import launch
 
     out = Path(args.out)
-    status = launch(out / "plan.csv", out / "scenario.toml", prepared[2], host=args.host)
+    opts = replace(prepared[2], summary=False)  # printed below, with what was measured and what emulated
+    status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
+                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate))
     if status == 0:
+        import pandas as pd
+
+        from real.trace import summary
         from simulator.perfetto import trace_csv_to_json
 
+        print(run_heading(args.emulate, args.time_scale))
+        print(summary(pd.read_csv(out / "trace.csv")))
         trace_csv_to_json(out / "trace.csv", out / "trace.json")  # opens in ui.perfetto.dev
-        print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}")
+        from real.wan import network_note
+
+        print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}; network: {network_note(out)}")
     return status
+
+
+def run_heading(emulated: bool, time_scale: float) -> str:
+    """The line above `geodt run`'s per-node summary: measured, or emulated (and then what that means)."""
+    if not emulated:
+        return "per node, summed over rounds (measured: every time is this machine's own):"
+    scale = f", times x{time_scale:g}" if time_scale != 1.0 else ""
+    return (f"per node, summed over rounds (emulated{scale}: each inner step padded to the plan's step_s and "
+            "each sync to its comm_s, so these times are the plan's, not this machine's):")
 
 
 VARIABILITY_SAMPLES = 32
@@ -140,11 +212,12 @@ def predicted_timeline(scenario, plan, engine: str):
     return timeline
 
 
-def validation_table(timeline, trace, time_scale: float, emulated: bool = False):
+def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback"):
     """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
 
     Measured times are divided by time_scale so that both are in the scenario's seconds.
     error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time.
+    network: what the run's processes talked over (real.wan.network_note).
     """
     import pandas as pd
 
@@ -165,7 +238,7 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False)
             "predicted_idle_s": p.at[node, "idle_s"], "measured_idle_s": m.at[node, "idle_s"],
             "predicted_round_s": p.at[node, "round_s"], "measured_round_s": m.at[node, "round_s"],
             "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
-            "mode": MODES[emulated],
+            "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
             "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
             "overrun_steps": int(m.at[node, "overrun_steps"]),
@@ -173,8 +246,16 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False)
     return pd.DataFrame(rows)
 
 
-def plot_validation(table, path: Path, title: str) -> None:
-    """Two panels per node: idle (predicted vs measured), and the round split into its parts."""
+def device_kind(scenario) -> str:
+    """What the nodes' devices are, for labels: CPU, GPU, or device when the scenario mixes them."""
+    kinds = {"CPU" if key == "cpu" else "GPU" for node in scenario.nodes for key in node.gpus}
+    return kinds.pop() if len(kinds) == 1 else "device"
+
+
+def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
+    """Two panels per node: idle (predicted vs measured), and the round split into its parts.
+
+    `device` names what idles (device_kind: CPU, GPU or device)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,7 +275,7 @@ def plot_validation(table, path: Path, title: str) -> None:
     ax1.set_xticks(x, [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])])
     ax1.set_xlabel("node  (idle error: measured − predicted, % of round time)")
     ax1.set_ylabel("idle time, summed over rounds (s)")
-    ax1.set_title("GPU idle time per node")
+    ax1.set_title(f"{device} idle time per node")
     ax1.legend()
     parts = [("compute_s", "compute", "#74c476"), ("idle_s", "idle", "#fd8d3c"), ("comm_s", "sync", "#9e9ac8")]
     for offset, kind, hatch in ((-w / 2, "predicted", ""), (w / 2, "measured", "//")):
@@ -235,18 +316,23 @@ def validate_main(argv: list[str]) -> int:
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)
     write_csv(timeline, out / "timeline.csv")
-    status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host)
+    status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
+                    announce=announcer("geodt validate", scenario, plan, args.emulate))
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")
     scale = args.time_scale if args.emulate else 1.0
-    table = validation_table(timeline, trace, scale, emulated=args.emulate)
+    from real.wan import network_note
+
+    network = network_note(out)
+    table = validation_table(timeline, trace, scale, emulated=args.emulate, network=network)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
-            else "measured, not emulated")
+            else "measured, not emulated") + f"; {network}"
     plot_validation(table, out / "validation.png",
-                    f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})")
+                    f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
+                    device_kind(scenario))
     shown = table[VALIDATION_COLUMNS + ["overrun_steps"]].copy()
     with pd.option_context("display.width", 160, "display.max_columns", 20):
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
@@ -254,7 +340,10 @@ def validate_main(argv: list[str]) -> int:
     print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
     worst = table["error_pct_of_round"].abs().max()
     label = "schedule check (emulated): " if args.emulate else "measured: "
-    print(f"{label}largest idle error: {worst:.2f}% of round time; wrote {out / 'validation.csv'}, "
+    caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
+              if reproduction_warnings(scenario, plan, args.emulate) else "")
+    print(f"{label}largest idle error: {worst:.2f}% of round time{caveat}; network: {network}; "
+          f"wrote {out / 'validation.csv'}, "
           f"{out / 'validation.png'}, {out / 'trace.json'}")
     overruns = int(table["overrun_steps"].sum())
     if args.emulate and overruns:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT = 2
+FORMAT = 3  # 3: trace rows carry peak_mem_bytes; a sharded node saves the canonical (gathered) form
 
 
 def node_path(out_dir: str | Path, index: int) -> Path:
@@ -96,12 +96,18 @@ def weights_digest(*tensors: torch.Tensor) -> int:
 # --- a node's state, and resuming --------------------------------------------------------
 
 def node_state(node) -> dict:
-    """What a Node's checkpoint holds (module docstring)."""
+    """What a Node's checkpoint holds (module docstring); a sharded node's gathered whole (a
+    collective of the node's processes)."""
+    if node.layout is not None:
+        outer = {key: node.layout.gather(value) for key, value in node.outer.state_dict().items()}
+        inner = node.layout.full_optimizer_state(node.optimizer)
+    else:
+        outer, inner = node.outer.state_dict(), node.optimizer.state_dict()
     return {
         "rounds_done": node.rounds_done, "node": node.me.node, "nodes": len(node.plan.nodes),
         "gpus": node.me.gpus, "local_steps": node.me.local_steps, "batch_size": node.batch,
         "run_config": node.config,
-        "outer": node.outer.state_dict(), "inner_optimizer": node.optimizer.state_dict(),
+        "outer": outer, "inner_optimizer": inner,
         "scaler": node.scaler.state_dict() if node.scaler is not None else None,
         "inner_step": node.inner_step, "data_position": node.data_position,
         "torch_rng": torch.get_rng_state(),
@@ -123,11 +129,17 @@ def restore_node_state(node, state: dict, source: str) -> None:
         if saved.get(key) != mine:
             raise ValueError(f"{source}: {key}: the checkpoints were made with {saved.get(key)!r}, this run "
                              f"has {mine!r}; resume with the same settings (or start afresh in another --out)")
-    node.outer.load_state_dict(state["outer"])
+    outer = state["outer"]
+    node.loaded_digest = weights_digest(outer["global_flat"], outer["momentum"])
+    if node.layout is not None:
+        node.outer.load_state_dict({key: node.layout.local_slice(value) for key, value in outer.items()})
+        node.layout.load_optimizer_state(node.optimizer, state["inner_optimizer"])
+    else:
+        node.outer.load_state_dict(outer)
+        node.optimizer.load_state_dict(state["inner_optimizer"])
     node.outer.load_into_model()
     if node.streaming is not None:  # the model's own weights, which streaming keeps apart from θ_g
         node.streaming.load_state_dict(state["streaming"])
-    node.optimizer.load_state_dict(state["inner_optimizer"])
     if node.scaler is not None and state["scaler"] is not None:
         node.scaler.load_state_dict(state["scaler"])
     node.rounds_done = int(state["rounds_done"])
@@ -157,10 +169,10 @@ def _common_round(node, mine: dict[int, Path]) -> int | None:
 
 
 def _check_same_weights(node, path: Path, round_: int) -> None:
-    """Every process must now hold the same global weights and outer momentum."""
+    """Every process must have loaded the same global weights and outer momentum (digests of
+    the canonical, gathered form)."""
     groups, plan = node.groups, node.plan
-    digest = weights_digest(node.outer.global_flat, node.outer.momentum)
-    digests = [d[0] for d in groups.all_gather_ints([digest])]
+    digests = [d[0] for d in groups.all_gather_ints([node.loaded_digest])]
     leaders = [digests[plan.first_rank(i)] for i in range(len(plan.nodes))]
     if len(set(digests)) != 1:
         odd = [plan.nodes[i].node for i, d in enumerate(leaders) if leaders.count(d) <= len(leaders) // 2]

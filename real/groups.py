@@ -9,6 +9,8 @@ process creates every group, in the same order, as torch.distributed requires.
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import torch
 import torch.distributed as dist
 
@@ -19,17 +21,23 @@ from real.options import run_collective
 class Groups:
     """This process's place in the run: its node, its node's group and the leaders' group."""
 
-    def __init__(self, plan: Plan, rank: int, world: int, device: torch.device):
+    def __init__(self, plan: Plan, rank: int, world: int, device: torch.device, timeout_s: float,
+                 leaders_backend: str | None = None):
+        """leaders_backend: "gloo" when the outer state lives in host memory on GPUs (the WAN
+        average then runs through gloo, as OpenDiLoCo), else the default group's backend."""
         self.plan, self.rank, self.world, self.device = plan, rank, world, device
         self.index = plan.node_of_rank(rank)
         self.me = plan.nodes[self.index]
         self.leader_rank = plan.first_rank(self.index)
         self.local = rank - self.leader_rank
         self.is_leader = self.local == 0
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)))
+        # Each with --timeout-s: new_group's own default is 30 minutes, not the default group's.
+        timeout = timedelta(seconds=timeout_s)
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)), timeout=timeout)
                        for i, node in enumerate(plan.nodes)]
         self.node = node_groups[self.index]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(len(plan.nodes))])
+        leaders = dist.new_group([plan.first_rank(i) for i in range(len(plan.nodes))], timeout=timeout,
+                                 backend=leaders_backend)
         self.leaders = leaders if self.is_leader else None
         self._flag = torch.zeros(1, device=device)
 
@@ -55,9 +63,21 @@ class Groups:
             tensor /= self.me.gpus
 
     def broadcast_in_node(self, tensor: torch.Tensor) -> None:
-        """The leader's `tensor` to the node's other devices."""
+        """The leader's `tensor` to the node's other devices (staged through the device when it
+        lives elsewhere, the outer state on the CPU with an nccl node group)."""
+        if self.me.gpus == 1:
+            return
+        staged = tensor if tensor.device == self.device else tensor.to(self.device)
+        run_collective(dist.broadcast, staged, src=self.leader_rank, group=self.node)
+        if staged is not tensor:
+            tensor.copy_(staged)
+
+    def node_max(self, value: int) -> int:
+        """The largest `value` over the node's devices."""
+        tensor = torch.tensor([value], dtype=torch.int64, device=self.device)
         if self.me.gpus > 1:
-            run_collective(dist.broadcast, tensor, src=self.leader_rank, group=self.node)
+            run_collective(dist.all_reduce, tensor, op=dist.ReduceOp.MAX, group=self.node)
+        return int(tensor.item())
 
     def average_gradients(self, model: torch.nn.Module) -> None:
         """DDP's gradient average over the node's devices, as one flat all-reduce."""

@@ -52,9 +52,11 @@ from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
 from real.groups import Groups
 from real.options import ExecOptions, run_collective, run_config, sleep_until
-from real.streaming import FRAGMENT_NUMERIC, StreamingRound, StreamingSpec, write_fragments
+from real.sharding import (ShardingSpec, node_scaler, peak_memory_bytes, peak_memory_reset, prepare_model,
+                           sharded_average)
+from real.streaming import SYNC_NUMERIC, StreamingRound, StreamingSpec, write_syncs
 from real.sync import CrossNodeSync
-from real.trace import INT_COLUMNS, NUMERIC_COLUMNS, gather_rows, summary, trace_row, write_trace
+from real.trace import NUMERIC_COLUMNS, gather_tables, summary, trace_row, trace_rows, write_trace
 
 __all__ = ["ExecOptions", "Node"]
 
@@ -78,44 +80,50 @@ class Node:
                  opts: ExecOptions, backend: str, data_tokens=None):
         self.rank, self.world, self.spec, self.plan, self.opts = rank, world, spec, plan, opts
         self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        self.groups = Groups(plan, rank, world, self.device)
+        me = plan.nodes[plan.node_of_rank(rank)]
+        self.sharding = ShardingSpec.of(plan, me)
+        self.gradient_sync = plan.sync == "gradients"
+        streaming = opts.streaming or StreamingSpec.from_plan(plan)
+        streams = not self.gradient_sync and (opts.streaming is not None or not streaming.classic)
+        # The outer state, and the leaders' cross-node average, live where the plan says:
+        # outer_state cpu on GPUs sends the WAN traffic through gloo from host memory (as OpenDiLoCo).
+        # Streaming DiLoCo syncs its fragments from the device (real/streaming.py), and sync-ddp
+        # has no outer step: both keep the outer state beside the model.
+        on_cpu = self.sharding.outer_state == "cpu" and not self.gradient_sync and not streams
+        self.outer_device = torch.device("cpu") if on_cpu else self.device
+        self.groups = Groups(plan, rank, world, self.device, opts.timeout_s,
+                             "gloo" if self.outer_device != self.device else None)
         self.index, self.me, self.is_leader = self.groups.index, self.groups.me, self.groups.is_leader
         self.leader_rank = self.groups.leader_rank
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self._build_training(data_tokens)
-        n = len(plan.nodes)
-        tokens = [node.tokens_per_round(spec.model.seq_len) for node in plan.nodes]
-        coefs, self.divisor = averaging_weights(spec.diloco.averaging, tokens, [node.local_steps for node in plan.nodes])
-        self.coef = coefs[self.index]
-        self.cross = (CrossNodeSync(self.groups.leaders, n, self.index, self.outer.global_flat.numel(),
-                                    plan.payload_dtype, plan.collective, [node.link_gbps for node in plan.nodes])
-                      if self.groups.is_leader else None)
+        self._build_sync()
         self.config = run_config(spec, plan, opts)
-        self.gradient_sync = plan.sync == "gradients"
-        self.grad_scale = self.batch / sum(node.gpus * node.batch_size for node in plan.nodes)
         self.clock = RoundClock()
         self.rounds_done = 0
         self.inner_step = 0
         self.data_position = 0  # samples of the node's shard consumed (all its devices)
         self.time_offset_s = 0.0
         self.trace: list[dict] = []
+        self.loaded_digest = None  # of the global weights a resume loaded (canonical layout; real/checkpoint.py)
         # Streaming DiLoCo (real/streaming.py) when the plan asks for it, or when forced by
         # ExecOptions.streaming (P = 1, τ = 0 then checks the streaming loop against this one).
-        streaming = opts.streaming or StreamingSpec.from_plan(plan)
-        use = not self.gradient_sync and (opts.streaming is not None or not streaming.classic)
-        self.streaming = StreamingRound(self, streaming) if use else None
+        self.streaming = StreamingRound(self, streaming) if streams else None
 
     def _build_training(self, data_tokens) -> None:
-        """The model (the same initial weights everywhere), inner and outer optimizer state, data."""
+        """The model (the same initial weights everywhere; sharded as the plan says), inner and
+        outer optimizer state, data."""
         spec, opts, d = self.spec, self.opts, self.spec.diloco
         arch = load_arch(spec.model.preset)
         seq_len = spec.model.seq_len
         self.model = build_model(arch, seq_len, seed=spec.seed).to(self.device)
         self.model.train()
+        self.layout = prepare_model(self.model, self.sharding, self.groups.node, self.me.gpus, self.device)
         self.optimizer = make_optimizer(self.model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
-        self.scaler = make_scaler(self.device, spec.model.dtype)
-        self.outer = OuterState(list(self.model.parameters()))
+        self.scaler = node_scaler(make_scaler(self.device, spec.model.dtype), self.layout, self.device)
+        self.outer = OuterState(self.layout.local_tensors() if self.layout else list(self.model.parameters()),
+                                device=self.outer_device)
         self.batch = self.me.batch_size  # per device
         self.node_batch = self.batch * self.me.gpus
         self.tokens_per_round = self.me.tokens_per_round(seq_len)
@@ -124,6 +132,19 @@ class Node:
         self.shard = make_shard(opts.data_path, seed=spec.seed, vocab_size=arch.vocab_size, seq_len=seq_len,
                                 shard=shard, shards=shards, tokens=data_tokens)
         self.vocab_size = arch.vocab_size
+
+    def _build_sync(self) -> None:
+        """The averaging weights and, on leaders, the cross-node average (real/sync.py)."""
+        plan, seq_len = self.plan, self.spec.model.seq_len
+        tokens = [node.tokens_per_round(seq_len) for node in plan.nodes]
+        coefs, self.divisor = averaging_weights(self.spec.diloco.averaging, tokens,
+                                                [node.local_steps for node in plan.nodes])
+        self.coef = coefs[self.index]
+        params = self.layout.full_numel if self.layout else self.outer.global_flat.numel()
+        self.cross = (CrossNodeSync(self.groups.leaders, len(plan.nodes), self.index, params, plan.payload_dtype,
+                                    plan.collective, [node.link_gbps for node in plan.nodes])
+                      if self.is_leader else None)
+        self.grad_scale = self.batch / sum(node.gpus * node.batch_size for node in plan.nodes)
 
     # --- one round -----------------------------------------------------------------------
     def run_round(self, r: int, t0: float, bar=None) -> dict:
@@ -136,6 +157,7 @@ class Node:
 
     def _diloco_round(self, r: int, t0: float, bar) -> dict:
         """H_i inner steps, the barrier, then the outer sync of the pseudo-gradients."""
+        peak_memory_reset(self.device)
         round_start = time.perf_counter()
         self.clock = RoundClock(deadline=round_start)
         loss_sum = self.inner_steps(self.clock, self.node_grad_sync(), bar)
@@ -152,6 +174,7 @@ class Node:
 
     def _gradient_round(self, r: int, t0: float, bar) -> dict:
         """Synchronous data parallel: H steps, each ending in a global gradient average (the hook)."""
+        peak_memory_reset(self.device)
         round_start = time.perf_counter()
         clock = self.clock = RoundClock(deadline=round_start)
         loss_sum = self.inner_steps(clock, self._global_grad_sync, bar)
@@ -164,8 +187,12 @@ class Node:
 
     def node_grad_sync(self):
         """The per-step gradient average of a DiLoCo round: in the node's group, when it has
-        several devices."""
-        return self.groups.average_gradients if self.me.gpus > 1 else None
+        several devices and is not sharded (FSDP2 reduce-scatters the gradients itself)."""
+        return self.groups.average_gradients if self.me.gpus > 1 and self.layout is None else None
+
+    def peak_memory(self) -> int:
+        """The largest peak memory of the node's device processes since the round began."""
+        return self.groups.node_max(peak_memory_bytes(self.device))
 
     def inner_steps(self, clock: RoundClock, grad_sync, bar, after_step=None) -> torch.Tensor:
         """The round's H_i inner steps; returns the node's loss (mean over its devices) summed
@@ -208,12 +235,17 @@ class Node:
         returns the bytes this node sent."""
         groups, d = self.groups, self.spec.diloco
         sent = 0
-        if groups.is_leader:
+        if self.layout is not None:  # every process its own shard (real/sharding.py)
+            self.outer.params = self.layout.local_tensors()
             delta = self.outer.pseudo_gradient(self.coef)
-            average, sent = run_collective(self.cross.average, delta, self.divisor)
-            if average is not self.outer.delta:
-                self.outer.delta.copy_(average)
-        groups.broadcast_in_node(self.outer.delta)
+            sent = run_collective(sharded_average, self.layout, delta, self.cross, self.divisor, self.outer_device)
+        else:
+            if groups.is_leader:
+                delta = self.outer.pseudo_gradient(self.coef)
+                average, sent = run_collective(self.cross.average, delta, self.divisor)
+                if average is not self.outer.delta:
+                    self.outer.delta.copy_(average)
+            groups.broadcast_in_node(self.outer.delta)
         self.outer.outer_step(self.outer.delta, d.outer_lr, d.outer_momentum)
         self.outer.load_into_model()
         groups.sync_device()
@@ -257,7 +289,7 @@ class Node:
         return trace_row(self.plan.strategy, self.me, r, compute_s=compute_s, idle_s=idle_s, comm_s=comm_s,
                          start_s=self.time_offset_s + start - t0, end_s=self.time_offset_s + end - t0,
                          loss=float(loss_sum.item()) / self.me.local_steps, tokens=self.tokens_per_round,
-                         overruns=self.clock.overruns, bytes_sent=bytes_sent)
+                         overruns=self.clock.overruns, bytes_sent=bytes_sent, peak_mem_bytes=self.peak_memory())
 
     # --- the run -------------------------------------------------------------------------
     def warm_up(self) -> None:
@@ -284,11 +316,14 @@ class Node:
             for r in range(self.rounds_done, last):
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1
-                if self.groups.is_leader:
+                ckpt_start = time.perf_counter()
+                # A sharded node's processes all take part in gathering its checkpoint.
+                state = (checkpoint.node_state(self) if self.opts.checkpoint and (self.is_leader or self.layout)
+                         else None)
+                if self.is_leader:
                     self.trace.append(row)
-                    if self.opts.checkpoint:
-                        ckpt_start = time.perf_counter()
-                        checkpoint.save_node(self.opts.out_dir, self.index, checkpoint.node_state(self))
+                    if state is not None:
+                        checkpoint.save_node(self.opts.out_dir, self.index, state)
                         row["ckpt_s"] = time.perf_counter() - ckpt_start
                 if bar is not None:
                     bar.set_postfix(round=r, loss=f"{row['loss']:.3f}")
@@ -312,21 +347,25 @@ class Node:
                     desc=f"DiLoCo ({self.me.node})", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def finish(self) -> None:
-        """Gather the leaders' rows to rank 0, which writes trace.csv (and fragments.csv when
+        """Gather the leaders' rows to rank 0, which writes trace.csv (and syncs.csv when
         streaming) and the model's final weights."""
         if self.streaming is not None:
             self.streaming.close()
-        rows = gather_rows(self.groups, self.plan, self.trace, NUMERIC_COLUMNS, INT_COLUMNS)
-        fragments = (gather_rows(self.groups, self.plan, self.streaming.rows, FRAGMENT_NUMERIC,
-                                 ("round", "fragment", "prepare_step", "sync_step", "bytes_sent"))
-                     if self.streaming is not None else None)
-        if rows is not None:
-            order = [node.node for node in self.plan.nodes]
-            if fragments is not None:
-                write_fragments(fragments, order, os.path.join(self.opts.out_dir, "fragments.csv"))
-            frame = write_trace(rows, order, os.path.join(self.opts.out_dir, "trace.csv"))
+        weights = None
+        if self.index == 0:  # node 0's processes all take part when its weights are sharded
+            weights = (self.layout.full_weights(self.model) if self.layout is not None else
+                       {name: p.detach().cpu() for name, p in self.model.named_parameters()})
+        n = len(self.plan.nodes)
+        tables = gather_tables(self.groups, n, self.trace, NUMERIC_COLUMNS)
+        sync_tables = (gather_tables(self.groups, n, self.streaming.rows, SYNC_NUMERIC)
+                       if self.streaming is not None else None)
+        if tables is not None:  # rank 0
+            if sync_tables is not None:
+                write_syncs(self.plan, sync_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
+            frame = write_trace(trace_rows(self.plan, tables), [node.node for node in self.plan.nodes],
+                                os.path.join(self.opts.out_dir, "trace.csv"))
             tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
-            torch.save({name: p.detach().cpu() for name, p in self.model.named_parameters()}, tmp)
+            torch.save(weights, tmp)
             os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
             if self.opts.summary:
                 print(summary(frame), flush=True)

@@ -33,6 +33,9 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum()}
     table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
     table["tokens"] = table["tokens"].astype("int64")
+    layout = plan_frame["sharding"] + plan_frame["activation_checkpointing"].map({"none": "", "full": "+recompute"})
+    if (layout != "none").any():  # how each node holds its batch (simulator/memory.py), where any is sharded
+        table.insert(1, "memory", list(layout) + [""])
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
@@ -51,7 +54,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
         parser.add_argument("--engine", default="simpy", help=f"one of {', '.join(ENGINES)} (default simpy)")
         parser.add_argument("--full-trace", action="store_true",
                             help=f"trace.json with every round (default: the first rounds, up to "
-                                 f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds, which ui.perfetto.dev opens quickly)")
+                                 f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds: a file a trace viewer opens comfortably)")
     return parser
 
 
@@ -70,10 +73,10 @@ def _run(argv: list[str], plan_only: bool) -> int:
         strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
         if engine is not None and engine not in ENGINES:
             raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
-        results = _results(scenario, args.scenario, strategies, engine)
+        results, sync_frames = _results(scenario, args.scenario, strategies, engine)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
-        files, trace_kept = _output_files(scenario, results, plan_only, getattr(args, "full_trace", False))
+        files, trace_kept = _output_files(scenario, results, sync_frames, getattr(args, "full_trace", False))
         try:
             stale = write_output_set(out, files)
         except OutputError as exc:
@@ -88,7 +91,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
 
         rounds = max(int(t["round"].max()) for _, t, _ in results) + 1
         print(f"trace.json holds rounds 0-{trace_kept - 1} of {rounds} (the first "
-              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, so that ui.perfetto.dev opens it quickly); "
+              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, a file a trace viewer opens comfortably); "
               "--full-trace writes every round")
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
         from simulator.report import answer
@@ -96,40 +99,45 @@ def _run(argv: list[str], plan_only: bool) -> int:
     return 0
 
 
-def _results(scenario, source: str, strategies: list[str], engine: str | None) -> list[tuple]:
-    """(plan, timeline, summary) per strategy; timeline and summary None when only planning."""
-    from simulator.engine import simulate, summary
+def _results(scenario, source: str, strategies: list[str], engine: str | None) -> tuple[list[tuple], list]:
+    """(plan, timeline, summary) per strategy, timeline and summary None when only planning; and
+    the simulated fragment syncs per strategy (syncs.csv)."""
+    from simulator.engine import simulate_syncs, summary
     from simulator.strategies import make_plan
 
     try:
         plans = [make_plan(scenario, s) for s in strategies]
     except FieldError as exc:
         raise InputError(f"{source}: {exc.key}: {exc.expected}") from None
-    results = []
+    results, sync_frames = [], []
     for plan in plans:
         if engine is None:
             results.append((plan, None, None))
         else:
-            timeline = simulate(scenario, plan, engine)
+            timeline, syncs = simulate_syncs(scenario, plan, engine)
             results.append((plan, timeline, summary(timeline, plan)))
-    return results
+            sync_frames.append(syncs)
+    return results, sync_frames
 
 
-def _output_files(scenario, results: list[tuple], plan_only: bool, full_trace: bool) -> tuple[dict, int | None]:
-    """The output set (plan.csv; for a simulation timeline.csv, summary.csv and trace.json;
-    scenario.toml, resolved, always) and the rounds trace.json holds when it was capped (else None)."""
+def _output_files(scenario, results: list[tuple], sync_frames: list, full_trace: bool) -> tuple[dict, int | None]:
+    """The output set (plan.csv; for a simulation timeline.csv, summary.csv, syncs.csv and
+    trace.json; scenario.toml, resolved, always) and the rounds trace.json holds when it was
+    capped (else None)."""
     from simulator.outputs import csv_bytes
     from simulator.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
 
     plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
     files = {"plan.csv": csv_bytes(plan_frame)}
     trace_kept = None
-    if not plan_only:
+    if sync_frames:  # a simulation
         timeline = pd.concat([t for _, t, _ in results], ignore_index=True)
         files["timeline.csv"] = csv_bytes(timeline)
         files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
+        syncs = pd.concat(sync_frames, ignore_index=True)
+        files["syncs.csv"] = csv_bytes(syncs)
         trace, trace_kept = simulation_trace_text(timeline, plan_frame,  # opens in ui.perfetto.dev
-                                                  None if full_trace else TRACE_MAX_NODE_ROUNDS)
+                                                  None if full_trace else TRACE_MAX_NODE_ROUNDS, syncs)
         files["trace.json"] = trace.encode()
     files["scenario.toml"] = scenario.to_toml().encode()
     return files, trace_kept
@@ -140,7 +148,9 @@ def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
     for plan, timeline, summ in results:
         frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
-              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
+              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
+              + (f"fragment, {plan.fragments} a round, all-reduces overlapping {plan.sync_delay_steps} inner steps"
+                 if plan.streaming else "round")
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(frame.drop(columns=["strategy"]).to_string(index=False))

@@ -63,7 +63,7 @@ def parser():
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
     p.add_argument("--no-figures", action="store_true", help="write sweep.csv only")
-    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--out", help="output directory (a sweep: required; --table: default out/<scenario name>/table)")
     return p
 
 
@@ -202,7 +202,7 @@ def _run_chunks(args, spec, strategies, out: Path):
     import pandas as pd
     from tqdm import tqdm
 
-    from simulator.sweep import node_kinds, scenario_grid
+    from simulator.sweep import describe_grid, node_kinds, scenario_grid
 
     kinds = node_kinds(spec)
     grid_kinds, grid_bw = scenario_grid(spec, len(kinds))
@@ -217,8 +217,7 @@ def _run_chunks(args, spec, strategies, out: Path):
             done += size
             continue
         jobs.append((index, first, grid_kinds[first:first + chunk], grid_bw[first:first + chunk], str(path)))
-    print(f"{len(grid_kinds)} scenarios ({len(kinds)} node kinds, {len(spec.bandwidths_gbps)} bandwidths) "
-          f"x {len(strategies)} strategies; {done} already done", file=sys.stderr)
+    print(f"{describe_grid(spec, len(kinds))}; x {len(strategies)} strategies; {done} already done", file=sys.stderr)
     with tqdm(total=len(grid_kinds), initial=done, unit="scenario", desc="geodt sweep") as bar:
         if jobs and args.workers > 1 and len(jobs) > 1:
             with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _quiet_worker) as pool:
@@ -262,10 +261,13 @@ def _finish(args, frame, csv_data: bytes, base, out: Path, write: bool) -> int:
         if name.endswith(".png"):
             print(f"wrote {out / name}", file=sys.stderr)
     print(f"{'wrote' if write else 'kept'} {out}/sweep.csv ({len(frame)} rows)")
+    from simulator.sweep_summary import findings_text
+
+    print("\n" + findings_text(frame))
     return 0
 
 
-def _table(args, strategies, out: Path) -> int:
+def _table(args, strategies, out: Path | None) -> int:
     import pandas as pd
 
     from formats.errors import FieldError, InputError
@@ -275,7 +277,10 @@ def _table(args, strategies, out: Path) -> int:
     from simulator.strategies import make_plan
     from simulator.sweep_table import format_markdown, table_frame
 
+    from simulator.cli import default_out
+
     scenario = load_scenario(args.table, args.overrides)
+    out = out or default_out(scenario.name, "table")
     try:
         plans = [make_plan(scenario, s) for s in ["baseline", *[s for s in strategies if s != "baseline"]]]
     except FieldError as exc:
@@ -309,8 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in strategies:
             if name not in STRATEGIES:
                 raise InputError(f"--strategy {name}: unknown strategy; expected one of {', '.join(STRATEGIES)}")
-        out = Path(args.out)
-        return _table(args, strategies, out) if args.table else _sweep(args, strategies, out)
+        if args.table:
+            return _table(args, strategies, Path(args.out) if args.out else None)
+        if not args.out:  # a sweep resumes from its directory: the user names it
+            raise InputError("--out: expected an output directory for the sweep (it resumes from there)")
+        return _sweep(args, strategies, Path(args.out))
     except InputError as exc:
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 2

@@ -73,7 +73,7 @@ def idle_left_figure(frame: pd.DataFrame, path: Path) -> Path:
     return out
 
 
-def _winners(frame: pd.DataFrame, column: str, best: str) -> pd.DataFrame:
+def winners(frame: pd.DataFrame, column: str, best: str) -> pd.DataFrame:
     """One row per scenario: its winner by `column` (ties: the first strategy in the table's order)."""
     order = {s: i for i, s in enumerate(dict.fromkeys(frame["strategy"]))}
     ranked = frame.assign(_o=frame["strategy"].map(order))
@@ -92,56 +92,56 @@ def winners_figure(frame: pd.DataFrame, path: Path) -> Path:
     frame = frame.assign(hetero=pd.cut(frame["speed_ratio"], HETERO_BINS, labels=HETERO_LABELS, right=False))
     rows = [("tokens_per_s", "max", "most tokens/s"),
             ("idle_s_equal_tokens", "min", "least idle at equal tokens (ties: first listed; alike nodes all tie at 0)")]
-    wins = {(r, bw): _winners(frame[frame["bandwidth_gbps"] == bw], col, best)
+    wins = {(r, bw): winners(frame[frame["bandwidth_gbps"] == bw], col, best)
             for r, (col, best, _) in enumerate(rows) for bw in bws}
     shown = [[s for s in strategies if any((wins[(r, bw)]["strategy"] == s).any() for bw in bws)]
              for r in range(len(rows))]
     heights = [max(2, len(names)) for names in shown]
-    fig, axes = plt.subplots(len(rows), len(bws), figsize=(4.6 * len(bws), 1.0 + 0.55 * sum(heights)),
-                             squeeze=False, gridspec_kw={"height_ratios": heights})
+    # One subfigure per criterion, laid out by matplotlib (constrained): its heading above the
+    # panels and the strategies that never win under it below them, each in space of its own,
+    # whatever the number of bandwidths (hand-placed text used to overlap with two of them).
+    fig = plt.figure(figsize=(4.6 * len(bws), 1.6 + 0.55 * sum(heights)), layout="constrained")
+    subfigs = fig.subfigures(len(rows), 1, height_ratios=[h + 1.2 for h in heights], hspace=0.04)
     cmap = plt.get_cmap("Blues")
     for r, (column, best, title) in enumerate(rows):
         names = shown[r]
+        axes = subfigs[r].subplots(1, len(bws), squeeze=False)[0]
         for c, bw in enumerate(bws):
-            ax = axes[r, c]
-            win = wins[(r, bw)]
-            counts = pd.crosstab(win["strategy"], win["hetero"]).reindex(
-                index=names, columns=HETERO_LABELS).fillna(0).astype(int)
-            totals = win["hetero"].value_counts().reindex(HETERO_LABELS).fillna(0).astype(int)
-            share = counts / totals.replace(0, np.nan).to_numpy()[None, :] * 100
-            ax.imshow(share.fillna(0).to_numpy(), cmap=cmap, vmin=0, vmax=100, aspect="auto")
-            for y, name in enumerate(names):
-                for x, label in enumerate(HETERO_LABELS):
-                    n, pct = counts.loc[name, label], share.loc[name, label]
-                    if n:
-                        ax.text(x, y, f"{pct:.0f}%\n({n})" if pct >= 1 else f"<1%\n({n})", ha="center",
-                                va="center", fontsize=7.5, color="white" if pct > 60 else "black")
-            ax.set_xticks(range(len(HETERO_LABELS)), [f"{lab}\nn={n}" for lab, n in zip(HETERO_LABELS, totals)],
-                          fontsize=8)
-            ax.set_yticks(range(len(names)), names if c == 0 else [""] * len(names), fontsize=8.5)
-            ax.set_xticks(np.arange(len(HETERO_LABELS) + 1) - 0.5, minor=True)
-            ax.set_yticks(np.arange(len(names) + 1) - 0.5, minor=True)
-            ax.grid(which="minor", color="white", lw=1.5)
-            ax.tick_params(which="minor", length=0)
-            for side in ax.spines.values():
-                side.set_visible(False)
-            ax.set_title(f"{bw:g} Gbit/s", fontsize=9, loc="left")
-            if c == 0:  # the criterion heads its row, on a line of its own above the panels' titles
-                ax.annotate(title, (0.0, 1.0), xycoords="axes fraction", xytext=(0, 20), textcoords="offset points",
-                            ha="left", fontsize=10, fontweight="bold").set_in_layout(False)
+            _winners_panel(axes[c], wins[(r, bw)], names, cmap, first=c == 0)
+            axes[c].set_title(f"{bw:g} Gbit/s", fontsize=9, loc="left")
             if r == len(rows) - 1:
-                ax.set_xlabel("slowest / fastest node step time (baseline batch)", fontsize=8)
+                axes[c].set_xlabel("slowest / fastest node step time (baseline batch)", fontsize=8)
+        subfigs[r].suptitle(title, x=0.01, ha="left", fontsize=10, fontweight="bold")
         never = [s for s in strategies if s not in names]
         if never:
-            axes[r, -1].annotate("never wins: " + ", ".join(never), (1.0, 1.0), xycoords="axes fraction",
-                                 xytext=(0, 20), textcoords="offset points", ha="right", fontsize=8,
-                                 color="grey").set_in_layout(False)
+            subfigs[r].supxlabel("never wins: " + ", ".join(never), x=0.99, ha="right", fontsize=8, color="grey")
     fig.suptitle("Which strategy wins: % of the scenarios in each heterogeneity bin (count in brackets)", fontsize=11)
-    fig.tight_layout(h_pad=3.0)
-    fig.subplots_adjust(top=fig.subplotpars.top - 0.03)
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def _winners_panel(ax, win: pd.DataFrame, names: list[str], cmap, first: bool) -> None:
+    """One criterion at one bandwidth: per strategy (rows) and heterogeneity bin, the % of scenarios won."""
+    counts = pd.crosstab(win["strategy"], win["hetero"]).reindex(
+        index=names, columns=HETERO_LABELS).fillna(0).astype(int)
+    totals = win["hetero"].value_counts().reindex(HETERO_LABELS).fillna(0).astype(int)
+    share = counts / totals.replace(0, np.nan).to_numpy()[None, :] * 100
+    ax.imshow(share.fillna(0).to_numpy(), cmap=cmap, vmin=0, vmax=100, aspect="auto")
+    for y, name in enumerate(names):
+        for x, label in enumerate(HETERO_LABELS):
+            n, pct = counts.loc[name, label], share.loc[name, label]
+            if n:
+                ax.text(x, y, f"{pct:.0f}%\n({n})" if pct >= 1 else f"<1%\n({n})", ha="center",
+                        va="center", fontsize=7.5, color="white" if pct > 60 else "black")
+    ax.set_xticks(range(len(HETERO_LABELS)), [f"{lab}\nn={n}" for lab, n in zip(HETERO_LABELS, totals)], fontsize=8)
+    ax.set_yticks(range(len(names)), names if first else [""] * len(names), fontsize=8.5)
+    ax.set_xticks(np.arange(len(HETERO_LABELS) + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(len(names) + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", lw=1.5)
+    ax.tick_params(which="minor", length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
 
 
 def speedup_figure(frame: pd.DataFrame, path: Path) -> Path:

@@ -20,6 +20,7 @@ def timeline_metrics(plan, timeline: pd.DataFrame) -> dict:
     tokens = plan.tokens_per_round * rounds
     return {"strategy": plan.strategy, "tokens_per_round": plan.tokens_per_round, "tokens": tokens,
             "round_s": wall / rounds, "wall_s": wall, "comm_s": plan.comm_s, "idle_s": idle,
+            # the one-step bound (CSV name kept): see format_markdown and simulator.sweep
             "idle_floor_s": rounds * sum(n.step_s for n in plan.nodes),
             "utilization": compute / (compute + idle + comm), "tokens_per_s": tokens / wall, "note": plan.note}
 
@@ -38,7 +39,7 @@ def table_frame(scenario, plans, timelines) -> pd.DataFrame:
 
 def format_markdown(scenario, table: pd.DataFrame) -> str:
     """The table as Markdown, with the definitions under it."""
-    head = ("| strategy | tokens/round vs baseline | round (s) | idle (s) | idle floor (s) | idle / floor "
+    head = ("| strategy | tokens/round vs baseline | round (s) | idle (s) | one-step bound (s) | idle / bound "
             "| idle at baseline's tokens, % of baseline's | utilization | tokens/s | speed-up |")
     lines = [f"# Every strategy on `{scenario.name}` ({len(scenario.nodes)} nodes, "
              f"{scenario.network.bandwidth_gbps:g} Gbit/s, {scenario.training.rounds} rounds, SimPy engine)", "",
@@ -47,10 +48,12 @@ def format_markdown(scenario, table: pd.DataFrame) -> str:
         lines.append(f"| {r.strategy} | {r.tokens_vs_baseline:.3f} | {r.round_s:.2f} | {r.idle_s:.2f} "
                      f"| {r.idle_floor_s:.2f} | {r.idle_vs_floor:.2f} | {100 * r.idle_left:.1f}% "
                      f"| {r.utilization:.3f} | {r.tokens_per_s:,.0f} | {r.speedup:.2f}x |")
-    lines += ["", "idle: GPU idle at the sync barrier, summed over nodes and rounds (docs/DESIGN.md). idle floor: one step",
-              "time per node per round at the plan's own batches, what a perfectly balanced integer plan stays",
-              "under. Idle at baseline's tokens scales idle to the baseline's token count (strategies that change",
-              "H or b change the work per round). Round: wall time / rounds (sync-ddp: one step and its all-reduce).",
+    lines += ["", "idle: GPU idle at the sync barrier, summed over nodes and rounds (docs/DESIGN.md). one-step bound",
+              "(CSV: idle_floor_s): one inner step per node per round at the plan's own batches, a bound from above:",
+              "a plan whose nodes all finish within one of their own steps of the slowest idles less than this, so",
+              "idle / bound below 1 means balanced to the step (whole steps cannot do much better), above 1 not.",
+              "Idle at baseline's tokens scales idle to the baseline's token count (strategies that change H or b",
+              "change the work per round). Round: wall time / rounds (sync-ddp: one step and its all-reduce).",
               "", "Plans:", ""]
     lines += [f"- {r.strategy}: {r.note}" for r in table.itertuples() if r.note]
     return "\n".join(lines) + "\n"

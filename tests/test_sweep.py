@@ -9,6 +9,7 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.scenario import load_scenario
+from simulator.network import outer_step_s
 from simulator.strategies import STRATEGIES, make_plan
 from simulator.sweep import KindTables, SweepSpec, decide, metrics, node_kinds, scenario_grid
 from simulator.sweep_cli import main as sweep
@@ -39,13 +40,15 @@ def test_fast_path_plans_equal_make_plan_exactly(handful, strategy):
         assert [n.step_s for n in plan.nodes] == d["step_s"][r].tolist()  # the same floats, not close ones
         assert plan.comm_s == comm[r]
         assert (plan.rounds or scenario.training.rounds) == d["rounds"]
+        assert plan.fragments == np.broadcast_to(d["fragments"], (len(grid),))[r]
+        assert plan.sync_delay_steps == np.broadcast_to(d["delay"], (len(grid),))[r]
 
 
-@pytest.mark.parametrize("strategy", ["baseline", "C", "hybrid", "sync-ddp", "network-aware"])
+@pytest.mark.parametrize("strategy", ["baseline", "C", "hybrid", "sync-ddp", "network-aware", "streaming"])
 def test_fast_path_metrics_match_the_simulated_timeline(handful, strategy):
     kt, grid, bw = handful
     d = decide(kt, grid, bw, strategy)
-    fast = metrics(d, kt.gpus[grid], kt.base.model.seq_len)
+    fast = metrics(d, kt.gpus[grid], kt.base.model.seq_len, outer_step_s(kt.base))
     for r in range(0, len(grid), 3):
         scenario = kt.scenario(grid[r], bw[r])
         plan = make_plan(scenario, strategy)
@@ -171,3 +174,59 @@ def test_two_identical_sweeps_at_once_both_finish_with_one_result(tmp_path):
     assert sweep(_args(tmp_path / "b", "--no-figures")) == 0
     assert (out / "sweep.csv").read_bytes() == (tmp_path / "b" / "sweep.csv").read_bytes()
     assert sorted(p.name for p in out.iterdir()) == ["scenario.toml", "spec.json", "sweep.csv", "sweep.csv.sha256"]
+
+
+def test_the_one_step_bound_is_named_as_a_bound_above_idle(tmp_path):
+    """idle_floor_s (CSV name kept) is R x sum of one step per node: idle stays under it for plans balanced to
+    the step (measured-steps, hybrid), so the table must not call it a floor (it did: hybrid idle 7.33 s under a
+    "floor" of 28.29 s)."""
+    assert sweep(["--table", "paper", "--strategy", "baseline", "measured-steps", "hybrid",
+                  "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "table.csv").set_index("strategy")
+    scenario = load_scenario("paper")
+    for strategy in ("measured-steps", "hybrid"):
+        plan = make_plan(scenario, strategy)
+        rounds = scenario.training.rounds
+        assert table.loc[strategy, "idle_floor_s"] == pytest.approx(rounds * sum(n.step_s for n in plan.nodes))
+        assert table.loc[strategy, "idle_s"] < table.loc[strategy, "idle_floor_s"]  # bounded from above
+    assert table.loc["baseline", "idle_s"] > table.loc["baseline", "idle_floor_s"]  # not balanced to the step
+    text = (tmp_path / "table.md").read_text()
+    assert "floor (s)" not in text and "idle / floor" not in text
+    assert "| one-step bound (s) | idle / bound |" in text and "a bound from above" in text
+
+
+def test_sweep_says_how_samples_became_scenarios_and_prints_findings(tmp_path, capsys):
+    """--samples 50 over 2 bandwidths with 15 distinct mixes: 30 scenarios, and why."""
+    args = ["--nodes", "4", "--gpu-types", "a30,v100,t4", "--bandwidth-gbps", "0.1,1", "--samples", "50",
+            "--workers", "1", "--no-figures", "--out", str(tmp_path / "a")]
+    assert sweep(args) == 0
+    printed = capsys.readouterr()
+    assert ("30 scenarios: all 15 distinct mixes of 4 nodes over 3 node kinds (--samples 50 over 2 bandwidths asks "
+            "for up to 25 each, and there are no more), each at 2 bandwidths") in printed.err
+    frame = pd.read_csv(tmp_path / "a" / "sweep.csv")
+    won = frame.loc[frame.groupby("scenario_id")["tokens_per_s"].idxmax()]
+    lines = printed.out.splitlines()
+    assert any(line.startswith("Over 30 scenarios, per strategy") for line in lines)
+    for bw in (0.1, 1.0):
+        counts = won.loc[won["bandwidth_gbps"] == bw, "strategy"].value_counts()
+        share = f"{100 * counts.iloc[0] / counts.sum():.0f}% of {counts.sum()}"
+        assert f"at {bw:g} Gbit/s {counts.index[0]} ({share})" in printed.out
+    row = next(line for line in lines if line.startswith("measured-steps"))
+    left = frame.loc[frame["strategy"] == "measured-steps", "idle_left"].median()
+    assert f"{100 * left:.1f}%" in row
+    capsys.readouterr()
+    sampled = ["--nodes", "4", "--gpu-types", "a30,v100,t4,rtx-3090", "--samples", "50", "--workers", "1",
+               "--no-figures", "--out", str(tmp_path / "b")]
+    assert sweep(sampled) == 0
+    assert ("51 scenarios: 17 mixes of 4 nodes drawn (seed 0) from the 35 distinct ones over 4 node kinds "
+            "(--samples 50 / 3 bandwidths, rounded up), each at 3 bandwidths") in capsys.readouterr().err
+    assert len(pd.read_csv(tmp_path / "b" / "sweep.csv")) == 51 * len(STRATEGIES)
+
+
+def test_a_sweep_needs_out_and_a_table_has_a_default(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert sweep(["--nodes", "2", "--gpu-types", "a30,t4", "--samples", "3"]) == 2
+    assert capsys.readouterr().err.strip() == ("geodt sweep: --out: expected an output directory for the sweep "
+                                               "(it resumes from there)")
+    assert sweep(["--table", "paper", "--strategy", "baseline"]) == 0
+    assert (tmp_path / "out" / "paper" / "table" / "table.csv").is_file()

@@ -14,7 +14,7 @@ import pytest
 from formats.plan import load_plan
 from formats.timeline import VALIDATION_COLUMNS
 from formats.wire import bytes_sent_per_sync
-from geodt.run_cmd import run_main, validate_main, validation_table
+from geodt.run_cmd import device_kind, reproduction_warnings, run_heading, run_main, validate_main, validation_table
 
 
 def test_validation_table_sums_rounds_and_scales_measured_time():
@@ -36,8 +36,11 @@ def test_validation_table_sums_rounds_and_scales_measured_time():
     assert a["measured_round_s"] == pytest.approx(5.3)
     assert a["error_pct_of_round"] == pytest.approx(100 * 0.3 / 5.0)
     assert b["measured_idle_s"] == pytest.approx(0.1) and b["overrun_steps"] == 1
-    assert list(table.columns[:8]) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
+    assert list(table.columns[:9]) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert set(validation_table(timeline, trace, 1.0)["mode"]) == {"measured"}
+    assert set(table["network"]) == {"loopback"}
+    shaped = validation_table(timeline, trace, 1.0, network="shaped WAN (latency not emulated)")
+    assert set(shaped["network"]) == {"shaped WAN (latency not emulated)"}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -93,9 +96,59 @@ def test_validate_measures_by_default(tmp_path, capsys):
                           "--threads", "1", "--set", "training.rounds=1", "--set", "training.local_steps=2"]) == 0
     table = pd.read_csv(out / "validation.csv")
     assert set(table["mode"]) == {"measured"} and len(table) == 4
+    assert set(table["network"]) == {"loopback"} and not (out / "wan.csv").exists()
     trace = pd.read_csv(out / "trace.csv")
     assert (trace["overrun_steps"] == 0).all()  # nothing padded, nothing to overrun
-    assert "measured: largest idle error" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "measured: largest idle error" in printed.out and "warnings above" in printed.out
+    # hetero-cpu's speeds are only given: said before the run, naming the nodes
+    assert "warning: nodes fast, medium, slow, slowest: step_time_s is given" in printed.err
+
+
+def test_given_speeds_without_real_limits_are_named():
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    scenario = load_scenario("hetero-cpu")
+    plan = make_plan(scenario, "baseline")
+    warnings = reproduction_warnings(scenario, plan, emulate=False, cores=4)
+    assert len(warnings) == 1 and warnings[0].startswith("nodes fast, medium, slow, slowest: step_time_s is given")
+    assert reproduction_warnings(scenario, plan, emulate=True, cores=1) == []  # padded to the plan's times
+    limited = load_scenario("hetero-cpu", ["nodes.fast.cpu_quota=0.3", "nodes.medium.cpu_quota=0.3",
+                                           "nodes.slow.cpu_cores=[0]"])
+    warnings = reproduction_warnings(limited, make_plan(limited, "baseline"), emulate=False, cores=4)
+    assert len(warnings) == 1 and warnings[0].startswith("node slowest: step_time_s is given")
+    assert "run it at its own speed" not in warnings[0] and "runs it at its own speed" in warnings[0]
+
+
+def test_more_cpu_devices_than_cores_is_said():
+    """4 single-device CPU nodes: 4 cores' worth of processes; quotas count as their share of a core."""
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    profiled = ["nodes.fast.cpu_quota=0.5", "nodes.medium.cpu_quota=0.5", "nodes.slow.cpu_quota=0.5",
+                "nodes.slowest.cpu_quota=0.5"]
+    scenario = load_scenario("hetero-cpu", profiled)
+    plan = make_plan(scenario, "baseline")
+    assert reproduction_warnings(scenario, plan, emulate=False, cores=2) == []  # 4 x 0.5 = 2 cores
+    assert reproduction_warnings(scenario, plan, emulate=False, cores=1) == [
+        "4 CPU device processes need 2 cores and this machine offers 1: devices share cores, so the prediction "
+        "(every device its own) cannot hold; use fewer devices, or cpu_quota / cpu_cores limits that fit the machine"]
+    plain = load_scenario("hetero-cpu")
+    warnings = reproduction_warnings(plain, make_plan(plain, "baseline"), emulate=False, cores=2)
+    assert any(w.startswith("4 CPU device processes need 4 cores") for w in warnings)
+    gpus = load_scenario("paper")  # GPU nodes: no CPU processes counted
+    assert not any("CPU device" in w for w in reproduction_warnings(gpus, make_plan(gpus, "baseline"), False, 1))
+
+
+def test_labels_name_the_device_and_the_mode():
+    from simulator.scenario import load_scenario
+
+    assert device_kind(load_scenario("hetero-cpu")) == "CPU" and device_kind(load_scenario("paper")) == "GPU"
+    mixed = load_scenario("hetero-cpu", ['nodes.fast.gpus={ "a30" = 1 }'])
+    assert device_kind(mixed) == "device"
+    assert "emulated" in run_heading(True, 0.5) and "x0.5" in run_heading(True, 0.5)
+    assert "emulated" not in run_heading(False, 1.0) and "measured" in run_heading(False, 1.0)
 
 
 def test_run_executes_the_plan_rounds_of_sync_ddp(tmp_path, capfd):
@@ -110,6 +163,18 @@ def test_run_executes_the_plan_rounds_of_sync_ddp(tmp_path, capfd):
     assert sum(e["dur"] for e in slices if e["name"] == "compute") == pytest.approx(trace["compute_s"].sum() * 1e6)
     printed = capfd.readouterr().out
     assert "final_loss" in printed and "slowest" in printed  # the summary
+    assert "(measured: every time is this machine's own)" in printed
+
+
+def test_run_emulated_says_so_in_its_summary(tmp_path, capfd):
+    out = tmp_path / "r"
+    assert run_main(["hetero-cpu", "--strategy", "baseline", "--out", str(out), "--no-progress", "--threads", "1",
+                     "--emulate", "--time-scale", "0.1", "--set", "training.rounds=1",
+                     "--set", "training.local_steps=1"]) == 0
+    printed = capfd.readouterr()
+    heading = printed.out[printed.out.index("per node, summed over rounds"):]
+    assert heading.startswith("per node, summed over rounds (emulated, times x0.1:") and "final_loss" in heading
+    assert "warning" not in printed.err  # emulated: the given speeds are what it pads to
 
 
 def test_run_partitioned_int8_plan_sends_int8_bytes(tmp_path):

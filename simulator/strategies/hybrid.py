@@ -21,7 +21,8 @@ baseline's, Σ_i gpus_i × b × H) and the window K ≤ Σ_i gpus_i·b_i·H_i �
 Filling the slack with smaller batches (more steps, same samples) is deliberate: at the
 least round time the work is fixed, and spending leftover time on more, smaller steps keeps
 the GPUs busy instead of waiting. The residual idle is below one step per node per round
-(the integer floor) and usually far below, since each node may pick any fitting batch.
+(the one-step bound of `geodt sweep --table`) and usually far below, since each node may pick
+any fitting batch.
 """
 from __future__ import annotations
 

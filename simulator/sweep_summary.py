@@ -1,0 +1,42 @@
+"""What `geodt sweep` prints at the end: per strategy and bandwidth, the findings of sweep.csv.
+
+Per strategy: the median idle left (idle at the baseline's token count as a % of the baseline's
+idle, over the scenarios whose baseline idles), and per bandwidth the median speed-up (tokens/s
+over the baseline's) and the number of scenarios it wins by tokens/s (ties: the first strategy
+in the CSV's order, as in winners.png); then the winner at each bandwidth in words.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from simulator.sweep_figures import winners
+
+
+def findings_text(frame: pd.DataFrame) -> str:
+    strategies = list(dict.fromkeys(frame["strategy"]))
+    bws = sorted(frame["bandwidth_gbps"].unique())
+    won = winners(frame, "tokens_per_s", "max")
+    rows = []
+    for strategy in strategies:
+        mine = frame[frame["strategy"] == strategy]
+        left = mine["idle_left"].median()
+        row = {"strategy": strategy, "idle left": "-" if pd.isna(left) else f"{100 * left:.1f}%"}
+        for bw in bws:
+            at = mine["bandwidth_gbps"] == bw
+            row[f"speed-up {bw:g} Gbit/s"] = f"{mine.loc[at, 'speedup'].median():.2f}x"
+        for bw in bws:
+            row[f"wins {bw:g} Gbit/s"] = int(((won["strategy"] == strategy) & (won["bandwidth_gbps"] == bw)).sum())
+        rows.append(row)
+    scenarios = frame["scenario_id"].nunique()
+    width = max(len("strategy"), *map(len, strategies))
+    numbers = pd.DataFrame(rows).drop(columns="strategy").to_string(index=False).splitlines()
+    lines = [f"Over {scenarios:,} scenarios, per strategy: median idle left at the baseline's token count (% of the "
+             "baseline's idle), median speed-up in tokens/s over the baseline, scenarios won by tokens/s:"]
+    lines += [f"{name:<{width}} {line}" for name, line in zip(["strategy", *strategies], numbers)]
+    best = []
+    for bw in bws:
+        counts = won.loc[won["bandwidth_gbps"] == bw, "strategy"].value_counts()
+        best.append(f"at {bw:g} Gbit/s {counts.index[0]} ({100 * counts.iloc[0] / counts.sum():.0f}% of "
+                    f"{counts.sum():,})")
+    lines.append("Most tokens/s: " + "; ".join(best))
+    return "\n".join(lines)
