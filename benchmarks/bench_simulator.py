@@ -8,6 +8,13 @@ ratios engine / bare (goal >= 0.7) and analytic / engine (goal >= 100). Then (4)
 imports, scenario, plan, simulation, report and every output: plan, timeline and summary CSVs,
 trace.json, scenario.toml), and its time over the bare loop's (goal <= 3). Best of --repeats
 runs each, all measured in this one run.
+
+Then the same for Streaming DiLoCo (--fragments P, --delay τ): `simulate_syncs(..., "simpy")`
+(fragment-sync engine, segments, timeline and syncs DataFrames) against a bare loop of the same
+events (per node and fragment: the compute timeout, the non-blocking arrival, the τ window's
+timeout, the wait for the all-reduce's end, the outer step's timeout; per fragment one
+all-reduce timeout that triggers the end), and its ratio bare / engine (goal: the engine within
+2× of the bare loop, ratio >= 0.5).
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from simulator.engine import simulate
+from simulator.engine import outer_share_s, simulate, simulate_syncs
 from simulator.engine_simpy import Barrier
 from simulator.scenario import NodeConfig, Scenario, TrainingConfig, ModelConfig
 from simulator.strategies import make_plan
@@ -41,6 +48,35 @@ def bare_loop(compute: np.ndarray, comm_s: float) -> None:
 
     for i in range(compute.shape[1]):
         env.process(node(compute[:, i]))
+    env.run()
+
+
+def bare_streaming_loop(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, outer_s: float) -> None:
+    env = simpy.Environment()
+    n = pre.shape[1]
+    state = {"arrived": 0, "done": env.event()}
+
+    def arrive():
+        done = state["done"]
+        state["arrived"] += 1
+        if state["arrived"] == n:
+            state["arrived"], state["done"] = 0, env.event()
+            env.timeout(allreduce_s).callbacks.append(lambda _: done.succeed())
+        return done
+
+    def node(pre_i, delay_i):
+        timeout = env.timeout
+        for busy_s, window_s in zip(pre_i, delay_i):
+            yield timeout(busy_s)
+            done = arrive()
+            if window_s:
+                yield timeout(window_s)
+            if not done.triggered:
+                yield done
+            yield timeout(outer_s)
+
+    for i in range(n):
+        env.process(node(pre[:, i].tolist(), delay[:, i].tolist()))
     env.run()
 
 
@@ -70,6 +106,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--fragments", type=int, default=4)
+    parser.add_argument("--delay", type=int, default=2)
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -95,6 +133,23 @@ def main() -> None:
     print(f"analytic / engine:  {engine_s / analytic_s:.0f}x  (goal >= 100x)")
     print(f"whole geodt simulate process  {process_s:.3f} s, {written / 1e6:.1f} MB written")
     print(f"whole process / bare loop: {process_s / bare_s:.2f}   (goal <= 3)")
+
+    from dataclasses import replace
+
+    from simulator.workload import segment_matrices
+
+    streaming = replace(plan, fragments=args.fragments, sync_delay_steps=args.delay)
+    pre, delay = segment_matrices(scenario, streaming)
+    outer = outer_share_s(scenario, streaming)
+    syncs = node_rounds * args.fragments
+    stream_s = best_of(args.repeats, lambda: simulate_syncs(scenario, streaming, "simpy"))
+    bare_stream_s = best_of(args.repeats, lambda: bare_streaming_loop(np.ascontiguousarray(pre),
+                                                                      np.ascontiguousarray(delay),
+                                                                      streaming.comm_s - outer, outer))
+    print(f"streaming: {args.fragments} fragments, sync_delay_steps {args.delay}: {syncs} node-fragment syncs")
+    print(f"engine (simpy, recorded)   {syncs / stream_s:12,.0f} node-syncs/s   ({stream_s:.3f} s)")
+    print(f"bare simpy loop            {syncs / bare_stream_s:12,.0f} node-syncs/s   ({bare_stream_s:.3f} s)")
+    print(f"bare loop / engine: {bare_stream_s / stream_s:.2f}   (goal >= 0.5: the engine within 2x)")
 
 
 if __name__ == "__main__":

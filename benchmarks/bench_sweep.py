@@ -17,6 +17,7 @@ from pathlib import Path
 
 def main() -> None:
     from calibrate.catalog import gpu_keys
+    from simulator.strategies import STRATEGIES
     from simulator.sweep_cli import main as sweep
 
     parser = argparse.ArgumentParser(description=__doc__)
@@ -36,7 +37,7 @@ def main() -> None:
             elapsed = time.perf_counter() - start
             outputs.append((out / "sweep.csv").read_bytes())
             rows = outputs[-1].count(b"\n") - 1
-            print(f"run {run}: {rows} rows ({rows // 10} scenarios x 10 strategies, figures included) "
+            print(f"run {run}: {rows} rows ({rows // len(STRATEGIES)} scenarios x {len(STRATEGIES)} strategies, figures included) "
                   f"in {elapsed:.1f} s on {args.workers} workers ({os.cpu_count()} cores)")
     print(f"identical sweep.csv for the same seed: {outputs[0] == outputs[1]}")
 

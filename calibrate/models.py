@@ -17,6 +17,7 @@ def llama_config(arch: ModelArch, seq_len: int):
         num_key_value_heads=arch.num_kv_heads,
         max_position_embeddings=max(seq_len, 128),
         tie_word_embeddings=arch.tie_embeddings,
+        rope_theta=arch.rope_theta,
         use_cache=False,
     )
 

@@ -34,6 +34,7 @@ class ModelArch:
     ffn_size: int
     vocab_size: int
     tie_embeddings: bool = False
+    rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_size", "vocab_size"):
@@ -72,7 +73,18 @@ PRESETS: dict[str, ModelArch] = {
     # OpenDiLoCo's 150M model (the paper's): about 215M parameters with untied embeddings.
     "llama-150m": ModelArch("llama-150m", 1024, 12, 16, 16, 2688, 32000),
     "llama-60m": ModelArch("llama-60m", 1024, 3, 16, 16, 2688, 32000),
+    # OpenDiLoCo's 1B (TinyLlama's architecture, GQA with 4 KV heads).
     "llama-1b": ModelArch("llama-1b", 2048, 22, 32, 4, 5632, 32000),
+    # Meta's Llama 3.2 / 3.1 configs (Hugging Face config.json of meta-llama/Llama-3.2-1B, -3B,
+    # Llama-3.1-8B): GQA with 8 KV heads, vocabulary 128,256, rope_theta 500,000 (their "llama3"
+    # rope scaling, which changes no size or FLOP count, is not reproduced); 3.2 ties embeddings.
+    "llama-3.2-1b": ModelArch("llama-3.2-1b", 2048, 16, 32, 8, 8192, 128256, tie_embeddings=True, rope_theta=500000.0),
+    "llama-3.2-3b": ModelArch("llama-3.2-3b", 3072, 28, 24, 8, 8192, 128256, tie_embeddings=True, rope_theta=500000.0),
+    "llama-3.1-8b": ModelArch("llama-3.1-8b", 4096, 32, 32, 8, 14336, 128256, rope_theta=500000.0),
+    # INTELLECT-1 (Prime Intellect, DiLoCo across continents): 42 layers, hidden 4096, 32 heads,
+    # vocabulary 128,256 (its model card); 8 KV heads and FFN 14,336 (prime's llama3 "10B" config:
+    # ffn_dim_multiplier 1.3, multiple_of 1024), untied, rope_theta 500,000. About 10.2B parameters.
+    "intellect-1": ModelArch("intellect-1", 4096, 42, 32, 8, 14336, 128256, rope_theta=500000.0),
     # Small enough to train on a laptop CPU in seconds.
     "tiny": ModelArch("tiny", 64, 2, 2, 2, 256, 1024),
 }
@@ -110,7 +122,16 @@ def load_arch(preset_or_path: str, base_dir: Path | None = None) -> ModelArch:
         ffn_size=_size(cfg, "intermediate_size", path),
         vocab_size=_size(cfg, "vocab_size", path),
         tie_embeddings=tie,
+        rope_theta=_rope_theta(cfg, path),
     )
+
+
+def _rope_theta(cfg: dict, path: Path) -> float:
+    """config.json's rope_theta (transformers' default 10000 when absent), a positive number."""
+    value = cfg.get("rope_theta", 10000.0)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1e12:
+        raise PresetError(f"{short(path)}: key 'rope_theta': expected a positive number, got {value!r}")
+    return float(value)
 
 
 def _no_constant(name: str):

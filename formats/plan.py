@@ -27,17 +27,35 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     sharding          none | zero1 | zero2 | fsdp: how the node's G devices divide the training
                       state (none: every device a whole replica, DDP; zero1: AdamW moments /G;
                       zero2: + gradients /G; fsdp: + parameters /G, FSDP2 `fully_shard` per
-                      layer); never "auto" (the planner writes what it chose)
+                      layer); never "auto" (the planner writes what it chose). The executor
+                      runs zero1 as zero2 (real/sharding.py says why)
     activation_checkpointing  none | full: full = every decoder layer recomputed in backward
                       (only the layer inputs kept)
     outer_state       cpu | device: where each device process keeps its DiLoCo global weights
                       and outer momentum (its 1/G shard of them when sharded; same on every row)
+    fragments         P, Streaming DiLoCo's fragments (1 = classic DiLoCo; same on every row)
+    sync_delay_steps  τ, inner steps a fragment's all-reduce overlaps (0 = blocking; same on every row)
+    fragment_alpha    α, the merge θ = (1 − α)·θ_global + α·θ_local (same on every row)
+    fragment_pattern  sequential | strided: how layers are grouped into fragments (same on every row)
 
 The first eight columns are required; for the others a missing column or an empty cell means
 the scenario's value (rounds; [network] collective and payload_dtype, else ring and fp32),
 equal links, no CPU limits, sharding none, activation_checkpointing none, outer_state cpu
-(the scenario's [diloco] outer_state). `geodt run`
-and `geodt plan` write every column.
+(the scenario's [diloco] outer_state), and classic DiLoCo (fragments 1, sync_delay_steps 0,
+fragment_alpha 0.0, fragment_pattern sequential). `geodt run` and `geodt plan` write every column.
+
+Streaming DiLoCo (arXiv 2501.18512; torchft.local_sgd.DiLoCo, whose semantics these are;
+real/streaming.py runs it): the model's layers form P fragments (`sequential`: consecutive
+layers; `strided`: layer l in fragment l mod P) and each round syncs them one after the other,
+fragment p (0-based) at its merge point, the end of inner step m_p = ⌊H_i·(p + 1) / P⌋ of the
+round (`merge_steps`; torchft's H/P, 2H/P, ... when P divides H). The fragment's pseudo-gradient
+is taken and its all-reduce started τ steps earlier, after step m_p − τ, and runs while those τ
+steps compute; at the merge point the node waits for it, applies the outer step to the fragment
+and merges θ = (1 − α)·θ_global + α·θ_local (torch's lerp, as torchft's `fragment_update_alpha`,
+whose default 0 keeps the global weights: the τ steps' local progress on the fragment is
+dropped). Valid: 1 ≤ P ≤ H_i and 0 ≤ τ < ⌊H_i / P⌋ on every node (a fragment's all-reduce is
+merged before the next one starts, as torchft requires), 0 ≤ α ≤ 1; P = 1 and τ = 0 is classic
+DiLoCo; sync = gradients only with P = 1 and τ = 0. comm_s is then one fragment's sync.
 """
 from __future__ import annotations
 
@@ -52,8 +70,11 @@ from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
                     "comm_s")
 OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota",
-                    "sharding", "activation_checkpointing", "outer_state")
+                    "sharding", "activation_checkpointing", "outer_state", "fragments", "sync_delay_steps",
+                    "fragment_alpha", "fragment_pattern")
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+STREAMING_COLUMNS = ("fragments", "sync_delay_steps", "fragment_alpha", "fragment_pattern")
+FRAGMENT_PATTERNS = ("sequential", "strided")
 SYNC_MODES = ("diloco", "gradients")
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")  # least to most sharded
 CHECKPOINTING = ("none", "full")
@@ -145,6 +166,11 @@ class Plan:
     payload_dtype: str | None = None
     sync: str | None = None  # None = "diloco"; sync-ddp sets "gradients"
     outer_state: str | None = None  # None = the scenario's [diloco] outer_state, else "cpu"
+    # Streaming DiLoCo (module docstring); the defaults are classic DiLoCo.
+    fragments: int = 1
+    sync_delay_steps: int = 0
+    fragment_alpha: float = 0.0
+    fragment_pattern: str = "sequential"
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -166,6 +192,31 @@ class Plan:
         if self.sync is not None and self.sync not in SYNC_MODES:
             raise PlanError("sync", f"expected one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
         _choice("outer_state", self.outer_state, OUTER_STATES)
+        self._check_fragments()
+
+    def _check_fragments(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # frozen: normalise numpy scalars
+        set_("fragments", _int("fragments", self.fragments))
+        set_("sync_delay_steps", _int("sync_delay_steps", self.sync_delay_steps, minimum=0))
+        alpha = self.fragment_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real) or not 0 <= alpha <= 1:
+            raise PlanError("fragment_alpha", f"expected a number in [0, 1], got {alpha!r}")
+        set_("fragment_alpha", float(alpha))
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+            raise PlanError("fragment_pattern",
+                            f"expected one of {', '.join(FRAGMENT_PATTERNS)}, got {self.fragment_pattern!r}")
+        if self.sync == "gradients" and self.streaming:
+            raise PlanError("fragments", f"sync = gradients syncs every step; expected fragments 1 and "
+                            f"sync_delay_steps 0, got {self.fragments} and {self.sync_delay_steps}")
+        problem = fragment_problem([n.local_steps for n in self.nodes], self.fragments, self.sync_delay_steps)
+        if problem is not None:
+            key, i, expected = problem
+            raise PlanError(key, f"node {self.nodes[i].node} (local_steps {self.nodes[i].local_steps}): {expected}")
+
+    @property
+    def streaming(self) -> bool:
+        """Whether syncs overlap compute or split the model: anything but classic DiLoCo."""
+        return self.fragments > 1 or self.sync_delay_steps > 0
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -176,8 +227,10 @@ class Plan:
 
     @property
     def round_s(self) -> float:
-        """Deterministic round time: the slowest node's compute plus the sync."""
-        return max(n.compute_s for n in self.nodes) + self.comm_s
+        """Deterministic round time with nothing overlapped: the slowest node's compute plus its
+        syncs (P fragment syncs of comm_s each). Exact for classic DiLoCo; the engines give the
+        streaming round, in which the all-reduces overlap compute."""
+        return max(n.compute_s for n in self.nodes) + self.fragments * self.comm_s
 
     @property
     def world_size(self) -> int:
@@ -228,7 +281,9 @@ class Plan:
                  "cpu_cores": "" if n.cpu_cores is None else " ".join(map(str, n.cpu_cores)),
                  "cpu_quota": blank(n.cpu_quota), "sharding": blank(n.sharding),
                  "activation_checkpointing": blank(n.activation_checkpointing),
-                 "outer_state": blank(self.outer_state)} for n in self.nodes]
+                 "outer_state": blank(self.outer_state), "fragments": self.fragments,
+                 "sync_delay_steps": self.sync_delay_steps, "fragment_alpha": self.fragment_alpha,
+                 "fragment_pattern": self.fragment_pattern} for n in self.nodes]
 
     def to_frame(self, scenario=None):
         """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
@@ -239,6 +294,25 @@ class Plan:
 
 
 # --- plan.csv ---------------------------------------------------------------------------
+
+def merge_steps(local_steps: int, fragments: int) -> list[int]:
+    """Per fragment p, the inner step of a round after which it merges: ⌊H·(p + 1) / P⌋ (module docstring)."""
+    return [local_steps * (p + 1) // fragments for p in range(fragments)]
+
+
+def fragment_problem(local_steps: list[int], fragments: int, delay_steps: int) -> tuple[str, int, str] | None:
+    """(key, node index, what was expected) for the first node whose H_i cannot hold the schedule; else None.
+
+    Every fragment needs at least one step of a round (P ≤ H_i), and a fragment's all-reduce must
+    start after the previous fragment merged (τ < ⌊H_i / P⌋, torchft's rule)."""
+    for i, steps in enumerate(local_steps):
+        if fragments > steps:
+            return "fragments", i, f"expected at most local_steps fragments, got {fragments}"
+        if delay_steps >= steps // fragments:
+            return ("sync_delay_steps", i, f"expected sync_delay_steps < local_steps // fragments = "
+                    f"{steps // fragments}, got {delay_steps}")
+    return None
+
 
 def _number(text: str, kind):
     try:
@@ -279,10 +353,12 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
     if not rows:
         raise PlanError(f"{path}: node", "expected at least one node row")
     kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float, "tokens_per_round": int,
-             "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float}
-    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync", "outer_state")
+             "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float, "fragments": int,
+             "sync_delay_steps": int, "fragment_alpha": float}
+    shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync", "outer_state",
+                      *STREAMING_COLUMNS)
     words = ("strategy", "node", "collective", "payload_dtype", "sync", "sharding", "activation_checkpointing",
-             "outer_state")
+             "outer_state", "fragment_pattern")
     nodes, shared, seq_lens = [], {k: set() for k in shared_columns}, set()
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         values = {}
@@ -323,8 +399,9 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
     try:
         one = {column: _same(path, column, values) for column, values in shared.items()}
         seq_len = _same(path, "tokens_per_round", seq_lens)
+        streaming = {k: one[k] for k in STREAMING_COLUMNS if one[k] is not None}  # empty: classic DiLoCo
         return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
                     rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
-                    sync=one["sync"], outer_state=one["outer_state"])
+                    sync=one["sync"], outer_state=one["outer_state"], **streaming)
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.key}", exc.expected) from None

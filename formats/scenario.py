@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from formats.config import require_choice, require_positive
 from formats.errors import FieldError
 from formats.limits import limit
+from formats.plan import FRAGMENT_PATTERNS, OUTER_STATES
 from formats.wire import AVERAGING_MODES, MODEL_DTYPES
-from formats.plan import OUTER_STATES
 
 
 @dataclass(frozen=True)
@@ -51,10 +51,23 @@ class DilocoConfig:
     betas: tuple[float, ...] = (0.9, 0.95)
     cosine_min_lr_ratio: float = 0.1
     outer_state: str = "cpu"  # where the global copy and outer momentum live (OpenDiLoCo: CPU)
+    # Streaming DiLoCo (formats/plan.py's docstring): P fragments synced in turn, each all-reduce
+    # overlapping τ inner steps, merged with weight α on the local weights (torchft's semantics).
+    # The simulator's strategies plan with these unless they choose their own (`streaming` does);
+    # the plan carries what runs.
+    fragments: int = 1
+    sync_delay_steps: int = 0
+    fragment_alpha: float = 0.0
+    fragment_pattern: str = "sequential"
 
     def __post_init__(self) -> None:
-        require_positive(self, "inner_lr", "outer_lr")
+        require_positive(self, "inner_lr", "outer_lr", "fragments")
         require_choice(self, "outer_state", OUTER_STATES)
+        if self.sync_delay_steps < 0:
+            raise FieldError("sync_delay_steps", f"expected an integer >= 0, got {self.sync_delay_steps!r}")
+        if not 0 <= self.fragment_alpha <= 1:
+            raise FieldError("fragment_alpha", f"expected a number in [0, 1], got {self.fragment_alpha!r}")
+        require_choice(self, "fragment_pattern", FRAGMENT_PATTERNS)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
         if not 0 <= self.cosine_min_lr_ratio <= 1:

@@ -1,4 +1,4 @@
-"""The columns of the per-round outputs: timeline.csv, summary.csv, trace.csv and validation.csv.
+"""The columns of the per-round outputs: timeline.csv, summary.csv, syncs.csv, trace.csv and validation.csv.
 
 docs/DESIGN.md, "Outputs", defines each column. The simulator writes timeline.csv and
 summary.csv, the executor trace.csv (the timeline's columns first, so a measured trace reads
@@ -9,8 +9,14 @@ from __future__ import annotations
 
 TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
 SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
+# syncs.csv (`geodt simulate`), one row per node and fragment sync: when its compute towards the sync
+# began, reached the sync point, the all-reduce's start and end (the same for every node), the merge
+# point, and the wait there split into idle (before the all-reduce started: the wait for the other
+# nodes) and exposed comm (while it ran), then the outer step (simulator/engine_analytic.py).
+SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
+                "merge_point_s", "idle_s", "exposed_s", "outer_s"]
 # trace.csv: the timeline plus what a real run measures (real/trace.py's docstring).
 TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size",
-                                    "bytes_sent"]
+                                    "bytes_sent", "peak_mem_bytes"]
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
-                      "measured_round_s", "error_pct_of_round", "mode"]
+                      "measured_round_s", "error_pct_of_round", "mode", "network"]

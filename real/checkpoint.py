@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-FORMAT = 2
+FORMAT = 3  # 3: trace rows carry peak_mem_bytes; a sharded node saves the canonical (gathered) form
 
 
 def node_path(out_dir: str | Path, index: int) -> Path:

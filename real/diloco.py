@@ -54,11 +54,13 @@ def averaging_weights(mode: str, tokens: Sequence[float], local_steps: Sequence[
 class OuterState:
     """Global weights θ_g (flat), the outer momentum buffer, and the pseudo-gradient buffer."""
 
-    def __init__(self, params: Sequence[torch.Tensor]):
+    def __init__(self, params: Sequence[torch.Tensor], device: torch.device | None = None):
+        """`params`: the model's weights (or a sharded node's local shards, real/sharding.py);
+        `device`: where the state lives (default: the weights' device)."""
         self.params = list(params)
         self.sizes = [p.numel() for p in self.params]
         with torch.no_grad():
-            self.global_flat = torch.cat([p.detach().reshape(-1).float() for p in self.params])
+            self.global_flat = torch.cat([p.detach().reshape(-1).float() for p in self.params]).to(device)
         self.momentum = torch.zeros_like(self.global_flat)
         self.delta = torch.empty_like(self.global_flat)
 

@@ -18,6 +18,12 @@ numbers ranks cumulatively over the machines, which is the plan's order. WORLD_S
 Σ G_i. torchrun's own store binds every interface; `--local-addr`/`--rdzv-endpoint`
 choose where peers connect, and GLOO_SOCKET_IFNAME which interface gloo uses.
 
+With `--wan shaped` (opts.wan; root) each node's processes run in a network namespace of
+their own, joined by a bridge, each node's link shaped both ways to its link_gbps
+(real/wan.py). The rendezvous stays a FileStore (a file is reachable from every namespace
+and carries no training traffic); gloo binds to each node's address inside its namespace.
+The launcher builds the WAN before spawning and removes it on every way out.
+
 The rendezvous has no authentication (anyone who reaches the port can join or disrupt a
 run): use it on trusted networks. It carries no pickles: everything exchanged is tensors.
 Inputs are checked here, before any process starts, so bad input fails fast with one line.
@@ -45,6 +51,9 @@ from real.process import worker_main
 from real.streaming import StreamingSpec
 
 
+LIVENESS_GRACE_S = 6.0  # > real.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
+
+
 class LaunchError(ValueError):
     """Inputs that cannot run; str() is the one-line report."""
 
@@ -59,16 +68,16 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
         spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
-    check_runnable_layout(plan, plan_path)
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
     streaming = opts.streaming or StreamingSpec.from_plan(plan)
     try:
-        streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
+        streaming.check(plan.nodes, arch.num_layers)
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
+    check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
@@ -77,18 +86,18 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     return spec, plan
 
 
-# What this executor runs of the plan's memory layout; the rest (issue 15 item 6: FSDP2, activation
-# checkpointing) is refused rather than run as something else. (outer_state: real.diloco.OuterState keeps the
-# outer state beside the model, on the CPU for CPU devices; honouring the column is item 6's.)
-RUNNABLE_LAYOUT = {"sharding": ("none",), "activation_checkpointing": ("none",)}
-
-
-def check_runnable_layout(plan: Plan, plan_path) -> None:
+def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
+    """A sharded node (real/sharding.py) runs classic DiLoCo rounds; sync-ddp's per-step gradient
+    average and Streaming DiLoCo's fragments work on whole replicas, so those are refused."""
     for i, node in enumerate(plan.nodes, start=2):
-        for column, runnable in RUNNABLE_LAYOUT.items():
-            if getattr(node, column) not in runnable:
-                raise LaunchError(f"{plan_path}: line {i}: {column}: {getattr(node, column)} is not run by this "
-                                  f"executor yet; expected {' or '.join(runnable)}")
+        if node.sharding in (None, "none") or node.gpus == 1:
+            continue
+        if plan.sync == "gradients":
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with sync = gradients (sync-ddp) is "
+                              f"not run by this executor; expected none")
+        if streams:
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
+                              f"not run by this executor; expected none")
 
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
@@ -156,11 +165,16 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
             os.replace(tmp, dst)
 
 
-def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple) -> None:
+def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
+                 links: tuple | None = None) -> None:
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
     # children), so no child prints a traceback or a lost-peer message on the way down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec)
+    if links is not None:  # --wan shaped: into the node's namespace before any socket exists
+        from real.wan import enter
+
+        enter(links[plan.node_of_rank(rank)])
+    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links)
 
 
 def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> int:
@@ -178,6 +192,20 @@ def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: Exe
     return 0  # not reached: worker_main exits
 
 
+def check_wan(plan: Plan, plan_path, opts: ExecOptions, host: str) -> None:
+    """--wan shaped: a local run with every node's link known."""
+    if opts.wan == "loopback":
+        return
+    if under_torchrun():
+        raise LaunchError("--wan shaped: builds every node's network on this machine; not used under torchrun")
+    if not ipaddress.ip_address(resolve_host(host)).is_loopback:
+        raise LaunchError(f"--host {host}: not used with --wan shaped (processes bind inside the WAN's namespaces)")
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.link_gbps is None:
+            raise LaunchError(f"{plan_path}: line {i}: link_gbps: --wan shaped shapes each node's link to it; "
+                              f"expected a value on every row")
+
+
 def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
            announce=None) -> int:
     """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
@@ -186,6 +214,7 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     (warnings about the run go there, so that bad input stays one line)."""
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
+        check_wan(plan, plan_path, opts, host)
         if not under_torchrun():
             check_cpu_limits(plan, plan_path)
             ip = resolve_host(host)
@@ -196,7 +225,18 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     out_dir.mkdir(parents=True, exist_ok=True)
     if under_torchrun():
         return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
+    if opts.wan == "shaped":
+        from real.wan import shaped_run
 
+        return shaped_run(spec, plan, out_dir, lambda links: _run_local(plan_path, scenario_path, spec, plan, opts,
+                                                                       out_dir, ip, host, links, announce))
+    (out_dir / "wan.csv").unlink(missing_ok=True)  # a shaped run's description, not this run's
+    return _run_local(plan_path, scenario_path, spec, plan, opts, out_dir, ip, host, None, announce)
+
+
+def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip: str,
+               host: str, links: tuple | None, announce=None) -> int:
+    """Spawn every process here and wait for them (links: the shaped WAN's nodes, or None)."""
     import logging
 
     import torch.distributed as dist
@@ -237,9 +277,12 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
                 listener.detach()  # the store owns (and closes) the socket now
             else:
                 store_spec = store_spec_fn(rdzv)
-            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec), nprocs=plan.world_size,
-                                         join=False, start_method="spawn")
-            while not context.join():
+            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links),
+                                         nprocs=plan.world_size, join=False, start_method="spawn")
+            # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it
+            # stops: the others get that long to say so themselves before they are stopped.
+            grace_s = None if links is None else LIVENESS_GRACE_S
+            while not context.join(grace_period=grace_s):
                 pass
         except mp.ProcessExitedException as exc:
             name = plan.nodes[plan.node_of_rank(exc.error_index)].node

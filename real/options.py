@@ -12,6 +12,9 @@ from real.config import RunSpec
 from formats.plan import Plan
 from real.streaming import StreamingSpec
 
+WAN_MODES = ("loopback", "shaped")
+
+
 @dataclass(frozen=True)
 class ExecOptions:
     """How to execute a plan (not what to train: that is RunSpec + Plan)."""
@@ -29,6 +32,7 @@ class ExecOptions:
     progress: bool = True
     checkpoint: bool = True
     summary: bool = True           # rank 0 prints per-node totals at the end
+    wan: str = "loopback"          # loopback | shaped (real/wan.py: node namespaces, shaped links)
     # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for
     # P = 1, τ = 0, α = 0 (which must then equal the classic loop bit for bit: a test's check).
     streaming: StreamingSpec | None = None
@@ -44,6 +48,8 @@ class ExecOptions:
             raise ValueError(f"--backend: expected auto, gloo or nccl, got {self.backend!r}")
         if self.stop_after is not None and self.stop_after <= 0:
             raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
+        if self.wan not in WAN_MODES:
+            raise ValueError(f"--wan: expected {' or '.join(WAN_MODES)}, got {self.wan!r}")
         if self.threads < 0:
             raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 

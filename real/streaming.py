@@ -20,20 +20,29 @@ none at a round's end: checkpoints at round ends hold no in-flight state, only t
 own weights beside θ_g (they differ from θ_g for fragments synced earlier in the round, or
 when α > 0).
 
-Timing (leader's clock, per fragment sync; fragments.csv):
-- comm_s: the background average (cross-node collective of the plan's payload and collective,
-  the broadcast in the node), from the moment every node had started it to its end;
-- idle_s: time blocked at the sync point before every node had started the fragment's
-  average (the wait for the slowest node; a one-element all-reduce marks that moment);
-- exposed_s: the rest of the block at the sync point, comm that compute did not hide.
+Timing: syncs.csv, one row per node and fragment sync, the simulator's columns (docs/DESIGN.md)
+on the node leader's clock plus bytes_sent:
+- compute_start_s: the start of the inner steps before the sync (the round's start, or the
+  previous fragment's resume);
+- sync_point_s: the node reached the fragment's sync point (then forms its pseudo-gradient and
+  hands it to the communication thread);
+- start_s, end_s: the average itself, from the moment every node had started it (a
+  one-element all-reduce of the leaders marks it) to its end (broadcast in the node included);
+- merge_point_s: the node reached the fragment's merge point and began to wait;
+- idle_s, exposed_s: that wait, split as the simulator splits it (formats/timeline.py): idle
+  until the average started (the wait for slower nodes), exposed while it ran;
+- outer_s: the main thread's own sync work (pseudo-gradient, outer step, merge).
 The round's trace row (trace.csv) keeps docs/DESIGN.md's accounting: idle_s = Σ idle_s,
-comm_s = Σ (exposed_s + the pseudo-gradient and outer-step work on the main thread), and
-compute_s the rest of the round, hidden comm included.
+comm_s = Σ (exposed_s + outer_s), and compute_s the rest of the round, hidden comm included.
+Under --emulate each fragment's average is padded to the plan's comm_s (one fragment sync).
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import re
 import time
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from collections.abc import Sequence
@@ -41,12 +50,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from formats.plan import FRAGMENT_PATTERNS, fragment_problem, merge_steps
+from formats.timeline import SYNC_COLUMNS as SIM_SYNC_COLUMNS
 from real.diloco import OuterState
+from real.sharding import peak_memory_reset
 
-PATTERNS = ("sequential", "strided")
-FRAGMENT_COLUMNS = ["strategy", "node", "round", "fragment", "prepare_step", "sync_step", "start_s", "end_s",
-                    "comm_s", "exposed_s", "idle_s", "bytes_sent"]
-FRAGMENT_NUMERIC = FRAGMENT_COLUMNS[2:]
+SYNC_COLUMNS = SIM_SYNC_COLUMNS + ["bytes_sent"]  # what a real run adds to the simulator's
+SYNC_NUMERIC = SYNC_COLUMNS[2:]
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
@@ -67,8 +77,9 @@ class StreamingSpec:
             raise ValueError(f"sync_delay_steps: expected an integer >= 0, got {tau!r}")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
             raise ValueError(f"fragment_alpha: expected a number in [0, 1], got {alpha!r}")
-        if self.fragment_pattern not in PATTERNS:
-            raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {self.fragment_pattern!r}")
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+            raise ValueError(f"fragment_pattern: expected one of {', '.join(FRAGMENT_PATTERNS)}, "
+                             f"got {self.fragment_pattern!r}")
         object.__setattr__(self, "fragment_alpha", float(alpha))
 
     @classmethod
@@ -82,23 +93,20 @@ class StreamingSpec:
     def classic(self) -> bool:
         return self.fragments == 1 and self.sync_delay_steps == 0 and self.fragment_alpha == 0.0
 
-    def check(self, local_steps: Sequence[int], layers: int) -> None:
-        """Every node can sync P fragments a round with τ < ⌊H_i/P⌋ (one fragment in flight), and
-        every fragment holds at least one of the model's layers."""
+    def check(self, nodes, layers: int) -> None:
+        """Every node can hold the schedule (formats.plan.fragment_problem: P ≤ H_i and
+        τ < ⌊H_i/P⌋, one fragment in flight), and every fragment holds one of the model's layers."""
         if self.fragments > layers:
             raise ValueError(f"fragments: expected at most the model's {layers} layers, got {self.fragments}")
-        h = min(local_steps)
-        if h < self.fragments:
-            raise ValueError(f"fragments: expected at most the least local_steps ({h}), got {self.fragments}")
-        if self.sync_delay_steps >= h // self.fragments:
-            raise ValueError(f"sync_delay_steps: expected less than local_steps / fragments = {h // self.fragments} "
-                             f"(the least over the nodes), got {self.sync_delay_steps}")
+        problem = fragment_problem([n.local_steps for n in nodes], self.fragments, self.sync_delay_steps)
+        if problem is not None:
+            key, i, expected = problem
+            raise ValueError(f"{key}: node {nodes[i].node} (local_steps {nodes[i].local_steps}): {expected}")
 
     def schedule(self, local_steps: int) -> list[tuple[int, int]]:
-        """(prepare, sync) per fragment: inner steps of the round done when the fragment's average
-        starts and when it is applied."""
-        p = self.fragments
-        return [((k + 1) * local_steps // p - self.sync_delay_steps, (k + 1) * local_steps // p) for k in range(p)]
+        """(prepare, merge) per fragment: inner steps of the round done when the fragment's average
+        starts and when it is applied (formats.plan.merge_steps)."""
+        return [(m - self.sync_delay_steps, m) for m in merge_steps(local_steps, self.fragments)]
 
     def config(self) -> dict:
         """The settings a resumed run must share (real/options.run_config)."""
@@ -117,7 +125,7 @@ def fragment_layout(names: Sequence[str], fragments: int, pattern: str) -> list[
     elif pattern == "strided":
         of_layer = {l: rank[l] % fragments for l in ids}
     else:
-        raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {pattern!r}")
+        raise ValueError(f"fragment_pattern: expected one of {', '.join(FRAGMENT_PATTERNS)}, got {pattern!r}")
     first = next(i for i, l in enumerate(layers) if l is not None)
     out: list[list[int]] = [[] for _ in range(fragments)]
     for i, layer in enumerate(layers):
@@ -189,7 +197,7 @@ class FragmentedOuter:
             if alpha == 0.0:
                 p.copy_(g)  # lerp with weight 0 would turn a −0.0 into +0.0: classic bits need a copy
             else:
-                p.copy_(torch.lerp(g, p.detach(), alpha))
+                p.copy_(torch.lerp(g.to(p.device), p.detach(), alpha))
 
     def model_flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.outer.params]).cpu()
@@ -212,7 +220,8 @@ def threads_for_comm() -> None:
 class InFlight:
     fragment: int
     future: object
-    start: float
+    compute_start: float  # perf_counter seconds
+    sync_point: float
     prepare_s: float
 
 
@@ -223,13 +232,12 @@ class BackgroundSync:
     and payload (real/sync.py), and broadcast in the node; other processes receive the
     broadcast. On CUDA the thread runs on its own stream."""
 
-    def __init__(self, node, crosses: list | None, leaders_group, node_group, fractions: list[float]):
+    def __init__(self, node, crosses: list | None, leaders_group, node_group):
         self.node = node
         self.crosses, self.leaders_group, self.node_group = crosses, leaders_group, node_group
-        self.fractions = fractions
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-comm", initializer=threads_for_comm)
         self.stream = torch.cuda.Stream(node.device) if node.device.type == "cuda" else None
-        self.flag = torch.zeros(1, device=node.device)
+        self.flag = torch.zeros(1, device=node.outer_device)
 
     def start(self, k: int, delta: torch.Tensor) -> object:
         event = None
@@ -240,7 +248,7 @@ class BackgroundSync:
 
     def _run(self, k: int, delta: torch.Tensor, event):
         node, opts = self.node, self.node.opts
-        ctx = torch.cuda.stream(self.stream) if self.stream is not None else _null()
+        ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
         with ctx:
             if event is not None:
                 self.stream.wait_event(event)
@@ -254,31 +262,21 @@ class BackgroundSync:
             else:
                 ready = time.perf_counter()
                 average = delta
-            if node.me.gpus > 1:
-                dist.broadcast(average, src=node.leader_rank, group=self.node_group)
+            if node.me.gpus > 1:  # staged through the device when the outer state is on the CPU
+                staged = average if average.device == node.device else average.to(node.device)
+                dist.broadcast(staged, src=node.leader_rank, group=self.node_group)
+                if staged is not average:
+                    average.copy_(staged)
             if self.stream is not None:
                 self.stream.synchronize()
-            if opts.emulate:  # the fragment's share of the plan's sync time
-                remaining = ready + self.fractions[k] * node.plan.comm_s * opts.time_scale - time.perf_counter()
+            if opts.emulate:  # the plan's comm_s is one fragment sync
+                remaining = ready + node.plan.comm_s * opts.time_scale - time.perf_counter()
                 if remaining > 0:
                     time.sleep(remaining)
             return average, sent, ready, time.perf_counter()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def fractions_of(fragmented: FragmentedOuter) -> list[float]:
-    total = fragmented.offsets[-1]
-    return [fragmented.numel(k) / total for k in range(len(fragmented.ranges))]
 
 
 class StreamingRound:
@@ -294,49 +292,50 @@ class StreamingRound:
         self.schedule = spec.schedule(node.me.local_steps)
         # The communication thread's own groups, created by every process in the same order.
         n = len(plan.nodes)
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)))
+        timeout = timedelta(seconds=node.opts.timeout_s)  # new_group's own default is 30 minutes
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)), timeout=timeout)
                        for i, nd in enumerate(plan.nodes)]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)])
+        # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/worker.py)
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout,
+                                 backend="gloo" if node.outer_device != node.device else None)
         crosses = None
         if node.is_leader:
             links = [nd.link_gbps for nd in plan.nodes]
             crosses = [CrossNodeSync(leaders, n, node.index, self.fragmented.numel(k), plan.payload_dtype,
                                      plan.collective, links) for k in range(spec.fragments)]
         self.background = BackgroundSync(node, crosses, leaders if node.is_leader else None,
-                                         node_groups[node.index], fractions_of(self.fragmented))
-        self.rows: list[dict] = []  # the leader's per-fragment rows (fragments.csv)
+                                         node_groups[node.index])
+        self.rows: list[dict] = []  # the leader's per-fragment rows (syncs.csv)
 
-    def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[float, float, int, dict]:
-        """Wait for fragment k's average, apply it; (main-thread sync seconds, idle, bytes, row)."""
+    def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[dict, float]:
+        """Wait for fragment k's average and apply it: (the syncs.csv row, the resume time)."""
         from real.options import _collective
 
         node, d = self.node, self.node.spec.diloco
-        wait_start = time.perf_counter()
-        average, sent, ready, end = _collective(flight.future.result)
-        wait_end = time.perf_counter()
-        blocked = wait_end - wait_start
-        idle = min(max(ready - wait_start, 0.0), blocked)
+        merge = time.perf_counter()
+        average, sent, start, end = _collective(flight.future.result)
+        waited = time.perf_counter()
         self.fragmented.apply(k, average, d.outer_lr, d.outer_momentum, self.spec.fragment_alpha)
         node._sync_device()
-        applied = time.perf_counter() - wait_end
-        prepare, sync = self.schedule[k]
-        offset = node.time_offset_s - t0
-        row = {"fragment": k, "prepare_step": prepare, "sync_step": sync, "start_s": offset + flight.start,
-               "end_s": offset + end, "comm_s": end - ready, "exposed_s": blocked - idle, "idle_s": idle,
-               "bytes_sent": sent}
-        return flight.prepare_s + blocked - idle + applied, idle, sent, row
+        resume = time.perf_counter()
+        wait = waited - merge
+        idle = min(wait, max(start - merge, 0.0))
+        at = lambda t: node.time_offset_s + t - t0
+        row = {"fragment": k, "compute_start_s": at(flight.compute_start), "sync_point_s": at(flight.sync_point),
+               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": idle,
+               "exposed_s": wait - idle, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
+        return row, resume
 
     def run_round(self, r: int, t0: float, bar=None) -> dict:
         node = self.node
         prepare_at = {p: k for k, (p, _) in enumerate(self.schedule)}
         sync_at = {s: k for k, (_, s) in enumerate(self.schedule)}
         grad_sync = node._grad_sync if node.me.gpus > 1 else None
+        peak_memory_reset(node.device)
         round_start = time.perf_counter()
         clock = {"deadline": round_start, "overruns": 0}
         loss_sum = torch.zeros((), device=node.device)
-        comm = idle = 0.0
-        sent_total = 0
-        flight = None
+        rows, resume, flight = [], round_start, None
         for step in range(1, node.me.local_steps + 1):
             loss_sum += node.train_inner_step(clock, grad_sync)
             if bar is not None:
@@ -344,17 +343,16 @@ class StreamingRound:
             if step in prepare_at:
                 k = prepare_at[step]
                 node._sync_device()
-                start = time.perf_counter()
+                begin = time.perf_counter()
                 delta = (self.fragmented.pseudo_gradient(k, node.coef) if node.is_leader
                          else self.fragmented.buffer(k))
                 future = self.background.start(k, delta)
-                flight = InFlight(k, future, start, time.perf_counter() - start)
+                handed = time.perf_counter()
+                flight = InFlight(k, future, resume, begin, handed - begin)
             if step in sync_at:
-                seconds, waited, sent, row = self._sync(sync_at[step], flight, t0)
+                row, resume = self._sync(sync_at[step], flight, t0)
+                rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
                 flight = None
-                comm, idle, sent_total = comm + seconds, idle + waited, sent_total + sent
-                if node.is_leader:
-                    self.rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
         if node.me.gpus > 1:
             from real.options import _collective
 
@@ -362,13 +360,19 @@ class StreamingRound:
             loss_sum /= node.me.gpus
         node._sync_device()
         end = time.perf_counter()
+        if node.is_leader:
+            self.rows.extend(rows)
+        idle = sum(row["idle_s"] for row in rows)
+        comm = sum(row["exposed_s"] + row["outer_s"] for row in rows)
         return {
             "strategy": node.plan.strategy, "node": node.me.node, "round": r,
             "compute_s": end - round_start - idle - comm, "idle_s": idle, "comm_s": comm,
             "round_start_s": node.time_offset_s + round_start - t0, "round_end_s": node.time_offset_s + end - t0,
             "loss": float(loss_sum.item()) / node.me.local_steps, "tokens": node.tokens_per_round,
             "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
-            "local_steps": node.me.local_steps, "batch_size": node.batch, "bytes_sent": sent_total,
+            "local_steps": node.me.local_steps, "batch_size": node.batch,
+            "bytes_sent": sum(row["bytes_sent"] for row in rows),
+            "peak_mem_bytes": node._peak_memory(),
         }
 
     # --- checkpoints: the model's own weights (they differ from θ_g) and the fragment rows ---
@@ -383,18 +387,25 @@ class StreamingRound:
         self.background.close()
 
 
-def write_fragments(rows: list[dict], node_order: list[str], path) -> None:
-    """fragments.csv, whole or not at all (temp file, then os.replace)."""
+def write_syncs(plan, tables: list[list[list[float]]], path) -> None:
+    """syncs.csv from every leader's rows (SYNC_NUMERIC values, plan order), whole or not at all."""
     import os
     from pathlib import Path
 
     import pandas as pd
 
-    path = Path(path)
-    order = {name: i for i, name in enumerate(node_order)}
-    frame = pd.DataFrame(rows, columns=FRAGMENT_COLUMNS)
+    rows = []
+    for node, table in zip(plan.nodes, tables):
+        for values in table:
+            row = {"strategy": plan.strategy, "node": node.node, **dict(zip(SYNC_NUMERIC, values))}
+            for c in ("round", "fragment", "bytes_sent"):
+                row[c] = int(row[c])
+            rows.append(row)
+    order = {node.node: i for i, node in enumerate(plan.nodes)}
+    frame = pd.DataFrame(rows, columns=SYNC_COLUMNS)
     frame = frame.sort_values(["round", "fragment", "node"],
                               key=lambda col: col.map(order) if col.name == "node" else col).reset_index(drop=True)
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)

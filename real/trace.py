@@ -3,7 +3,10 @@
 Extra columns: `overrun_steps` (under --emulate, inner steps whose real compute took longer
 than the emulated step time, so the step could not be padded to it), `ckpt_s` (the
 checkpoint written after the sync, outside the round), `local_steps`, `batch_size` (per
-device) and `bytes_sent` (bytes this node put on the wire in that sync; real/sync.py).
+device), `bytes_sent` (bytes this node put on the wire in that sync; real/sync.py) and
+`peak_mem_bytes` (the largest peak memory of the node's device processes during the round,
+compute and sync: CUDA torch.cuda.max_memory_allocated, CPU the peak resident set size;
+real/sharding.py).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import pandas as pd
 from formats.timeline import TRACE_COLUMNS
 
 NUMERIC_COLUMNS = TRACE_COLUMNS[2:]  # what travels between nodes as a float64 tensor
+INT_COLUMNS = ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent", "peak_mem_bytes")
 
 
 def trace_frame(rows: list[dict], node_order: list[str]) -> pd.DataFrame:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -50,9 +51,11 @@ from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
 from real.options import ExecOptions, _collective, _sleep_until, run_config
 from formats.plan import Plan
-from real.streaming import FRAGMENT_NUMERIC, StreamingRound, StreamingSpec, write_fragments
+from real.sharding import (ShardingSpec, node_scaler, peak_memory_bytes, peak_memory_reset, prepare_model,
+                           sharded_average)
+from real.streaming import SYNC_NUMERIC, StreamingRound, StreamingSpec, write_syncs
 from real.sync import CrossNodeSync
-from real.trace import NUMERIC_COLUMNS, summary, write_trace
+from real.trace import INT_COLUMNS, NUMERIC_COLUMNS, summary, write_trace
 
 
 
@@ -68,23 +71,38 @@ class Node:
         self.local = rank - self.leader_rank
         self.is_leader = self.local == 0
         n = len(plan.nodes)
+        self.sharding = ShardingSpec.of(plan, self.me)
+        self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
+        # The outer state, and the leaders' cross-node average, live where the plan says:
+        # outer_state cpu on GPUs sends the WAN traffic through gloo from host memory (as OpenDiLoCo).
+        streaming = opts.streaming or StreamingSpec.from_plan(plan)
+        streams = plan.sync != "gradients" and (opts.streaming is not None or not streaming.classic)
+        # Streaming DiLoCo syncs its fragments from the device (real/streaming.py), and sync-ddp
+        # has no outer step: both keep the outer state beside the model.
+        on_cpu = self.sharding.outer_state == "cpu" and plan.sync != "gradients" and not streams
+        self.outer_device = torch.device("cpu") if on_cpu else self.device
         # Every process creates every group, in the same order (torch.distributed requires it).
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)))
+        # Each with --timeout-s: new_group's own default is 30 minutes, not the default group's.
+        timeout = timedelta(seconds=opts.timeout_s)
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)), timeout=timeout)
                        for i, node in enumerate(plan.nodes)]
         self.node_group = node_groups[self.index]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)])
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout,
+                                 backend="gloo" if self.outer_device != self.device else None)
         self.leaders = leaders if self.is_leader else None
-        self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         arch = load_arch(spec.model.preset)
         seq_len = spec.model.seq_len
         self.model = build_model(arch, seq_len, seed=spec.seed).to(self.device)
         self.model.train()
+        self.layout = prepare_model(self.model, self.sharding, self.node_group, self.me.gpus, self.device)
         d = spec.diloco
         self.optimizer = make_optimizer(self.model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
-        self.scaler = make_scaler(self.device, spec.model.dtype)
-        self.outer = OuterState(list(self.model.parameters()))
+        self.scaler = node_scaler(make_scaler(self.device, spec.model.dtype), self.layout, self.device)
+        self.outer = OuterState(self.layout.local_tensors() if self.layout else list(self.model.parameters()),
+                                device=self.outer_device)
+        params = self.layout.full_numel if self.layout else self.outer.global_flat.numel()
         self.batch = self.me.batch_size  # per device
         self.node_batch = self.batch * self.me.gpus
         self.tokens_per_round = self.me.tokens_per_round(seq_len)
@@ -96,7 +114,7 @@ class Node:
         self.shard = make_shard(opts.data_path, seed=spec.seed, vocab_size=arch.vocab_size, seq_len=seq_len,
                                 shard=shard, shards=shards, tokens=data_tokens)
         self.vocab_size = arch.vocab_size
-        self.cross = (CrossNodeSync(self.leaders, n, self.index, self.outer.global_flat.numel(), plan.payload_dtype,
+        self.cross = (CrossNodeSync(self.leaders, n, self.index, params, plan.payload_dtype,
                                     plan.collective, [node.link_gbps for node in plan.nodes])
                       if self.is_leader else None)
         self.config = run_config(spec, plan, opts)
@@ -109,11 +127,10 @@ class Node:
         self.time_offset_s = 0.0
         self.trace: list[dict] = []
         self._flag = torch.zeros(1, device=self.device)
+        self._loaded_digest = None  # of the global weights a resume loaded (canonical layout)
         # Streaming DiLoCo (real/streaming.py) when the plan asks for it, or when forced by
         # ExecOptions.streaming (P = 1, τ = 0 then checks the streaming loop against this one).
-        streaming = opts.streaming or StreamingSpec.from_plan(plan)
-        use = not self.gradient_sync and (opts.streaming is not None or not streaming.classic)
-        self.streaming = StreamingRound(self, streaming) if use else None
+        self.streaming = StreamingRound(self, streaming) if streams else None
 
     # --- collectives -------------------------------------------------------------------
     def _sync_device(self) -> None:
@@ -123,6 +140,23 @@ class Node:
     def barrier(self) -> None:
         _collective(dist.all_reduce, self._flag)
         self._sync_device()
+
+    def _node_broadcast(self, tensor: torch.Tensor) -> None:
+        """The leader's `tensor` to the node's processes (staged through the device when the
+        outer state is on the CPU and the node's group is nccl)."""
+        if self.me.gpus == 1:
+            return
+        staged = tensor if tensor.device == self.device else tensor.to(self.device)
+        _collective(dist.broadcast, staged, src=self.leader_rank, group=self.node_group)
+        if staged is not tensor:
+            tensor.copy_(staged)
+
+    def _peak_memory(self) -> int:
+        """The largest peak memory of the node's device processes since the round began."""
+        peak = torch.tensor([peak_memory_bytes(self.device)], dtype=torch.int64, device=self.device)
+        if self.me.gpus > 1:
+            _collective(dist.all_reduce, peak, op=dist.ReduceOp.MAX, group=self.node_group)
+        return int(peak.item())
 
     def _grad_sync(self, model: torch.nn.Module) -> None:
         """DDP's gradient average over the node's devices, as one flat all-reduce."""
@@ -172,6 +206,7 @@ class Node:
         """One round of synchronous data parallel: H steps, each ending in a global gradient average."""
         d = self.spec.diloco
         self._step = {"idle": 0.0, "comm": 0.0, "bytes": 0, "overruns": 0}
+        peak_memory_reset(self.device)
         round_start = time.perf_counter()
         loss_sum = torch.zeros((), device=self.device)
         for _ in range(self.me.local_steps):
@@ -201,15 +236,22 @@ class Node:
             "loss": float(loss_sum.item()) / self.me.local_steps, "tokens": self.tokens_per_round,
             "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
             "local_steps": self.me.local_steps, "batch_size": self.batch, "bytes_sent": clock["bytes"],
+            "peak_mem_bytes": self._peak_memory(),
         }
 
     # --- checkpoints -------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The node's checkpoint (a sharded node's gathered whole: a collective of the node)."""
+        if self.layout is not None:
+            outer = {key: self.layout.gather(value) for key, value in self.outer.state_dict().items()}
+            inner = self.layout.full_optimizer_state(self.optimizer)
+        else:
+            outer, inner = self.outer.state_dict(), self.optimizer.state_dict()
         return {
             "rounds_done": self.rounds_done, "node": self.me.node, "nodes": len(self.plan.nodes),
             "gpus": self.me.gpus, "local_steps": self.me.local_steps, "batch_size": self.batch,
             "run_config": self.config,
-            "outer": self.outer.state_dict(), "inner_optimizer": self.optimizer.state_dict(),
+            "outer": outer, "inner_optimizer": inner,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "inner_step": self.inner_step, "data_position": self.data_position,
             "torch_rng": torch.get_rng_state(),
@@ -229,11 +271,17 @@ class Node:
             if saved.get(key) != mine:
                 raise ValueError(f"{source}: {key}: the checkpoints were made with {saved.get(key)!r}, this run "
                                  f"has {mine!r}; resume with the same settings (or start afresh in another --out)")
-        self.outer.load_state_dict(state["outer"])
+        outer = state["outer"]
+        self._loaded_digest = checkpoint.weights_digest(outer["global_flat"], outer["momentum"])
+        if self.layout is not None:
+            self.outer.load_state_dict({key: self.layout.local_slice(value) for key, value in outer.items()})
+            self.layout.load_optimizer_state(self.optimizer, state["inner_optimizer"])
+        else:
+            self.outer.load_state_dict(outer)
+            self.optimizer.load_state_dict(state["inner_optimizer"])
         self.outer.load_into_model()
         if self.streaming is not None:  # the model's own weights, which streaming keeps apart from θ_g
             self.streaming.load_state_dict(state["streaming"])
-        self.optimizer.load_state_dict(state["inner_optimizer"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.rounds_done = int(state["rounds_done"])
@@ -266,8 +314,7 @@ class Node:
             return  # nothing saved yet: start from the beginning
         path = mine[max(common)]
         self.load_state_dict(checkpoint.load_node(path), str(path))
-        digest = checkpoint.weights_digest(self.outer.global_flat, self.outer.momentum)
-        digests = [d[0] for d in self._all_gather_ints([digest])]
+        digests = [d[0] for d in self._all_gather_ints([self._loaded_digest])]
         leaders = [digests[self.plan.first_rank(i)] for i in range(len(self.plan.nodes))]
         if len(set(digests)) != 1:
             odd = [self.plan.nodes[i].node for i, d in enumerate(leaders) if leaders.count(d) <= len(leaders) // 2]
@@ -309,7 +356,8 @@ class Node:
         if self.streaming is not None:  # Streaming DiLoCo: fragments synced in the background
             return self.streaming.run_round(r, t0, bar)
         opts, d = self.opts, self.spec.diloco
-        grad_sync = self._grad_sync if self.me.gpus > 1 else None
+        grad_sync = self._grad_sync if self.me.gpus > 1 and self.layout is None else None  # FSDP2 reduce-scatters
+        peak_memory_reset(self.device)
         round_start = time.perf_counter()
         clock = {"deadline": round_start, "overruns": 0}
         loss_sum = torch.zeros((), device=self.device)
@@ -325,13 +373,17 @@ class Node:
         self.barrier()
         sync_start = time.perf_counter()
         sent = 0
-        if self.is_leader:
+        if self.layout is not None:  # every process its own shard (real/sharding.py)
+            self.outer.params = self.layout.local_tensors()
             delta = self.outer.pseudo_gradient(self.coef)
-            average, sent = _collective(self.cross.average, delta, self.divisor)
-            if average is not self.outer.delta:
-                self.outer.delta.copy_(average)
-        if self.me.gpus > 1:
-            _collective(dist.broadcast, self.outer.delta, src=self.leader_rank, group=self.node_group)
+            sent = _collective(sharded_average, self.layout, delta, self.cross, self.divisor, self.outer_device)
+        else:
+            if self.is_leader:
+                delta = self.outer.pseudo_gradient(self.coef)
+                average, sent = _collective(self.cross.average, delta, self.divisor)
+                if average is not self.outer.delta:
+                    self.outer.delta.copy_(average)
+            self._node_broadcast(self.outer.delta)
         self.outer.outer_step(self.outer.delta, d.outer_lr, d.outer_momentum)
         self.outer.load_into_model()
         self._sync_device()
@@ -347,6 +399,7 @@ class Node:
             "loss": float(loss_sum.item()) / self.me.local_steps, "tokens": self.tokens_per_round,
             "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
             "local_steps": self.me.local_steps, "batch_size": self.batch, "bytes_sent": sent,
+            "peak_mem_bytes": self._peak_memory(),
         }
 
     def warm_up(self) -> None:
@@ -382,11 +435,13 @@ class Node:
             for r in range(self.rounds_done, last):
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1
+                ckpt_start = time.perf_counter()
+                # A sharded node's processes all take part in gathering its checkpoint.
+                state = self.state_dict() if self.opts.checkpoint and (self.is_leader or self.layout) else None
                 if self.is_leader:
                     self.trace.append(row)
-                    if self.opts.checkpoint:
-                        ckpt_start = time.perf_counter()
-                        checkpoint.save_node(self.opts.out_dir, self.index, self.state_dict())
+                    if state is not None:
+                        checkpoint.save_node(self.opts.out_dir, self.index, state)
                         row["ckpt_s"] = time.perf_counter() - ckpt_start
                 if bar is not None:
                     bar.set_postfix(round=r, loss=f"{row['loss']:.3f}")
@@ -413,36 +468,31 @@ class Node:
 
     def finish(self) -> None:
         """Gather the leaders' rows (float64 tensors) to rank 0, which writes trace.csv (and
-        fragments.csv when streaming) and the model's final weights."""
+        syncs.csv when streaming) and the model's final weights."""
         if self.streaming is not None:
             self.streaming.close()
+        weights = None
+        if self.index == 0:  # node 0's processes all take part when its weights are sharded
+            weights = (self.layout.full_weights(self.model) if self.layout is not None else
+                       {name: p.detach().cpu() for name, p in self.model.named_parameters()})
         if self.is_leader:
             tables = self._gather_tables(self.trace, NUMERIC_COLUMNS)
-            fragment_tables = (self._gather_tables(self.streaming.rows, FRAGMENT_NUMERIC)
+            fragment_tables = (self._gather_tables(self.streaming.rows, SYNC_NUMERIC)
                                if self.streaming is not None else None)
             if self.rank == 0:
                 rows = []
                 for node, table in zip(self.plan.nodes, tables):
                     for values in table:
                         row = {"strategy": self.plan.strategy, "node": node.node, **dict(zip(NUMERIC_COLUMNS, values))}
-                        for c in ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent"):
+                        for c in INT_COLUMNS:
                             row[c] = int(row[c])
                         rows.append(row)
                 if fragment_tables is not None:
-                    fragment_rows = []
-                    for node, table in zip(self.plan.nodes, fragment_tables):
-                        for values in table:
-                            row = {"strategy": self.plan.strategy, "node": node.node,
-                                   **dict(zip(FRAGMENT_NUMERIC, values))}
-                            for c in ("round", "fragment", "prepare_step", "sync_step", "bytes_sent"):
-                                row[c] = int(row[c])
-                            fragment_rows.append(row)
-                    write_fragments(fragment_rows, [node.node for node in self.plan.nodes],
-                                    os.path.join(self.opts.out_dir, "fragments.csv"))
+                    write_syncs(self.plan, fragment_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
                 frame = write_trace(rows, [node.node for node in self.plan.nodes],
                                     os.path.join(self.opts.out_dir, "trace.csv"))
                 tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
-                torch.save({name: p.detach().cpu() for name, p in self.model.named_parameters()}, tmp)
+                torch.save(weights, tmp)
                 os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
                 if self.opts.summary:
                     print(summary(frame), flush=True)

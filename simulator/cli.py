@@ -33,11 +33,14 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum()}
     table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
     table["tokens"] = table["tokens"].astype("int64")
+    layout = plan_frame["sharding"] + plan_frame["activation_checkpointing"].map({"none": "", "full": "+recompute"})
+    if (layout != "none").any():  # how each node holds its batch (simulator/memory.py), where any is sharded
+        table.insert(1, "memory", list(layout) + [""])
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
 def _run(argv: list[str], plan_only: bool) -> int:
-    from simulator.engine import ENGINES, simulate, summary
+    from simulator.engine import ENGINES, simulate_syncs, summary
     from simulator.outputs import OutputError, csv_bytes, write_output_set
     from simulator.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
     from simulator.scenario import load_scenario
@@ -65,13 +68,14 @@ def _run(argv: list[str], plan_only: bool) -> int:
             plans = [make_plan(scenario, s) for s in strategies]
         except FieldError as exc:
             raise InputError(f"{args.scenario}: {exc.key}: {exc.expected}") from None
-        results = []
+        results, sync_frames = [], []
         for plan in plans:
             if plan_only:
                 results.append((plan, None, None))
             else:
-                timeline = simulate(scenario, plan, args.engine)
+                timeline, syncs = simulate_syncs(scenario, plan, args.engine)
                 results.append((plan, timeline, summary(timeline, plan)))
+                sync_frames.append(syncs)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
         plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
@@ -81,8 +85,10 @@ def _run(argv: list[str], plan_only: bool) -> int:
             timeline = pd.concat([t for _, t, _ in results], ignore_index=True)
             files["timeline.csv"] = csv_bytes(timeline)
             files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
+            syncs = pd.concat(sync_frames, ignore_index=True)
+            files["syncs.csv"] = csv_bytes(syncs)
             trace, trace_kept = simulation_trace_text(timeline, plan_frame,  # opens in ui.perfetto.dev
-                                                      None if args.full_trace else TRACE_MAX_NODE_ROUNDS)
+                                                      None if args.full_trace else TRACE_MAX_NODE_ROUNDS, syncs)
             files["trace.json"] = trace.encode()
         files["scenario.toml"] = scenario.to_toml().encode()
         try:
@@ -96,7 +102,9 @@ def _run(argv: list[str], plan_only: bool) -> int:
     for plan, timeline, summ in results:
         frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
-              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per round"
+              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
+              + (f"fragment, {plan.fragments} a round, all-reduces overlapping {plan.sync_delay_steps} inner steps"
+                 if plan.streaming else "round")
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(frame.drop(columns=["strategy"]).to_string(index=False))

@@ -1,4 +1,9 @@
-"""simulate(scenario, plan, engine) -> the timeline DataFrame; summary(timeline, plan) -> per node totals."""
+"""simulate(scenario, plan, engine) -> the timeline DataFrame; summary(timeline, plan) -> per node totals.
+
+simulate_syncs also returns the fragment syncs (SYNC_COLUMNS, one row per node and sync). A
+classic plan (one fragment, no delay) runs the round engines, unchanged; a Streaming DiLoCo
+plan runs the fragment-sync engines (`run_streaming_*`), whose records both tables come from.
+"""
 from __future__ import annotations
 
 import math
@@ -8,12 +13,12 @@ import pandas as pd
 
 from formats.errors import InputError
 from formats.plan import Plan
-from formats.timeline import SUMMARY_COLUMNS, TIMELINE_COLUMNS
-from simulator.engine_analytic import run_analytic
-from simulator.engine_simpy import run_simpy
-from simulator.network import checkpoint_s
+from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
+from simulator.engine_analytic import run_analytic, run_streaming_analytic
+from simulator.engine_simpy import run_simpy, run_streaming_simpy
+from simulator.network import checkpoint_s, outer_step_s
 from simulator.scenario import Scenario
-from simulator.workload import compute_matrix
+from simulator.workload import compute_matrix, segment_matrices
 
 ENGINES = ("simpy", "analytic")
 
@@ -30,6 +35,10 @@ def check_size(scenario: Scenario, plan: Plan) -> None:
     rounds = plan.rounds or scenario.training.rounds
     n = len(plan.nodes)
     name = f"strategy {plan.strategy}"
+    if rounds * n * plan.fragments > MAX_TIMELINE_ROWS:
+        raise InputError(f"{name}: {rounds} rounds x {plan.fragments} fragments x {n} nodes = "
+                         f"{rounds * n * plan.fragments} fragment syncs; expected at most {MAX_TIMELINE_ROWS} "
+                         "(fewer training.rounds, fragments or nodes)")
     if rounds * n > MAX_TIMELINE_ROWS:
         raise InputError(f"{name}: {rounds} rounds x {n} nodes = {rounds * n} timeline rows; expected at most "
                          f"{MAX_TIMELINE_ROWS} (fewer training.rounds, local_steps or nodes)")
@@ -47,21 +56,82 @@ def check_size(scenario: Scenario, plan: Plan) -> None:
 
 def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFrame:
     """Timeline (one row per node and round, rounds outer) with docs/DESIGN.md's columns."""
-    runners = {"simpy": run_simpy, "analytic": run_analytic}
-    if engine not in runners:
+    return simulate_syncs(scenario, plan, engine)[0]
+
+
+def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(timeline, syncs): the timeline and one row per node and fragment sync (SYNC_COLUMNS)."""
+    if engine not in ENGINES:
         raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
     check_size(scenario, plan)
-    compute = compute_matrix(scenario, plan)
-    arrays = runners[engine](compute, plan.comm_s, checkpoint_s(scenario))
-    rounds, n = compute.shape
+    if not plan.streaming:
+        arrays = (run_simpy if engine == "simpy" else run_analytic)(
+            compute_matrix(scenario, plan), plan.comm_s, checkpoint_s(scenario))
+        timeline = _frame(plan, arrays, TIMELINE_COLUMNS)
+        return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
+    pre, delay = segment_matrices(scenario, plan)
+    outer = outer_share_s(scenario, plan)
+    allreduce = max(plan.comm_s - outer, 0.0)
+    if engine == "simpy":
+        rec = run_streaming_simpy(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario))
+    else:
+        rec = run_streaming_analytic(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario))
+    return streaming_frames(plan, rec)
+
+
+def outer_share_s(scenario: Scenario, plan: Plan) -> float:
+    """The outer step of one fragment sync (none for sync = gradients); comm_s − this is its all-reduce."""
+    return 0.0 if plan.sync == "gradients" else outer_step_s(scenario) / plan.fragments
+
+
+def _frame(plan: Plan, arrays: dict, columns: list[str], per_round: int = 1) -> pd.DataFrame:
+    """A tidy frame from (rows × nodes) arrays; categorical strategy and node, rounds (and fragments)."""
+    rows, n = np.shape(arrays[columns[-1]])
     names = [p.node for p in plan.nodes]
     # categorical columns: building 10^5 Python strings would cost more than the simulation
     frame = pd.DataFrame({
-        "strategy": pd.Categorical.from_codes(np.zeros(rounds * n, dtype=np.int8), [plan.strategy]),
-        "node": pd.Categorical.from_codes(np.tile(np.arange(n), rounds), names),
-        "round": np.repeat(np.arange(rounds), n),
-        **{k: np.ravel(v) for k, v in arrays.items()}})
-    return frame[TIMELINE_COLUMNS]
+        "strategy": pd.Categorical.from_codes(np.zeros(rows * n, dtype=np.int8), [plan.strategy]),
+        "node": pd.Categorical.from_codes(np.tile(np.arange(n), rows), names),
+        "round": np.repeat(np.arange(rows) // per_round, n),
+        **({"fragment": np.repeat(np.arange(rows) % per_round, n)} if "fragment" in columns else {}),
+        **{k: np.ravel(np.broadcast_to(v, (rows, n))) for k, v in arrays.items() if k in columns}})
+    return frame[columns]
+
+
+def classic_syncs(timeline: pd.DataFrame, plan: Plan, outer_s: float) -> pd.DataFrame:
+    """A classic round's one sync: the node stops at its sync point (= merge point), waits for the
+    last node (idle), then the whole all-reduce is exposed, then the outer step."""
+    sync_point = timeline["round_start_s"].to_numpy() + timeline["compute_s"].to_numpy()
+    start = sync_point + timeline["idle_s"].to_numpy()
+    allreduce = np.maximum(timeline["comm_s"].to_numpy() - outer_s, 0.0)
+    frame = timeline[["strategy", "node", "round"]].copy()
+    frame.insert(3, "fragment", 0)
+    frame = frame.assign(compute_start_s=timeline["round_start_s"].to_numpy(), sync_point_s=sync_point,
+                         start_s=start, end_s=start + allreduce, merge_point_s=sync_point,
+                         idle_s=timeline["idle_s"].to_numpy(), exposed_s=allreduce, outer_s=outer_s)
+    return frame[SYNC_COLUMNS].reset_index(drop=True)
+
+
+def streaming_frames(plan: Plan, rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(timeline, syncs) from the fragment-sync records (K × nodes, K = rounds × P)."""
+    p = plan.fragments
+    end = np.asarray(rec["end_s"])[:, None]
+    start = np.asarray(rec["start_s"])[:, None]
+    merge = rec["merge_point_s"]
+    waited = np.maximum(merge, end)
+    wait = waited - merge  # split as engine_analytic.run_streaming_analytic's docstring says
+    idle = np.minimum(wait, np.maximum(start - merge, 0.0))
+    exposed = wait - idle
+    outer = rec["resume_s"] - waited
+    per_sync = {"compute_start_s": rec["compute_start_s"], "sync_point_s": rec["sync_point_s"], "start_s": start,
+                "end_s": end, "merge_point_s": merge, "idle_s": idle, "exposed_s": exposed, "outer_s": outer}
+    syncs = _frame(plan, per_sync, SYNC_COLUMNS, per_round=p)
+    k_total, n = merge.shape
+    by_round = lambda a: np.asarray(a).reshape(k_total // p, p, n)
+    arrays = {"compute_s": by_round(merge - rec["compute_start_s"]).sum(axis=1), "idle_s": by_round(idle).sum(axis=1),
+              "comm_s": by_round(exposed + outer).sum(axis=1),
+              "round_start_s": by_round(rec["compute_start_s"])[:, 0], "round_end_s": by_round(rec["resume_s"])[:, -1]}
+    return _frame(plan, arrays, TIMELINE_COLUMNS), syncs
 
 
 def summary(timeline: pd.DataFrame, plan: Plan) -> pd.DataFrame:

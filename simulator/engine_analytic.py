@@ -4,6 +4,13 @@ Round r starts at s_r; node i finishes at s_r + c[r, i]; the barrier opens at th
 finish; every node then syncs for comm_s; s_{r+1} = barrier_r + comm_s. Additions happen in
 the same order as SimPy's clock, so both paths agree to rounding. A checkpoint after each
 sync (ckpt_s, the same on every node: each writes the same state) delays the next round.
+
+Streaming DiLoCo (`run_streaming_analytic`): the same idea one level down, a recurrence over
+the fragment syncs in which the all-reduces overlap compute, exact for every plan. It reduces to
+closed forms where nodes are alike (tests/test_simulator_engines.py checks them on both engines):
+a fragment costs pre_p + max(τ·t, A) + O (its compute to the sync point, the longer of its τ
+window and its all-reduce, the outer step), so a round is T + P·O when every all-reduce fits in
+its window (hidden) and T + P·(A + O) with τ = 0 (fully exposed).
 """
 from __future__ import annotations
 
@@ -27,3 +34,68 @@ def run_analytic(compute: np.ndarray, comm_s: float, ckpt_s: float = 0.0) -> dic
     end = np.broadcast_to((barrier + comm_s)[:, None], compute.shape)
     return {"compute_s": compute, "idle_s": idle, "comm_s": np.full(compute.shape, comm_s),
             "round_start_s": np.broadcast_to(start[:, None], compute.shape), "round_end_s": end}
+
+
+# --- Streaming DiLoCo -------------------------------------------------------------------
+
+STREAM_FIELDS = ("compute_start_s", "sync_point_s", "merge_point_s", "resume_s")
+
+
+def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, outer_s, fragments: int,
+                           ckpt_s: float = 0.0, record: bool = True, syncs: int | None = None) -> dict[str, np.ndarray]:
+    """Streaming DiLoCo's fragment syncs as a max-plus recurrence over them, vectorised over nodes
+    (and over scenarios: a leading axis S, as the `streaming` strategy and the sweep use it).
+
+    pre, delay: (K, [S,] n) compute before each fragment sync's sync point and between it and the
+    merge point (K = rounds × P syncs in order); allreduce_s, outer_s: one fragment's all-reduce
+    and outer step (scalars or (S,)). Per sync k, with c_i the node's clock:
+
+        sync point  x_i = c_i + pre_i;      all-reduce start  s = max(max_i x_i, e_{k−1})
+        merge point m_i = x_i + delay_i;    all-reduce end    e = s + allreduce_s
+        c_i ← max(m_i, e) + outer_s   (then + ckpt_s after a round's last fragment)
+
+    (e_{k−1}: one process group runs its all-reduces in issue order.) The same operations in the
+    same order as the SimPy engine's clock. syncs: K, when pre and delay hold fewer rows that repeat
+    (row k % their length: one round's P rows of a deterministic plan). record: per sync the arrays of STREAM_FIELDS (K, [S,] n)
+    and start_s, end_s (K, [S]); else only the totals compute_s, idle_s, comm_s ([S,] n) and wall_s.
+    The wait at a merge point, max(m_i, e) − m_i, splits into idle, the part before the all-reduce
+    started (min(wait, max(0, s − m_i)): the wait for the node that reached its sync point last),
+    and exposed comm, the rest (the all-reduce ran and no compute hid it); comm = exposed + outer
+    step (docs/DESIGN.md, "Time accounting"; real/streaming.py measures the same split).
+    """
+    pre, delay = np.asarray(pre, dtype=float), np.asarray(delay, dtype=float)
+    k_total = pre.shape[0] if syncs is None else syncs
+    period = pre.shape[0]
+    shape = pre.shape[1:]
+    a = np.asarray(allreduce_s, dtype=float)
+    o = np.asarray(outer_s, dtype=float)
+    a_col, o_col = (a[..., None], o[..., None]) if a.ndim else (a, o)
+    clock = np.zeros(shape)
+    link_free = np.full(shape[:-1], -np.inf)
+    totals = {name: np.zeros(shape) for name in ("compute_s", "idle_s", "comm_s")}
+    rec = {name: np.empty((k_total, *shape)) for name in STREAM_FIELDS} if record else None
+    ends = np.empty((2, k_total, *shape[:-1])) if record else None
+    for k in range(k_total):
+        sync_point = clock + pre[k % period]
+        start = np.maximum(sync_point.max(axis=-1), link_free)
+        end = start + a
+        link_free = end
+        merge_point = sync_point + delay[k % period]
+        start_c, end_c = (start[..., None], end[..., None]) if end.ndim else (start, end)
+        waited = np.maximum(merge_point, end_c)
+        resume = waited + o_col
+        wait = waited - merge_point
+        idle = np.minimum(wait, np.maximum(start_c - merge_point, 0.0))
+        totals["compute_s"] += merge_point - clock
+        totals["idle_s"] += idle
+        totals["comm_s"] += (wait - idle) + (resume - waited)
+        if record:
+            for name, value in zip(STREAM_FIELDS, (clock, sync_point, merge_point, resume)):
+                rec[name][k] = value
+            ends[0, k], ends[1, k] = start, end
+        clock = resume
+        if ckpt_s and (k + 1) % fragments == 0:
+            clock = clock + ckpt_s
+    if not record:
+        return {**totals, "wall_s": resume.max(axis=-1)}
+    return {**rec, "start_s": ends[0], "end_s": ends[1]}

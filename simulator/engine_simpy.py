@@ -73,3 +73,82 @@ def run_simpy(compute: np.ndarray, comm_s: float, ckpt_s: float = 0.0) -> dict[s
     return {"compute_s": rec["done_s"] - rec["round_start_s"], "idle_s": rec["released_s"] - rec["done_s"],
             "comm_s": rec["round_end_s"] - rec["released_s"], "round_start_s": rec["round_start_s"],
             "round_end_s": rec["round_end_s"]}
+
+
+# --- Streaming DiLoCo -------------------------------------------------------------------
+
+class FragmentSync:
+    """The fragment syncs of one process group: an all-reduce starts when the last node reaches
+    the fragment's sync point and the group's previous all-reduce has ended (a group runs its
+    collectives in issue order: FIFO, never two at once on the nodes' links), and lasts
+    allreduce_s. `arrive` is non-blocking: it returns the event of the all-reduce's end, which a
+    node waits for at the merge point."""
+
+    def __init__(self, env: simpy.Environment, parties: int, allreduce_s: float):
+        self.env, self.parties, self.allreduce_s = env, parties, allreduce_s
+        self._arrived, self._done = 0, env.event()
+        self.link_free = -np.inf
+        self.spans: list[tuple[float, float]] = []  # (start, end) per sync, in order
+
+    def arrive(self) -> simpy.Event:
+        done = self._done
+        self._arrived += 1
+        if self._arrived == self.parties:
+            self._arrived, self._done = 0, self.env.event()
+            if self.env.now >= self.link_free:
+                self._start(done)
+            else:  # the previous all-reduce still holds the links: queue behind it
+                wait = self.env.timeout(self.link_free - self.env.now)
+                wait.callbacks.append(lambda _: self._start(done))
+        return done
+
+    def _start(self, done: simpy.Event) -> None:
+        start = self.env.now
+        self.link_free = start + self.allreduce_s  # the time the timeout below fires at
+
+        def finish(_event) -> None:
+            self.spans.append((start, self.env.now))
+            done.succeed()
+
+        self.env.timeout(self.allreduce_s).callbacks.append(finish)
+
+
+def stream_node_process(env, pre: list, delay: list, outer_s: float, sync: FragmentSync, record,
+                        fragments: int, ckpt_s: float = 0.0):
+    """One node: per fragment sync, compute to the sync point, start the all-reduce, compute the τ
+    steps to the merge point, wait there for the all-reduce, apply the outer step."""
+    timeout, arrive = env.timeout, sync.arrive
+    for k, (busy_s, window_s) in enumerate(zip(pre, delay)):
+        begin = env.now
+        if busy_s:
+            yield timeout(busy_s)
+        sync_point = env.now
+        done = arrive()
+        if window_s:
+            yield timeout(window_s)
+        merge_point = env.now
+        if not done.triggered:
+            yield done
+        if outer_s:
+            yield timeout(outer_s)
+        record((begin, sync_point, merge_point, env.now))
+        if ckpt_s and (k + 1) % fragments == 0:
+            yield timeout(ckpt_s)
+
+
+def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, outer_s: float, fragments: int,
+                        ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
+    """pre, delay (K × nodes): the fragment syncs' compute segments; the arrays of
+    engine_analytic.run_streaming_analytic(record=True)."""
+    env = simpy.Environment()
+    k_total, n = pre.shape
+    sync, recorder = FragmentSync(env, n, float(allreduce_s)), Recorder(n)
+    for i in range(n):  # each node extends one flat list of floats: one array, built once
+        env.process(stream_node_process(env, pre[:, i].tolist(), delay[:, i].tolist(), float(outer_s), sync,
+                                        recorder.per_node[i].extend, fragments, ckpt_s))
+    env.run()
+    table = np.array(recorder.per_node, dtype=float).reshape(n, k_total, 4)  # nodes × K × fields
+    spans = np.array(sync.spans, dtype=float).reshape(k_total, 2)
+    out = {name: table[:, :, f].T for f, name in enumerate(("compute_start_s", "sync_point_s", "merge_point_s",
+                                                              "resume_s"))}
+    return {**out, "start_s": spans[:, 0], "end_s": spans[:, 1]}

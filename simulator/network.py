@@ -48,6 +48,11 @@ CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW ex
 # median 2.26). It replaced a memory-bandwidth guess of 32 B/param on the GPU (11 ms for 215 M
 # parameters; now 0.49 s).
 OUTER_STEP_NS_PER_PARAM = 2.26
+# The outer step in device memory: read θ_g, θ_i (8), momentum read + write (8), θ_g read + write (8),
+# θ_i written back (4), Δ written and read (not fused: +4): 32 bytes per parameter, the old GPU guess.
+OUTER_STEP_DEVICE_BYTES_PER_PARAM = 32
+# A GPU's own PCIe link to the host, effective (PCIe 3.0 x16: the catalog's PCIe intra_node_gbps figure).
+HOST_LINK_GBPS = 100.0
 
 
 def link_gbps(scenario: Scenario) -> list[float]:
@@ -60,12 +65,47 @@ def payload_bytes(scenario: Scenario, payload_dtype: str | None = None) -> float
     return scenario.model.param_count * PAYLOAD_BYTES[payload_dtype or scenario.network.payload_dtype]
 
 
-def outer_step_s(scenario: Scenario) -> float:
-    """The outer step: measured by the scenario's network profile, else the CPU figure above."""
+def outer_step_s(scenario: Scenario, layouts=None) -> float:
+    """The outer step after the all-reduce: the slowest node's (node_outer_step_s); unsharded
+    nodes with the outer state on the CPU when `layouts` (one memory.Layout per node) is None."""
+    if layouts is None:
+        return _host_outer_step_s(scenario)
+    return max(node_outer_step_s(scenario, node, layout) for node, layout in zip(scenario.nodes, layouts))
+
+
+def _host_outer_step_s(scenario: Scenario) -> float:
+    """The outer step's arithmetic on the host: measured by the network profile, else the CPU figure."""
     measured = scenario.network_model.outer_step if scenario.network_model is not None else None
     if measured is not None:
         return measured(scenario.model.param_count)
     return OUTER_STEP_NS_PER_PARAM * 1e-9 * scenario.model.param_count
+
+
+def node_outer_step_s(scenario: Scenario, node, layout) -> float:
+    """One node's outer step (pseudo-gradient, Nesterov, copy back) under its layout.
+
+    outer_state = "cpu": the host's arithmetic over all Ψ parameters (_host_outer_step_s). A
+    sharded node's G processes each do their Ψ/G, but on one host they share its memory
+    bandwidth, which bounds this step, so together they take what one process takes for Ψ.
+    A sharded GPU node also copies each shard device → host (θ_i) and host → device (the new
+    θ_g), 2 · 4Ψ/G bytes per device over its own PCIe link at HOST_LINK_GBPS, in parallel. (An
+    unsharded GPU node's copy is not counted, as before sharding existed: counting it would
+    move every published result; it is 8Ψ / HOST_LINK_GBPS, 0.1 s for 150 M parameters.)
+    outer_state = "device": on the GPU, OUTER_STEP_DEVICE_BYTES_PER_PARAM per parameter of the
+    device's shard (all of Ψ unsharded) through its memory, the slowest GPU's bandwidth; CPU
+    devices keep the host figure."""
+    from calibrate.catalog import get_gpu
+
+    n = scenario.model.param_count
+    shard = n / layout.devices if layout.sharded else n
+    cpu_devices = set(node.gpus) == {"cpu"}
+    if layout.outer_state == "device" and not cpu_devices:
+        bandwidth_gbs = min(get_gpu(key).memory_bandwidth_gbs for key in node.gpus)
+        return OUTER_STEP_DEVICE_BYTES_PER_PARAM * shard / (bandwidth_gbs * 1e9)
+    host_s = _host_outer_step_s(scenario)
+    if layout.sharded and not cpu_devices:
+        host_s += 2 * 4 * shard * 8 / (HOST_LINK_GBPS * 1e9)
+    return host_s
 
 
 def ring_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
@@ -111,6 +151,12 @@ def checkpoint_s(scenario: Scenario) -> float:
     return measured(CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count) if measured is not None else 0.0
 
 
-def sync_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
-    """comm_s of one outer sync (docs/DESIGN.md): the all-reduce plus the outer optimizer step."""
-    return allreduce_s(scenario, payload_dtype, collective) + outer_step_s(scenario)
+def sync_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None,
+           layouts=None) -> float:
+    """comm_s of one outer sync (docs/DESIGN.md): the all-reduce plus the outer optimizer step.
+
+    A sharded node's devices each hold 1/G of the pseudo-gradient: the sync is G all-reduces,
+    one per shard index, run at once among the nodes; their streams share the node's uplink, so
+    its bytes (2(n−1)/n · P for a ring) and the all-reduce's time are those of one unsharded
+    all-reduce (the uplink, not the G streams, is the bottleneck)."""
+    return allreduce_s(scenario, payload_dtype, collective) + outer_step_s(scenario, layouts)

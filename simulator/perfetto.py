@@ -24,6 +24,12 @@ The slices are computed as columns (source_slices), then written either as dicts
 slices (trace_json_text: the same bytes as json.dumps of the dicts, tested, ~15 times faster).
 `geodt simulate` keeps the first rounds up to TRACE_MAX_NODE_ROUNDS node-rounds (trace_rounds)
 unless --full-trace: a trace is for looking at, and past that size ui.perfetto.dev opens it slowly.
+
+A Streaming DiLoCo strategy (given its fragment syncs, formats.timeline.SYNC_COLUMNS) is drawn per
+fragment sync instead (`streaming_events`, the dict path): on the node's thread `compute` up to
+the merge point, then `idle` and `sync` (exposed comm and the outer step); on a second thread per
+node, "<node> all-reduce", each fragment's all-reduce from its start to its end, beside the
+compute it overlaps.
 """
 from __future__ import annotations
 
@@ -214,9 +220,30 @@ def _by_strategy(frame: pd.DataFrame, prefix: str = "") -> list[tuple[str, pd.Da
 SIMULATION_NOTE = "simulated timeline; times in the scenario's seconds"
 
 
-def simulation_trace(timeline: pd.DataFrame, plan_frame: pd.DataFrame | None = None) -> dict:
-    """`geodt simulate`: one process per strategy; tokens from plan.csv's tokens_per_round."""
-    return trace_document(_by_strategy(timeline), plan_frame, note=SIMULATION_NOTE)
+def simulation_trace(timeline: pd.DataFrame, plan_frame: pd.DataFrame | None = None,
+                     syncs: pd.DataFrame | None = None, note: str = SIMULATION_NOTE) -> dict:
+    """`geodt simulate`: one process per strategy; tokens from plan.csv's tokens_per_round. With the
+    fragment syncs, Streaming DiLoCo strategies are drawn per fragment sync (streaming_events)."""
+    doc = trace_document(_by_strategy(timeline), plan_frame, note=note)
+    streaming = _streaming(plan_frame, syncs)
+    if not streaming:
+        return doc
+    pids = {name: pid for pid, (name, _) in enumerate(_by_strategy(timeline), start=1)}
+    redrawn = {pids[name] for name in streaming if name in pids}
+    events = [event for event in doc["traceEvents"] if event["pid"] not in redrawn]
+    for name in streaming:
+        if name in pids:
+            events += streaming_events(syncs[syncs["strategy"].astype(str) == name], name, pids[name])
+    doc["traceEvents"] = events
+    return doc
+
+
+def _streaming(plan_frame: pd.DataFrame | None, syncs: pd.DataFrame | None) -> list[str]:
+    """The Streaming DiLoCo strategies of a plan.csv frame (fragments > 1 or a delay), when syncs are given."""
+    if syncs is None or plan_frame is None or "fragments" not in plan_frame.columns:
+        return []
+    rows = plan_frame[(plan_frame["fragments"] > 1) | (plan_frame["sync_delay_steps"] > 0)]
+    return list(dict.fromkeys(rows["strategy"].astype(str)))
 
 
 def trace_rounds(timeline: pd.DataFrame, max_node_rounds: int | None = TRACE_MAX_NODE_ROUNDS) -> int | None:
@@ -230,16 +257,55 @@ def trace_rounds(timeline: pd.DataFrame, max_node_rounds: int | None = TRACE_MAX
 
 
 def simulation_trace_text(timeline: pd.DataFrame, plan_frame: pd.DataFrame | None = None,
-                          max_node_rounds: int | None = TRACE_MAX_NODE_ROUNDS) -> tuple[str, int | None]:
-    """trace.json of `geodt simulate` as text, and how many first rounds it holds (None: all of them)."""
+                          max_node_rounds: int | None = TRACE_MAX_NODE_ROUNDS,
+                          syncs: pd.DataFrame | None = None) -> tuple[str, int | None]:
+    """trace.json of `geodt simulate` as text, and how many first rounds it holds (None: all of them).
+    With Streaming DiLoCo strategies among the syncs, the dict path (simulation_trace)."""
     kept = trace_rounds(timeline, max_node_rounds)
     note = SIMULATION_NOTE
     if kept is not None:
         total = int(timeline["round"].max()) + 1
         timeline = timeline[timeline["round"].to_numpy() < kept]
+        syncs = None if syncs is None else syncs[syncs["round"].to_numpy() < kept]
         note += (f"; rounds 0-{kept - 1} of {total} (at most {max_node_rounds:,} node-rounds; "
                  "geodt simulate --full-trace writes every round)")
+    if _streaming(plan_frame, syncs):
+        return trace_text(simulation_trace(timeline, plan_frame, syncs, note)), kept
     return trace_json_text(_by_strategy(timeline), plan_frame, note=note), kept
+
+
+def streaming_events(syncs: pd.DataFrame, process: str, pid: int) -> list[dict]:
+    """One Streaming DiLoCo strategy's events from its fragment syncs (module docstring)."""
+    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": process}},
+                          {"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+    nodes = list(dict.fromkeys(syncs["node"].astype(str)))
+    for k, node in enumerate(nodes):
+        for tid, label in ((2 * k + 1, node), (2 * k + 2, f"{node} all-reduce")):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}})
+            events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    for k, node in enumerate(nodes):
+        rows = syncs[syncs["node"].astype(str) == node]
+        end_us = -math.inf
+        for r in rows.itertuples(index=False):
+            args = {"round": int(r.round), "fragment": int(r.fragment)}
+            ts = max(r.compute_start_s * US_PER_S, end_us)
+            parts = (("compute", r.merge_point_s - r.compute_start_s, "thread_state_running"),
+                     ("idle", r.idle_s, "terrible"), ("sync", r.exposed_s + r.outer_s, "thread_state_iowait"))
+            for name, seconds, colour in parts:
+                if seconds <= 0:
+                    continue
+                events.append({"name": name, "cat": "diloco", "ph": "X", "ts": float(ts), "dur": float(seconds * US_PER_S),
+                               "pid": pid, "tid": 2 * k + 1, "cname": colour, "args": {**args, "seconds": float(seconds)}})
+                ts = ts + seconds * US_PER_S
+            end_us = ts
+            span = r.end_s - r.start_s
+            if span > 0:
+                hidden = max(span - r.exposed_s, 0.0)
+                events.append({"name": "all-reduce", "cat": "diloco", "ph": "X", "ts": float(r.start_s * US_PER_S),
+                               "dur": float(span * US_PER_S), "pid": pid, "tid": 2 * k + 2, "cname": "generic_work",
+                               "args": {**args, "seconds": float(span), "exposed_s": float(r.exposed_s),
+                                        "hidden_s": float(hidden)}})
+    return events
 
 
 def run_trace(trace: pd.DataFrame) -> dict:

@@ -22,6 +22,8 @@ from formats.files import read_regular_file
 from formats.files import short as _short
 from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
                             limit)
+# Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
+from formats.plan import CHECKPOINTING, SHARDINGS
 from formats.scenario import DilocoConfig, ModelSection
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
@@ -58,13 +60,21 @@ class ModelConfig(ModelSection):
 
 @dataclass(frozen=True)
 class TrainingConfig:
+    """rounds R, local steps H, baseline per-device batch b; how every node lays out its memory
+    (sharding over its devices, activation recomputation: "auto" = the least that holds b, see
+    simulator/memory.py), each overridable per node."""
+
     rounds: int = 10
     local_steps: int = 100
     batch_size: int = 4
+    sharding: str = "auto"
+    activation_checkpointing: str = "auto"
 
     def __post_init__(self) -> None:
         require_positive(self, "rounds", "local_steps", "batch_size")
         limit(self, "rounds", "local_steps", "batch_size")
+        require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
 
 @dataclass(frozen=True)
@@ -112,6 +122,9 @@ class NodeConfig:
     # profiles for such a node must be measured under the same limits).
     cpu_quota: float | None = None        # share of one core per device process, e.g. 0.6
     cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
+    # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/memory.py).
+    sharding: str | None = None
+    activation_checkpointing: str | None = None
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)
@@ -132,6 +145,10 @@ class NodeConfig:
             raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
         if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
             raise FieldError("cpu_cores", f"expected a non-empty list of core indices, got {list(self.cpu_cores)!r}")
+        if self.sharding is not None:
+            require_choice(self, "sharding", ("auto",) + SHARDINGS)
+        if self.activation_checkpointing is not None:
+            require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 
     @property
     def gpu_count(self) -> int:
@@ -322,6 +339,7 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
+    _check_fragments(scenario)
     _check_profiles(scenario)
     return _with_network_profile(scenario)
 
@@ -331,6 +349,21 @@ def _resolve_model(scenario: Scenario) -> None:
         scenario.model.resolve(scenario.base_dir)
     except FieldError as exc:
         raise FieldError(f"model.{exc.key}", exc.expected) from None
+
+
+def _check_fragments(scenario: Scenario) -> None:
+    """The [diloco] fragment keys against the baseline H and the model's layers (fragments group layers)."""
+    d, steps = scenario.diloco, scenario.training.local_steps
+    if d.fragments > steps:
+        raise FieldError("diloco.fragments", f"expected at most training.local_steps ({steps}) fragments, "
+                         f"got {d.fragments}")
+    layers = scenario.model.arch.num_layers if scenario.model.arch is not None else None
+    if layers is not None and d.fragments > layers:
+        raise FieldError("diloco.fragments", f"expected at most the model's {layers} layers (a fragment is a "
+                         f"group of layers), got {d.fragments}")
+    if d.sync_delay_steps >= steps // d.fragments:
+        raise FieldError("diloco.sync_delay_steps", f"expected 0 <= sync_delay_steps < training.local_steps // "
+                         f"fragments = {steps // d.fragments}, got {d.sync_delay_steps}")
 
 
 def _check_profiles(scenario: Scenario) -> None:

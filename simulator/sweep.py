@@ -17,7 +17,8 @@ sums, in another order: they agree with `simulate` to rounding, and the plans ag
 exactly; tests/test_sweep.py checks both on a handful of scenarios).
 
 Metrics per scenario × strategy (the whole simulated run; R = the plan's rounds):
-  round_s = max_i compute_i + comm_s;  wall_s = R × round_s
+  round_s = max_i compute_i + comm_s (Streaming DiLoCo plans: wall time / R of the analytic
+  engine's fragment-sync recurrence, and idle_s its idle);  wall_s = R × round_s
   idle_s = R × Σ_i (max_j compute_j − compute_i)
   idle_floor_s = R × Σ_i t_i(b_i): the one-step bound (the CSV keeps its first name). Not a floor:
     a bound from above on the idle of a plan balanced to the step: when every node finishes
@@ -43,7 +44,7 @@ from formats.errors import InputError
 from simulator.network import outer_step_s
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
-from simulator.strategies.tables import NetTables, NodeTables, batch_cap, node_spec_tflops
+from simulator.strategies.tables import NetTables, NodeTables, batch_cap, fragment_keys, node_spec_tflops
 from simulator.timing import NodeTiming, gpu_step_coefficients, intra_node_allreduce_s
 
 Kind = tuple[tuple[str, int], ...]  # ((gpu key, count), ...) in the order of --gpu-types
@@ -125,6 +126,11 @@ def scenario_grid(spec: SweepSpec, n_kinds: int) -> tuple[np.ndarray, np.ndarray
     return np.repeat(mixes, len(bws), axis=0), np.tile(bws, len(mixes))
 
 
+# The sweep's closed form is the unsharded one (t0 + c·b plus the gradient all-reduce): its nodes
+# are planned unsharded, without recomputation, whatever the base scenario's [training] says.
+UNSHARDED_NODE = {"sharding": "none", "activation_checkpointing": "none"}
+
+
 class KindTables:
     """Per node kind, what the strategies need, computed from the base scenario exactly as NodeTiming does."""
 
@@ -133,7 +139,7 @@ class KindTables:
         b = base.training.batch_size
         single = {}
         for key in sorted({k for kind in kinds for k, _ in kind}):
-            node = NodeConfig(name="x", gpus={key: 1})
+            node = NodeConfig(name="x", gpus={key: 1}, **UNSHARDED_NODE)
             single[key] = NodeTiming(replace(base, nodes=(node,)), node, 0)
         for key, timing in single.items():  # every node must hold the baseline batch (and so batch 1)
             problem = timing.memory_problem(b)
@@ -178,7 +184,7 @@ class KindTables:
 
     @staticmethod
     def node_config(kind: Kind, name: str) -> NodeConfig:
-        return NodeConfig(name=name, gpus=dict(kind))
+        return NodeConfig(name=name, gpus=dict(kind), **UNSHARDED_NODE)
 
     def scenario(self, kinds_row, bandwidth_gbps: float) -> Scenario:
         """The Scenario a sweep row stands for (what make_plan + simulate would be given)."""
@@ -193,7 +199,7 @@ def _net(kt: KindTables, kinds: np.ndarray, bw: np.ndarray) -> NetTables:
     return NetTables(links_gbps=np.broadcast_to(bw[:, None], kinds.shape).astype(float),
                      outer_step_s=np.full(len(kinds), outer_step_s(base)), params=base.model.param_count,
                      latency_ms=base.network.latency_ms, payload_dtype=base.network.payload_dtype,
-                     collective=base.network.collective)
+                     collective=base.network.collective, **fragment_keys(base))
 
 
 def decide(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategy: str) -> dict:
@@ -209,20 +215,41 @@ def decide(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategy: str) -> 
     return out
 
 
-def metrics(d: dict, gpus: np.ndarray, seq_len: int) -> dict[str, np.ndarray]:
-    """The module docstring's metrics, per scenario, from one strategy's decisions."""
+def metrics(d: dict, gpus: np.ndarray, seq_len: int, outer_s: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """The module docstring's metrics, per scenario, from one strategy's decisions.
+
+    Streaming DiLoCo rows (fragments > 1 or a delay) are timed by the analytic engine's fragment-sync
+    recurrence (their syncs overlap compute: no closed form in general); outer_s (S,): the outer step."""
     rounds = d["rounds"]
     compute = d["steps"] * d["step_s"]
     slowest = compute.max(axis=1)
     round_s = slowest + d["comm_s"]
+    idle_s = rounds * (slowest[:, None] - compute).sum(axis=1)
+    fragments = np.broadcast_to(np.asarray(d.get("fragments", 1)), slowest.shape)
+    delay = np.broadcast_to(np.asarray(d.get("delay", 0)), slowest.shape)
+    for p in np.unique(fragments[(fragments > 1) | (delay > 0)]).tolist():
+        idx = np.flatnonzero((fragments == p) & ((fragments > 1) | (delay > 0)))
+        round_s, idle_s = round_s.astype(float), idle_s.astype(float)
+        round_s[idx], idle_s[idx] = _streaming_rounds(d, idx, int(p), delay[idx], int(np.ravel(rounds)[0]), outer_s)
     tokens_per_round = (d["steps"] * d["batch"] * gpus).sum(axis=1) * seq_len
     n = compute.shape[1]
     return {"round_s": round_s, "wall_s": rounds * round_s, "comm_s": d["comm_s"] + 0 * round_s,
-            "idle_s": rounds * (slowest[:, None] - compute).sum(axis=1),
-            "idle_floor_s": rounds * d["step_s"].sum(axis=1),
+            "idle_s": idle_s, "idle_floor_s": rounds * d["step_s"].sum(axis=1),
             "utilization": compute.sum(axis=1) / (n * round_s),
             "tokens_per_round": tokens_per_round, "tokens": rounds * tokens_per_round,
             "tokens_per_s": rounds * tokens_per_round / (rounds * round_s)}
+
+
+def _streaming_rounds(d: dict, idx: np.ndarray, fragments: int, delay: np.ndarray, rounds: int, outer_s):
+    """(round_s, idle_s summed over nodes and rounds) of the streaming rows idx (deterministic steps)."""
+    from simulator.engine_analytic import run_streaming_analytic
+    from simulator.strategies.streaming import segments
+
+    outer = np.broadcast_to(np.asarray(outer_s, dtype=float), (len(d["steps"]),))[idx] / fragments
+    allreduce = np.broadcast_to(np.asarray(d["comm_s"], dtype=float), (len(d["steps"]),))[idx] - outer
+    pre, window = segments(d["steps"][idx], d["step_s"][idx], fragments, delay)
+    out = run_streaming_analytic(pre, window, allreduce, outer, fragments, record=False, syncs=rounds * fragments)
+    return out["wall_s"] / rounds, out["idle_s"].sum(axis=1)
 
 
 def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, first_id: int) -> pd.DataFrame:
@@ -239,7 +266,7 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
     frames, results = [], {}
     for strategy in ["baseline", *[s for s in strategies if s != "baseline"]]:
         d = decide(kt, kinds, bw, strategy)
-        m = metrics(d, gpus, base.model.seq_len)
+        m = metrics(d, gpus, base.model.seq_len, outer_step_s(base))
         results[strategy] = m
         if strategy not in strategies:
             continue

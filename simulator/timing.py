@@ -1,16 +1,16 @@
 """Per-node step-time models t_i(b) and memory limits: catalog estimate, given constant, profile.
 
-Catalog estimate (affine, per GPU type g, per-GPU batch b):
+Catalog estimate (affine, per GPU type g, per-GPU batch b), `calibrate.estimate`:
 
     t_g(b) = t0_g + c_g · b
-    t0_g   = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM[dtype] · N / mem_bandwidth_g
-    c_g    = flops_per_token · seq_len / (peak_tflops_g(dtype) · 1e12 · MFU)
 
-t0 is the per-step cost that does not grow with the batch: unscaling (fp16), gradient clipping
-and the foreach AdamW update stream every parameter's fp32 weight, gradient and two moments
-through memory in several passes (OPTIMIZER_BYTES_PER_PARAM, counted), plus kernel launches. c is the per-sample cost:
-training FLOPs of one sequence at a model FLOPs utilisation MFU of the correct dense peak
-(`calibrate.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
+t0 is the per-step cost that does not grow with the batch: the optimizer's memory traffic
+(unscaling, clipping and the foreach AdamW update, OPTIMIZER_BYTES_PER_PARAM, counted), the
+weights' per-step traffic (autocast cast, GEMM reads, fp32 gradient accumulation) and kernel
+launches. c is the per-sample cost: the matmul FLOPs at the GPU's measured maximum achievable
+matmul rate, attention at FlashAttention-2's published efficiency, and the activations' memory
+traffic at the GPU's bandwidth (`calibrate.estimate`'s docstring has the terms and sources; the
+peak is `calibrate.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
 datasheet headline).
 
 A node with several GPUs runs data-parallel inside: each step waits for its slowest GPU and
@@ -22,6 +22,12 @@ a conservative choice):
 The intra-node link is the node's `intra_node_gbps` if given, else the slowest of its GPUs'
 catalog `intra_node_gbps` (NVLink for SXM parts, PCIe for the rest).
 
+That is the unsharded node. Under a sharded layout or recomputation (simulator/memory.py's
+Layout, chosen per node by `NodeTiming.layout`) t0's optimizer work is per shard (N/G), c grows
+by a third (one more forward, `calibrate.estimate`) under full recomputation, and the collectives are `intra_node_comm_s`'s: the
+all-reduce's volume after backward for zero1/zero2, and for fsdp two all-gathers and a
+reduce-scatter hidden behind compute except one unit's: t0 + max(c·b, comm) + exposed.
+
 Precedence (docs/DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
 other batches follow the catalog estimate's shape scaled to it,
 t(b) = step_time_s · est(b) / est(b_base). A `profile` replaces the per-GPU estimate with
@@ -32,40 +38,41 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from calibrate.catalog import get_gpu, peak_tflops
+from calibrate.catalog import get_gpu
+from calibrate.estimate import OPTIMIZER_BYTES_PER_PARAM, Shape, estimate_step  # noqa: F401  (re-exported)
 from formats.errors import FieldError
-from simulator.memory import GIB, memory_need_bytes
+from simulator.memory import GIB, LAYOUT_ORDER, UNSHARDED, Layout, fsdp_unit_params, memory_need_bytes
 from simulator.scenario import NodeConfig, Scenario
 
-MFU = 0.40
-LAUNCH_OVERHEAD_S = 0.008
-# Bytes of memory traffic per parameter after backward, counted op by op on calibrate/step.py's step
-# (benchmarks/count_optimizer_bytes.py, torch 2.13): foreach AdamW 80 (weight decay 8, lerp m 12, v·β2 8,
-# addcmul v 12, sqrt 8, div 8, +eps 8, addcdiv θ 16), clip_grad_norm_ 12 (norm 4, scale 8), and under fp16
-# the GradScaler's unscale 8; zero_grad(set_to_none) moves nothing. Was 36 (one fused pass).
-OPTIMIZER_BYTES_PER_PARAM = {"fp16": 100, "bf16": 92, "fp32": 92}
 GRAD_BYTES_PER_PARAM = 4
 DEFAULT_INTRA_NODE_GBPS = 100.0  # PCIe 3.0 x16 through the host, effective (the catalog's PCIe figure)
 # The largest batch any search tries: far above what a GPU holds of any preset, and it keeps
 # every search bounded when nothing (no OOM row, no memory figure) bounds the batch.
 MAX_SEARCH_BATCH = 1 << 16
+# Training FLOPs are forward + backward = 1 + 2 forwards; full recomputation adds one forward.
 
 
-def gpu_step_coefficients(scenario: Scenario, gpu_key: str) -> tuple[float, float]:
-    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key."""
-    spec = get_gpu(gpu_key)
-    n = scenario.model.param_count
-    t0 = LAUNCH_OVERHEAD_S + OPTIMIZER_BYTES_PER_PARAM[scenario.model.dtype] * n / (spec.memory_bandwidth_gbs * 1e9)
-    flops_per_sample = scenario.model.train_flops_per_token * scenario.model.seq_len
-    c = flops_per_sample / (peak_tflops(spec, scenario.model.dtype) * 1e12 * MFU)
-    return t0, c
+def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float]:
+    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key (`calibrate.estimate`).
+
+    A preset or config.json gives the model's shape; a bare `params` model has none (its work is
+    `flops_per_token`, else 6·params, at the matmul rate). A given `flops_per_token` replaces the
+    shape's matmul and attention FLOPs. Sharded (zero1/zero2/fsdp): each device clips and steps
+    AdamW on its 1/G of the parameters. Full recomputation: one more forward."""
+    model = scenario.model
+    shape = Shape.of(model.arch) if model.arch is not None else None
+    est = estimate_step(gpu_key, model.dtype, model.seq_len, shape=shape, params=model.param_count,
+                        flops_per_token=model.flops_per_token, recompute=layout.checkpointing == "full",
+                        optimizer_shards=layout.devices if layout.sharded else 1,
+                        fsdp=layout.sharding == "fsdp")
+    return est.fixed_s, est.sample_s
 
 
-def gpu_step_s(scenario: Scenario, gpu_key: str, batch):
+def gpu_step_s(scenario: Scenario, gpu_key: str, batch, layout: Layout = UNSHARDED):
     """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring).
 
     batch may be a numpy array: the same float operations, elementwise (the sweep uses that)."""
-    t0, c = gpu_step_coefficients(scenario, gpu_key)
+    t0, c = gpu_step_coefficients(scenario, gpu_key, layout)
     return t0 + c * batch
 
 
@@ -78,7 +85,8 @@ def node_intra_gbps(node: NodeConfig) -> float:
 
 def signature(node: NodeConfig) -> tuple:
     """What t_i(b) and the memory limit depend on: nodes alike in it share one timing's memo."""
-    return (tuple(sorted(node.gpus.items())), node.step_time_s, node.profile, node.intra_node_gbps)
+    return (tuple(sorted(node.gpus.items())), node.step_time_s, node.profile, node.intra_node_gbps, node.sharding,
+            node.activation_checkpointing)
 
 
 _PROFILE_CACHE: dict = {}
@@ -104,16 +112,49 @@ def _load_profile(path, seq_len, dtype, model):
 
 
 def intra_node_allreduce_s(scenario: Scenario, node: NodeConfig) -> float:
+    """The unsharded node's per-step all-reduce of fp32 gradients."""
+    return intra_node_ring_s(scenario, node, GRAD_BYTES_PER_PARAM * scenario.model.param_count)
+
+
+def intra_node_ring_s(scenario: Scenario, node: NodeConfig, payload_bytes: float) -> float:
+    """A ring all-reduce of payload_bytes among the node's devices (a reduce-scatter plus an
+    all-gather, each (k−1)/k of the payload per device): measured for CPU devices, else over the link."""
     k = node.gpu_count
     if k == 1:
         return 0.0
-    grad_bytes = GRAD_BYTES_PER_PARAM * scenario.model.param_count
     measured = scenario.network_model.ring if scenario.network_model is not None else None
     if measured is not None and set(node.gpus) == {"cpu"}:
-        # CPU devices are processes of one machine: their gradient all-reduce is the one measured.
-        return measured.all_reduce_s(k, grad_bytes)
+        # CPU devices are processes of one machine: their collectives are the ones measured.
+        return measured.all_reduce_s(k, payload_bytes)
     gbps = node_intra_gbps(node)
-    return 2 * (k - 1) / k * grad_bytes * 8 / (gbps * 1e9)
+    return 2 * (k - 1) / k * payload_bytes * 8 / (gbps * 1e9)
+
+
+def fsdp_gather_bytes(scenario: Scenario) -> int:
+    """Bytes per parameter FSDP2 gathers: the compute dtype (MixedPrecisionPolicy, memory.py)."""
+    return 2 if scenario.model.dtype in ("bf16", "fp16") else 4
+
+
+def intra_node_comm_s(scenario: Scenario, node: NodeConfig, layout: Layout) -> tuple[float, float]:
+    """(collective seconds per step, the part of it no compute hides) of a node's layout.
+
+    none: the fp32 gradient all-reduce, after backward (not overlapped: a conservative choice
+    kept from before sharding). zero1/zero2: a reduce-scatter of fp32 gradients and an all-gather
+    of the updated fp32 parameters, the all-reduce's volume (ZeRO §7: Pos and Pos+g move what
+    DDP moves), likewise not overlapped. fsdp: all-gather of the parameters in forward and again
+    in backward (p bytes each) and a reduce-scatter of fp32 gradients, (k−1)/k · Ψ · (2p + 4)
+    bytes per device, written as a ring all-reduce of Ψ(2p + 4)/2 bytes; FSDP2 prefetches the next
+    unit's gather during this unit's compute and reduce-scatters behind the backward, so only
+    the first unit's gather and the last unit's reduce-scatter are exposed (U(p + 4)/2 as a ring
+    all-reduce): the node takes max(compute, collectives) + exposed."""
+    n = scenario.model.param_count
+    if layout.sharding != "fsdp":
+        return intra_node_allreduce_s(scenario, node), 0.0
+    p = fsdp_gather_bytes(scenario)
+    total = intra_node_ring_s(scenario, node, n * (2 * p + 4) / 2)
+    arch = scenario.model.arch
+    exposed = 0.0 if arch is None else intra_node_ring_s(scenario, node, fsdp_unit_params(arch) * (p + 4) / 2)
+    return total, exposed
 
 
 @dataclass(frozen=True)
@@ -164,10 +205,59 @@ class NodeTiming:
             return "given"
         return "profile" if self.node.profile else "catalog"
 
+    @property
+    def layout(self) -> Layout:
+        """The node's memory layout: its own or [training]'s sharding and recomputation, "auto"
+        resolved to the first of memory.LAYOUT_ORDER that holds the baseline batch (else batch 1;
+        else the last candidate, whose problem check_batch_one reports)."""
+        if "layout" not in self.memo:
+            self.memo["layout"] = self._resolve_layout()
+        return self.memo["layout"]
+
+    def _candidates(self) -> list[Layout]:
+        training, node = self.scenario.training, self.node
+        sharding = node.sharding or training.sharding
+        checkpointing = node.activation_checkpointing or training.activation_checkpointing
+        outer = self.scenario.diloco.outer_state
+        g = node.gpu_count
+        if self.profiles:  # measured unsharded, without recomputation: nothing else to plan from
+            for key, value in (("sharding", sharding), ("activation_checkpointing", checkpointing)):
+                if value not in ("auto", "none"):
+                    raise FieldError(f"nodes[{self.position}].{key}", f"{value}: this node's profiles were measured "
+                                     "with none; expected none or auto (or no profile)")
+            return [Layout("none", "none", g, outer)]
+        return [Layout(s, c, g, outer) for s, c in LAYOUT_ORDER
+                if sharding in ("auto", s) and checkpointing in ("auto", c)
+                and not (sharding == "auto" and g == 1 and s != "none")]  # one device: nothing to shard over
+
+    def _resolve_layout(self) -> Layout:
+        candidates = self._candidates()
+        if len(candidates) == 1:  # nothing to choose (and a profiled node's memory is its profiles')
+            return candidates[0]
+        for batch in (self.scenario.training.batch_size, 1):
+            for layout in candidates:
+                if self._memory_problem(batch, layout) is None:
+                    return layout
+        return candidates[-1]
+
     def estimate_s(self, batch: int) -> float:
-        """Catalog estimate for the whole node: slowest GPU plus the intra-node all-reduce."""
-        slowest = max(gpu_step_s(self.scenario, key, batch) for key in self.node.gpus)
-        return slowest + intra_node_allreduce_s(self.scenario, self.node)
+        """Catalog estimate for the whole node under its layout: slowest GPU, intra-node collectives."""
+        layout = self.layout
+        comm_s, exposed_s = intra_node_comm_s(self.scenario, self.node, layout)
+        if layout.sharding != "fsdp":
+            slowest = max(gpu_step_s(self.scenario, key, batch, layout) for key in self.node.gpus)
+            return slowest + comm_s
+        slowest = 0.0
+        for key in self.node.gpus:
+            t0, c = gpu_step_coefficients(self.scenario, key, layout)
+            slowest = max(slowest, t0 + max(c * batch, comm_s))
+        return slowest + exposed_s
+
+    @property
+    def intra_s(self) -> float:
+        """Per-step seconds of the node's collectives not hidden behind compute (workload's jitter)."""
+        comm_s, exposed_s = intra_node_comm_s(self.scenario, self.node, self.layout)
+        return exposed_s if self.layout.sharding == "fsdp" else comm_s
 
     @property
     def _base_estimate_s(self) -> float:
@@ -214,11 +304,15 @@ class NodeTiming:
                 return (f"{what}: batch {batch} needs {p.peak_mem_bytes(batch) / GIB:.1f} GiB, "
                         f"the device has {p.mem_total_bytes / GIB:.1f} GiB (profile {p.source})")
             return None
-        need = memory_need_bytes(self.scenario, batch)
+        return self._memory_problem(batch, self.layout)
+
+    def _memory_problem(self, batch: int, layout: Layout) -> str | None:
+        need = memory_need_bytes(self.scenario, batch, layout)
         for key in self.node.gpus:
             have = get_gpu(key).memory_bytes
             if need > have:
-                return f"{key}: batch {batch} needs {need / GIB:.1f} GiB, the GPU has {have / GIB:.1f} GiB"
+                return (f"{key}: batch {batch} needs {need / GIB:.1f} GiB{describe(layout)}, "
+                        f"the GPU has {have / GIB:.1f} GiB")
         return None
 
     def max_batch(self, limit: int = MAX_SEARCH_BATCH) -> int:
@@ -240,6 +334,13 @@ class NodeTiming:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if self.fits(mid) else (lo, mid)
         return lo
+
+
+def describe(layout: Layout) -> str:
+    """' (fsdp over 4 devices, recomputation)' for an error message; '' unsharded, no recomputation."""
+    parts = ([f"{layout.sharding} over {layout.devices} device{'s' if layout.devices > 1 else ''}"]
+             if layout.sharded else []) + (["full recomputation"] if layout.checkpointing == "full" else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def node_timings(scenario: Scenario) -> list[NodeTiming]:

@@ -174,10 +174,15 @@ def test_plan_layout_cells_resolve_to_none_and_the_scenarios_outer_state(tmp_pat
 
 
 def test_executor_refuses_a_layout_it_does_not_run(tmp_path):
+    """A sharded node runs classic DiLoCo rounds only (real/sharding.py); sync-ddp is refused."""
     from real.launch import LaunchError, check_inputs
     from real.worker import ExecOptions
 
-    plan = PLAN.replace("comm_s\n", "comm_s,sharding\n").replace("0.01\n", "0.01,zero2\n")
+    plan = ("strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sync,sharding\n"
+            "sync-ddp,a,2,2,3,0.05,384,0.01,gradients,zero2\n")
     plan_path, scenario_path = write(tmp_path, plan=plan)
-    with pytest.raises(LaunchError, match="line 2: sharding: zero2 is not run by this executor yet; expected none"):
+    with pytest.raises(LaunchError, match="line 2: sharding: zero2 with sync = gradients \\(sync-ddp\\) is not run"):
         check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    plan_path.write_text(plan.replace("gradients", "diloco"))
+    _, runnable = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
+    assert runnable.nodes[0].sharding == "zero2"

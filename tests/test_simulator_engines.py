@@ -1,16 +1,20 @@
-"""The SimPy engine and the analytic path: hand-worked idle times, and agreement on random scenarios."""
+"""The SimPy engine and the analytic path: hand-worked idle times, and agreement on random scenarios
+(classic rounds and Streaming DiLoCo's fragment syncs, with the closed forms of the latter)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from simulator.engine import simulate, summary
-from simulator.engine_analytic import run_analytic
-from simulator.engine_simpy import run_simpy
+from simulator.engine import simulate, simulate_syncs, summary
+from simulator.engine_analytic import run_analytic, run_streaming_analytic
+from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import sync_s
+from formats.plan import merge_steps
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
+from simulator.workload import compute_matrix
 
 
 def test_hand_worked_idle(write_scenario):
@@ -90,3 +94,70 @@ def test_jitter_is_seeded_and_mean_preserving(write_scenario):
     mean = t1.groupby("node", observed=True)["compute_s"].mean().to_numpy()
     assert np.allclose(mean, [1.0, 2.0, 2.5], rtol=0.02)
     assert (t1["idle_s"] >= 0).all()
+
+
+# --- Streaming DiLoCo: the fragment-sync engines ------------------------------------------
+
+@settings(max_examples=40, deadline=None)
+@given(segments=st.lists(st.floats(0.01, 5.0), min_size=1, max_size=4), window_s=st.floats(0.0, 3.0),
+       allreduce_s=st.floats(0.0, 6.0), outer_s=st.floats(0.0, 1.0), nodes=st.integers(1, 5), rounds=st.integers(1, 5))
+def test_streaming_closed_forms_for_equal_nodes(segments, window_s, allreduce_s, outer_s, nodes, rounds):
+    # Equal nodes: each fragment costs its pre-sync compute, then the longer of its τ window and its
+    # all-reduce, then the outer step: round = Σ_p (pre_p + max(window, A) + O). τ = 0 (window 0) is
+    # the fully exposed case, round = T + P·(A + O); a window ≥ A the hidden one, round = T + P·O.
+    p = len(segments)
+    pre = np.tile(np.array(segments)[:, None], (rounds, nodes))
+    delay = np.full_like(pre, window_s)
+    closed = sum(s + max(window_s, allreduce_s) + outer_s for s in segments)
+    for run in (run_streaming_simpy, run_streaming_analytic):
+        rec = run(pre, delay, allreduce_s, outer_s, p)
+        assert np.allclose(rec["resume_s"][-1], rounds * closed, rtol=1e-12, atol=1e-9)
+    totals = run_streaming_analytic(pre, delay, allreduce_s, outer_s, p, record=False)
+    assert np.allclose(totals["idle_s"], 0.0, atol=1e-9)  # nobody waits for anybody
+    assert np.allclose(totals["comm_s"], rounds * p * (max(allreduce_s - window_s, 0.0) + outer_s), atol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(st.integers(2, 30), min_size=1, max_size=6), step_s=st.floats(0.01, 3.0),
+       fragments=st.integers(1, 4), allreduce_s=st.floats(0.0, 20.0), outer_s=st.floats(0.0, 2.0),
+       rounds=st.integers(1, 6), ckpt=st.sampled_from([0.0, 0.7]), data=st.data())
+def test_engines_agree_on_random_streaming_schedules(steps, step_s, fragments, allreduce_s, outer_s, rounds, ckpt,
+                                                     data):
+    fragments = min(fragments, min(steps))
+    tau = data.draw(st.integers(0, min(steps) // fragments - 1))
+    rng = np.random.default_rng(len(steps) + rounds)
+    step = step_s * rng.uniform(0.3, 1.0, size=len(steps))
+    pre = np.array([[(merge_steps(h, fragments)[p] - (merge_steps(h, fragments)[p - 1] if p else 0) - tau) * t
+                     for h, t in zip(steps, step)] for _ in range(rounds) for p in range(fragments)])
+    delay = np.tile(tau * step, (rounds * fragments, 1)) * rng.uniform(0.5, 1.5, size=pre.shape)
+    a = run_streaming_simpy(pre, delay, allreduce_s, outer_s, fragments, ckpt)
+    b = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt)
+    for key in a:
+        assert np.max(np.abs(np.asarray(a[key]) - np.asarray(b[key]))) <= 1e-9, key
+    totals = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt, record=False)
+    assert totals["wall_s"] == pytest.approx(b["resume_s"][-1].max(), rel=1e-12)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(step_times=st.lists(st.floats(0.01, 2.0), min_size=2, max_size=5), local_steps=st.integers(4, 40),
+       rounds=st.integers(1, 4), jitter=st.sampled_from([0.0, 0.1]), fragments=st.integers(1, 3), data=st.data())
+def test_engines_agree_on_random_streaming_scenarios(write_scenario, step_times, local_steps, rounds, jitter,
+                                                     fragments, data):
+    tau = data.draw(st.integers(0, local_steps // fragments - 1))
+    nodes = "".join(f'[[nodes]]\nname = "n{i}"\ngpus = {{ "a30" = {1 + i % 3} }}\nstep_time_s = {t!r}\n'
+                    for i, t in enumerate(step_times))
+    text = (f'name = "r"\n[model]\npreset = "llama-60m"\n[training]\nrounds = {rounds}\nlocal_steps = {local_steps}\n'
+            f'[diloco]\nfragments = {fragments}\nsync_delay_steps = {tau}\n[simulation]\njitter_cv = {jitter}\n{nodes}')
+    scenario = load_scenario(str(write_scenario(text)))
+    plan = make_plan(scenario, "baseline")
+    (ta, sa), (tb, sb) = simulate_syncs(scenario, plan, "simpy"), simulate_syncs(scenario, plan, "analytic")
+    assert np.max(np.abs(ta.iloc[:, 3:].to_numpy() - tb.iloc[:, 3:].to_numpy())) <= 1e-9
+    assert np.max(np.abs(sa.iloc[:, 4:].to_numpy() - sb.iloc[:, 4:].to_numpy())) <= 1e-9
+    # every node's round is its compute, idle and comm, back to back
+    span = ta["round_end_s"] - ta["round_start_s"]
+    assert np.allclose(span, ta["compute_s"] + ta["idle_s"] + ta["comm_s"], rtol=1e-12, atol=1e-9)
+    # the segments hold the same draws as the rounds
+    assert np.allclose(ta["compute_s"].to_numpy(), compute_matrix(scenario, plan).ravel(), rtol=1e-12)
+    assert len(sa) == rounds * fragments * len(step_times)
+
+

@@ -32,8 +32,11 @@ def cluster(path: Path, nodes: list[tuple[str, dict]], batch: int = 4, extra: st
 REPRODUCER = [("h100", {"h100-sxm": 8}), ("t4", {"t4": 2}), ("v100", {"v100": 4})]
 
 
+UNSHARDED = 'sharding = "none"\nactivation_checkpointing = "none"'
+
+
 def test_issue_reproducer_a_node_that_cannot_hold_batch_1_is_one_line(tmp_path, capsys):
-    path = cluster(tmp_path / "s.toml", REPRODUCER)
+    path = cluster(tmp_path / "s.toml", REPRODUCER, extra=UNSHARDED)
     assert simulate_main([str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"geodt simulate: {path}: nodes[1]: node 't4' cannot hold even batch 1: t4: batch 1 needs "
@@ -45,7 +48,7 @@ def test_issue_reproducer_a_node_that_cannot_hold_batch_1_is_one_line(tmp_path, 
 
 
 def test_a_baseline_batch_that_does_not_fit_is_one_line(tmp_path, capsys):
-    path = cluster(tmp_path / "s.toml", [("h100", {"h100-sxm": 8}), ("v100", {"v100": 4})])
+    path = cluster(tmp_path / "s.toml", [("h100", {"h100-sxm": 8}), ("v100", {"v100": 4})], extra=UNSHARDED)
     assert simulate_main([str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
@@ -158,11 +161,11 @@ SMALL_ARGS = ["hetero-cpu", "--set", "training.rounds=2"]
 def test_plan_after_simulate_removes_and_names_the_stale_outputs(tmp_path, capsys):
     out = tmp_path / "o"
     assert simulate_main([*SMALL_ARGS, "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml", "summary.csv", "timeline.csv",
-                                                      "trace.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml", "summary.csv", "syncs.csv",
+                                                      "timeline.csv", "trace.json"]
     capsys.readouterr()
     assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out)]) == 0
-    assert "removed timeline.csv, summary.csv, trace.json of an earlier command" in capsys.readouterr().out
+    assert "removed timeline.csv, summary.csv, syncs.csv, trace.json of an earlier command" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml"]
 
 

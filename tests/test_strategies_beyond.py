@@ -79,7 +79,10 @@ def test_hybrid_budget_window_on_other_clusters(overrides):
 def test_sync_ddp_splits_the_global_batch_by_speed():
     scenario = load_scenario("hetero-cpu", ["model.seq_len=128"])  # step times 0.06, 0.08, 0.11, 0.15 s at b = 4; G = 16
     plan = make_plan(scenario, "sync-ddp")
-    assert [n.batch_size for n in plan.nodes] == [8, 5, 2, 1]
+    # the split follows each node's t(b) shape (given step time × the catalog estimate's t(b)/t(4));
+    # the physics estimate (calibrate.estimate) gives the nominal cpu device a larger fixed share than
+    # the old 40%-of-peak one did ([8, 5, 2, 1] then)
+    assert [n.batch_size for n in plan.nodes] == [7, 4, 3, 2]
     assert [n.local_steps for n in plan.nodes] == [1, 1, 1, 1]
     assert plan.rounds == scenario.training.rounds * scenario.training.local_steps
     assert plan.comm_s == allreduce_s(scenario)  # gradients only: no outer optimizer step
@@ -96,7 +99,10 @@ def test_sync_ddp_engines_agree_with_jitter():
     np.testing.assert_allclose(a["idle_s"], b["idle_s"], atol=1e-9)
 
 
-@pytest.mark.parametrize("bandwidth, dtype, multiple", [(10.0, "fp32", 1), (1.0, "int8", 1), (0.1, "int8", 8)])
+# At 1 Gbit/s the round doubles (it was 1x under the old 40%-of-peak estimate): the physics estimate's
+# bf16 steps on the paper's cluster are shorter, so one round of the baseline's tokens no longer reaches
+# the 90% utilisation target.
+@pytest.mark.parametrize("bandwidth, dtype, multiple", [(10.0, "fp32", 1), (1.0, "int8", 2), (0.1, "int8", 8)])
 def test_network_aware_picks_payload_and_round_length(bandwidth, dtype, multiple):
     scenario = load_scenario("paper", [*BF16_FP32, f"network.bandwidth_gbps={bandwidth}"])
     plan = make_plan(scenario, "network-aware")

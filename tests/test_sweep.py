@@ -9,6 +9,7 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.scenario import load_scenario
+from simulator.network import outer_step_s
 from simulator.strategies import STRATEGIES, make_plan
 from simulator.sweep import KindTables, SweepSpec, decide, metrics, node_kinds, scenario_grid
 from simulator.sweep_cli import main as sweep
@@ -39,13 +40,15 @@ def test_fast_path_plans_equal_make_plan_exactly(handful, strategy):
         assert [n.step_s for n in plan.nodes] == d["step_s"][r].tolist()  # the same floats, not close ones
         assert plan.comm_s == comm[r]
         assert (plan.rounds or scenario.training.rounds) == d["rounds"]
+        assert plan.fragments == np.broadcast_to(d["fragments"], (len(grid),))[r]
+        assert plan.sync_delay_steps == np.broadcast_to(d["delay"], (len(grid),))[r]
 
 
-@pytest.mark.parametrize("strategy", ["baseline", "C", "hybrid", "sync-ddp", "network-aware"])
+@pytest.mark.parametrize("strategy", ["baseline", "C", "hybrid", "sync-ddp", "network-aware", "streaming"])
 def test_fast_path_metrics_match_the_simulated_timeline(handful, strategy):
     kt, grid, bw = handful
     d = decide(kt, grid, bw, strategy)
-    fast = metrics(d, kt.gpus[grid], kt.base.model.seq_len)
+    fast = metrics(d, kt.gpus[grid], kt.base.model.seq_len, outer_step_s(kt.base))
     for r in range(0, len(grid), 3):
         scenario = kt.scenario(grid[r], bw[r])
         plan = make_plan(scenario, strategy)

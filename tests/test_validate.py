@@ -36,8 +36,11 @@ def test_validation_table_sums_rounds_and_scales_measured_time():
     assert a["measured_round_s"] == pytest.approx(5.3)
     assert a["error_pct_of_round"] == pytest.approx(100 * 0.3 / 5.0)
     assert b["measured_idle_s"] == pytest.approx(0.1) and b["overrun_steps"] == 1
-    assert list(table.columns[:8]) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
+    assert list(table.columns[:9]) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert set(validation_table(timeline, trace, 1.0)["mode"]) == {"measured"}
+    assert set(table["network"]) == {"loopback"}
+    shaped = validation_table(timeline, trace, 1.0, network="shaped WAN (latency not emulated)")
+    assert set(shaped["network"]) == {"shaped WAN (latency not emulated)"}
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -93,6 +96,7 @@ def test_validate_measures_by_default(tmp_path, capsys):
                           "--threads", "1", "--set", "training.rounds=1", "--set", "training.local_steps=2"]) == 0
     table = pd.read_csv(out / "validation.csv")
     assert set(table["mode"]) == {"measured"} and len(table) == 4
+    assert set(table["network"]) == {"loopback"} and not (out / "wan.csv").exists()
     trace = pd.read_csv(out / "trace.csv")
     assert (trace["overrun_steps"] == 0).all()  # nothing padded, nothing to overrun
     printed = capsys.readouterr()

@@ -2,8 +2,9 @@
 
 A strategy is ONE batched function `decide(tables, net) -> dict` registered with
 @register("name"): it decides every row (scenario) of `NodeTables`/`NetTables` at once and
-returns at least `batch` and `steps` (S, n); optionally `comm_s` (S,), `rounds`, `collective`
-and `dtype` (scalars or (S,) arrays) where it changes how the nodes sync. `make_plan` calls it
+returns at least `batch` and `steps` (S, n); optionally `comm_s` (S,), `rounds`, `collective`,
+`dtype`, `fragments` and `delay` (Streaming DiLoCo's P and τ) (scalars or (S,) arrays) where
+it changes how the nodes sync; what it leaves out is the scenario's. `make_plan` calls it
 on a batch of one scenario; `geodt sweep` calls the very same function on thousands, so a new
 strategy works in both at once. Modules listed at the bottom register themselves on import.
 
@@ -21,7 +22,7 @@ from typing import Callable
 import numpy as np
 
 from formats.errors import FieldError, InputError
-from formats.plan import NodePlan, Plan
+from formats.plan import NodePlan, Plan, PlanError
 from simulator.scenario import Scenario
 from simulator.timing import NodeTiming, node_timings
 from simulator.strategies.tables import NetTables, NodeTables, from_scenario
@@ -57,16 +58,19 @@ def round_half_up(x: float) -> int:
 
 def node_plan(timing: NodeTiming, batch_size: int, local_steps: int) -> NodePlan:
     node = timing.node
+    layout = timing.layout
     return NodePlan(node=node.name, gpus=node.gpu_count, batch_size=batch_size, local_steps=local_steps,
-                    step_s=timing.step_s(batch_size), cpu_cores=node.cpu_cores, cpu_quota=node.cpu_quota)
+                    step_s=timing.step_s(batch_size), cpu_cores=node.cpu_cores, cpu_quota=node.cpu_quota,
+                    sharding=layout.sharding, activation_checkpointing=layout.checkpointing)
 
 
 def uniform_plan(name: str, scenario: Scenario, nodes: list[NodePlan], note: str = "") -> Plan:
     """A plan whose rounds end with one ordinary outer sync over the scenario's network."""
     from simulator.network import sync_s
 
-    return Plan(strategy=name, nodes=tuple(nodes), comm_s=sync_s(scenario),
-                seq_len=scenario.model.seq_len, note=note)
+    layouts = [t.layout for t in node_timings(scenario)]
+    return Plan(strategy=name, nodes=tuple(nodes), comm_s=sync_s(scenario, layouts=layouts),
+                seq_len=scenario.model.seq_len, note=note, outer_state=scenario.diloco.outer_state)
 
 
 def complete(d: dict, tables: NodeTables, net: NetTables) -> dict:
@@ -77,6 +81,8 @@ def complete(d: dict, tables: NodeTables, net: NetTables) -> dict:
     out.setdefault("rounds", None)
     out.setdefault("collective", net.collective)
     out.setdefault("dtype", net.payload_dtype)
+    out.setdefault("fragments", net.fragments)
+    out.setdefault("delay", net.sync_delay_steps)
     return out
 
 
@@ -124,13 +130,19 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
     _check_fits(strategy, scenario, timings, batch, tables.max_batch[0])
     nodes = tuple(node_plan(t, int(b), int(h)) for t, b, h in zip(timings, batch.tolist(), steps.tolist()))
     first = lambda v: v[0] if np.ndim(v) else v
-    return Plan(strategy=strategy, nodes=nodes, comm_s=float(first(d["comm_s"])),
-                seq_len=scenario.model.seq_len, note=rule.note(d, tables) if rule.note else "",
-                rounds=None if d["rounds"] is None else int(first(d["rounds"])),
-                collective=str(first(raw["collective"])) if "collective" in raw else None,
-                payload_dtype=str(first(raw["dtype"])) if "dtype" in raw else None,
-                sync=raw.get("sync"))
+    try:
+        return Plan(strategy=strategy, nodes=nodes, comm_s=float(first(d["comm_s"])),
+                    seq_len=scenario.model.seq_len, note=rule.note(d, tables) if rule.note else "",
+                    rounds=None if d["rounds"] is None else int(first(d["rounds"])),
+                    collective=str(first(raw["collective"])) if "collective" in raw else None,
+                    payload_dtype=str(first(raw["dtype"])) if "dtype" in raw else None,
+                    sync=raw.get("sync"), outer_state=scenario.diloco.outer_state,
+                    fragments=int(first(d["fragments"])),
+                    sync_delay_steps=int(first(d["delay"])), fragment_alpha=scenario.diloco.fragment_alpha,
+                    fragment_pattern=scenario.diloco.fragment_pattern)
+    except PlanError as exc:  # the scenario's fragments do not fit this strategy's local steps
+        raise FieldError(f"diloco.{exc.key}", f"strategy {strategy}: {exc.expected}") from None
 
 
 # Registration happens on import; keep this list in the order strategies are printed.
-from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware  # noqa: E402,F401
+from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware, streaming  # noqa: E402,F401,E501

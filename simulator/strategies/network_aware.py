@@ -45,11 +45,11 @@ def candidates(payload_dtype: str) -> list[tuple[str, int]]:
 def sync_options(net: NetTables, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """(comm_s, collective index) per row: the faster collective's all-reduce plus the outer step."""
     n = net.links_gbps.shape[1]
-    payload = net.payload_bytes(dtype)
+    payload = net.payload_bytes(dtype) / net.fragments  # one fragment's (the scenario's fragments)
     ring = ring_allreduce_s(n, net.latency_ms, payload, net.links_gbps.min(axis=1))
     part = partitioned_allreduce_raw(net.latency_ms, payload, net.links_gbps)
     which = (part < ring).astype(np.int64)
-    return np.where(which == 1, part, ring) + net.outer_step_s, which
+    return np.where(which == 1, part, ring) + net.outer_step_s / net.fragments, which
 
 
 def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.ndarray]:
@@ -62,7 +62,7 @@ def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.nda
     for k, (dtype, m) in enumerate(options):
         batch, steps = plans[m]
         compute = steps * np.take_along_axis(tables.step_s, (batch - 1)[:, :, None], axis=2)[:, :, 0]
-        utils[:, k] = compute.sum(axis=1) / (n * (compute.max(axis=1) + syncs[dtype][0]))
+        utils[:, k] = compute.sum(axis=1) / (n * (compute.max(axis=1) + net.fragments * syncs[dtype][0]))
     meets = utils >= TARGET_UTILIZATION
     pick = np.where(meets.any(axis=1), meets.argmax(axis=1), utils.argmax(axis=1))
     out = {"batch": np.empty((rows, n), np.int64), "steps": np.empty((rows, n), np.int64),

@@ -65,4 +65,4 @@ def strategy_sync_ddp(tables: NodeTables, net: NetTables) -> dict:
     """H = 1 and a gradient all-reduce every step; the baseline's global batch split by speed."""
     batch = sync_ddp_batches(tables)
     return {"batch": batch, "steps": np.ones_like(batch), "comm_s": net.allreduce_s(),
-            "rounds": tables.rounds * tables.local_steps, "sync": "gradients"}
+            "rounds": tables.rounds * tables.local_steps, "sync": "gradients", "fragments": 1, "delay": 0}

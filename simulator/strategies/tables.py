@@ -75,20 +75,39 @@ class NetTables:
     latency_ms: float
     payload_dtype: str  # the scenario's
     collective: str  # the scenario's
+    # The scenario's [diloco] Streaming DiLoCo keys: what every strategy plans with unless it chooses.
+    fragments: int = 1
+    sync_delay_steps: int = 0
+    fragment_alpha: float = 0.0
+    fragment_pattern: str = "sequential"
+    max_fragments: int = 1 << 20  # the model's layers (a fragment groups layers), if known
 
     def payload_bytes(self, dtype: str) -> float:
         return self.params * PAYLOAD_BYTES[dtype]
 
-    def allreduce_s(self, dtype: str | None = None, collective: str | None = None) -> np.ndarray:
-        """The all-reduce of the payload per row (default: the scenario's dtype and collective)."""
-        payload = self.payload_bytes(dtype or self.payload_dtype)
+    def allreduce_s(self, dtype: str | None = None, collective: str | None = None, fragments=1) -> np.ndarray:
+        """The all-reduce of 1/fragments of the payload per row (default: the scenario's dtype and
+        collective, the whole payload). fragments may be an array (S,)."""
+        payload = self.payload_bytes(dtype or self.payload_dtype) / np.asarray(fragments, dtype=float)
         if (collective or self.collective) == "partitioned":
             return partitioned_allreduce_raw(self.latency_ms, payload, self.links_gbps)
         return ring_allreduce_s(self.links_gbps.shape[1], self.latency_ms, payload, self.links_gbps.min(axis=1))
 
-    def sync_s(self) -> np.ndarray:
-        """comm_s of one ordinary outer sync per row: the all-reduce plus the outer step."""
-        return self.allreduce_s() + self.outer_step_s
+    def sync_s(self, fragments=None) -> np.ndarray:
+        """comm_s of one outer sync per row: the all-reduce plus the outer step, of one fragment
+        (1/fragments of the model; default the scenario's fragments: 1, the whole model)."""
+        p = self.fragments if fragments is None else fragments
+        return self.allreduce_s(fragments=p) + self.outer_step_s / np.asarray(p, dtype=float)
+
+
+def fragment_keys(scenario) -> dict:
+    """NetTables' Streaming DiLoCo fields from a scenario's [diloco] and model."""
+    d, arch = scenario.diloco, scenario.model.arch
+    keys = {"fragments": d.fragments, "sync_delay_steps": d.sync_delay_steps, "fragment_alpha": d.fragment_alpha,
+            "fragment_pattern": d.fragment_pattern}
+    if arch is not None:
+        keys["max_fragments"] = arch.num_layers
+    return keys
 
 
 def batch_cap(batch_size: int) -> int:
@@ -129,7 +148,8 @@ def from_scenario(scenario, timings) -> tuple[NodeTables, NetTables]:
         return np.array([[timings[i].step_s(int(v)) for i, v in enumerate(r)] for r in batch], dtype=float)
 
     net = NetTables(links_gbps=np.array([link_gbps(scenario)], dtype=float),
-                    outer_step_s=np.array([outer_step_s(scenario)], dtype=float),
+                    outer_step_s=np.array([outer_step_s(scenario, [t.layout for t in timings])], dtype=float),
                     params=scenario.model.param_count, latency_ms=scenario.network.latency_ms,
-                    payload_dtype=scenario.network.payload_dtype, collective=scenario.network.collective)
+                    payload_dtype=scenario.network.payload_dtype, collective=scenario.network.collective,
+                    **fragment_keys(scenario))
     return NodeTables(step, gpus, b, h, scenario.training.rounds, max_batch, spec[0], spec[1], lookup), net

@@ -1,0 +1,230 @@
+"""The catalog step-time estimate: one training step of a decoder-only transformer on one GPU.
+
+Torch-free (the simulator uses it; `calibrate` imports neither the simulator nor torch here).
+It replaces geodt's earlier fixed "40% of the dense peak" with what the achieved fraction
+physically depends on, each term a count of work divided by the rate the GPU does that kind
+of work at, and every rate a datasheet figure or a published measurement:
+
+    t(b) = accum·(t_weights + t_launch + b·t_sample) + t_optimizer        (b sequences per micro-step)
+
+    t_sample = s·[ F_mm/(P·η_mm) + F_attn/(P·η_attn) + B_act/BW ]            (s tokens per sequence)
+
+- F_mm = 6·(matmul weights) FLOPs per token: forward, input-gradient and weight-gradient GEMMs
+  of every linear layer and the LM head (Kaplan et al. 2020, sec. 2.1; the input embedding is
+  a lookup). They run at η_mm of the dense peak P: the Maximum Achievable Matmul FLOPS that
+  large bf16 GEMMs reach on the part (`MATMUL_EFFICIENCY`).
+- F_attn: the attention score and value products. With flash attention (FlashAttention-2,
+  Dao 2023, the kernel behind torch SDPA on GPUs) the causal half of the s×s scores is
+  computed, forward 2·s·h FLOPs per token per layer and forward + backward 3.5× that (its
+  backward recomputes the scores), at the kernel's own published efficiency η_attn
+  (`ATTENTION_EFFICIENCY`). Eager attention computes all s×s scores as batched GEMMs
+  (12·s·h per token per layer at η_mm) and moves the score matrix through memory.
+- B_act: bytes per token that the memory-bound work streams at the peak bandwidth BW: the
+  activations each GEMM reads and writes, the norms, rotary embedding, SwiGLU, residual adds,
+  the flash-attention inputs/outputs (`ACT_BYTES_*`, counted op by op below), the loss over
+  the vocabulary, and with eager attention the score matrix. This is what makes small hidden
+  sizes slow: matmul FLOPs per token grow with h², these bytes with h.
+- t_weights: per micro-step, the autocast casts fp32 weights to half precision once, the
+  forward and input-gradient GEMMs read them, and the weight gradients accumulate in fp32
+  (`WEIGHT_BYTES_PER_PARAM`). It does not grow with the batch: small per-GPU batches are
+  memory-bound through it.
+- t_launch: per micro-step, `KERNELS_PER_LAYER` kernels per layer at `LAUNCH_S` each, added
+  (not overlapped: conservative; it matters only when kernels are short).
+- t_optimizer: clipping, (fp16) unscaling and the foreach AdamW update, `OPTIMIZER_BYTES_PER_PARAM`
+  bytes per parameter counted op by op on geodt's own step (benchmarks/count_optimizer_bytes.py),
+  divided over the shards that hold the optimizer state (1 unless ZeRO/FSDP shards it).
+
+Full activation recomputation adds one forward pass: t_sample × 4/3 (forward is one of the
+three passes of every term above). Parallelism across GPUs (gradient all-reduce, FSDP
+gathers) is not in this per-GPU estimate: the simulator adds the intra-node collectives.
+
+A model given only by its parameter count (no shape) has F_mm = its FLOPs per token and no
+activation traffic: the shape terms need the hidden size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calibrate.catalog import GpuSpec, get_gpu, peak_tflops
+
+# Maximum Achievable Matmul FLOPS / dense peak, bf16, measured with mamf-finder.py (S. Bekman,
+# ml-engineering, compute/accelerator/README.md "Maximum Achievable Matmul FLOPS comparison
+# table", commit 744d01e): A100 SXM 271.2/312, H100 SXM 794.5/989 ("H200 is the same").
+MATMUL_EFFICIENCY = {"a100-40gb": 0.869, "a100-80gb": 0.869, "h100-sxm": 0.803, "h200": 0.803}
+# Parts not measured there: the lowest NVIDIA figure of that table (H100 SXM). An assumption.
+DEFAULT_MATMUL_EFFICIENCY = 0.803
+# FlashAttention-2 forward + backward, fraction of the dense peak: on A100 the paper reports
+# 50-73% of peak (Dao 2023, abstract; forward reaches the top, forward + backward the lower
+# half), taken as 0.55; on H100 FlashAttention-2 reaches 35% (Shah et al. 2024,
+# FlashAttention-3, abstract). Other parts: the A100 figure (an assumption).
+ATTENTION_EFFICIENCY = {"h100-sxm": 0.35, "h100-pcie": 0.35, "h200": 0.35}
+DEFAULT_ATTENTION_EFFICIENCY = 0.55
+# Forward bytes read + written per token per layer by the memory-bound work and the GEMMs'
+# activation operands, LLaMA block, unfused ops, half-precision activations (2 bytes) and the
+# fp32 residual stream that autocast over fp32 master weights keeps (4 bytes): attention norm
+# reads x and writes its half output 6h; q/k/v GEMMs read it three times and write q, k, v
+# 6h + 2h + 4kv; rotary reads and writes q, k 4h + 4kv; flash attention reads q, k, v and
+# writes o 4h + 4kv; output GEMM 4h; residual add (read fp32 x and the half output, write fp32)
+# 10h; MLP norm 6h; gate/up GEMMs read x twice and write 2f 4h + 4f; SiLU 4f and product 6f;
+# down GEMM 2f + 2h; residual add 10h. Sum 58h + 12kv + 16f bytes (GELU MLP of GPT/MPT: up GEMM
+# writes f, GELU reads and writes it, down GEMM reads it: 8f). Backward moves twice the forward
+# (counted on geodt's own step by benchmarks/count_activation_bytes.py: 1.79x), so ×3 in all.
+# In fp32 every activation is 4 bytes: ×2 (the residual stream's share is overcounted; small).
+ACT_BYTES_H = 58
+ACT_BYTES_KV = 12
+ACT_BYTES_FFN_GATED = 16
+ACT_BYTES_FFN_PLAIN = 8
+PASSES = 3  # forward + backward (2x forward)
+# The loss per token over the vocabulary: logits written (half), upcast to fp32, log-softmax
+# read + written, its gradient written and read, cast back, read by the head's GEMMs: 32 bytes
+# per vocabulary entry in half precision (48 in fp32), forward and backward together.
+LOSS_BYTES_PER_VOCAB = {"bf16": 32, "fp16": 32, "fp32": 48}
+# Eager attention: per score element, forward writes the scores, scales/masks (read + write),
+# softmax (read + write), the value product reads them: 6 elements; ×3 with backward.
+EAGER_SCORE_ELEMENTS = 18
+# Per micro-step weight traffic per parameter: autocast cast fp32 → half (read 4, write 2),
+# forward and input-gradient GEMMs read the half copy (2 + 2), fp32 gradient accumulation
+# (read 4, write 4). In fp32 there is no cast: reads 4 + 4, gradient 8.
+WEIGHT_BYTES_PER_PARAM = {"bf16": 18, "fp16": 18, "fp32": 16}
+# FSDP, per micro-step and parameter: the forward and backward all-gathers write the gathered
+# half-precision weights (2 + 2) and the reduce-scatter reads and writes the fp32 gradients (4 + 4).
+# The collectives' link time is taken as overlapped with compute (FSDP prefetches the next layer).
+FSDP_BYTES_PER_PARAM = 12
+# Bytes of memory traffic per parameter after backward, counted op by op on calibrate/step.py's step
+# (benchmarks/count_optimizer_bytes.py, torch 2.13): foreach AdamW 80 (weight decay 8, lerp m 12, v·β2 8,
+# addcmul v 12, sqrt 8, div 8, +eps 8, addcdiv θ 16), clip_grad_norm_ 12 (norm 4, scale 8), and under fp16
+# the GradScaler's unscale 8; zero_grad(set_to_none) moves nothing.
+OPTIMIZER_BYTES_PER_PARAM = {"fp16": 100, "bf16": 92, "fp32": 92}
+# Kernel launches: a LLaMA layer in eager PyTorch runs about 40 kernels forward and twice that
+# backward; each costs the CUDA launch latency, about 5 µs.
+KERNELS_PER_LAYER = 120
+LAUNCH_S = 5e-6
+# A model given only by its parameter count: a fixed launch budget instead (geodt's earlier figure).
+SHAPELESS_LAUNCH_S = 0.008
+# FlashAttention-1-class kernels (FlashAttention 1, the Triton tutorial kernel llm-foundry's
+# attn_impl "triton" uses) run at half FlashAttention-2's rate: FA2 "yield[s] around 2x speedup
+# compared to FlashAttention", which reached "only 25-40% of the theoretical maximum" (Dao 2023, abstract).
+FLASH1_SLOWDOWN = 2.0
+ATTENTIONS = ("flash", "flash1", "eager")
+
+
+class EstimateError(ValueError):
+    """An estimate asked for something it cannot describe (unknown attention, bad numbers)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the estimate needs of a decoder: sizes as in a LLaMA config; gated_mlp False for GELU MLPs."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    gated_mlp: bool = True
+
+    @classmethod
+    def of(cls, arch) -> "Shape":
+        """The shape of a `calibrate.presets.ModelArch`."""
+        return cls(arch.hidden_size, arch.num_layers, arch.num_heads, arch.num_kv_heads, arch.ffn_size, arch.vocab_size)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * (self.hidden // self.heads)
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights used in matrix multiplies per token: every layer's projections and the LM head."""
+        h, f = self.hidden, self.ffn
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        return self.layers * (2 * h * h + 2 * h * self.kv_dim + mlp) + self.vocab * h
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """The parts of one GPU's step time, in seconds (module docstring)."""
+
+    sample_s: float     # per sequence of the micro-batch
+    weights_s: float    # per micro-step, independent of the batch
+    launch_s: float     # per micro-step
+    optimizer_s: float  # per optimizer step
+
+    @property
+    def fixed_s(self) -> float:
+        """The per-step cost that does not grow with the batch (one micro-step per step)."""
+        return self.weights_s + self.launch_s + self.optimizer_s
+
+    def step_s(self, batch, accum: int = 1):
+        """Seconds of one optimizer step of `accum` micro-steps of `batch` sequences (batch may be an array)."""
+        return accum * (self.weights_s + self.launch_s + self.sample_s * batch) + self.optimizer_s
+
+    def tokens_per_s(self, batch: int, seq_len: int, accum: int = 1) -> float:
+        return accum * batch * seq_len / self.step_s(batch, accum)
+
+
+def efficiencies(spec: GpuSpec) -> tuple[float, float]:
+    """(η_mm, η_attn) of a catalog GPU."""
+    return (MATMUL_EFFICIENCY.get(spec.key, DEFAULT_MATMUL_EFFICIENCY),
+            ATTENTION_EFFICIENCY.get(spec.key, DEFAULT_ATTENTION_EFFICIENCY))
+
+
+def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: str, flops_per_token) -> float:
+    peak = peak_tflops(spec, dtype) * 1e12
+    bandwidth = spec.memory_bandwidth_gbs * 1e9
+    eta_mm, eta_attn = efficiencies(spec)
+    h, layers = shape.hidden, shape.layers
+    elem = 4 if dtype == "fp32" else 2
+    scale = 2 if dtype == "fp32" else 1
+    f_mm = 6.0 * shape.matmul_params if flops_per_token is None else float(flops_per_token)
+    ffn_bytes = ACT_BYTES_FFN_GATED if shape.gated_mlp else ACT_BYTES_FFN_PLAIN
+    act_bytes = scale * layers * PASSES * (ACT_BYTES_H * h + ACT_BYTES_KV * shape.kv_dim + ffn_bytes * shape.ffn)
+    act_bytes += LOSS_BYTES_PER_VOCAB[dtype] * shape.vocab
+    if attention in ("flash", "flash1"):
+        attn_s = 3.5 * 2.0 * layers * seq_len * h / (peak * eta_attn)
+        if attention == "flash1":
+            attn_s *= FLASH1_SLOWDOWN
+    else:
+        attn_s = 12.0 * layers * seq_len * h / (peak * eta_mm)
+        act_bytes += layers * EAGER_SCORE_ELEMENTS * shape.heads * seq_len * elem
+    if flops_per_token is not None:
+        attn_s = 0.0  # a given FLOP count already holds attention's
+    return seq_len * (f_mm / (peak * eta_mm) + attn_s + act_bytes / bandwidth)
+
+
+def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None = None,
+                  params: float | None = None, flops_per_token: float | None = None,
+                  attention: str = "flash", recompute: bool = False, optimizer_shards: int = 1,
+                  fsdp: bool = False) -> StepEstimate:
+    """The estimate of one GPU of type gpu_key (module docstring).
+
+    shape: the model's sizes (None: only `params` is known, and then `flops_per_token` or 6·params
+    gives the work). params: the parameter count (default: the shape's, embeddings included).
+    flops_per_token: a given training FLOP count per token, used instead of the shape's matmul
+    and attention FLOPs. optimizer_shards: how many devices share the optimizer update.
+    fsdp: the weights are gathered and the gradients reduce-scattered every micro-step."""
+    if attention not in ATTENTIONS:
+        raise EstimateError(f"unknown attention {attention!r}; expected one of {', '.join(ATTENTIONS)}")
+    if not (seq_len > 0 and optimizer_shards >= 1):
+        raise EstimateError(f"expected seq_len > 0 and optimizer_shards >= 1, got {seq_len}, {optimizer_shards}")
+    spec = get_gpu(gpu_key)
+    peak_tflops(spec, dtype)  # validates the dtype
+    bandwidth = spec.memory_bandwidth_gbs * 1e9
+    if shape is None:
+        if params is None:
+            raise EstimateError("expected a model shape or a parameter count")
+        eta_mm, _ = efficiencies(spec)
+        work = 6.0 * params if flops_per_token is None else float(flops_per_token)
+        sample_s = seq_len * work / (peak_tflops(spec, dtype) * 1e12 * eta_mm)
+        launch_s = SHAPELESS_LAUNCH_S
+    else:
+        if params is None:
+            params = shape.matmul_params + shape.vocab * shape.hidden  # + the input embedding (norms are negligible)
+        sample_s = _sample_s(shape, spec, dtype, seq_len, attention, flops_per_token)
+        launch_s = shape.layers * KERNELS_PER_LAYER * LAUNCH_S
+    if recompute:
+        sample_s *= 4.0 / 3.0
+    return StepEstimate(sample_s=sample_s,
+                        weights_s=(WEIGHT_BYTES_PER_PARAM[dtype] + (FSDP_BYTES_PER_PARAM if fsdp else 0)) * params / bandwidth,
+                        launch_s=launch_s,
+                        optimizer_s=OPTIMIZER_BYTES_PER_PARAM[dtype] * params / optimizer_shards / bandwidth)

@@ -1,0 +1,123 @@
+"""The catalog step-time estimate (calibrate/estimate.py): exact values, monotonicity, the published rows."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from calibrate.estimate import (ATTENTION_EFFICIENCY, LOSS_BYTES_PER_VOCAB, MATMUL_EFFICIENCY, EstimateError, Shape,
+                                estimate_step)
+from calibrate.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA_1B = Shape.of(PRESETS["llama-1b"])
+
+
+def test_llama_1b_on_a100_is_the_documented_sum_of_its_terms():
+    """Every term written out by hand: 2048 tokens of llama-1b (h 2048, 22 layers, kv 256, f 5632) in bf16."""
+    est = estimate_step("a100-80gb", "bf16", 2048, shape=LLAMA_1B, params=1_100_048_384)
+    peak, bw = 312e12, 2039e9
+    matmul_params = 22 * (2 * 2048**2 + 2 * 2048 * 256 + 3 * 2048 * 5632) + 32000 * 2048
+    assert matmul_params == 1_100_048_384 - 32000 * 2048 - (2 * 22 + 1) * 2048  # all but embedding and norms
+    mm = 6 * matmul_params / (peak * 0.869)
+    attn = 3.5 * 2 * 22 * 2048 * 2048 / (peak * 0.55)
+    act = (3 * 22 * (58 * 2048 + 12 * 256 + 16 * 5632) + 32 * 32000) / bw
+    assert est.sample_s == pytest.approx(2048 * (mm + attn + act), rel=1e-12)
+    assert est.sample_s == pytest.approx(0.0696708, rel=1e-5)
+    assert est.weights_s == pytest.approx(18 * 1_100_048_384 / bw, rel=1e-12)
+    assert est.optimizer_s == pytest.approx(92 * 1_100_048_384 / bw, rel=1e-12)
+    assert est.launch_s == pytest.approx(22 * 120 * 5e-6, rel=1e-12)
+    # tokens/s at 8 sequences: 8·2048 / (fixed + 8·sample)
+    assert est.tokens_per_s(8, 2048) == pytest.approx(16384 / (est.fixed_s + 8 * est.sample_s), rel=1e-12)
+    assert est.tokens_per_s(8, 2048) == pytest.approx(26010.0, rel=1e-4)
+
+
+def test_model_flops_utilisation_rises_with_model_size_on_one_gpu():
+    """The achieved fraction of peak grows with the hidden size (memory-bound work grows with h, matmuls with h²)."""
+    def mfu(preset):
+        arch = PRESETS[preset]
+        est = estimate_step("a100-80gb", "bf16", 2048, shape=Shape.of(arch), params=arch.params)
+        return est.tokens_per_s(8, 2048) * arch.train_flops_per_token(2048) / 312e12
+
+    fractions = [mfu(p) for p in ("llama-150m", "llama-1b", "llama-3.2-3b", "llama-3.1-8b")]
+    assert fractions == sorted(fractions)
+    assert 0.40 < fractions[0] < fractions[-1] < 0.70
+
+
+def test_time_grows_with_model_size_and_falls_with_a_faster_gpu():
+    times = [estimate_step("a100-80gb", "bf16", 2048, shape=Shape.of(PRESETS[p])).step_s(4)
+             for p in ("tiny", "llama-150m", "llama-1b", "llama-3.2-3b", "llama-3.1-8b", "intellect-1")]
+    assert times == sorted(times)
+    by_gpu = [estimate_step(g, "bf16", 2048, shape=LLAMA_1B).step_s(8) for g in ("a100-40gb", "a100-80gb", "h100-sxm")]
+    assert by_gpu == sorted(by_gpu, reverse=True)
+
+
+def test_attention_choices_recompute_fsdp_and_shards():
+    base = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B)
+    eager = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, attention="eager")
+    flash1 = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, attention="flash1")
+    assert base.sample_s < flash1.sample_s and base.sample_s < eager.sample_s
+    assert estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, recompute=True).sample_s == pytest.approx(base.sample_s * 4 / 3)
+    sharded = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, optimizer_shards=8, fsdp=True)
+    assert sharded.optimizer_s == pytest.approx(base.optimizer_s / 8)
+    assert sharded.weights_s == pytest.approx(base.weights_s * (18 + 12) / 18)
+    # gradient accumulation runs the optimizer once per accum micro-steps
+    assert base.step_s(2, accum=4) == pytest.approx(4 * (base.weights_s + base.launch_s + 2 * base.sample_s) + base.optimizer_s)
+
+
+def test_a_bare_parameter_count_is_matmul_work_only():
+    est = estimate_step("h100-sxm", "bf16", 1024, params=1e9)
+    assert est.sample_s == pytest.approx(1024 * 6e9 / (989.4e12 * MATMUL_EFFICIENCY["h100-sxm"]), rel=1e-12)
+    given = estimate_step("h100-sxm", "bf16", 1024, params=1e9, flops_per_token=7e9)
+    assert given.sample_s == pytest.approx(est.sample_s * 7 / 6, rel=1e-12)
+
+
+def test_constants_are_the_cited_figures():
+    assert MATMUL_EFFICIENCY["a100-80gb"] == pytest.approx(271.2 / 312, abs=5e-4)
+    assert MATMUL_EFFICIENCY["h100-sxm"] == pytest.approx(794.5 / 989, abs=5e-4)
+    assert ATTENTION_EFFICIENCY["h100-sxm"] == 0.35
+    assert LOSS_BYTES_PER_VOCAB["bf16"] == 32
+
+
+@pytest.mark.parametrize("bad", [dict(attention="sparse"), dict(optimizer_shards=0)])
+def test_bad_requests_are_refused(bad):
+    with pytest.raises(EstimateError):
+        estimate_step("a100-80gb", "bf16", 2048, shape=LLAMA_1B, **bad)
+    with pytest.raises(EstimateError):
+        estimate_step("a100-80gb", "bf16", 2048)
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("bench_estimate", ROOT / "benchmarks" / "bench_estimate.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_estimate"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_published_throughputs_median_error_within_ten_percent():
+    """The committed CSV of published measurements (benchmarks/estimate/): the issue's median goal holds;
+    every row stays within 35% (the worst, +33.5%, is torchtitan's Llama 3 8B over 64 GPUs on 8 nodes,
+    whose inter-node FSDP traffic the per-GPU estimate does not model)."""
+    results = _bench().compare()
+    assert len(results) >= 15
+    errors = sorted(abs(err) for _, _, err in results)
+    assert errors[len(errors) // 2] <= 0.10
+    assert errors[-1] <= 0.35
+    for row, _, _ in results:
+        assert row["source"].strip() and row["gpu"] and float(row["tokens_per_s_per_gpu"]) > 0
+
+
+def test_backward_moves_about_twice_the_forward_bytes_on_the_real_step():
+    """PASSES = 3 (backward = 2x forward) against the op-by-op count on geodt's own step
+    (benchmarks/count_activation_bytes.py). The count is exact for its model; the tolerance is the
+    spread across shapes (1.67 on `tiny`, 1.79-1.92 on wider models), not measurement noise."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("count_activation_bytes", ROOT / "benchmarks" / "count_activation_bytes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    forward, backward = module.count(PRESETS["tiny"], seq_len=64, batch=4, split=True)
+    assert 1.5 <= backward / forward <= 2.1
