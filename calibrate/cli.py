@@ -148,6 +148,7 @@ def _noisy_batches(rows: list[dict]) -> list[int]:
 
 
 def calibrate_main(argv: list[str] | None = None) -> int:
+    """`geodt calibrate`: check everything, then measure each device into its profile; the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = calibrate_parser().parse_args(argv)
@@ -160,43 +161,55 @@ def calibrate_main(argv: list[str] | None = None) -> int:
         print(f"geodt calibrate: {exc}", file=sys.stderr)
         return 2
 
-    import torch
-    from tqdm import tqdm
+    from calibrate.harness import HarnessError
 
-    from calibrate.harness import UNBOUNDED_MAX_BATCH, Calibrator, HarnessError, auto_search, \
-        describe_device, profile_row, resolve_devices
+    try:
+        dtype, max_batch, jobs = _open_jobs(args, arch, batches)
+    except (HarnessError, ProfileError) as exc:
+        print(f"geodt calibrate: {exc}", file=sys.stderr)
+        return 2
+    for info, writer in jobs:
+        try:
+            largest = _measure(args, arch, dtype, batches, max_batch, info, writer)
+        except KeyboardInterrupt:
+            for _, w in jobs:
+                w.close()
+            print(f"geodt calibrate: interrupted; {len(writer.rows)} row(s) kept in {writer.path}; "
+                  "rerun the same command to finish", file=sys.stderr)
+            return 130
+        writer.close()
+        _report(args, arch, dtype, batches, max_batch, info, writer, largest)
+    return 0
+
+
+def _open_jobs(args, arch, batches) -> tuple[str, int, list]:
+    """Check the devices, dtype, batches and CPU limits, apply the limits and threads, and open
+    one ProfileWriter per device: (dtype, max_batch, [(device info, writer)]). HarnessError or
+    ProfileError (no writer left open) when something is wrong."""
+    import torch
+
+    from calibrate.harness import UNBOUNDED_MAX_BATCH, HarnessError, describe_device, resolve_devices
     from calibrate.profile_writer import ProfileWriter
 
+    devices = resolve_devices(args.device)
+    cpu = devices == ["cpu"]
+    dtype = args.dtype or ("fp32" if cpu else "bf16")
+    if not cpu and dtype == "bf16" and not all(torch.cuda.get_device_capability(d) >= (8, 0) for d in devices):
+        # pre-Ampere GPUs only emulate bf16: timings would not be the GPU's
+        raise HarnessError(f"--dtype bf16: {args.device} has no native bf16 (compute capability "
+                           "below 8.0); expected --dtype fp16 or fp32")
+    max_batch = args.max_batch or (DEFAULT_CPU_MAX_BATCH if cpu else UNBOUNDED_MAX_BATCH)
+    if isinstance(batches, tuple) and batches[1] > max_batch:
+        raise HarnessError(f"--batch {args.batch}: starts above --max-batch {max_batch}")
+    if isinstance(batches, list) and batches[-1] > max_batch:  # refused up front, not an allocator error later
+        raise HarnessError(f"--batch {batches[-1]}: above --max-batch {max_batch}"
+                           f"{' (the default on CPU)' if cpu and not args.max_batch else ''}; "
+                           "expected smaller batches, or a larger --max-batch")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    limits = _apply_cpu_limits(args, cpu)
     jobs = []
     try:
-        devices = resolve_devices(args.device)
-        cpu = devices == ["cpu"]
-        dtype = args.dtype or ("fp32" if cpu else "bf16")
-        if not cpu and dtype == "bf16" and not all(
-                torch.cuda.get_device_capability(d) >= (8, 0) for d in devices):
-            # pre-Ampere GPUs only emulate bf16: timings would not be the GPU's
-            raise HarnessError(f"--dtype bf16: {args.device} has no native bf16 (compute capability "
-                               "below 8.0); expected --dtype fp16 or fp32")
-        max_batch = args.max_batch or (DEFAULT_CPU_MAX_BATCH if cpu else UNBOUNDED_MAX_BATCH)
-        if isinstance(batches, tuple) and batches[1] > max_batch:
-            raise HarnessError(f"--batch {args.batch}: starts above --max-batch {max_batch}")
-        if isinstance(batches, list) and batches[-1] > max_batch:  # refused up front, not an allocator error later
-            raise HarnessError(f"--batch {batches[-1]}: above --max-batch {max_batch}"
-                               f"{' (the default on CPU)' if cpu and not args.max_batch else ''}; "
-                               "expected smaller batches, or a larger --max-batch")
-        if args.threads:
-            torch.set_num_threads(args.threads)
-        limits = ""
-        if args.cpu_quota is not None or args.cpu_cores is not None:
-            if not cpu:
-                raise HarnessError("--cpu-quota/--cpu-cores: expected --device cpu (they limit a CPU device)")
-            from calibrate.cpulimit import CpuLimitError, apply_cpu_limits, describe_limits
-
-            try:
-                atexit.register(apply_cpu_limits(args.cpu_cores, args.cpu_quota, "geodt-calibrate"))
-            except CpuLimitError as exc:
-                raise HarnessError(str(exc)) from None
-            limits = describe_limits(args.cpu_cores, args.cpu_quota)
         for device, out in zip(devices, _out_paths(args.out, devices)):
             info = describe_device(device)
             if limits:  # the limits are part of what was measured: the profile's identity says so
@@ -205,62 +218,80 @@ def calibrate_main(argv: list[str] | None = None) -> int:
             identity = {"device_name": info.device_name, "device_index": info.device_index,
                         "gpu_key": info.gpu_key, "model": arch.name, "seq_len": args.seq_len, "dtype": dtype}
             jobs.append((info, ProfileWriter(out, identity)))
-    except (HarnessError, ProfileError) as exc:
+    except (HarnessError, ProfileError):
         for _, writer in jobs:
             writer.close()
-        print(f"geodt calibrate: {exc}", file=sys.stderr)
-        return 2
+        raise
+    return dtype, max_batch, jobs
 
-    for info, writer in jobs:
-        if not info.gpu_key:
-            print(f"geodt calibrate: warning: {info.device_name!r} matches no GPU catalog key; "
-                  "gpu_key left empty", file=sys.stderr)
-        done = writer.measured()
-        calibrator = None
-        total = None if isinstance(batches, tuple) else len(batches)
-        bar = tqdm(total=total, desc=f"calibrate {info.device}", unit="batch", file=sys.stderr)
 
-        def fits(batch: int) -> bool:
-            nonlocal calibrator
-            if batch not in done:
-                if calibrator is None:  # built lazily: a finished file needs no model
-                    calibrator = Calibrator(arch, args.seq_len, dtype, info.device, args.repeats,
-                                            args.warmup, args.seed)
-                bar.set_postfix(batch=batch)
-                row = profile_row(info, arch.name, args.seq_len, dtype, calibrator.measure(batch))
-                writer.append(row)
-                done[batch] = {k: str(v) for k, v in row.items()}
-            bar.update(1)
-            return done[batch]["oom"].lower() not in ("true", "1")
+def _apply_cpu_limits(args, cpu: bool) -> str:
+    """--cpu-quota / --cpu-cores on this process (undone at exit); their description, or ''."""
+    from calibrate.harness import HarnessError
 
-        try:
-            if isinstance(batches, tuple):
-                largest = auto_search(fits, batches[1], max_batch)
-            else:
-                for batch in batches:
-                    fits(batch)
-                largest = None
-        except KeyboardInterrupt:
-            bar.close()
-            for _, w in jobs:
-                w.close()
-            print(f"geodt calibrate: interrupted; {len(writer.rows)} row(s) kept in {writer.path}; "
-                  "rerun the same command to finish", file=sys.stderr)
-            return 130
-        bar.close()
-        writer.close()
-        print(f"{writer.path}: {info.device_name} [{info.gpu_key or '?'}], {arch.name}, "
-              f"seq_len {args.seq_len}, {dtype}")
-        print(_table(writer.rows))
-        noisy = _noisy_batches(writer.rows)
-        if noisy:
-            print(f"geodt calibrate: warning: batch {', '.join(map(str, noisy))}: p90 above "
-                  f"{NOISY_SPREAD}x p10, the device was probably busy; check with `geodt profile check "
-                  f"{writer.path}` and remeasure into a new file if needed", file=sys.stderr)
+    if args.cpu_quota is None and args.cpu_cores is None:
+        return ""
+    if not cpu:
+        raise HarnessError("--cpu-quota/--cpu-cores: expected --device cpu (they limit a CPU device)")
+    from calibrate.cpulimit import CpuLimitError, apply_cpu_limits, describe_limits
+
+    try:
+        atexit.register(apply_cpu_limits(args.cpu_cores, args.cpu_quota, "geodt-calibrate"))
+    except CpuLimitError as exc:
+        raise HarnessError(str(exc)) from None
+    return describe_limits(args.cpu_cores, args.cpu_quota)
+
+
+def _measure(args, arch, dtype: str, batches, max_batch: int, info, writer) -> int | None:
+    """Measure the batches not yet in the writer's file, appending each row as it is measured;
+    returns the largest batch that fits (--batch auto) or None."""
+    from tqdm import tqdm
+
+    from calibrate.harness import Calibrator, auto_search, profile_row
+
+    if not info.gpu_key:
+        print(f"geodt calibrate: warning: {info.device_name!r} matches no GPU catalog key; "
+              "gpu_key left empty", file=sys.stderr)
+    done = writer.measured()
+    calibrator = None
+    bar = tqdm(total=None if isinstance(batches, tuple) else len(batches), desc=f"calibrate {info.device}",
+               unit="batch", file=sys.stderr)
+
+    def fits(batch: int) -> bool:
+        nonlocal calibrator
+        if batch not in done:
+            if calibrator is None:  # built lazily: a finished file needs no model
+                calibrator = Calibrator(arch, args.seq_len, dtype, info.device, args.repeats, args.warmup, args.seed)
+            bar.set_postfix(batch=batch)
+            row = profile_row(info, arch.name, args.seq_len, dtype, calibrator.measure(batch))
+            writer.append(row)
+            done[batch] = {k: str(v) for k, v in row.items()}
+        bar.update(1)
+        return done[batch]["oom"].lower() not in ("true", "1")
+
+    try:
         if isinstance(batches, tuple):
-            print(f"largest batch that fits: {largest if largest else 'none'}"
-                  + (f" (capped by --max-batch {max_batch})" if largest == max_batch else ""))
-    return 0
+            return auto_search(fits, batches[1], max_batch)
+        for batch in batches:
+            fits(batch)
+        return None
+    finally:
+        bar.close()
+
+
+def _report(args, arch, dtype: str, batches, max_batch: int, info, writer, largest: int | None) -> None:
+    """The profile's rows as a table, a warning for noisy batches, and the largest fitting batch."""
+    print(f"{writer.path}: {info.device_name} [{info.gpu_key or '?'}], {arch.name}, "
+          f"seq_len {args.seq_len}, {dtype}")
+    print(_table(writer.rows))
+    noisy = _noisy_batches(writer.rows)
+    if noisy:
+        print(f"geodt calibrate: warning: batch {', '.join(map(str, noisy))}: p90 above "
+              f"{NOISY_SPREAD}x p10, the device was probably busy; check with `geodt profile check "
+              f"{writer.path}` and remeasure into a new file if needed", file=sys.stderr)
+    if isinstance(batches, tuple):
+        print(f"largest batch that fits: {largest if largest else 'none'}"
+              + (f" (capped by --max-batch {max_batch})" if largest == max_batch else ""))
 
 
 def profile_main(argv: list[str] | None = None) -> int:

@@ -69,6 +69,41 @@ class _Curve:
         return value
 
 
+def _measured_rows(frame: pd.DataFrame, source: str) -> tuple[list, ...]:
+    """The rows checked one by one: (batches, step times, memories, their batches, OOM batches,
+    devices' total memories, step CVs)."""
+    batches, times, mems, mem_batches, ooms, totals, cvs = [], [], [], [], [], [], []
+    for i, row in enumerate(frame.to_dict("records"), start=1):
+        try:
+            batch = int(row["batch_size"])
+        except ValueError:
+            batch = 0
+        if batch <= 0:
+            raise ProfileError(f"{source}: row {i} batch_size: {row['batch_size']!r}; expected a positive integer")
+        oom = _BOOL.get(row["oom"].strip().lower())
+        if oom is None:
+            raise ProfileError(f"{source}: row {i} oom: {row['oom']!r}; expected true or false")
+        total = _number(source, i, "mem_total_bytes", row["mem_total_bytes"], required=False)
+        if total is not None:
+            totals.append(total)
+        if batch in batches or batch in ooms:
+            raise ProfileError(f"{source}: row {i} batch_size: {batch} appears twice; expected one row per batch")
+        if oom:
+            ooms.append(batch)
+            continue
+        batches.append(batch)
+        times.append(_number(source, i, "step_s_median", row["step_s_median"], required=True))
+        p10 = _number(source, i, "step_s_p10", row["step_s_p10"], required=False)
+        p90 = _number(source, i, "step_s_p90", row["step_s_p90"], required=False)
+        # A normal's p90 − p10 spans 2 × 1.2816 σ: the step's coefficient of variation.
+        cvs.append(max(0.0, p90 - p10) / (2 * 1.2816 * times[-1]) if p10 and p90 else 0.0)
+        mem = _number(source, i, "peak_mem_bytes", row["peak_mem_bytes"], required=False)
+        if mem is not None:
+            mems.append(mem)
+            mem_batches.append(batch)
+    return batches, times, mems, mem_batches, ooms, totals, cvs
+
+
 class ProfileModel:
     """Step time and memory per batch size of one device, from a calibration profile."""
 
@@ -92,35 +127,7 @@ class ProfileModel:
             raise ProfileError(f"{source}: column 'dtype': {self.dtype!r}; expected one of {', '.join(MODEL_DTYPES)}")
         self.seq_len = int(_number(source, 1, "seq_len", first["seq_len"], required=True))
 
-        batches, times, mems, mem_batches, ooms, totals, cvs = [], [], [], [], [], [], []
-        for i, row in enumerate(frame.to_dict("records"), start=1):
-            try:
-                batch = int(row["batch_size"])
-            except ValueError:
-                batch = 0
-            if batch <= 0:
-                raise ProfileError(f"{source}: row {i} batch_size: {row['batch_size']!r}; expected a positive integer")
-            oom = _BOOL.get(row["oom"].strip().lower())
-            if oom is None:
-                raise ProfileError(f"{source}: row {i} oom: {row['oom']!r}; expected true or false")
-            total = _number(source, i, "mem_total_bytes", row["mem_total_bytes"], required=False)
-            if total is not None:
-                totals.append(total)
-            if batch in batches or batch in ooms:
-                raise ProfileError(f"{source}: row {i} batch_size: {batch} appears twice; expected one row per batch")
-            if oom:
-                ooms.append(batch)
-                continue
-            batches.append(batch)
-            times.append(_number(source, i, "step_s_median", row["step_s_median"], required=True))
-            p10 = _number(source, i, "step_s_p10", row["step_s_p10"], required=False)
-            p90 = _number(source, i, "step_s_p90", row["step_s_p90"], required=False)
-            # A normal's p90 − p10 spans 2 × 1.2816 σ: the step's coefficient of variation.
-            cvs.append(max(0.0, p90 - p10) / (2 * 1.2816 * times[-1]) if p10 and p90 else 0.0)
-            mem = _number(source, i, "peak_mem_bytes", row["peak_mem_bytes"], required=False)
-            if mem is not None:
-                mems.append(mem)
-                mem_batches.append(batch)
+        batches, times, mems, mem_batches, ooms, totals, cvs = _measured_rows(frame, source)
         if not batches:
             raise ProfileError(f"{source}: column 'step_s_median': no batch ran without OOM; "
                                "expected at least one timed batch")

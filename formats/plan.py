@@ -332,12 +332,8 @@ def _same(path, column: str, values: set):
     return values.pop()
 
 
-def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
-    """Read and validate plan.csv; raises PlanError whose message starts with the file name.
-
-    With `seq_len` (the scenario's) every row's tokens_per_round is checked against it;
-    without, seq_len is inferred and must agree between rows."""
-    path = Path(path)
+def _read_rows(path: Path) -> list[dict]:
+    """plan.csv's rows as text, the required columns present and at least one row."""
     try:
         with path.open(newline="") as fh:
             reader = csv.DictReader(fh)
@@ -352,6 +348,16 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
         raise PlanError(f"{path}: column {missing[0]}", f"missing; expected columns {', '.join(REQUIRED_COLUMNS)}")
     if not rows:
         raise PlanError(f"{path}: node", "expected at least one node row")
+    return rows
+
+
+def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
+    """Read and validate plan.csv; raises PlanError whose message starts with the file name.
+
+    With `seq_len` (the scenario's) every row's tokens_per_round is checked against it;
+    without, seq_len is inferred and must agree between rows."""
+    path = Path(path)
+    rows = _read_rows(path)
     kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float, "tokens_per_round": int,
              "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float, "fragments": int,
              "sync_delay_steps": int, "fragment_alpha": float}

@@ -66,40 +66,50 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
         cleanup()
 
 
+PROG = "geodt calibrate --scenario"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    scenario = _checked_scenario(args)
+    if isinstance(scenario, str):
+        print(f"{PROG}: {scenario}", file=sys.stderr)
+        return 2
+    jobs = [(n.name, j, n.gpu_count, n.cpu_cores, n.cpu_quota) for n in scenario.nodes for j in range(n.gpu_count)]
+    rows = _measure_all(scenario, args, jobs)
+    if isinstance(rows, int):
+        return rows
+    _write_profiles(args.out_dir, jobs, rows)
+    return 0
+
+
+def _checked_scenario(args):
+    """The scenario without its profiles, with args.batch parsed; or what is wrong, in one line."""
     from calibrate.cli import UsageError, parse_batches
     from formats.errors import InputError
     from simulator.scenario import load_scenario
 
-    prog = "geodt calibrate --scenario"
     try:
         scenario = load_scenario(args.scenario, args.overrides, without_profiles=True)
-    except InputError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    try:
         args.batch = parse_batches(args.batch)
-    except UsageError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+    except (InputError, UsageError) as exc:
+        return str(exc)
     if isinstance(args.batch, tuple):
-        print(f"{prog}: --batch: expected a list of batch sizes (auto searches one device at a time)", file=sys.stderr)
-        return 2
+        return "--batch: expected a list of batch sizes (auto searches one device at a time)"
     bad = [n.name for n in scenario.nodes if set(n.gpus) != {"cpu"}]
     if bad:
-        print(f"{prog}: {args.scenario}: nodes {', '.join(bad)}: expected CPU devices only (gpus = {{ \"cpu\" = G }}); "
-              "calibrate GPUs with geodt calibrate --device cuda:N", file=sys.stderr)
-        return 2
+        return (f"{args.scenario}: nodes {', '.join(bad)}: expected CPU devices only (gpus = {{ \"cpu\" = G }}); "
+                "calibrate GPUs with geodt calibrate --device cuda:N")
     if not args.out_dir.is_dir():
-        print(f"{prog}: --out-dir {args.out_dir}: expected an existing directory", file=sys.stderr)
-        return 2
+        return f"--out-dir {args.out_dir}: expected an existing directory"
+    return scenario
+
+
+def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
+    """Every device process at once; {rank: its rows}, or the exit status when interrupted or failed."""
     import torch.multiprocessing as mp
     from tqdm import tqdm
 
-    from calibrate.profile_writer import ProfileWriter
-
-    jobs = [(n.name, j, n.gpu_count, n.cpu_cores, n.cpu_quota) for n in scenario.nodes for j in range(n.gpu_count)]
     setup = {"preset": scenario.model.preset, "base_dir": scenario.base_dir, "seq_len": scenario.model.seq_len,
              "dtype": scenario.model.dtype, "batches": list(args.batch), "repeats": args.repeats,
              "warmup": args.warmup, "threads": args.threads, "scenario": scenario.name}
@@ -117,14 +127,20 @@ def main(argv: list[str] | None = None) -> int:
         while not procs.join():
             pass
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+        print(f"{PROG}: interrupted; nothing written", file=sys.stderr)
         return 130
     except mp.ProcessRaisedException as exc:
-        print(f"{prog}: a device process failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
+        print(f"{PROG}: a device process failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
         return 1
-    written = []
+    return rows
+
+
+def _write_profiles(out_dir: Path, jobs: list[tuple], rows: dict[int, list]) -> None:
+    """One profile per device, <node>-<j>.csv, replacing any earlier one; a line each."""
+    from calibrate.profile_writer import ProfileWriter
+
     for rank, (node, j, *_rest) in enumerate(jobs):
-        path = args.out_dir / f"{node}-{j}.csv"
+        path = out_dir / f"{node}-{j}.csv"
         identity = {k: rows[rank][0][k] for k in ("device_name", "device_index", "gpu_key", "model", "seq_len", "dtype")}
         path.unlink(missing_ok=True)  # a scenario calibration is one measurement: the whole set is new
         writer = ProfileWriter(path, identity)
@@ -133,11 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                 writer.append(row)
         finally:
             writer.close()
-        written.append(path)
         medians = ", ".join(f"b{r['batch_size']} {r['step_s_median'] * 1e3:.1f} ms" for r in rows[rank]
                             if r["step_s_median"] is not None)
         print(f"{path}: {node} device {j + 1}/{jobs[rank][2]}: {medians}")
-    return 0
 
 
 if __name__ == "__main__":

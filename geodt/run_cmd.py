@@ -173,7 +173,9 @@ def run_main(argv: list[str]) -> int:
         print(run_heading(args.emulate, args.time_scale))
         print(summary(pd.read_csv(out / "trace.csv")))
         trace_csv_to_json(out / "trace.csv", out / "trace.json")  # opens in ui.perfetto.dev
-        print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}")
+        from real.wan import network_note
+
+        print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}; network: {network_note(out)}")
     return status
 
 
@@ -211,13 +213,14 @@ def predicted_timeline(scenario, plan, engine: str):
     return timeline
 
 
-def validation_table(timeline, trace, time_scale: float, emulated: bool = False):
+def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback"):
     """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
 
     Measured times are divided by time_scale so that both are in the scenario's seconds.
     error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time;
     comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
     is predicted). Both are signed, so a bias shows.
+    network: what the run's processes talked over (real.wan.network_note).
     """
     import pandas as pd
 
@@ -240,7 +243,7 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False)
             "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
             "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
             "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
-            "mode": MODES[emulated],
+            "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
@@ -338,11 +341,14 @@ def validate_main(argv: list[str]) -> int:
         return status
     trace = pd.read_csv(out / "trace.csv")
     scale = args.time_scale if args.emulate else 1.0
-    table = validation_table(timeline, trace, scale, emulated=args.emulate)
+    from real.wan import network_note
+
+    network = network_note(out)
+    table = validation_table(timeline, trace, scale, emulated=args.emulate, network=network)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
-            else "measured, not emulated")
+            else "measured, not emulated") + f"; {network}"
     plot_validation(table, out / "validation.png",
                     f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
                     device_kind(scenario))
@@ -357,7 +363,8 @@ def validate_main(argv: list[str]) -> int:
               if reproduction_warnings(scenario, plan, args.emulate) else "")
     sync_errors = table["comm_error_pct"].dropna()
     sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
-    print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; wrote {out / 'validation.csv'}, "
+    print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}; "
+          f"wrote {out / 'validation.csv'}, "
           f"{out / 'validation.png'}, {out / 'trace.json'}")
     overruns = int(table["overrun_steps"].sum())
     if args.emulate and overruns:

@@ -2,7 +2,10 @@
 
 Never imports `simulator`: its inputs are files (plan.csv, a resolved scenario TOML) whose
 schemas live in `formats/` (torch-free, shared with the simulator); importing `real` does not
-import torch. Modules: config (scenario sections), launch (processes and rendezvous), worker
-(a node's processes and loop), sync (cross-node average by payload and collective), diloco
-(arithmetic), data, checkpoint, trace. Run it as `python -m real --plan plan.csv --scenario scenario.toml --out DIR`.
+import torch. Modules: config (scenario sections), launch (processes and rendezvous), process
+(one process's life), worker (a node's rounds, one inner-step loop for every kind), groups
+(process groups and a node's collectives), sync (cross-node average by payload and collective),
+streaming (Streaming DiLoCo's fragments), diloco (arithmetic), data, checkpoint (files and
+resuming), trace (rows, gathering, trace.csv). Run it as
+`python -m real --plan plan.csv --scenario scenario.toml --out DIR`.
 """

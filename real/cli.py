@@ -32,6 +32,9 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address of this machine the local rendezvous binds to (only there; not used "
                              "under torchrun). No authentication: trusted networks only")
+    parser.add_argument("--wan", choices=("loopback", "shaped"), default="loopback",
+                        help="loopback: every process on this machine's loopback; shaped (root): each node in a "
+                             "network namespace of its own, its link shaped to the plan's link_gbps (README)")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per process (0: the node's pinned cores, else cores / processes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -43,7 +46,7 @@ def exec_options(args: argparse.Namespace, out_dir: str):
     return ExecOptions(out_dir=out_dir, emulate=args.emulate, time_scale=args.time_scale, resume=args.resume,
                        data_path=args.data, replicate_data=args.replicate_data, timeout_s=args.timeout_s,
                        backend=args.backend, stop_after=args.stop_after, threads=args.threads,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, wan=args.wan)
 
 
 def main(argv: list[str] | None = None) -> int:

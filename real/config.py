@@ -49,6 +49,7 @@ class RunSpec:
     # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
     collective: str = "ring"
     payload_dtype: str = "fp32"
+    latency_ms: float = 1.0  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -62,6 +63,9 @@ class RunSpec:
         if self.payload_dtype not in PAYLOAD_BYTES:
             raise FieldError("network.payload_dtype",
                              f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
+        latency = self.latency_ms
+        if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not 0 <= latency < float("inf"):
+            raise FieldError("network.latency_ms", f"expected a non-negative number, got {latency!r}")
 
 
 def _check_keys(section: dict, allowed: set[str], prefix: str) -> None:
@@ -94,6 +98,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
         diloco=build(DilocoConfig, _table(data, "diloco"), "diloco"),
         collective=network.get("collective", "ring"),
         payload_dtype=network.get("payload_dtype", "fp32"),
+        latency_ms=network.get("latency_ms", 1.0),
     )
 
 

@@ -18,6 +18,12 @@ numbers ranks cumulatively over the machines, which is the plan's order. WORLD_S
 Σ G_i. torchrun's own store binds every interface; `--local-addr`/`--rdzv-endpoint`
 choose where peers connect, and GLOO_SOCKET_IFNAME which interface gloo uses.
 
+With `--wan shaped` (opts.wan; root) each node's processes run in a network namespace of
+their own, joined by a bridge, each node's link shaped both ways to its link_gbps
+(real/wan.py). The rendezvous stays a FileStore (a file is reachable from every namespace
+and carries no training traffic); gloo binds to each node's address inside its namespace.
+The launcher builds the WAN before spawning and removes it on every way out.
+
 The rendezvous has no authentication (anyone who reaches the port can join or disrupt a
 run): use it on trusted networks. It carries no pickles: everything exchanged is tensors.
 Inputs are checked here, before any process starts, so bad input fails fast with one line.
@@ -45,6 +51,9 @@ from real.process import worker_main
 from real.streaming import StreamingSpec
 
 
+LIVENESS_GRACE_S = 6.0  # > real.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
+
+
 class LaunchError(ValueError):
     """Inputs that cannot run; str() is the one-line report."""
 
@@ -65,7 +74,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
         raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
     streaming = opts.streaming or StreamingSpec.from_plan(plan)
     try:
-        streaming.check([node.local_steps for node in plan.nodes], arch.num_layers)
+        streaming.check(plan.nodes, arch.num_layers)
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
     check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
@@ -137,7 +146,7 @@ def _interface_of(ip: str) -> str | None:
     return None
 
 
-def _pin_gloo(ip: str) -> None:
+def pin_gloo(ip: str) -> None:
     """Gloo otherwise binds to the address the hostname resolves to, which may be public."""
     if "GLOO_SOCKET_IFNAME" in os.environ:
         return
@@ -156,11 +165,16 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
             os.replace(tmp, dst)
 
 
-def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple) -> None:
+def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
+                 links: tuple | None = None) -> None:
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
     # children), so no child prints a traceback or a lost-peer message on the way down.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec)
+    if links is not None:  # --wan shaped: into the node's namespace before any socket exists
+        from real.wan import enter
+
+        enter(links[plan.node_of_rank(rank)])
+    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links)
 
 
 def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> int:
@@ -178,6 +192,20 @@ def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: Exe
     return 0  # not reached: worker_main exits
 
 
+def check_wan(plan: Plan, plan_path, opts: ExecOptions, host: str) -> None:
+    """--wan shaped: a local run with every node's link known."""
+    if opts.wan == "loopback":
+        return
+    if under_torchrun():
+        raise LaunchError("--wan shaped: builds every node's network on this machine; not used under torchrun")
+    if not ipaddress.ip_address(resolve_host(host)).is_loopback:
+        raise LaunchError(f"--host {host}: not used with --wan shaped (processes bind inside the WAN's namespaces)")
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.link_gbps is None:
+            raise LaunchError(f"{plan_path}: line {i}: link_gbps: --wan shaped shapes each node's link to it; "
+                              f"expected a value on every row")
+
+
 def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
            announce=None) -> int:
     """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
@@ -186,6 +214,7 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     (warnings about the run go there, so that bad input stays one line)."""
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
+        check_wan(plan, plan_path, opts, host)
         if not under_torchrun():
             check_cpu_limits(plan, plan_path)
             ip = resolve_host(host)
@@ -196,7 +225,51 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     out_dir.mkdir(parents=True, exist_ok=True)
     if under_torchrun():
         return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
+    if opts.wan == "shaped":
+        from real.wan import shaped_run
 
+        return shaped_run(spec, plan, out_dir, lambda links: _run_local(plan_path, scenario_path, spec, plan, opts,
+                                                                       out_dir, ip, host, links, announce))
+    (out_dir / "wan.csv").unlink(missing_ok=True)  # a shaped run's description, not this run's
+    return _run_local(plan_path, scenario_path, spec, plan, opts, out_dir, ip, host, None, announce)
+
+
+def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip: str,
+               host: str, links: tuple | None, announce=None) -> int:
+    """Spawn every process here and wait for them (links: the shaped WAN's nodes, or None)."""
+    if ipaddress.ip_address(ip).is_loopback:
+        # One machine: rendezvous through a file, so nothing listens on the network.
+        pin_gloo(ip)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        listener = None
+    else:
+        listener = _listen(ip, host)
+        if listener is None:
+            return 2
+        pin_gloo(ip)
+    if announce is not None:
+        announce()
+    _copy_inputs(plan_path, scenario_path, out_dir)
+    return _run_spawned(spec, plan, opts, ip, listener, links)
+
+
+def _listen(ip: str, host: str) -> socket.socket | None:
+    """A listening socket bound to `ip` alone for the TCPStore; None (said in one line) if it cannot bind."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((ip, 0))
+    except OSError as exc:
+        listener.close()
+        print(f"real: --host: cannot bind to {host} ({ip}): {exc.strerror}; expected an address of this machine",
+              file=sys.stderr)
+        return None
+    listener.listen()
+    return listener
+
+
+def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener: socket.socket | None,
+                 links: tuple | None) -> int:
+    """Spawn every process of the plan and wait for them; returns the exit status."""
     import logging
 
     import torch.distributed as dist
@@ -204,26 +277,6 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
 
     # torch logs a line per child it stops after a failure; our own one line says it all.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    listener = None
-    if ipaddress.ip_address(ip).is_loopback:
-        # One machine: rendezvous through a file, so nothing listens on the network.
-        _pin_gloo(ip)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        store_spec_fn = lambda rdzv: ("file", os.path.join(rdzv, "store"))
-    else:
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.bind((ip, 0))
-        except OSError as exc:
-            listener.close()
-            print(f"real: --host: cannot bind to {host} ({ip}): {exc.strerror}; expected an address of this machine",
-                  file=sys.stderr)
-            return 2
-        listener.listen()
-        _pin_gloo(ip)
-    if announce is not None:
-        announce()
-    _copy_inputs(plan_path, scenario_path, out_dir)
     store = None
     context = None
     with tempfile.TemporaryDirectory(prefix="geodt-rdzv-") as rdzv:
@@ -236,40 +289,54 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
                 store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
                 listener.detach()  # the store owns (and closes) the socket now
             else:
-                store_spec = store_spec_fn(rdzv)
-            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec), nprocs=plan.world_size,
-                                         join=False, start_method="spawn")
-            while not context.join():
+                store_spec = ("file", os.path.join(rdzv, "store"))
+            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links),
+                                         nprocs=plan.world_size, join=False, start_method="spawn")
+            # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it
+            # stops: the others get that long to say so themselves before they are stopped.
+            grace_s = None if links is None else LIVENESS_GRACE_S
+            while not context.join(grace_period=grace_s):
                 pass
         except mp.ProcessExitedException as exc:
-            name = plan.nodes[plan.node_of_rank(exc.error_index)].node
-            if exc.exit_code == 130:
-                print("real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)",
-                      file=sys.stderr)
-                return 130
-            if exc.exit_code < 0:
-                how = f"was killed by signal {-exc.exit_code}" + (
-                    " (SIGKILL: often the out-of-memory killer; is the batch too large?)" if exc.exit_code == -9 else "")
-            else:
-                how = f"exited with status {exc.exit_code}"
-            print(f"real: node {name} {how}; the other processes were stopped", file=sys.stderr)
-            return 2 if exc.exit_code == 2 else 1
+            return _exited(plan, exc)
         except mp.ProcessRaisedException as exc:
             name = plan.nodes[plan.node_of_rank(exc.error_index)].node
             print(f"real: node {name} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
             return 1
         except KeyboardInterrupt:
             if context is not None:
-                for proc in context.processes:
-                    if proc.is_alive():
-                        proc.terminate()
-                for proc in context.processes:
-                    proc.join(timeout=10)
-            print("real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)",
-                  file=sys.stderr)
+                _stop(context.processes)
+            print(INTERRUPTED, file=sys.stderr)
             return 130
         finally:
             del store
             if listener is not None:
                 listener.close()
     return 0
+
+
+INTERRUPTED = "real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)"
+
+
+def _exited(plan: Plan, exc) -> int:
+    """One line for a process that exited early (the others were stopped); the run's status."""
+    name = plan.nodes[plan.node_of_rank(exc.error_index)].node
+    if exc.exit_code == 130:
+        print(INTERRUPTED, file=sys.stderr)
+        return 130
+    if exc.exit_code < 0:
+        how = f"was killed by signal {-exc.exit_code}" + (
+            " (SIGKILL: often the out-of-memory killer; is the batch too large?)" if exc.exit_code == -9 else "")
+    else:
+        how = f"exited with status {exc.exit_code}"
+    print(f"real: node {name} {how}; the other processes were stopped", file=sys.stderr)
+    return 2 if exc.exit_code == 2 else 1
+
+
+def _stop(processes) -> None:
+    """Terminate the processes still alive and wait for each (10 s at most)."""
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in processes:
+        proc.join(timeout=10)

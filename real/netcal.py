@@ -150,9 +150,9 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     """Rows (kind, size, [seconds per repeat]) measured among `processes` spawned processes."""
     import torch.multiprocessing as mp
 
-    from real.launch import _pin_gloo
+    from real.launch import pin_gloo
 
-    _pin_gloo("127.0.0.1")  # nothing listens beyond loopback
+    pin_gloo("127.0.0.1")  # nothing listens beyond loopback
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     args_dict = {"sizes": sizes, "repeats": repeats, "threads": threads, "ckpt_dir": ckpt_dir}

@@ -1,5 +1,5 @@
 """How a plan is executed (ExecOptions), and the helpers every process of a run shares:
-lost-peer errors, the settings a resume must match, backend choice."""
+lost-peer errors (run_collective), the settings a resume must match, backend choice, sleep_until."""
 from __future__ import annotations
 
 import time
@@ -8,9 +8,12 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from real.config import RunSpec
 from formats.plan import Plan
+from real.config import RunSpec
 from real.streaming import StreamingSpec
+
+WAN_MODES = ("loopback", "shaped")
+
 
 @dataclass(frozen=True)
 class ExecOptions:
@@ -29,6 +32,7 @@ class ExecOptions:
     progress: bool = True
     checkpoint: bool = True
     summary: bool = True           # rank 0 prints per-node totals at the end
+    wan: str = "loopback"          # loopback | shaped (real/wan.py: node namespaces, shaped links)
     # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for
     # P = 1, τ = 0, α = 0 (which must then equal the classic loop bit for bit: a test's check).
     streaming: StreamingSpec | None = None
@@ -44,6 +48,8 @@ class ExecOptions:
             raise ValueError(f"--backend: expected auto, gloo or nccl, got {self.backend!r}")
         if self.stop_after is not None and self.stop_after <= 0:
             raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
+        if self.wan not in WAN_MODES:
+            raise ValueError(f"--wan: expected {' or '.join(WAN_MODES)}, got {self.wan!r}")
         if self.threads < 0:
             raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 
@@ -59,13 +65,15 @@ def resolve_backend(backend: str, local_world: int) -> str:
     return "nccl" if cuda else "gloo"
 
 
-def _sleep_until(deadline: float) -> None:
+def sleep_until(deadline: float) -> None:
+    """Sleep until time.perf_counter() reaches `deadline` (no sleep when it has)."""
     remaining = deadline - time.perf_counter()
     if remaining > 0:
         time.sleep(remaining)
 
 
-def _collective(fn, *args, **kwargs):
+def run_collective(fn, *args, **kwargs):
+    """fn(*args, **kwargs), a collective; a lost peer surfaces as PeerLost."""
     try:
         return fn(*args, **kwargs)
     except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these

@@ -10,11 +10,12 @@ import torch
 import torch.distributed as dist
 
 from calibrate.cpulimit import CpuLimitError
+from formats.plan import Plan
 from real.config import RunSpec
 from real.data import make_chain
 from real.options import ExecOptions, PeerLost, resolve_backend
-from formats.plan import Plan
 from real.worker import Node
+
 
 def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:
     """Join the group: ("file", path) or ("tcp", host, port) from the local launcher, or
@@ -46,13 +47,18 @@ def _apply_limits(plan: Plan, rank: int):
 
 
 def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,
-                opts: ExecOptions, store_spec: tuple | None) -> None:
+                opts: ExecOptions, store_spec: tuple | None, links: tuple | None = None) -> None:
     """Entry of one process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad
-    input, 130 when interrupted."""
+    input, 130 when interrupted. `links`: the shaped WAN's nodes (real/wan.py), or None."""
     name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
     cleanup = lambda: None
     status = 0
+    liveness = None
     try:
+        if links is not None and rank == plan.first_rank(plan.node_of_rank(rank)):
+            from real.wan import serve_liveness
+
+            liveness = serve_liveness(links[plan.node_of_rank(rank)])  # open until this process exits
         cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
@@ -65,8 +71,16 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
                   f"{chain.entropy_rate():.4f} nats/token (the best achievable loss)", file=sys.stderr, flush=True)
         node.run()
     except PeerLost as exc:
-        print(f"real: node {name} (rank {rank}): lost contact with its peers ({exc}); a peer process "
-              f"died or the network failed; stopping", file=sys.stderr, flush=True)
+        whom = None
+        if links is not None:
+            from real.wan import lost_message
+
+            whom = lost_message(links, plan.node_of_rank(rank))
+        if whom is not None:
+            print(f"real: node {name} (rank {rank}): {whom}; stopping", file=sys.stderr, flush=True)
+        else:
+            print(f"real: node {name} (rank {rank}): lost contact with its peers ({exc}); a peer process "
+                  f"died or the network failed; stopping", file=sys.stderr, flush=True)
         status = 1  # no destroy_process_group: it could block on the dead peer
     except KeyboardInterrupt:
         status = 130

@@ -29,16 +29,16 @@ on the node leader's clock plus bytes_sent:
 - start_s, end_s: the average itself, from the moment every node had started it (a
   one-element all-reduce of the leaders marks it) to its end (broadcast in the node included);
 - merge_point_s: the node reached the fragment's merge point and began to wait;
-- idle_s, exposed_s: that wait, split as the simulator splits it: exposed is what the node's
-  own average would still have taken had it started at its sync point
-  (min(wait, max(sync_point_s + end_s − start_s − merge_point_s, 0))), idle the rest, the
-  wait for slower nodes;
+- idle_s, exposed_s: that wait, split as the simulator splits it (formats/timeline.py): idle
+  until the average started (the wait for slower nodes), exposed while it ran;
 - outer_s: the main thread's own sync work (pseudo-gradient, outer step, merge).
 The round's trace row (trace.csv) keeps docs/DESIGN.md's accounting: idle_s = Σ idle_s,
 comm_s = Σ (exposed_s + outer_s), and compute_s the rest of the round, hidden comm included.
 Under --emulate each fragment's average is padded to the plan's comm_s (one fragment sync).
 """
 from __future__ import annotations
+
+from datetime import timedelta
 
 import re
 import time
@@ -50,12 +50,13 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from formats.plan import FRAGMENT_PATTERNS, fragment_problem, merge_steps
+from formats.timeline import SYNC_COLUMNS as SIM_SYNC_COLUMNS
 from real.diloco import OuterState
 from real.sharding import peak_memory_reset
+from real.trace import trace_row
 
-PATTERNS = ("sequential", "strided")
-SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
-                "merge_point_s", "idle_s", "exposed_s", "outer_s", "bytes_sent"]
+SYNC_COLUMNS = SIM_SYNC_COLUMNS + ["bytes_sent"]  # what a real run adds to the simulator's
 SYNC_NUMERIC = SYNC_COLUMNS[2:]
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
@@ -77,8 +78,9 @@ class StreamingSpec:
             raise ValueError(f"sync_delay_steps: expected an integer >= 0, got {tau!r}")
         if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
             raise ValueError(f"fragment_alpha: expected a number in [0, 1], got {alpha!r}")
-        if self.fragment_pattern not in PATTERNS:
-            raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {self.fragment_pattern!r}")
+        if self.fragment_pattern not in FRAGMENT_PATTERNS:
+            raise ValueError(f"fragment_pattern: expected one of {', '.join(FRAGMENT_PATTERNS)}, "
+                             f"got {self.fragment_pattern!r}")
         object.__setattr__(self, "fragment_alpha", float(alpha))
 
     @classmethod
@@ -92,23 +94,20 @@ class StreamingSpec:
     def classic(self) -> bool:
         return self.fragments == 1 and self.sync_delay_steps == 0 and self.fragment_alpha == 0.0
 
-    def check(self, local_steps: Sequence[int], layers: int) -> None:
-        """Every node can sync P fragments a round with τ < ⌊H_i/P⌋ (one fragment in flight), and
-        every fragment holds at least one of the model's layers."""
+    def check(self, nodes, layers: int) -> None:
+        """Every node can hold the schedule (formats.plan.fragment_problem: P ≤ H_i and
+        τ < ⌊H_i/P⌋, one fragment in flight), and every fragment holds one of the model's layers."""
         if self.fragments > layers:
             raise ValueError(f"fragments: expected at most the model's {layers} layers, got {self.fragments}")
-        h = min(local_steps)
-        if h < self.fragments:
-            raise ValueError(f"fragments: expected at most the least local_steps ({h}), got {self.fragments}")
-        if self.sync_delay_steps >= h // self.fragments:
-            raise ValueError(f"sync_delay_steps: expected less than local_steps / fragments = {h // self.fragments} "
-                             f"(the least over the nodes), got {self.sync_delay_steps}")
+        problem = fragment_problem([n.local_steps for n in nodes], self.fragments, self.sync_delay_steps)
+        if problem is not None:
+            key, i, expected = problem
+            raise ValueError(f"{key}: node {nodes[i].node} (local_steps {nodes[i].local_steps}): {expected}")
 
     def schedule(self, local_steps: int) -> list[tuple[int, int]]:
-        """(prepare, sync) per fragment: inner steps of the round done when the fragment's average
-        starts and when it is applied."""
-        p = self.fragments
-        return [((k + 1) * local_steps // p - self.sync_delay_steps, (k + 1) * local_steps // p) for k in range(p)]
+        """(prepare, merge) per fragment: inner steps of the round done when the fragment's average
+        starts and when it is applied (formats.plan.merge_steps)."""
+        return [(m - self.sync_delay_steps, m) for m in merge_steps(local_steps, self.fragments)]
 
     def config(self) -> dict:
         """The settings a resumed run must share (real/options.run_config)."""
@@ -127,7 +126,7 @@ def fragment_layout(names: Sequence[str], fragments: int, pattern: str) -> list[
     elif pattern == "strided":
         of_layer = {l: rank[l] % fragments for l in ids}
     else:
-        raise ValueError(f"fragment_pattern: expected one of {', '.join(PATTERNS)}, got {pattern!r}")
+        raise ValueError(f"fragment_pattern: expected one of {', '.join(FRAGMENT_PATTERNS)}, got {pattern!r}")
     first = next(i for i, l in enumerate(layers) if l is not None)
     out: list[list[int]] = [[] for _ in range(fragments)]
     for i, layer in enumerate(layers):
@@ -199,7 +198,7 @@ class FragmentedOuter:
             if alpha == 0.0:
                 p.copy_(g)  # lerp with weight 0 would turn a −0.0 into +0.0: classic bits need a copy
             else:
-                p.copy_(torch.lerp(g, p.detach(), alpha))
+                p.copy_(torch.lerp(g.to(p.device), p.detach(), alpha))
 
     def model_flat(self) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for p in self.outer.params]).cpu()
@@ -239,7 +238,7 @@ class BackgroundSync:
         self.crosses, self.leaders_group, self.node_group = crosses, leaders_group, node_group
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-comm", initializer=threads_for_comm)
         self.stream = torch.cuda.Stream(node.device) if node.device.type == "cuda" else None
-        self.flag = torch.zeros(1, device=node.device)
+        self.flag = torch.zeros(1, device=node.outer_device)
 
     def start(self, k: int, delta: torch.Tensor) -> object:
         event = None
@@ -264,8 +263,11 @@ class BackgroundSync:
             else:
                 ready = time.perf_counter()
                 average = delta
-            if node.me.gpus > 1:
-                dist.broadcast(average, src=node.leader_rank, group=self.node_group)
+            if node.me.gpus > 1:  # staged through the device when the outer state is on the CPU
+                staged = average if average.device == node.device else average.to(node.device)
+                dist.broadcast(staged, src=node.leader_rank, group=self.node_group)
+                if staged is not average:
+                    average.copy_(staged)
             if self.stream is not None:
                 self.stream.synchronize()
             if opts.emulate:  # the plan's comm_s is one fragment sync
@@ -291,9 +293,12 @@ class StreamingRound:
         self.schedule = spec.schedule(node.me.local_steps)
         # The communication thread's own groups, created by every process in the same order.
         n = len(plan.nodes)
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)))
+        timeout = timedelta(seconds=node.opts.timeout_s)  # new_group's own default is 30 minutes
+        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)), timeout=timeout)
                        for i, nd in enumerate(plan.nodes)]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)])
+        # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/worker.py)
+        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout,
+                                 backend="gloo" if node.outer_device != node.device else None)
         crosses = None
         if node.is_leader:
             links = [nd.link_gbps for nd in plan.nodes]
@@ -305,40 +310,42 @@ class StreamingRound:
 
     def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[dict, float]:
         """Wait for fragment k's average and apply it: (the syncs.csv row, the resume time)."""
-        from real.options import _collective
+        from real.options import run_collective  # real.options imports this module
 
         node, d = self.node, self.node.spec.diloco
         merge = time.perf_counter()
-        average, sent, start, end = _collective(flight.future.result)
+        average, sent, start, end = run_collective(flight.future.result)
         waited = time.perf_counter()
         self.fragmented.apply(k, average, d.outer_lr, d.outer_momentum, self.spec.fragment_alpha)
-        node._sync_device()
+        node.groups.sync_device()
         resume = time.perf_counter()
         wait = waited - merge
-        exposed = min(wait, max(flight.sync_point + (end - start) - merge, 0.0))
+        idle = min(wait, max(start - merge, 0.0))
         at = lambda t: node.time_offset_s + t - t0
         row = {"fragment": k, "compute_start_s": at(flight.compute_start), "sync_point_s": at(flight.sync_point),
-               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": wait - exposed,
-               "exposed_s": exposed, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
+               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": idle,
+               "exposed_s": wait - idle, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
         return row, resume
 
     def run_round(self, r: int, t0: float, bar=None) -> dict:
+        """Round r: the node's inner steps (real/worker.py's loop), fragment k's pseudo-gradient
+        handed to the communication thread after its prepare step, its average applied after its
+        merge step."""
+        from real.worker import RoundClock
+
         node = self.node
         prepare_at = {p: k for k, (p, _) in enumerate(self.schedule)}
         sync_at = {s: k for k, (_, s) in enumerate(self.schedule)}
-        grad_sync = node._grad_sync if node.me.gpus > 1 else None
         peak_memory_reset(node.device)
         round_start = time.perf_counter()
-        clock = {"deadline": round_start, "overruns": 0}
-        loss_sum = torch.zeros((), device=node.device)
+        clock = RoundClock(deadline=round_start)
         rows, resume, flight = [], round_start, None
-        for step in range(1, node.me.local_steps + 1):
-            loss_sum += node.train_inner_step(clock, grad_sync)
-            if bar is not None:
-                bar.update(1)
+
+        def after_step(step: int) -> None:
+            nonlocal resume, flight
             if step in prepare_at:
                 k = prepare_at[step]
-                node._sync_device()
+                node.groups.sync_device()
                 begin = time.perf_counter()
                 delta = (self.fragmented.pseudo_gradient(k, node.coef) if node.is_leader
                          else self.fragmented.buffer(k))
@@ -349,27 +356,19 @@ class StreamingRound:
                 row, resume = self._sync(sync_at[step], flight, t0)
                 rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
                 flight = None
-        if node.me.gpus > 1:
-            from real.options import _collective
 
-            _collective(dist.all_reduce, loss_sum, group=node.node_group)
-            loss_sum /= node.me.gpus
-        node._sync_device()
+        loss_sum = node.inner_steps(clock, node.node_grad_sync(), bar, after_step)
+        node.groups.sync_device()
         end = time.perf_counter()
         if node.is_leader:
             self.rows.extend(rows)
         idle = sum(row["idle_s"] for row in rows)
         comm = sum(row["exposed_s"] + row["outer_s"] for row in rows)
-        return {
-            "strategy": node.plan.strategy, "node": node.me.node, "round": r,
-            "compute_s": end - round_start - idle - comm, "idle_s": idle, "comm_s": comm,
-            "round_start_s": node.time_offset_s + round_start - t0, "round_end_s": node.time_offset_s + end - t0,
-            "loss": float(loss_sum.item()) / node.me.local_steps, "tokens": node.tokens_per_round,
-            "overrun_steps": clock["overruns"], "ckpt_s": 0.0,
-            "local_steps": node.me.local_steps, "batch_size": node.batch,
-            "bytes_sent": sum(row["bytes_sent"] for row in rows),
-            "peak_mem_bytes": node._peak_memory(),
-        }
+        return trace_row(node.plan.strategy, node.me, r, compute_s=end - round_start - idle - comm, idle_s=idle,
+                         comm_s=comm, start_s=node.time_offset_s + round_start - t0,
+                         end_s=node.time_offset_s + end - t0, loss=float(loss_sum.item()) / node.me.local_steps,
+                         tokens=node.tokens_per_round, overruns=clock.overruns,
+                         bytes_sent=sum(row["bytes_sent"] for row in rows), peak_mem_bytes=node.peak_memory())
 
     # --- checkpoints: the model's own weights (they differ from θ_g) and the fragment rows ---
     def state_dict(self) -> dict:

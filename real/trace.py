@@ -7,6 +7,10 @@ device), `bytes_sent` (bytes this node put on the wire in that sync; real/sync.p
 `peak_mem_bytes` (the largest peak memory of the node's device processes during the round,
 compute and sync: CUDA torch.cuda.max_memory_allocated, CPU the peak resident set size;
 real/sharding.py).
+
+Each node's leader makes its rows (`trace_row`); at the end `gather_tables` brings every
+leader's rows to rank 0 as float64 tensors (nothing travels as pickles), which writes
+trace.csv (and, under Streaming DiLoCo, syncs.csv: real/streaming.py).
 """
 from __future__ import annotations
 
@@ -15,10 +19,67 @@ from pathlib import Path
 
 import pandas as pd
 
+from formats.plan import NodePlan, Plan
 from formats.timeline import TRACE_COLUMNS
 
 NUMERIC_COLUMNS = TRACE_COLUMNS[2:]  # what travels between nodes as a float64 tensor
 INT_COLUMNS = ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent", "peak_mem_bytes")
+
+
+def trace_row(strategy: str, node: NodePlan, r: int, *, compute_s: float, idle_s: float, comm_s: float,
+              start_s: float, end_s: float, loss: float, tokens: int, overruns: int, bytes_sent: int,
+              peak_mem_bytes: int) -> dict:
+    """One node's row of round r (ckpt_s is filled in once the checkpoint is written)."""
+    return {
+        "strategy": strategy, "node": node.node, "round": r,
+        "compute_s": compute_s, "idle_s": idle_s, "comm_s": comm_s, "round_start_s": start_s, "round_end_s": end_s,
+        "loss": loss, "tokens": tokens, "overrun_steps": overruns, "ckpt_s": 0.0,
+        "local_steps": node.local_steps, "batch_size": node.batch_size, "bytes_sent": bytes_sent,
+        "peak_mem_bytes": peak_mem_bytes,
+    }
+
+
+def gather_tables(groups, n: int, rows: list[dict], columns: list[str]) -> list[list[list[float]]] | None:
+    """Every leader's rows (the numeric `columns`, as float64; padded over the leaders' group to
+    the longest node's count), in plan order, on rank 0; None on every other process."""
+    if not groups.is_leader:
+        return None
+    tables = _gather_tables(groups, n, rows, columns)
+    return tables if groups.rank == 0 else None
+
+
+def trace_rows(plan: Plan, tables: list[list[list[float]]]) -> list[dict]:
+    """trace.csv's rows from the gathered tables (NUMERIC_COLUMNS values, plan order)."""
+    rows = []
+    for node, table in zip(plan.nodes, tables):
+        for values in table:
+            row = {"strategy": plan.strategy, "node": node.node, **dict(zip(NUMERIC_COLUMNS, values))}
+            for c in INT_COLUMNS:
+                row[c] = int(row[c])
+            rows.append(row)
+    return rows
+
+
+def _gather_tables(groups, n: int, rows: list[dict], columns: list[str]) -> list[list[list[float]]]:
+    """Leaders only: every leader's rows (the numeric columns, as float64) in plan order."""
+    import torch
+    import torch.distributed as dist
+
+    from real.options import run_collective
+
+    device = groups.device
+    mine = torch.tensor([[float(row[c]) for c in columns] for row in rows],
+                        dtype=torch.float64, device=device).reshape(-1, len(columns))
+    if n == 1:
+        return [mine.cpu().tolist()]
+    counts = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(n)]
+    run_collective(dist.all_gather, counts, torch.tensor([mine.shape[0]], device=device), group=groups.leaders)
+    longest = max(int(c) for c in counts)
+    padded = torch.zeros(longest, len(columns), dtype=torch.float64, device=device)
+    padded[:mine.shape[0]] = mine
+    tables = [torch.empty_like(padded) for _ in range(n)]
+    run_collective(dist.all_gather, tables, padded, group=groups.leaders)
+    return [t[:int(c)].cpu().tolist() for t, c in zip(tables, counts)]
 
 
 def trace_frame(rows: list[dict], node_order: list[str]) -> pd.DataFrame:

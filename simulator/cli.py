@@ -39,14 +39,11 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
-def _run(argv: list[str], plan_only: bool) -> int:
-    from simulator.engine import ENGINES, simulate_syncs, summary
-    from simulator.outputs import OutputError, csv_bytes, write_output_set
-    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
-    from simulator.scenario import load_scenario
-    from simulator.strategies import STRATEGIES, make_plan
+def _parser(prog: str, plan_only: bool) -> OneLineParser:
+    from simulator.engine import ENGINES
+    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
+    from simulator.strategies import STRATEGIES
 
-    prog = "geodt plan" if plan_only else "geodt simulate"
     parser = OneLineParser(prog=prog, description=__doc__)
     _common(parser)
     if plan_only:
@@ -58,39 +55,28 @@ def _run(argv: list[str], plan_only: bool) -> int:
         parser.add_argument("--full-trace", action="store_true",
                             help=f"trace.json with every round (default: the first rounds, up to "
                                  f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds: a file a trace viewer opens comfortably)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _run(argv: list[str], plan_only: bool) -> int:
+    """`geodt simulate` (plan_only False) or `geodt plan`: check, plan, simulate, write, print."""
+    from simulator.engine import ENGINES
+    from simulator.outputs import OutputError, write_output_set
+    from simulator.scenario import load_scenario
+    from simulator.strategies import STRATEGIES
+
+    prog = "geodt plan" if plan_only else "geodt simulate"
+    args = _parser(prog, plan_only).parse_args(argv)
+    engine = None if plan_only else args.engine
     try:
         scenario = load_scenario(args.scenario, args.overrides)
         strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
-        if not plan_only and args.engine not in ENGINES:
-            raise InputError(f"--engine {args.engine}: unknown engine; expected one of {', '.join(ENGINES)}")
-        try:
-            plans = [make_plan(scenario, s) for s in strategies]
-        except FieldError as exc:
-            raise InputError(f"{args.scenario}: {exc.key}: {exc.expected}") from None
-        results, sync_frames = [], []
-        for plan in plans:
-            if plan_only:
-                results.append((plan, None, None))
-            else:
-                timeline, syncs = simulate_syncs(scenario, plan, args.engine)
-                results.append((plan, timeline, summary(timeline, plan)))
-                sync_frames.append(syncs)
+        if engine is not None and engine not in ENGINES:
+            raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
+        results, sync_frames = _results(scenario, args.scenario, strategies, engine)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
-        plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
-        files = {"plan.csv": csv_bytes(plan_frame)}
-        trace_kept = None
-        if not plan_only:
-            timeline = pd.concat([t for _, t, _ in results], ignore_index=True)
-            files["timeline.csv"] = csv_bytes(timeline)
-            files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
-            syncs = pd.concat(sync_frames, ignore_index=True)
-            files["syncs.csv"] = csv_bytes(syncs)
-            trace, trace_kept = simulation_trace_text(timeline, plan_frame,  # opens in ui.perfetto.dev
-                                                      None if args.full_trace else TRACE_MAX_NODE_ROUNDS, syncs)
-            files["trace.json"] = trace.encode()
-        files["scenario.toml"] = scenario.to_toml().encode()
+        files, trace_kept = _output_files(scenario, results, sync_frames, getattr(args, "full_trace", False))
         try:
             stale = write_output_set(out, files)
         except OutputError as exc:
@@ -98,7 +84,67 @@ def _run(argv: list[str], plan_only: bool) -> int:
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
+    _print_results(scenario, results, plan_only)
+    print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
+    if trace_kept is not None:
+        from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
 
+        rounds = max(int(t["round"].max()) for _, t, _ in results) + 1
+        print(f"trace.json holds rounds 0-{trace_kept - 1} of {rounds} (the first "
+              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, a file a trace viewer opens comfortably); "
+              "--full-trace writes every round")
+    if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
+        from simulator.report import answer
+        print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine))
+    return 0
+
+
+def _results(scenario, source: str, strategies: list[str], engine: str | None) -> tuple[list[tuple], list]:
+    """(plan, timeline, summary) per strategy, timeline and summary None when only planning; and
+    the simulated fragment syncs per strategy (syncs.csv)."""
+    from simulator.engine import simulate_syncs, summary
+    from simulator.strategies import make_plan
+
+    try:
+        plans = [make_plan(scenario, s) for s in strategies]
+    except FieldError as exc:
+        raise InputError(f"{source}: {exc.key}: {exc.expected}") from None
+    results, sync_frames = [], []
+    for plan in plans:
+        if engine is None:
+            results.append((plan, None, None))
+        else:
+            timeline, syncs = simulate_syncs(scenario, plan, engine)
+            results.append((plan, timeline, summary(timeline, plan)))
+            sync_frames.append(syncs)
+    return results, sync_frames
+
+
+def _output_files(scenario, results: list[tuple], sync_frames: list, full_trace: bool) -> tuple[dict, int | None]:
+    """The output set (plan.csv; for a simulation timeline.csv, summary.csv, syncs.csv and
+    trace.json; scenario.toml, resolved, always) and the rounds trace.json holds when it was
+    capped (else None)."""
+    from simulator.outputs import csv_bytes
+    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
+
+    plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
+    files = {"plan.csv": csv_bytes(plan_frame)}
+    trace_kept = None
+    if sync_frames:  # a simulation
+        timeline = pd.concat([t for _, t, _ in results], ignore_index=True)
+        files["timeline.csv"] = csv_bytes(timeline)
+        files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
+        syncs = pd.concat(sync_frames, ignore_index=True)
+        files["syncs.csv"] = csv_bytes(syncs)
+        trace, trace_kept = simulation_trace_text(timeline, plan_frame,  # opens in ui.perfetto.dev
+                                                  None if full_trace else TRACE_MAX_NODE_ROUNDS, syncs)
+        files["trace.json"] = trace.encode()
+    files["scenario.toml"] = scenario.to_toml().encode()
+    return files, trace_kept
+
+
+def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
+    """Per strategy: its plan (geodt plan) or its per-node table (geodt simulate)."""
     for plan, timeline, summ in results:
         frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
@@ -110,15 +156,6 @@ def _run(argv: list[str], plan_only: bool) -> int:
             print(frame.drop(columns=["strategy"]).to_string(index=False))
         else:
             print(format_table(summ, frame))
-    print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
-    if trace_kept is not None:
-        print(f"trace.json holds rounds 0-{trace_kept - 1} of {int(timeline['round'].max()) + 1} (the first "
-              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, a file a trace viewer opens comfortably); "
-              "--full-trace writes every round")
-    if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
-        from simulator.report import answer
-        print("\n" + answer(scenario, [(p, t) for p, t, _ in results], args.engine))
-    return 0
 
 
 def interruptible(prog: str, main, argv) -> int:

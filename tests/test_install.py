@@ -33,7 +33,7 @@ def test_core_dependencies_have_no_torch_and_extras_do():
     assert {"numpy", "pandas", "simpy", "matplotlib", "tqdm", "tomli-w"} <= core
     assert not core & {"torch", "transformers", "nvidia-ml-py"}
     extras = meta["optional-dependencies"]
-    assert names(extras["real"]) == {"torch", "transformers"}
+    assert names(extras["real"]) == {"torch", "transformers", "pyroute2"}  # pyroute2: --wan shaped
     assert names(extras["calibrate"]) == {"torch", "transformers", "nvidia-ml-py"}
     assert names(extras["test"]) == {"pytest", "hypothesis", "torchft"}
     assert extras["all"] == ["geodt[real,calibrate,test]"]

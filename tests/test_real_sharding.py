@@ -31,19 +31,21 @@ from tests.test_real_runs import SEQ_LEN, _distance, scenario_text
 NODES = [("a", 2, 2, 3), ("b", 1, 3, 2)]
 
 
-def _plan_text(per_node: dict[str, dict]) -> str:
-    lines = ["strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sharding,activation_checkpointing"]
+def _plan_text(per_node: dict[str, dict], collective: str = "", payload_dtype: str = "") -> str:
+    lines = ["strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sharding,"
+             "activation_checkpointing,collective,payload_dtype,link_gbps"]
     for name, g, b, h in NODES:
-        layout = per_node.get(name, {})
-        lines.append(f"test,{name},{g},{b},{h},0.01,{g * b * h * SEQ_LEN},0.0,{layout.get('sharding', '')},"
-                     f"{layout.get('activation_checkpointing', '')}")
+        cells = per_node.get(name, {})
+        lines.append(f"test,{name},{g},{b},{h},0.01,{g * b * h * SEQ_LEN},0.0,{cells.get('sharding', '')},"
+                     f"{cells.get('activation_checkpointing', '')},{collective},{payload_dtype},"
+                     f"{cells.get('link_gbps', '')}")
     return "\n".join(lines) + "\n"
 
 
-def _run(tmp: Path, name: str, per_node: dict | None = None, **opts) -> Path:
+def _run(tmp: Path, name: str, per_node: dict | None = None, wire: tuple[str, str] = ("", ""), **opts) -> Path:
     d = tmp / name
     d.mkdir(exist_ok=True)
-    (d / "plan.csv").write_text(_plan_text(per_node or {}))
+    (d / "plan.csv").write_text(_plan_text(per_node or {}, *wire))
     (d / "scenario.toml").write_text(scenario_text(rounds=2))
     options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, summary=False, **opts)
     assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
@@ -94,6 +96,25 @@ def test_recomputation_zero2_and_resume_change_no_bit(reference, tmp_path):
     state = torch.load(resumed / "out" / "checkpoints" / "node0.pt", weights_only=True)
     assert state["outer"]["global_flat"].numel() == sum(v.numel() for v in want.values())
     assert state["inner_optimizer"]["state"][0]["exp_avg"].shape == next(iter(want.values())).shape
+
+
+def test_sharded_node_with_int8_partitioned_payloads(reference, tmp_path):
+    """The leader sends the whole canonical pseudo-gradient through the plan's payload and
+    collective: int8, partitioned over unequal links. Its bytes are exactly an unsharded node's
+    (formats.wire.bytes_sent_per_sync). Its weights stay near the fp32 run's: int8 rounds each
+    value by at most half of its chunk's scale max|x|/127 per encoding, a few tenths of a
+    percent of the pseudo-gradient, where a misplaced shard would be of the order of the
+    distance travelled."""
+    node = {"a": {"sharding": "fsdp", "link_gbps": 1.0}, "b": {"link_gbps": 3.0}}
+    run = _run(tmp_path, "int8", node, wire=("partitioned", "int8"))
+    want, got = _weights(reference["fsdp"]), _weights(run)
+    params = sum(v.numel() for v in want.values())
+    trace = pd.read_csv(run / "out" / "trace.csv")
+    assert list(trace["bytes_sent"]) == bytes_sent_per_sync(params, "int8", "partitioned", [1.0, 3.0]) * 2
+    start = [p.detach() for p in build_model(load_arch("tiny"), SEQ_LEN, seed=7).parameters()]
+    travelled = _distance(list(want.values()), start)
+    distance = _distance(list(got.values()), list(want.values()))
+    assert 0 < distance < 2e-2 * travelled, distance / travelled
 
 
 def test_sharding_spec_reads_the_resolved_plan():

@@ -10,12 +10,13 @@ import pandas as pd
 import pytest
 import torch
 
+from formats.plan import NodePlan, load_plan
+from formats.wire import bytes_sent_per_sync
 from real.diloco import OuterState
 from real.launch import launch
 from real.options import ExecOptions
-from formats.wire import bytes_sent_per_sync
 from real.streaming import FragmentedOuter, StreamingSpec, fragment_layout
-from tests.test_real_runs import plan_text, scenario_text
+from tests.test_real_runs import scenario_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torchft"
 FIXTURE_CASES = [(0, 0.0), (0, 0.5), (0, 1.0), (1, 0.0), (1, 0.5), (1, 1.0)]  # (τ, α) of files _0 .. _5
@@ -37,23 +38,23 @@ def test_spec_schedule_and_validation():
     assert StreamingSpec(2, 1).schedule(6) == [(2, 3), (5, 6)]
     assert StreamingSpec(3, 0).schedule(7) == [(2, 2), (4, 4), (7, 7)]  # ⌊(k+1)·H/P⌋
     assert StreamingSpec().classic and not StreamingSpec(fragment_alpha=0.5).classic
-    StreamingSpec(2, 1).check([4, 6], layers=2)
-    with pytest.raises(ValueError, match="sync_delay_steps: expected less than local_steps / fragments = 2"):
-        StreamingSpec(2, 2).check([4, 6], layers=2)
+    nodes = [NodePlan("a", 1, 1, 4, 0.1), NodePlan("b", 1, 1, 6, 0.1)]
+    StreamingSpec(2, 1).check(nodes, layers=2)
+    with pytest.raises(ValueError, match=r"sync_delay_steps: node a \(local_steps 4\): expected sync_delay_steps < "
+                                         r"local_steps // fragments = 2, got 2"):
+        StreamingSpec(2, 2).check(nodes, layers=2)
     with pytest.raises(ValueError, match="fragments: expected at most the model's 2 layers"):
-        StreamingSpec(3).check([6], layers=2)
+        StreamingSpec(3).check(nodes, layers=2)
     for bad in ({"fragments": 0}, {"sync_delay_steps": -1}, {"fragment_alpha": 1.5}, {"fragment_pattern": "random"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             StreamingSpec(**bad)
 
 
-class _Plan:  # a plan object with the streaming attributes (the plan schema's names)
-    fragments, sync_delay_steps, fragment_alpha, fragment_pattern = 2, 1, 0.5, "strided"
-
-
-def test_spec_from_plan_reads_the_attributes_and_defaults_to_classic():
-    assert StreamingSpec.from_plan(_Plan()) == StreamingSpec(2, 1, 0.5, "strided")
-    assert StreamingSpec.from_plan(object()) == StreamingSpec()
+def test_spec_from_plan_reads_the_plan_and_defaults_to_classic(tmp_path):
+    (tmp_path / "plan.csv").write_text(_plan([("a", 1, 1, 4, 1.0)], streaming=(2, 1, 0.5, "strided")))
+    assert StreamingSpec.from_plan(load_plan(tmp_path / "plan.csv")) == StreamingSpec(2, 1, 0.5, "strided")
+    (tmp_path / "plan.csv").write_text(_plan([("a", 1, 1, 4, 1.0)]))
+    assert StreamingSpec.from_plan(load_plan(tmp_path / "plan.csv")) == StreamingSpec()
 
 
 @pytest.mark.parametrize("case", range(6))
@@ -101,12 +102,14 @@ def test_reproduces_torchft_regression_fixture(case):
 
 # --- executor runs (gloo, tiny model, one torch thread per process) ------------------------------
 
-PLAN_HEADER = "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,collective,payload_dtype,link_gbps"
+PLAN_HEADER = ("strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,collective,payload_dtype,"
+               "link_gbps,fragments,sync_delay_steps,fragment_alpha,fragment_pattern")
 
 
-def _plan(nodes, collective="ring", payload="fp32", step_s=0.01, comm_s=0.0) -> str:
-    """nodes: (name, gpus, batch, H, link_gbps)."""
-    rows = [f"test,{n},{g},{b},{h},{step_s},{g * b * h * 32},{comm_s},{collective},{payload},{link}"
+def _plan(nodes, collective="ring", payload="fp32", step_s=0.01, comm_s=0.0, streaming=None) -> str:
+    """nodes: (name, gpus, batch, H, link_gbps); streaming: (P, τ, α, pattern), or empty cells (classic)."""
+    cells = ",".join(map(str, streaming)) if streaming else ",,,"
+    rows = [f"test,{n},{g},{b},{h},{step_s},{g * b * h * 32},{comm_s},{collective},{payload},{link},{cells}"
             for n, g, b, h, link in nodes]
     return "\n".join([PLAN_HEADER, *rows]) + "\n"
 
@@ -153,7 +156,7 @@ def test_p1_streaming_loop_is_the_classic_loop_bit_for_bit(tmp_path):
 def test_fragments_travel_in_every_payload_and_collective(tmp_path, collective, payload, pattern):
     """Each fragment is averaged by the plan's collective in the plan's payload: every node ends
     with the same θ_g bits, and each fragment's bytes are the schema's formula for its size."""
-    d = _run(tmp_path, "run", _plan(HETERO, collective, payload), streaming=StreamingSpec(2, 0, 0.5, pattern))
+    d = _run(tmp_path, "run", _plan(HETERO, collective, payload, streaming=(2, 0, 0.5, pattern)))
     assert torch.equal(_global(d, 0), _global(d, 1))
     from calibrate.models import build_model
     from calibrate.presets import load_arch
@@ -177,11 +180,10 @@ def test_fragments_travel_in_every_payload_and_collective(tmp_path, collective, 
 def test_resume_mid_run_equals_uninterrupted(tmp_path):
     """Checkpoints at round ends (nothing in flight) hold θ_g, per-fragment momentum and the
     model's own weights, which τ and α keep apart from θ_g: a resumed run is the same bits."""
-    spec = StreamingSpec(2, 1, 0.5)
-    plan = _plan([("a", 1, 2, 4, 1.0), ("b", 1, 1, 4, 1.0)])
-    whole = _run(tmp_path, "whole", plan, rounds=3, streaming=spec)
-    part = _run(tmp_path, "part", plan, rounds=3, streaming=spec, stop_after=1)
-    _run(tmp_path, "part", plan, rounds=3, streaming=spec, resume=True)
+    plan = _plan([("a", 1, 2, 4, 1.0), ("b", 1, 1, 4, 1.0)], streaming=(2, 1, 0.5, "sequential"))
+    whole = _run(tmp_path, "whole", plan, rounds=3)
+    part = _run(tmp_path, "part", plan, rounds=3, stop_after=1)
+    _run(tmp_path, "part", plan, rounds=3, resume=True)
     a, b = _weights(whole), _weights(part)
     assert all(torch.equal(a[n], b[n]) for n in a)
     frags = pd.read_csv(part / "out" / "syncs.csv")
@@ -192,29 +194,36 @@ def test_resume_mid_run_equals_uninterrupted(tmp_path):
 
 
 def test_delay_hides_the_sync_behind_inner_steps(tmp_path):
-    """Under --emulate each step lasts 0.1 s and each sync 0.2 s. With τ = 0 the node waits for
-    the whole average at the sync point; with τ = 3 the average runs during three steps (0.3 s)
-    and almost nothing is left exposed. Bound: half, leaving room for a loaded machine's
-    thread scheduling (the exposed time with τ = 0 is at least the 0.2 s pad by construction)."""
-    plan = _plan([("a", 1, 1, 4, 1.0), ("b", 1, 1, 4, 1.0)], step_s=0.1, comm_s=0.2)
+    """Under --emulate each step lasts 0.1 s and each fragment's average 0.2 s (P = 2, H = 8).
+    With τ = 0 the node waits for the whole average at the merge point; with τ = 3 the average
+    runs during three steps (0.3 s) and almost nothing is left exposed. Bound: half, leaving room
+    for a loaded machine's thread scheduling (with τ = 0 each exposed wait is the 0.2 s pad, less
+    at most the pseudo-gradient time between the sync point and the merge point)."""
     exposed = {}
     for tau in (0, 3):
-        d = _run(tmp_path, f"tau{tau}", plan, streaming=StreamingSpec(1, tau), emulate=True)
-        frags = pd.read_csv(d / "out" / "syncs.csv")
-        assert ((frags["end_s"] - frags["start_s"]) >= 0.2).all()
-        exposed[tau] = frags["exposed_s"].sum()
-    assert exposed[0] >= 4 * 0.15  # the 0.2 s pad, less the pseudo-gradient time before it
+        plan = _plan([("a", 1, 1, 8, 1.0), ("b", 1, 1, 8, 1.0)], step_s=0.1, comm_s=0.2,
+                     streaming=(2, tau, 0.0, "sequential"))
+        d = _run(tmp_path, f"tau{tau}", plan, emulate=True)
+        syncs = pd.read_csv(d / "out" / "syncs.csv")
+        assert len(syncs) == 2 * 2 * 2 and ((syncs["end_s"] - syncs["start_s"]) >= 0.2).all()
+        exposed[tau] = syncs["exposed_s"].sum()
+    assert exposed[0] >= 8 * 0.15
     assert exposed[3] <= 0.5 * exposed[0], exposed
 
 
 def test_bad_streaming_settings_are_one_line_errors(tmp_path, capfd):
-    d = tmp_path / "bad"
-    d.mkdir()
-    (d / "plan.csv").write_text(_plan([("a", 1, 1, 4, 1.0), ("b", 1, 1, 4, 1.0)]))
-    (d / "scenario.toml").write_text(scenario_text(1))
-    options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, streaming=StreamingSpec(2, 2))
-    assert launch(d / "plan.csv", d / "scenario.toml", options) == 2
-    err = capfd.readouterr().err.strip().splitlines()
-    assert err == [f"real: {d / 'plan.csv'}: sync_delay_steps: expected less than local_steps / fragments = 2 "
-                   f"(the least over the nodes), got 2"]
-    assert not (d / "out" / "trace.csv").exists()
+    """Settings the plan cannot carry (formats/plan.py) or the model cannot (more fragments than
+    layers): one line naming the file and key, status 2, nothing written."""
+    cases = {"delay": ((2, 2, 0.0, "sequential"), "sync_delay_steps: node a (local_steps 4): expected "
+                       "sync_delay_steps < local_steps // fragments = 2, got 2"),
+             "layers": ((3, 0, 0.0, "strided"), "fragments: expected at most the model's 2 layers, got 3")}
+    for name, (streaming, message) in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "plan.csv").write_text(_plan([("a", 1, 1, 4, 1.0), ("b", 1, 1, 4, 1.0)], streaming=streaming))
+        (d / "scenario.toml").write_text(scenario_text(1))
+        options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False)
+        assert launch(d / "plan.csv", d / "scenario.toml", options) == 2
+        err = capfd.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"real: {d / 'plan.csv'}") and err[0].endswith(message), err
+        assert not (d / "out").exists()

@@ -31,7 +31,6 @@ from real.data import make_shard  # noqa: E402
 from real.diloco import inner_lr  # noqa: E402
 from real.launch import launch  # noqa: E402
 from real.options import ExecOptions  # noqa: E402
-from real.streaming import StreamingSpec  # noqa: E402
 from tests.test_real_runs import SEQ_LEN, plan_text, scenario_text  # noqa: E402
 
 CASES = list(itertools.product((1, 2), (0, 1), (0.0, 0.5)))  # (P, τ, α)
@@ -129,16 +128,18 @@ def _torchft_node(rank: int, store: str, scenario: str, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("torchft")
-    (tmp / "plan.csv").write_text(plan_text(NODES))
     (tmp / "scenario.toml").write_text(scenario_text(rounds=ROUNDS))
     mp.start_processes(_torchft_node, args=(str(tmp / "store"), str(tmp / "scenario.toml"), str(tmp)),
                        nprocs=2, start_method="spawn")
     ours = {}
-    for case in CASES:
+    for case in CASES:  # the settings travel in plan.csv, as `geodt run` gives them
         out = tmp / "geodt_{}_{}_{}".format(*case)
-        options = ExecOptions(out_dir=str(out), threads=1, progress=False, summary=False,
-                              streaming=StreamingSpec(case[0], case[1], case[2]))
-        assert launch(tmp / "plan.csv", tmp / "scenario.toml", options) == 0
+        plan = tmp / "plan_{}_{}_{}.csv".format(*case)
+        lines = plan_text(NODES).splitlines()
+        plan.write_text("\n".join([lines[0] + ",fragments,sync_delay_steps,fragment_alpha",
+                                   *(f"{line},{case[0]},{case[1]},{case[2]}" for line in lines[1:])]) + "\n")
+        options = ExecOptions(out_dir=str(out), threads=1, progress=False, summary=False)
+        assert launch(plan, tmp / "scenario.toml", options) == 0
         ours[case] = torch.load(out / "final_weights.pt", weights_only=True)
     theirs = {case: torch.load(tmp / "torchft_{}_{}_{}.pt".format(*case), weights_only=True) for case in CASES}
     return ours, theirs

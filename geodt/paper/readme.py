@@ -37,21 +37,16 @@ def best_strategy(totals: pd.DataFrame, source: str = "inferred", tolerance: flo
 
 def numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
     """The prose's numbers, each read off one of the CSVs."""
+    return {**_cluster_numbers(f), **_dtype_numbers(f), **_strategy_numbers(f), **_related_numbers(f)}
+
+
+def _cluster_numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
+    """Table 1, Table 2's memory, the step times and row C."""
     c = f["c_row_checks.csv"].set_index("node")
     st = f["inferred_step_times.csv"].set_index("node")
     mem = f["memory_b.csv"].set_index("node")
-    v = f["variants.csv"]
     totals = f["table3_strategies.csv"]
-    fit = f["fit_002_params.csv"].set_index("name")["value"]
-    share = f["model_001_share.csv"]
     t3 = f["table3_idle.csv"]
-
-    def var(steps, dtype, payload, strategy, col):
-        return _one(v, steps=steps, dtype=dtype, payload_dtype=payload, strategy=strategy)[col]
-
-    best = best_strategy(totals)
-    base = _one(totals, source="inferred", strategy="baseline")
-    brow = _one(totals, source="inferred", strategy=best)
     slowest = st["baseline_idle_s"].idxmin()
     a = t3[t3["strategy"] == "A"].set_index("node")
     t1 = f["table1_cluster.csv"].set_index("gpu")
@@ -89,6 +84,18 @@ def numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
         "a_worst": float(a["inferred_minus_paper_s"].abs().max()),
         "a_worst_node": a["inferred_minus_paper_s"].abs().idxmax(),
         "b_inferred_total": _one(totals, source="inferred", strategy="B")["total_idle_s"],
+    }
+
+
+def _dtype_numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
+    """Training dtype and payload dtype variants."""
+    v = f["variants.csv"]
+    base = _one(f["table3_strategies.csv"], source="inferred", strategy="baseline")
+
+    def var(steps, dtype, payload, strategy, col):
+        return _one(v, steps=steps, dtype=dtype, payload_dtype=payload, strategy=strategy)[col]
+
+    return {
         # dtype and payload
         "c_cat_fp16": (1 - var("catalog", "fp16", "fp16", "C", "idle_vs_baseline")) * 100,
         "c_cat_bf16": (var("catalog", "bf16", "fp16", "C", "idle_vs_baseline") - 1) * 100,
@@ -105,6 +112,16 @@ def numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
         "cat_share16": var("catalog", "fp16", "fp16", "baseline", "sync_share_of_round") * 100,
         "cat_share32": var("catalog", "fp16", "fp32", "baseline", "sync_share_of_round") * 100,
         "sync_idle_10": base["sync_s_per_round"] * 10,
+    }
+
+
+def _strategy_numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
+    """geodt's best strategy against the baseline, and the timeline."""
+    totals = f["table3_strategies.csv"]
+    best = best_strategy(totals)
+    base = _one(totals, source="inferred", strategy="baseline")
+    brow = _one(totals, source="inferred", strategy=best)
+    return {
         # best strategy and timeline
         "best": best, "best_idle": brow["total_idle_s"],
         "best_tokens_pct": brow["tokens_per_round"] / base["tokens_per_round"] * 100,
@@ -113,6 +130,14 @@ def numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
         "idle_round_base": base["total_idle_s"] / 10,
         "idle_round_c": _one(totals, source="inferred", strategy="C")["total_idle_s"] / 10,
         "idle_round_best": brow["total_idle_s"] / 10,
+    }
+
+
+def _related_numbers(f: dict[str, pd.DataFrame]) -> dict[str, object]:
+    """Papers 002 (batch-time fit) and 001 (data share)."""
+    fit = f["fit_002_params.csv"].set_index("name")["value"]
+    share = f["model_001_share.csv"]
+    return {
         # papers 002 and 001
         "alpha": fit["alpha_s_samples"], "beta": fit["beta_s"], "break_even": fit["break_even_batch"],
         "fit_worst": f["fit_002_batch_time.csv"]["error_pct"].abs().max(),

@@ -10,14 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from calibrate.catalog import get_gpu, spec_tflops
 from simulator.strategies import register
 from simulator.strategies.tables import NetTables, NodeTables
-
-
-def slowest_spec_tflops(scenario, node) -> float:
-    """The smallest spec TFLOPS among the node's GPUs."""
-    return min(spec_tflops(get_gpu(key), scenario.model.dtype) for key in node.gpus)
 
 
 def c_slowest_steps(speed: np.ndarray, local_steps: int) -> np.ndarray:
