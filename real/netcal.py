@@ -9,7 +9,10 @@ each, `--repeats` times:
   numbers of parameters, split into 1 Mi-parameter tensors as a model's layers are, on every
   rank at once (they all run it in a real sync; the slowest rank's time is kept);
 - a checkpoint write of the same numbers of bytes (torch.save to a temp name, rename), on
-  every rank at once into the output's directory, as real/checkpoint.py writes.
+  every rank at once into the output's directory, as real/checkpoint.py writes;
+- per payload dtype (fp32, fp16, int8), real/sync.py's encode() of the same numbers of fp32
+  elements and decode() back, on every rank at once, as every node encodes in a real sync
+  (rows `encode` / `decode`, size in elements, column payload_dtype).
 
 Rows go to a network profile CSV (calibrate/netprofile.py) that the simulator fits: ring
 latency and bandwidth, outer-step cost per parameter, checkpoint write rate.
@@ -134,12 +137,31 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
             os.replace(tmp, path)
         rows.append(("checkpoint", size, slowest(_time_all(repeats, save, barrier))))
         path.unlink(missing_ok=True)
+        rows.extend(codec_rows(size // 4, repeats, barrier, slowest))
         if rank == 0 and queue is not None:
             queue.put(("progress", 1))
     if rank == 0 and queue is not None:
         queue.put(("rows", rows))
     barrier()
     dist.destroy_process_group()
+
+
+def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
+    """(kind, elements, [seconds], payload_dtype) for encode() and decode() of `elements` fp32
+    values (real/sync.py), each payload dtype, timed on every rank at once."""
+    import torch
+
+    from formats.wire import PAYLOAD_BYTES
+    from real.sync import decode, encode
+
+    rows = []
+    values = torch.randn(elements, generator=torch.Generator().manual_seed(elements))
+    for dtype in PAYLOAD_BYTES:
+        encoded = encode(values, dtype).clone()
+        rows.append(("encode", elements, slowest(_time_all(repeats, lambda: encode(values, dtype), barrier)), dtype))
+        rows.append(("decode", elements,
+                     slowest(_time_all(repeats, lambda: decode(encoded, elements, dtype), barrier)), dtype))
+    return rows
 
 
 def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
@@ -175,20 +197,21 @@ def to_frame(rows_by_n: dict[int, list], repeats: int):
     import pandas as pd
     import torch
 
-    from formats.netprofile import NET_COLUMNS
+    from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS
 
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     records = []
     for n, rows in rows_by_n.items():
-        for kind, size, times in rows:
+        for kind, size, times, *tags in rows:  # tags: payload_dtype[, collective]
             deciles = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
             records.append({
                 "kind": kind, "processes": n, "backend": "gloo", "size": size,
                 "seconds_median": statistics.median(times), "seconds_p10": deciles[0], "seconds_p90": deciles[-1],
                 "repeats": repeats, "host": socket.gethostname(), "torch_version": torch.__version__,
-                "measured_at": stamp,
+                "measured_at": stamp, "payload_dtype": (tags + ["fp32"])[0],
+                "collective": (tags + ["ring", "ring"])[1],
             })
-    return pd.DataFrame(records, columns=list(NET_COLUMNS))
+    return pd.DataFrame(records, columns=list(NET_COLUMNS + OPTIONAL_COLUMNS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,8 +249,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{ring.latency_ms:.3f} ms, bandwidth {ring.bandwidth_gbps:.2f} Gbit/s")
     print(f"outer step: {outer.fixed_s * 1e3:.3f} ms + {outer.per_unit_s * 1e9:.3f} ns/parameter")
     print(f"checkpoint: {ckpt.fixed_s * 1e3:.3f} ms + {8 / ckpt.per_unit_s / 1e9:.2f} Gbit/s write")
+    print(codec_summary(model))
     print(f"wrote {out}")
     return 0
+
+
+def codec_summary(model) -> str:
+    """One line: encode and decode cost per byte of fp32 pseudo-gradient, per payload dtype."""
+    parts = []
+    for dtype in ("fp32", "fp16", "int8"):
+        enc, dec = model.codec_fit("encode", dtype), model.codec_fit("decode", dtype)
+        if enc is not None and dec is not None:
+            parts.append(f"{dtype} {enc.per_unit_s * 1e9:.3f} + {dec.per_unit_s * 1e9:.3f}")
+    return ("encode + decode, ns per fp32 byte: " + ", ".join(parts)) if parts else "encode/decode: not measured"
 
 
 if __name__ == "__main__":
