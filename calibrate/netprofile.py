@@ -23,9 +23,10 @@ One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV. `Net
   pseudo-gradient. A profile without these rows (older ones) prices them at 0, and
   NetworkModel.codec_measured says so.
 
-The all-reduce fit takes the fp32 ring rows (all of them in older profiles); rows of other
-payload dtypes or collectives (the shaped WAN's, `geodt calibrate --network --wan shaped`)
-are kept for comparison, not fitted.
+The all-reduce fit takes the fp32 ring rows of backend gloo (all rows in older profiles).
+Rows of other payload dtypes or collectives, and those measured over a shaped WAN (backend
+`gloo+shaped`, `geodt calibrate --network --wan shaped`: the scenario's own links, which the
+simulator already knows), are kept to compare the sync model with, not fitted.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from formats.netprofile import CODEC_KINDS, NetProfileError, read_network_rows
+from formats.netprofile import CODEC_KINDS, SHAPED_BACKEND, NetProfileError, read_network_rows
 from formats.wire import ring_allreduce_s
 
 
@@ -122,7 +123,7 @@ def read_network_profile(path: str | Path) -> NetworkModel:
     path = Path(path)
     data = read_network_rows(path)
     ring = data[(data.kind == "all_reduce") & (data.processes >= 2) & (data.payload_dtype == "fp32")
-                & (data.collective == "ring")]
+                & (data.collective == "ring") & (data.backend != SHAPED_BACKEND)]
     outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
     codec = data[data.kind.isin(CODEC_KINDS)]
     if ring.empty and outer.empty and ckpt.empty and codec.empty:

@@ -26,6 +26,7 @@ NET_COLUMNS: tuple[str, ...] = (
 OPTIONAL_COLUMNS: tuple[str, ...] = ("payload_dtype", "collective")
 KINDS = ("all_reduce", "outer_step", "checkpoint", "encode", "decode")
 CODEC_KINDS = ("encode", "decode")
+SHAPED_BACKEND = "gloo+shaped"  # backend of rows measured over a shaped WAN (`--wan shaped`)
 MAX_BYTES = 16 << 20  # a profile is a few hundred rows
 
 
@@ -62,5 +63,6 @@ def read_network_rows(path: str | Path) -> pd.DataFrame:
         if collective not in COLLECTIVES:
             raise NetProfileError(f"{path}: line {i}: collective: expected one of {', '.join(COLLECTIVES)}, "
                                   f"got {collective!r}")
-        rows.append((row["kind"], processes, size, seconds, dtype, collective))
-    return pd.DataFrame(rows, columns=["kind", "processes", "size", "seconds", "payload_dtype", "collective"])
+        rows.append((row["kind"], processes, row["backend"], size, seconds, dtype, collective))
+    return pd.DataFrame(rows, columns=["kind", "processes", "backend", "size", "seconds", "payload_dtype",
+                                       "collective"])

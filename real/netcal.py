@@ -193,7 +193,79 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     return rows
 
 
-def to_frame(rows_by_n: dict[int, list], repeats: int):
+def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:
+    """One node of the shaped WAN: into its namespace, then every (dtype, collective, size)
+    through real/sync.py's CrossNodeSync exactly as the executor's leaders average."""
+    import torch
+    import torch.distributed as dist
+
+    from real.sync import CrossNodeSync
+    from real.wan import enter
+
+    enter(links[rank])  # before any socket exists
+    torch.set_num_threads(args_dict["threads"] or max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    flag = torch.zeros(1)
+
+    def barrier():
+        dist.all_reduce(flag)
+
+    def slowest(times: list[float]) -> list[float]:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    rows, gbps = [], [link.link_gbps for link in links]
+    for size in args_dict["sizes"]:
+        elements = size // 4
+        delta = torch.randn(elements, generator=torch.Generator().manual_seed(rank))
+        for dtype in args_dict["dtypes"]:
+            for collective in args_dict["collectives"]:
+                sync = CrossNodeSync(None, world, rank, elements, dtype, collective, gbps)
+                times = _time_all(args_dict["repeats"], lambda: sync.average(delta, world), barrier)
+                rows.append(("all_reduce", size, slowest(times), dtype, collective))
+        rows.extend(codec_rows(elements, args_dict["repeats"], barrier, slowest))
+        if rank == 0:
+            queue.put(("progress", 1))
+    if rank == 0:
+        queue.put(("rows", rows))
+    barrier()
+    dist.destroy_process_group()
+
+
+def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: list[int], dtypes: list[str],
+                   collectives: list[str], repeats: int, threads: int, progress=None, describe=None) -> list:
+    """Rows (kind, size, [seconds], payload_dtype[, collective]) measured among one process per
+    node, each in its node's namespace of a shaped WAN (real/wan.py) built for `nodes`
+    [(name, link_gbps)] and removed on every way out; WanError where it cannot be built."""
+    import torch.multiprocessing as mp
+
+    from real.wan import ShapedWan
+
+    args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
+                 "threads": threads}
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with ShapedWan(nodes, latency_ms=latency_ms) as wan, \
+            tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
+        if describe is not None:
+            describe(wan.describe())
+        procs = mp.start_processes(_shaped_entry, args=(len(nodes), os.path.join(rdzv, "store"), wan.links,
+                                                        args_dict, queue),
+                                   nprocs=len(nodes), join=False, start_method="spawn")
+        rows = None
+        while rows is None:
+            kind, value = queue.get()
+            if kind == "progress" and progress is not None:
+                progress(value)
+            elif kind == "rows":
+                rows = value
+        while not procs.join():
+            pass
+    return rows
+
+
+def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
     import pandas as pd
     import torch
 
@@ -205,7 +277,7 @@ def to_frame(rows_by_n: dict[int, list], repeats: int):
         for kind, size, times, *tags in rows:  # tags: payload_dtype[, collective]
             deciles = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
             records.append({
-                "kind": kind, "processes": n, "backend": "gloo", "size": size,
+                "kind": kind, "processes": n, "backend": backend, "size": size,
                 "seconds_median": statistics.median(times), "seconds_p10": deciles[0], "seconds_p90": deciles[-1],
                 "repeats": repeats, "host": socket.gethostname(), "torch_version": torch.__version__,
                 "measured_at": stamp, "payload_dtype": (tags + ["fp32"])[0],
