@@ -75,8 +75,8 @@ def test_streaming_findings_by_hand():
     frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
     s = sf.findings(frame)["streaming"][1.0]
     # s2's best is B (2.0), so streaming wins s0 only; over hybrid: 2.0/1.3, 1.25/1.2, 1.0/1.0 -> median 1.25/1.2
-    assert (s["wins"], s["of"], s["runner_up"]) == (1, 3, "B")
+    assert (s["wins"], s["of"], s["runner_up"], s["wins_within_3x"]) == (1, 3, "B", 0)  # s0's spread is 3.0
     assert s["margin"] == pytest.approx(2.0 / 1.5)
     assert s["over_hybrid"] == pytest.approx(1.25 / 1.2)
-    assert "at 1 Gbit/s it wins 1 of 3, by a median 33.3% over the next best (most often `B`)" \
+    assert "at 1 Gbit/s it wins 1 of 3 (0 of them with the slowest node's step within 3× of the fastest's), by a median 33.3% over the next best (most often `B`)" \
         in sf.render(frame, "fp16")

@@ -21,6 +21,7 @@ import pandas as pd
 START = "<!-- sweep-findings: generated from results/sweep by `python -m geodt.paper.sweep_findings`; do not edit -->"
 END = "<!-- /sweep-findings -->"
 UNDER = 0.10            # "under 10% of the baseline's idle"
+SPREAD = 3.0            # "the slowest node's step within 3× of the fastest's" (sweep_figures' 3-10x bin starts here)
 ALIKE = 1.001           # speed_ratio below this: all nodes equally fast (simulator.sweep_figures' "alike")
 PAPER = ("A", "B", "C", "C-slowest")
 BALANCED = ("measured-steps", "hybrid", "network-aware")
@@ -87,6 +88,7 @@ def _streaming(frame: pd.DataFrame, by: dict, win: pd.DataFrame, bandwidths: lis
         ids = st.index[st["bandwidth_gbps"] == bw]
         wins = [i for i in ids if i in won]
         out[bw] = {"wins": len(wins), "of": len(ids), "over_hybrid": float(over_hybrid[ids].median()),
+                   "wins_within_3x": int((st.loc[wins, "speed_ratio"] < SPREAD).sum()),
                    "margin": float(margin[wins].median()) if wins else None,
                    "runner_up": str(runner.loc[wins, "strategy"].value_counts().index[0]) if wins else None}
     return out
@@ -158,7 +160,8 @@ def _streaming_text(per_bw: dict) -> str:
     for bw, s in per_bw.items():
         part = f"at {bw:g} Gbit/s it wins {s['wins']} of {s['of']}"
         if s["wins"]:
-            part += f", by a median {(s['margin'] - 1) * 100:.1f}% over the next best (most often `{s['runner_up']}`)"
+            part += (f" ({s['wins_within_3x']} of them with the slowest node's step within 3× of the fastest's), "
+                     f"by a median {(s['margin'] - 1) * 100:.1f}% over the next best (most often `{s['runner_up']}`)")
         parts.append(part + f", and gives {s['over_hybrid']:.2f}× hybrid's tokens/s")
     return ("`streaming` keeps hybrid's b and H and hides each fragment's all-reduce under τ inner steps: "
             + "; ".join(parts) + " (medians).")
