@@ -5,12 +5,24 @@ Calibrates each scenario's devices together right before every run (`geodt calib
 checkpoint happen and are timed; nothing is padded) for each case below, REPEATS times, and
 compares per node the simulator's prediction with the measurement:
 
-- idle error, % of round:  |measured idle − predicted idle| / measured round time
-- idle error, % of idle:   the same over the measured idle (nodes that waited ≥ 5% of the round)
-- round-time error:        (predicted round − measured round) / measured round
+- idle error, % of round:  (measured idle − predicted idle) / measured round time, SIGNED
+- idle error, % of idle:   |the same| over the measured idle (nodes that waited ≥ 5% of the round)
+- round-time error:        (predicted round − measured round) / measured round, signed
+- sync error:              (predicted sync − measured sync) / measured sync, signed (comm_s:
+                           the all-reduce with its encoding and the outer step)
 
-Goals (issue 9): round time within 5%; per-node idle within 3% of the round (median) and 6%
-(worst). Writes results/fidelity/{fidelity.csv, table.md, fidelity.png} and prints the table.
+Signed: negative round and sync errors mean the simulator predicted less time than was
+measured, so a bias shows as a median far from 0. Goals (issues 9 and 16): round time within
+5% (median); per-node idle within 3% of the round (median) and 6% (worst); on the WAN cases
+per-node sync within 5% (median) and 10% (worst).
+
+WAN cases (WAN_CASES; `--wan-only` runs just these, `--no-wan` leaves them out): the tiny
+model on a shaped WAN (`geodt validate --wan shaped`, root: every node in a network namespace
+of its own, tbf at its link both ways; real/wan.py), with links slow enough that the sync is
+at least half the round: ring and partitioned, equal and unequal uplinks, fp32/fp16/int8, 3
+and 4 nodes, baseline and the balancing strategies. Their host costs (outer step, checkpoint,
+encode/decode) come from `geodt calibrate --network` run once at the start, its all-reduce
+rows dropped (the links are the scenario's, which the shaped WAN enforces). Writes results/fidelity/{fidelity.csv, table.md, fidelity.png} and prints the table.
 The scenarios (benchmarks/fidelity/*.toml) make heterogeneous CPU devices from real limits (a
 CPU quota per device process, pinned cores); their profiles were measured under the same limits.
 
@@ -41,7 +53,23 @@ CASES = [  # (scenario, strategy): device mixes × strategies × batch mixes
     ("three-node", "measured-steps"),
     ("three-node", "hybrid"),
 ]
+# (scenario, strategy, payload dtype, collective, uplinks in Mbit/s by node or None: all at the
+# bandwidth). Bandwidth: WAN_MBIT_PER_FP32_BYTE × the dtype's bytes, so every dtype's sync
+# takes about as long (about 1.4 s for a 3-node ring, against about 1 s of compute per round).
+WAN_CASES = [
+    ("wan-three", "baseline", "fp32", "ring", None),
+    ("wan-three", "measured-steps", "fp16", "partitioned", None),
+    ("wan-three", "baseline", "fp32", "partitioned", {"q40": 0.5}),
+    ("wan-three", "measured-steps", "int8", "ring", {"q90": 0.5}),
+    ("wan-three", "hybrid", "fp16", "ring", {"q60": 0.5}),
+    ("wan-four", "baseline", "int8", "partitioned", {"q40b": 0.5}),
+    ("wan-four", "measured-steps", "fp32", "ring", None),
+    ("wan-four", "hybrid", "int8", "partitioned", {"q50a": 0.5}),
+]
+WAN_MBIT_PER_FP32_BYTE = 2.0  # fp32 8 Mbit/s, fp16 4, int8 2
+WAN_LOCAL_STEPS = 8
 GOAL_ROUND_PCT, GOAL_IDLE_MEDIAN_PCT, GOAL_IDLE_WORST_PCT = 5.0, 3.0, 6.0
+GOAL_SYNC_MEDIAN_PCT, GOAL_SYNC_WORST_PCT = 5.0, 10.0
 CAL_REPEATS = 10
 IDLE_FLOOR = 0.05  # % of idle only where the node waited at least this share of its round
 # Profiles: geodt calibrate --scenario benchmarks/fidelity/S.toml --batch 1,2,4,8,16 --repeats 20
@@ -73,41 +101,79 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     return path
 
 
-def run_case(scenario: str, strategy: str, work: Path, calibrate: bool) -> pd.DataFrame:
+def host_network_profile(work: Path) -> Path:
+    """`geodt calibrate --network` among 3 processes, without its all-reduce rows: the host's
+    outer step, checkpoint and encode/decode costs, for the WAN cases (whose links are theirs)."""
+    full, host = work / "net-full.csv", work / "net-host.csv"
+    _run([sys.executable, "-m", "geodt", "calibrate", "--network", "--processes", "3", "--max-mib", "4",
+          "--repeats", "5", "--threads", "1", "--out", str(full)])
+    frame = pd.read_csv(full)
+    frame[frame.kind != "all_reduce"].to_csv(host, index=False)
+    return host
+
+
+def wan_overrides(dtype: str, collective: str, uplinks: dict | None, host_profile: Path) -> list[str]:
+    """--set arguments of a WAN case: links, payload, collective, H and the host's profile."""
+    from formats.wire import PAYLOAD_BYTES
+
+    gbps = WAN_MBIT_PER_FP32_BYTE * PAYLOAD_BYTES[dtype] / 1e3
+    sets = [f"network.bandwidth_gbps={gbps!r}", f'network.payload_dtype="{dtype}"',
+            f'network.collective="{collective}"', f"training.local_steps={WAN_LOCAL_STEPS}",
+            f'network.profile="{host_profile}"']
+    sets += [f"nodes.{node}.uplink_gbps={gbps * share!r}" for node, share in (uplinks or {}).items()]
+    return sets
+
+
+def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: list[str] = (),
+             wan: bool = False) -> pd.DataFrame:
     path = fresh_profiles(scenario, work) if calibrate else SCENARIOS / f"{scenario}.toml"
     out = work / "run"
-    _run([sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
-          "--threads", "1"])
+    cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
+           "--threads", "1"]
+    for text in sets:
+        cmd += ["--set", text]
+    _run(cmd + (["--wan", "shaped"] if wan else []))
     return pd.read_csv(out / "validation.csv")
 
 
 def errors(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per node row, the signed errors of the module docstring (and the sync's share of the round)."""
     f = frame.copy()
-    f["idle_err_pct_of_round"] = 100 * (f.measured_idle_s - f.predicted_idle_s).abs() / f.measured_round_s
+    f["idle_err_pct_of_round"] = 100 * (f.measured_idle_s - f.predicted_idle_s) / f.measured_round_s
     waited = f.measured_idle_s >= IDLE_FLOOR * f.measured_round_s
     f["idle_err_pct_of_idle"] = (100 * (f.measured_idle_s - f.predicted_idle_s).abs() / f.measured_idle_s).where(waited)
     f["round_err_pct"] = 100 * (f.predicted_round_s - f.measured_round_s) / f.measured_round_s
+    f["sync_err_pct"] = 100 * (f.predicted_comm_s - f.measured_comm_s) / f.measured_comm_s
+    f["sync_share_pct"] = 100 * f.measured_comm_s / f.measured_round_s
     return f
+
+
+def _signed_worst(s: pd.Series) -> float:
+    s = s.dropna()
+    return float(s.loc[s.abs().idxmax()]) if len(s) else float("nan")
 
 
 def summarise(rows: pd.DataFrame) -> pd.DataFrame:
     """Errors per case, beside the repeat spread: how far identical runs of the case fall apart
     (half the range over repeats, per node, the case's median): the noise floor of the errors."""
-    g = rows.groupby(["scenario", "strategy"], sort=False)
+    g = rows.groupby(["scenario", "strategy", "case"], sort=False)
     per_node = rows.assign(idle_pct=100 * rows.measured_idle_s / rows.measured_round_s).groupby(
-        ["scenario", "strategy", "node"], sort=False)
+        ["scenario", "strategy", "case", "node"], sort=False)
     half_range = lambda s: (s.max() - s.min()) / 2
     spread = pd.DataFrame({
         "round_spread_pct": per_node["measured_round_s"].apply(lambda s: 100 * half_range(s) / s.median()),
         "idle_spread_pct_of_round": per_node["idle_pct"].apply(half_range),
-    }).groupby(level=[0, 1], sort=False).median()
+    }).groupby(level=[0, 1, 2], sort=False).median()
     table = pd.DataFrame({
         "runs": g["repeat"].nunique(),
         "node_rows": g.size(),
         "round_err_pct_median": g["round_err_pct"].median(),
-        "round_err_pct_worst": g["round_err_pct"].apply(lambda s: s.loc[s.abs().idxmax()]),
+        "round_err_pct_worst": g["round_err_pct"].apply(_signed_worst),
         "idle_err_pct_of_round_median": g["idle_err_pct_of_round"].median(),
-        "idle_err_pct_of_round_worst": g["idle_err_pct_of_round"].max(),
+        "idle_err_pct_of_round_worst": g["idle_err_pct_of_round"].apply(_signed_worst),
+        "sync_err_pct_median": g["sync_err_pct"].median(),
+        "sync_err_pct_worst": g["sync_err_pct"].apply(_signed_worst),
+        "sync_share_pct": g["sync_share_pct"].median(),
         "idle_err_pct_of_idle_median": g["idle_err_pct_of_idle"].median(),
         "measured_idle_s_mean": g["measured_idle_s"].mean(),
     }).join(spread).reset_index()
@@ -120,29 +186,62 @@ def plot(rows: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cases = list(dict.fromkeys(zip(rows.scenario, rows.strategy)))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5.2), constrained_layout=True)
-    cmap = plt.get_cmap("tab10")
-    for i, (sc, st) in enumerate(cases):
-        sub = rows[(rows.scenario == sc) & (rows.strategy == st)]
-        ax1.scatter(sub.predicted_idle_s, sub.measured_idle_s, color=cmap(i % 10), s=22, label=f"{sc} / {st}")
-        ax2.scatter([i] * len(sub), sub.idle_err_pct_of_round, color=cmap(i % 10), s=22)
-        ax2.scatter([i], [sub.idle_err_pct_of_round.median()], marker="_", s=500, color="black")
+    cases = list(dict.fromkeys(zip(rows.scenario, rows.strategy, rows.case)))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(19, 5.4), constrained_layout=True)
+    cmap = plt.get_cmap("tab20")
+    for i, (sc, st, case) in enumerate(cases):
+        sub = rows[(rows.scenario == sc) & (rows.strategy == st) & (rows.case == case)]
+        ax1.scatter(sub.predicted_idle_s, sub.measured_idle_s, color=cmap(i % 20), s=22, label=f"{sc} / {st} {case}")
+        for ax, column in ((ax2, "idle_err_pct_of_round"), (ax3, "sync_err_pct")):
+            ax.scatter([i] * len(sub), sub[column], color=cmap(i % 20), s=22)
+            ax.scatter([i], [sub[column].median()], marker="_", s=500, color="black")
     top = max(rows.predicted_idle_s.max(), rows.measured_idle_s.max()) * 1.05 or 1.0
     ax1.plot([0, top], [0, top], color="grey", lw=1, ls="--", label="measured = predicted")
     ax1.set_xlabel("predicted idle per node, summed over rounds (s)")
     ax1.set_ylabel("measured idle (s)")
     ax1.set_title("idle per node: prediction against a real run")
-    ax1.legend(fontsize=7)
-    ax2.axhline(GOAL_IDLE_MEDIAN_PCT, color="tab:green", ls="--", lw=1, label="goal, median (3%)")
-    ax2.axhline(GOAL_IDLE_WORST_PCT, color="tab:red", ls="--", lw=1, label="goal, worst (6%)")
-    ax2.set_xticks(range(len(cases)), [f"{sc}\n{st}" for sc, st in cases], fontsize=7, rotation=30, ha="right")
-    ax2.set_ylabel("|idle error|, % of measured round time")
-    ax2.set_title("idle error per node and run (black bar: median)")
-    ax2.legend(fontsize=8)
-    fig.suptitle("geodt simulator vs real non-emulated DiLoCo runs (CPU devices limited by quotas)")
+    ax1.legend(fontsize=6)
+    labels = [f"{sc}\n{st} {case}" for sc, st, case in cases]
+    for ax, median, worst, title in ((ax2, GOAL_IDLE_MEDIAN_PCT, GOAL_IDLE_WORST_PCT,
+                                      "idle error, measured − predicted, % of round"),
+                                     (ax3, GOAL_SYNC_MEDIAN_PCT, GOAL_SYNC_WORST_PCT,
+                                      "sync error, predicted − measured, % of measured sync")):
+        for sign in (1, -1):
+            ax.axhline(sign * median, color="tab:green", ls="--", lw=1, label=f"goal, median (±{median:g}%)"
+                       if sign > 0 else None)
+            ax.axhline(sign * worst, color="tab:red", ls="--", lw=1, label=f"goal, worst (±{worst:g}%)"
+                       if sign > 0 else None)
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.set_xticks(range(len(cases)), labels, fontsize=6, rotation=35, ha="right")
+        ax.set_title(f"{title} (signed; black bar: median)")
+        ax.legend(fontsize=7)
+    fig.suptitle("geodt simulator vs real non-emulated DiLoCo runs (CPU devices limited by quotas; "
+                 "wan-*: shaped WAN)")
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def all_cases(wan: bool, loopback: bool) -> list[tuple]:
+    """(scenario, strategy, case label, --set list or the WAN case's tuple, wan) to run."""
+    cases = [(sc, st, "loopback", None, False) for sc, st in CASES] if loopback else []
+    if wan:
+        cases += [(sc, st, f"{dtype} {coll} {'unequal' if up else 'equal'}", (dtype, coll, up), True)
+                  for sc, st, dtype, coll, up in WAN_CASES]
+    return cases
+
+
+def overall_line(rows: pd.DataFrame) -> str:
+    text = (f"all {len(rows)} node rows (signed): round error median {rows.round_err_pct.median():+.2f}%, "
+            f"worst {_signed_worst(rows.round_err_pct):+.2f}% (goal ±{GOAL_ROUND_PCT:g}%), predicted shorter than "
+            f"measured in {int((rows.round_err_pct < 0).sum())} of {len(rows)}; idle error median "
+            f"{rows.idle_err_pct_of_round.median():+.2f}% of round (goal ±{GOAL_IDLE_MEDIAN_PCT:g}%), worst "
+            f"{_signed_worst(rows.idle_err_pct_of_round):+.2f}% (goal ±{GOAL_IDLE_WORST_PCT:g}%)")
+    wan = rows[rows.case != "loopback"]
+    if len(wan):
+        text += (f"; WAN cases ({len(wan)} node rows, sync {wan.sync_share_pct.median():.0f}% of the round): sync "
+                 f"error median {wan.sync_err_pct.median():+.2f}% (goal ±{GOAL_SYNC_MEDIAN_PCT:g}%), worst "
+                 f"{_signed_worst(wan.sync_err_pct):+.2f}% (goal ±{GOAL_SYNC_WORST_PCT:g}%)")
+    return text
 
 
 def main() -> int:
@@ -150,37 +249,48 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default=str(ROOT / "results" / "fidelity"))
     parser.add_argument("--committed-profiles", action="store_true",
-                        help="use the committed profiles instead of calibrating right before each run")
+                        help="use the committed profiles instead of calibrating right before each run "
+                             "(loopback cases only: the WAN scenarios' profiles are always measured)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--no-wan", action="store_true", help="leave out the shaped-WAN cases (they need root)")
+    which.add_argument("--wan-only", action="store_true", help="only the shaped-WAN cases")
+    parser.add_argument("--case", type=int, action="append", metavar="K",
+                        help="run only case K of the list (0-based; repeatable), e.g. to try one")
     args = parser.parse_args()
     from tqdm import tqdm
 
+    cases = all_cases(wan=not args.no_wan, loopback=not args.wan_only)
+    if args.case:
+        cases = [cases[k] for k in args.case]
     frames = []
     with tempfile.TemporaryDirectory(prefix="geodt-fidelity-") as tmp:
-        runs = [(r, sc, st) for r in range(args.repeats) for sc, st in CASES]
-        for r, sc, st in tqdm(runs, desc="fidelity", unit="run", file=sys.stderr):
-            frame = run_case(sc, st, Path(tmp) / f"{sc}-{st}-{r}", calibrate=not args.committed_profiles)
-            frames.append(frame.assign(scenario=sc, repeat=r))
+        host = host_network_profile(Path(tmp)) if any(c[4] for c in cases) else None
+        runs = [(r, *case) for r in range(args.repeats) for case in cases]
+        for k, (r, sc, st, label, wan_case, wan) in enumerate(tqdm(runs, desc="fidelity", unit="run", file=sys.stderr)):
+            sets = wan_overrides(*wan_case, host) if wan else []
+            frame = run_case(sc, st, Path(tmp) / f"run{k}", calibrate=wan or not args.committed_profiles,
+                             sets=sets, wan=wan)
+            frames.append(frame.assign(scenario=sc, repeat=r, case=label))
     rows = errors(pd.concat(frames, ignore_index=True))
     table = summarise(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cols = ["scenario", "strategy", "repeat", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
-            "measured_round_s", "idle_err_pct_of_round", "idle_err_pct_of_idle", "round_err_pct"]
+    cols = ["scenario", "strategy", "case", "repeat", "node", "predicted_idle_s", "measured_idle_s",
+            "predicted_round_s", "measured_round_s", "predicted_comm_s", "measured_comm_s", "idle_err_pct_of_round",
+            "idle_err_pct_of_idle", "round_err_pct", "sync_err_pct", "sync_share_pct", "network"]
     rows[cols].to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                f"{datetime.now(timezone.utc):%Y-%m-%d}")
-    overall = (f"all {len(rows)} node rows: round error median {rows.round_err_pct.abs().median():.2f}%, "
-               f"worst {rows.round_err_pct.abs().max():.2f}% (goal {GOAL_ROUND_PCT:g}%); idle error median "
-               f"{rows.idle_err_pct_of_round.median():.2f}% of round (goal {GOAL_IDLE_MEDIAN_PCT:g}%), worst "
-               f"{rows.idle_err_pct_of_round.max():.2f}% (goal {GOAL_IDLE_WORST_PCT:g}%)")
+    overall = overall_line(rows)
     from geodt.paper.fmt import markdown
 
     md = markdown(table)
     how = ("committed profiles (profiles/fidelity/)" if args.committed_profiles else
            f"profiles measured right before each run (geodt calibrate --scenario, {CAL_REPEATS} repeats)")
-    (out / "table.md").write_text(f"Measured on {machine}; {how}.\n\n{md}\n\n{overall}\n")
+    (out / "table.md").write_text(f"Measured on {machine}; {how}. Errors are signed (module docstring of "
+                                  f"benchmarks/bench_fidelity.py).\n\n{md}\n\n{overall}\n")
     plot(rows, out / "fidelity.png")
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
+    with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print(overall)
     print(f"machine: {machine}")

@@ -6,16 +6,27 @@
 - kind `all_reduce`: a SUM all-reduce of `size` bytes of fp32 among `processes` ranks;
 - kind `outer_step`: the executor's outer step over `size` parameters (pseudo-gradient,
   Nesterov SGD, copy back into the model), run on every rank at once (the slowest rank's time);
-- kind `checkpoint`: writing a checkpoint of `size` bytes as the executor does (temp, rename).
+- kind `checkpoint`: writing a checkpoint of `size` bytes as the executor does (temp, rename);
+- kinds `encode` / `decode`: real/sync.py's encode() of `size` fp32 elements into
+  `payload_dtype` (fp16 cast; int8 with one fp32 scale per 256 values) and decode() back.
 
-One row per (kind, processes, size), tidy CSV. `NetworkModel` fits:
+One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV. `NetworkModel` fits:
 
 - all-reduce, jointly over every process count n, the ring model
       t = 2(n−1)·latency + 2(n−1)/n · 8·bytes / bandwidth
   (linear in latency and 1/bandwidth; relative residuals, as step-time profiles are fitted,
   because sizes span orders of magnitude);
 - outer step t = a + c·params, checkpoint t = a + bytes / write_rate, each by the same
-  weighted least squares.
+  weighted least squares;
+- encode and decode, per payload dtype, t = a + c·bytes, bytes the fp32 values' (4 per
+  element) whichever way the data flows, so the fits of the three dtypes compare per byte of
+  pseudo-gradient. A profile without these rows (older ones) prices them at 0, and
+  NetworkModel.codec_measured says so.
+
+The all-reduce fit takes the fp32 ring rows of backend gloo (all rows in older profiles).
+Rows of other payload dtypes or collectives, and those measured over a shaped WAN (backend
+`gloo+shaped`, `geodt calibrate --network --wan shaped`: the scenario's own links, which the
+simulator already knows), are kept to compare the sync model with, not fitted.
 """
 from __future__ import annotations
 
@@ -24,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from formats.netprofile import NetProfileError, read_network_rows
+from formats.netprofile import CODEC_KINDS, SHAPED_BACKEND, NetProfileError, read_network_rows
 from formats.wire import ring_allreduce_s
 
 
@@ -53,6 +64,8 @@ def fit_affine(sizes, seconds) -> AffineFit:
     fixed, slope = _relative_lstsq(np.column_stack([np.ones_like(sizes), sizes]), seconds)
     if fixed < 0:  # a negative intercept is noise at the small sizes: refit through 0
         fixed, slope = 0.0, float(_relative_lstsq(sizes[:, None], seconds)[0])
+    if slope < 0:  # a time that does not grow with the size is a fixed cost (fp32's encode is a view)
+        return AffineFit(float(np.median(seconds)), 0.0)
     return AffineFit(float(fixed), float(slope))
 
 
@@ -94,15 +107,26 @@ class NetworkModel:
     ring: RingFit | None
     outer_step: AffineFit | None
     checkpoint: AffineFit | None
+    # ((kind, payload_dtype), fit over fp32 bytes), kind encode | decode; empty: not measured.
+    codec: tuple[tuple[tuple[str, str], AffineFit], ...] = ()
+
+    @property
+    def codec_measured(self) -> bool:
+        return bool(self.codec)
+
+    def codec_fit(self, kind: str, payload_dtype: str) -> AffineFit | None:
+        return dict(self.codec).get((kind, payload_dtype))
 
 
 def read_network_profile(path: str | Path) -> NetworkModel:
     """Load and fit a network profile; NetProfileError naming the file, row and column."""
     path = Path(path)
     data = read_network_rows(path)
-    ring = data[(data.kind == "all_reduce") & (data.processes >= 2)]
+    ring = data[(data.kind == "all_reduce") & (data.processes >= 2) & (data.payload_dtype == "fp32")
+                & (data.collective == "ring") & (data.backend != SHAPED_BACKEND)]
     outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
-    if ring.empty and outer.empty and ckpt.empty:
+    codec = data[data.kind.isin(CODEC_KINDS)]
+    if ring.empty and outer.empty and ckpt.empty and codec.empty:
         raise NetProfileError(f"{path}: no rows; expected measurements from geodt calibrate --network")
     try:
         ring_fit = fit_ring(ring.processes, ring["size"], ring.seconds) if len(ring) >= 2 else None
@@ -112,4 +136,6 @@ def read_network_profile(path: str | Path) -> NetworkModel:
         source=str(path), ring=ring_fit,
         outer_step=fit_affine(outer["size"], outer.seconds) if len(outer) else None,
         checkpoint=fit_affine(ckpt["size"], ckpt.seconds) if len(ckpt) else None,
+        codec=tuple(((kind, dtype), fit_affine(4 * rows["size"], rows.seconds))
+                    for (kind, dtype), rows in codec.groupby(["kind", "payload_dtype"], sort=True)),
     )

@@ -1,8 +1,11 @@
 """Network profiles on disk: the columns `geodt calibrate --network` writes and the checked reader.
 
-One row per (kind, processes, size), tidy CSV (docs/DESIGN.md, "Outputs"); kinds:
-`all_reduce` (a SUM all-reduce of `size` bytes among `processes` ranks), `outer_step` (the
-executor's outer step over `size` parameters) and `checkpoint` (writing `size` bytes).
+One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV (docs/DESIGN.md,
+"Outputs"); kinds: `all_reduce` (a SUM all-reduce of `size` bytes among `processes` ranks),
+`outer_step` (the executor's outer step over `size` parameters), `checkpoint` (writing `size`
+bytes), `encode` and `decode` (real/sync.py's encode() of `size` fp32 elements into
+`payload_dtype`, and decode() back). The columns payload_dtype and collective are optional
+(profiles written before they existed still load): absent or empty, a row is fp32 and ring.
 real/netcal.py writes it; calibrate/netprofile.py fits the simulator's models to it. Torch-free.
 """
 from __future__ import annotations
@@ -14,12 +17,16 @@ from pathlib import Path
 import pandas as pd
 
 from formats.files import read_regular_file
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
 NET_COLUMNS: tuple[str, ...] = (
     "kind", "processes", "backend", "size", "seconds_median", "seconds_p10", "seconds_p90",
     "repeats", "host", "torch_version", "measured_at",
 )
-KINDS = ("all_reduce", "outer_step", "checkpoint")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("payload_dtype", "collective")
+KINDS = ("all_reduce", "outer_step", "checkpoint", "encode", "decode")
+CODEC_KINDS = ("encode", "decode")
+SHAPED_BACKEND = "gloo+shaped"  # backend of rows measured over a shaped WAN (`--wan shaped`)
 MAX_BYTES = 16 << 20  # a profile is a few hundred rows
 
 
@@ -28,8 +35,8 @@ class NetProfileError(ValueError):
 
 
 def read_network_rows(path: str | Path) -> pd.DataFrame:
-    """The profile's rows as kind, processes, size, seconds (the median), each checked;
-    NetProfileError naming the file, line and column otherwise."""
+    """The profile's rows as kind, processes, size, seconds (the median), payload_dtype,
+    collective, each checked; NetProfileError naming the file, line and column otherwise."""
     path = Path(path)
     data = read_regular_file(path, "a network profile CSV (geodt calibrate --network)", MAX_BYTES, NetProfileError)
     try:
@@ -49,5 +56,13 @@ def read_network_rows(path: str | Path) -> pd.DataFrame:
             raise NetProfileError(f"{path}: line {i}: processes/size/seconds_median: expected numbers") from None
         if processes < 1 or not (math.isfinite(size) and size > 0 and math.isfinite(seconds) and seconds > 0):
             raise NetProfileError(f"{path}: line {i}: expected processes >= 1 and positive finite size and seconds")
-        rows.append((row["kind"], processes, size, seconds))
-    return pd.DataFrame(rows, columns=["kind", "processes", "size", "seconds"])
+        dtype, collective = row.get("payload_dtype") or "fp32", row.get("collective") or "ring"
+        if dtype not in PAYLOAD_BYTES:
+            raise NetProfileError(f"{path}: line {i}: payload_dtype: expected one of {', '.join(PAYLOAD_BYTES)}, "
+                                  f"got {dtype!r}")
+        if collective not in COLLECTIVES:
+            raise NetProfileError(f"{path}: line {i}: collective: expected one of {', '.join(COLLECTIVES)}, "
+                                  f"got {collective!r}")
+        rows.append((row["kind"], processes, row["backend"], size, seconds, dtype, collective))
+    return pd.DataFrame(rows, columns=["kind", "processes", "backend", "size", "seconds", "payload_dtype",
+                                       "collective"])

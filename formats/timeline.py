@@ -18,5 +18,7 @@ SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "syn
 # trace.csv: the timeline plus what a real run measures (real/trace.py's docstring).
 TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size",
                                     "bytes_sent", "peak_mem_bytes"]
+# validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
-                      "measured_round_s", "error_pct_of_round", "mode", "network"]
+                      "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",
+                      "comm_error_pct", "mode", "network"]

@@ -44,8 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     module_name, function_name, _ = COMMANDS[name]
     if name == "calibrate" and "--network" in rest:  # the executor's sync, between real processes
         module_name, function_name = "real.netcal", "main"
-    if name == "calibrate" and any(a == "--scenario" or a.startswith("--scenario=") for a in rest):
+    if name == "calibrate" and "--network" not in rest and any(a == "--scenario" or a.startswith("--scenario=")
+                                                                for a in rest):
         module_name, function_name = "geodt.calibrate_scenario", "main"  # every device at once
+    if name == "calibrate" and "--network" in rest and any(a == "--wan" or a.startswith("--wan=") for a in rest):
+        module_name, function_name = "geodt.netcal_wan", "main"  # the sync on a scenario's shaped links
     missing = [p for p in ("torch", "transformers") if name in NEEDS_TORCH and importlib.util.find_spec(p) is None]
     if missing:
         extra = NEEDS_TORCH[name]

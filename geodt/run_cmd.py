@@ -5,8 +5,9 @@ DIR/plan.csv (every value resolved: rounds, collective, payload dtype, links, CP
 and DIR/scenario.toml and launches the real executor (`real/`) on exactly that plan, which
 writes DIR/trace.csv and prints a per-node summary. `geodt validate` also simulates the same
 plan (DIR/timeline.csv), runs it for real, and writes DIR/validation.csv and
-DIR/validation.png: per node, predicted and measured idle and round time, summed over
-rounds, and the idle error as a percentage of the round time. `--emulate` pads every step
+DIR/validation.png: per node, predicted and measured idle, sync and round time, summed over
+rounds, the idle error as a percentage of the round time and the sync error as a percentage
+of the predicted sync (both signed). `--emulate` pads every step
 and sync to the plan's times instead: that checks the schedule (the executor reproduces
 the predicted timeline), not the prediction, and the outputs say so (mode = emulated).
 
@@ -216,7 +217,9 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
 
     Measured times are divided by time_scale so that both are in the scenario's seconds.
-    error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time.
+    error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time;
+    comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
+    is predicted). Both are signed, so a bias shows.
     network: what the run's processes talked over (real.wan.network_note).
     """
     import pandas as pd
@@ -238,12 +241,17 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "predicted_idle_s": p.at[node, "idle_s"], "measured_idle_s": m.at[node, "idle_s"],
             "predicted_round_s": p.at[node, "round_s"], "measured_round_s": m.at[node, "round_s"],
             "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
+            "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
+            "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
             "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
-            "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
     return pd.DataFrame(rows)
+
+
+def _pct(difference: float, reference: float) -> float:
+    return 100.0 * difference / reference if reference > 0 else float("nan")
 
 
 def device_kind(scenario) -> str:
@@ -253,7 +261,8 @@ def device_kind(scenario) -> str:
 
 
 def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
-    """Two panels per node: idle (predicted vs measured), and the round split into its parts.
+    """Three panels per node: idle and sync (predicted vs measured, signed errors under the
+    nodes), and the round split into its parts.
 
     `device` names what idles (device_kind: CPU, GPU or device)."""
     import matplotlib
@@ -266,17 +275,18 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
 
     nodes = list(table["node"])
     x = np.arange(len(nodes))
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8), constrained_layout=True)
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
     w = 0.38
-    b1 = ax1.bar(x - w / 2, table["predicted_idle_s"], w, label="predicted", color="#9ecae1", edgecolor="#3182bd")
-    b2 = ax1.bar(x + w / 2, table["measured_idle_s"], w, label="measured", color="#fdae6b", edgecolor="#e6550d")
-    ax1.bar_label(b1, fmt="%.2f", fontsize=8)
-    ax1.bar_label(b2, fmt="%.2f", fontsize=8)
-    ax1.set_xticks(x, [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])])
+    _paired_bars(ax1, x, w, table["predicted_idle_s"], table["measured_idle_s"],
+                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])])
     ax1.set_xlabel("node  (idle error: measured − predicted, % of round time)")
     ax1.set_ylabel("idle time, summed over rounds (s)")
     ax1.set_title(f"{device} idle time per node")
-    ax1.legend()
+    _paired_bars(ax3, x, w, table["predicted_comm_s"], table["measured_comm_s"],
+                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["comm_error_pct"])])
+    ax3.set_xlabel("node  (sync error: measured − predicted, % of predicted sync)")
+    ax3.set_ylabel("sync time, summed over rounds (s)")
+    ax3.set_title("sync (outer all-reduce + step) per node")
     parts = [("compute_s", "compute", "#74c476"), ("idle_s", "idle", "#fd8d3c"), ("comm_s", "sync", "#9e9ac8")]
     for offset, kind, hatch in ((-w / 2, "predicted", ""), (w / 2, "measured", "//")):
         bottom = np.zeros(len(nodes))
@@ -292,6 +302,15 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
     fig.suptitle(title)
     save_figure(fig, path, dpi=120)
     plt.close(fig)
+
+
+def _paired_bars(ax, x, width: float, predicted, measured, ticks: list[str]) -> None:
+    b1 = ax.bar(x - width / 2, predicted, width, label="predicted", color="#9ecae1", edgecolor="#3182bd")
+    b2 = ax.bar(x + width / 2, measured, width, label="measured", color="#fdae6b", edgecolor="#e6550d")
+    ax.bar_label(b1, fmt="%.2f", fontsize=8)
+    ax.bar_label(b2, fmt="%.2f", fontsize=8)
+    ax.set_xticks(x, ticks)
+    ax.legend()
 
 
 @_interruptible
@@ -342,7 +361,9 @@ def validate_main(argv: list[str]) -> int:
     label = "schedule check (emulated): " if args.emulate else "measured: "
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
               if reproduction_warnings(scenario, plan, args.emulate) else "")
-    print(f"{label}largest idle error: {worst:.2f}% of round time{caveat}; network: {network}; "
+    sync_errors = table["comm_error_pct"].dropna()
+    sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
+    print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}; "
           f"wrote {out / 'validation.csv'}, "
           f"{out / 'validation.png'}, {out / 'trace.json'}")
     overruns = int(table["overrun_steps"].sum())

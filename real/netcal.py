@@ -9,7 +9,10 @@ each, `--repeats` times:
   numbers of parameters, split into 1 Mi-parameter tensors as a model's layers are, on every
   rank at once (they all run it in a real sync; the slowest rank's time is kept);
 - a checkpoint write of the same numbers of bytes (torch.save to a temp name, rename), on
-  every rank at once into the output's directory, as real/checkpoint.py writes.
+  every rank at once into the output's directory, as real/checkpoint.py writes;
+- per payload dtype (fp32, fp16, int8), real/sync.py's encode() of the same numbers of fp32
+  elements and decode() back, on every rank at once, as every node encodes in a real sync
+  (rows `encode` / `decode`, size in elements, column payload_dtype).
 
 Rows go to a network profile CSV (calibrate/netprofile.py) that the simulator fits: ring
 latency and bandwidth, outer-step cost per parameter, checkpoint write rate.
@@ -134,12 +137,31 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
             os.replace(tmp, path)
         rows.append(("checkpoint", size, slowest(_time_all(repeats, save, barrier))))
         path.unlink(missing_ok=True)
+        rows.extend(codec_rows(size // 4, repeats, barrier, slowest))
         if rank == 0 and queue is not None:
             queue.put(("progress", 1))
     if rank == 0 and queue is not None:
         queue.put(("rows", rows))
     barrier()
     dist.destroy_process_group()
+
+
+def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
+    """(kind, elements, [seconds], payload_dtype) for encode() and decode() of `elements` fp32
+    values (real/sync.py), each payload dtype, timed on every rank at once."""
+    import torch
+
+    from formats.wire import PAYLOAD_BYTES
+    from real.sync import decode, encode
+
+    rows = []
+    values = torch.randn(elements, generator=torch.Generator().manual_seed(elements))
+    for dtype in PAYLOAD_BYTES:
+        encoded = encode(values, dtype).clone()
+        rows.append(("encode", elements, slowest(_time_all(repeats, lambda: encode(values, dtype), barrier)), dtype))
+        rows.append(("decode", elements,
+                     slowest(_time_all(repeats, lambda: decode(encoded, elements, dtype), barrier)), dtype))
+    return rows
 
 
 def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
@@ -171,24 +193,97 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     return rows
 
 
-def to_frame(rows_by_n: dict[int, list], repeats: int):
+def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:
+    """One node of the shaped WAN: into its namespace, then every (dtype, collective, size)
+    through real/sync.py's CrossNodeSync exactly as the executor's leaders average."""
+    import torch
+    import torch.distributed as dist
+
+    from real.sync import CrossNodeSync
+    from real.wan import enter
+
+    enter(links[rank])  # before any socket exists
+    torch.set_num_threads(args_dict["threads"] or max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    flag = torch.zeros(1)
+
+    def barrier():
+        dist.all_reduce(flag)
+
+    def slowest(times: list[float]) -> list[float]:
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
+    rows, gbps = [], [link.link_gbps for link in links]
+    for size in args_dict["sizes"]:
+        elements = size // 4
+        delta = torch.randn(elements, generator=torch.Generator().manual_seed(rank))
+        for dtype in args_dict["dtypes"]:
+            for collective in args_dict["collectives"]:
+                sync = CrossNodeSync(None, world, rank, elements, dtype, collective, gbps)
+                times = _time_all(args_dict["repeats"], lambda: sync.average(delta, world), barrier)
+                rows.append(("all_reduce", size, slowest(times), dtype, collective))
+        rows.extend(codec_rows(elements, args_dict["repeats"], barrier, slowest))
+        if rank == 0:
+            queue.put(("progress", 1))
+    if rank == 0:
+        queue.put(("rows", rows))
+    barrier()
+    dist.destroy_process_group()
+
+
+def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: list[int], dtypes: list[str],
+                   collectives: list[str], repeats: int, threads: int, progress=None, describe=None) -> list:
+    """Rows (kind, size, [seconds], payload_dtype[, collective]) measured among one process per
+    node, each in its node's namespace of a shaped WAN (real/wan.py) built for `nodes`
+    [(name, link_gbps)] and removed on every way out; WanError where it cannot be built."""
+    import torch.multiprocessing as mp
+
+    from real.wan import ShapedWan
+
+    args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
+                 "threads": threads}
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with ShapedWan(nodes, latency_ms=latency_ms) as wan, \
+            tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
+        if describe is not None:
+            describe(wan.describe())
+        procs = mp.start_processes(_shaped_entry, args=(len(nodes), os.path.join(rdzv, "store"), wan.links,
+                                                        args_dict, queue),
+                                   nprocs=len(nodes), join=False, start_method="spawn")
+        rows = None
+        while rows is None:
+            kind, value = queue.get()
+            if kind == "progress" and progress is not None:
+                progress(value)
+            elif kind == "rows":
+                rows = value
+        while not procs.join():
+            pass
+    return rows
+
+
+def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
     import pandas as pd
     import torch
 
-    from formats.netprofile import NET_COLUMNS
+    from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS
 
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     records = []
     for n, rows in rows_by_n.items():
-        for kind, size, times in rows:
+        for kind, size, times, *tags in rows:  # tags: payload_dtype[, collective]
             deciles = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
             records.append({
-                "kind": kind, "processes": n, "backend": "gloo", "size": size,
+                "kind": kind, "processes": n, "backend": backend, "size": size,
                 "seconds_median": statistics.median(times), "seconds_p10": deciles[0], "seconds_p90": deciles[-1],
                 "repeats": repeats, "host": socket.gethostname(), "torch_version": torch.__version__,
-                "measured_at": stamp,
+                "measured_at": stamp, "payload_dtype": (tags + ["fp32"])[0],
+                "collective": (tags + ["ring", "ring"])[1],
             })
-    return pd.DataFrame(records, columns=list(NET_COLUMNS))
+    return pd.DataFrame(records, columns=list(NET_COLUMNS + OPTIONAL_COLUMNS))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,8 +321,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{ring.latency_ms:.3f} ms, bandwidth {ring.bandwidth_gbps:.2f} Gbit/s")
     print(f"outer step: {outer.fixed_s * 1e3:.3f} ms + {outer.per_unit_s * 1e9:.3f} ns/parameter")
     print(f"checkpoint: {ckpt.fixed_s * 1e3:.3f} ms + {8 / ckpt.per_unit_s / 1e9:.2f} Gbit/s write")
+    print(codec_summary(model))
     print(f"wrote {out}")
     return 0
+
+
+def codec_summary(model) -> str:
+    """One line: encode and decode cost per byte of fp32 pseudo-gradient, per payload dtype."""
+    parts = []
+    for dtype in ("fp32", "fp16", "int8"):
+        enc, dec = model.codec_fit("encode", dtype), model.codec_fit("decode", dtype)
+        if enc is not None and dec is not None:
+            parts.append(f"{dtype} {enc.per_unit_s * 1e9:.3f} + {dec.per_unit_s * 1e9:.3f}")
+    return ("encode + decode, ns per fp32 byte: " + ", ".join(parts)) if parts else "encode/decode: not measured"
 
 
 if __name__ == "__main__":

@@ -156,6 +156,13 @@ def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
             print(frame.drop(columns=["strategy"]).to_string(index=False))
         else:
             print(format_table(summ, frame))
+    encoded = [p.strategy for p, _, _ in results
+               if (p.payload_dtype or scenario.network.payload_dtype, p.collective or scenario.network.collective)
+               != ("fp32", "ring")]
+    if encoded:  # only the fused ring + fp32 all-reduce encodes nothing
+        from simulator.network import codec_note
+
+        print(f"\nsync of {', '.join(encoded)}: {codec_note(scenario)}")
 
 
 def interruptible(prog: str, main, argv) -> int:

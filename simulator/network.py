@@ -27,12 +27,26 @@ still sends and receives its own payload once, hence the floor 1 / min B. Two la
 
 With equal links τ = 2(n−1)/(n·B), the ring's bandwidth term; with one slow link the
 partitioned collective approaches P·8 / B_slow against the ring's 2(n−1)/n · P·8 / B_slow.
+Encoding (real/sync.py). Except the fused ring + fp32 all-reduce, the executor encodes and
+decodes its payload on the CPU (or GPU): node i with segment L_i of the P parameters encodes
+its n segments (P elements), decodes the n received versions of its own segment (n·L_i),
+encodes the sum (L_i) and decodes the n gathered segments (P). With a network profile's
+affine fits per payload dtype, enc(x) = a_e + c_e·4x and dec(x) = a_d + c_d·4x (per fp32
+byte, calibrate/netprofile.py), the slowest node's time is
+
+    t_codec = (n + 1)·a_e + 2n·a_d + 4P·(c_e + c_d) + 4·max_i L_i·(c_e + n·c_d)
+
+which the all-reduce's time includes. Without encode/decode rows in the profile it is 0
+(codec_note says so).
+
 The functions ending in `_raw` take plain numbers or numpy arrays (leading axes are
 independent scenarios), so the sweep computes exactly what the scalar path computes. The ring
 formula, the water level and the shares are formats/wire.py's (the executor splits its
 payload by the same shares).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -108,6 +122,53 @@ def node_outer_step_s(scenario: Scenario, node, layout) -> float:
     return host_s
 
 
+@dataclass(frozen=True)
+class CodecCost:
+    """encode / decode fits (calibrate.netprofile.AffineFit, per fp32 byte) per payload dtype."""
+
+    fits: tuple[tuple[tuple[str, str], object], ...] = ()
+
+    def fused(self, payload_dtype: str, collective: str) -> bool:
+        return payload_dtype == "fp32" and collective == "ring"  # torch's own all-reduce, no encoding
+
+    def seconds_raw(self, payload_dtype: str, collective: str, params, links_gbps) -> np.ndarray:
+        """t_codec (module docstring) per row; links (..., n), params a number or (...,)."""
+        links = np.asarray(links_gbps, dtype=float)
+        fits = dict(self.fits)
+        enc, dec = fits.get(("encode", payload_dtype)), fits.get(("decode", payload_dtype))
+        n = links.shape[-1]
+        if n == 1 or enc is None or dec is None or self.fused(payload_dtype, collective):
+            return np.zeros(links.shape[:-1])
+        shares = wire.partition_shares(links) if collective == "partitioned" else np.full(links.shape, 1.0 / n)
+        elements = np.asarray(params, dtype=float)
+        largest = shares.max(axis=-1) * elements
+        return ((n + 1) * enc.fixed_s + 2 * n * dec.fixed_s + 4 * elements * (enc.per_unit_s + dec.per_unit_s)
+                + 4 * largest * (enc.per_unit_s + n * dec.per_unit_s))
+
+
+def codec_cost(scenario: Scenario) -> CodecCost:
+    """The scenario's network profile's encode/decode fits (none: every encoding costs 0)."""
+    model = scenario.network_model
+    return CodecCost(model.codec if model is not None else ())
+
+
+def codec_note(scenario: Scenario) -> str:
+    """What the simulator's sync prices for encoding, for the outputs."""
+    model = scenario.network_model
+    if model is not None and model.codec_measured:
+        return f"encode/decode priced from {model.source}"
+    return ("encode/decode of the payload priced at 0 (no encode/decode rows: "
+            + ("no network profile" if model is None else f"{model.source} predates them") + ")")
+
+
+def codec_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None,
+            fragments: int = 1) -> float:
+    """t_codec of one sync of 1/fragments of the model (module docstring)."""
+    return float(codec_cost(scenario).seconds_raw(payload_dtype or scenario.network.payload_dtype,
+                                                  collective or scenario.network.collective,
+                                                  scenario.model.param_count / fragments, link_gbps(scenario)))
+
+
 def ring_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
     return float(wire.ring_allreduce_s(len(scenario.nodes), scenario.network.latency_ms,
                                     payload_bytes(scenario, payload_dtype), min(link_gbps(scenario))))
@@ -136,10 +197,12 @@ def partitioned_allreduce_s(scenario: Scenario, payload_dtype: str | None = None
 
 
 def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
-    """The all-reduce of the payload by `collective` (default: the scenario's network.collective)."""
-    if (collective or scenario.network.collective) == "partitioned":
-        return partitioned_allreduce_s(scenario, payload_dtype)
-    return ring_allreduce_s(scenario, payload_dtype)
+    """The all-reduce of the payload by `collective` (default: the scenario's network.collective),
+    its encoding and decoding included (codec_s)."""
+    collective = collective or scenario.network.collective
+    wire_s = (partitioned_allreduce_s(scenario, payload_dtype) if collective == "partitioned"
+              else ring_allreduce_s(scenario, payload_dtype))
+    return wire_s + codec_s(scenario, payload_dtype, collective)
 
 
 def checkpoint_s(scenario: Scenario) -> float:

@@ -6,7 +6,21 @@ import pandas as pd
 import pytest
 
 from calibrate.netprofile import fit_affine, fit_ring, read_network_profile
-from formats.netprofile import NET_COLUMNS, NetProfileError
+from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, NetProfileError
+
+# Encode / decode cost per fp32 byte (fixed, per byte) by payload dtype: about what
+# `geodt calibrate --network` measured on the 2-core VM (int8 quantisation costs the most).
+CODEC = {("encode", "fp32"): (1e-5, 0.0), ("decode", "fp32"): (1e-5, 0.1e-9),
+         ("encode", "fp16"): (1e-5, 0.15e-9), ("decode", "fp16"): (1e-5, 0.7e-9),
+         ("encode", "int8"): (2e-5, 1.3e-9), ("decode", "int8"): (2e-5, 1.4e-9)}
+
+
+def _codec_rows(codec=CODEC) -> pd.DataFrame:
+    rows = [{"kind": kind, "processes": 2, "backend": "gloo", "size": elements,
+             "seconds_median": fixed + per_byte * 4 * elements, "seconds_p10": 0, "seconds_p90": 0, "repeats": 3,
+             "host": "h", "torch_version": "x", "measured_at": "now", "payload_dtype": dtype, "collective": ""}
+            for (kind, dtype), (fixed, per_byte) in codec.items() for elements in (1 << 14, 1 << 18, 1 << 22)]
+    return pd.DataFrame(rows, columns=list(NET_COLUMNS + OPTIONAL_COLUMNS))
 
 
 def _rows(latency_s=2e-4, bandwidth_bps=8e9, per_param_s=3e-9, ckpt_fixed_s=1e-3, write_bps=4e9):
@@ -71,11 +85,16 @@ def test_calibrate_network_measures_real_processes(tmp_path):
     assert main(["--network", "--processes", "2", "--max-mib", "16", "--repeats", "2", "--threads", "1",
                  "--out", str(out)]) == 0
     frame = pd.read_csv(out)
-    assert list(frame.columns) == list(NET_COLUMNS)
-    assert sorted(frame.kind.unique()) == ["all_reduce", "checkpoint", "outer_step"]
-    assert len(frame) == 3 * 5  # 64 KiB ... 16 MiB (x4 per size), each of the three kinds
+    assert list(frame.columns) == list(NET_COLUMNS + OPTIONAL_COLUMNS)
+    assert sorted(frame.kind.unique()) == ["all_reduce", "checkpoint", "decode", "encode", "outer_step"]
+    # 64 KiB ... 16 MiB (x4 per size): all-reduce, outer step, checkpoint, and encode + decode per dtype.
+    assert len(frame) == (3 + 2 * 3) * 5
+    codec = frame[frame.kind.isin(["encode", "decode"])]
+    assert sorted(codec.payload_dtype.unique()) == ["fp16", "fp32", "int8"]
+    assert sorted(codec["size"].unique()) == [(64 << 10) // 4 * 4 ** k for k in range(5)]  # elements
     model = read_network_profile(out)
     assert model.ring.bandwidth_bps > 0 and model.outer_step.per_unit_s > 0
+    assert model.codec_measured and model.codec_fit("encode", "int8").per_unit_s > 0
     assert not list(tmp_path.glob(".*"))  # no temp files or checkpoint directory left behind
 
 
@@ -101,6 +120,14 @@ gpus = { "cpu" = 2 }
 step_time_s = 0.1
 cpu_quota = 0.5
 cpu_cores = [1]
+"""
+
+THIRD_NODE = """
+[[nodes]]
+name = "three"
+gpus = { "cpu" = 1 }
+step_time_s = 0.1
+uplink_gbps = 2.0
 """
 
 
@@ -203,3 +230,87 @@ def test_a_node_of_several_devices_waits_for_the_slowest_draw(write_scenario):
     assert one == pytest.approx(1.0, abs=0.01)  # one device: the mean of the draws
     assert two == pytest.approx(1.11, abs=0.015)
     assert np.isclose(plan.nodes[1].step_s, 0.1)  # the given step time includes no extra all-reduce here
+
+
+def test_codec_fits_per_byte_and_old_profiles_still_load(tmp_path):
+    """encode/decode rows fit per fp32 byte, per dtype; a profile without them (written before
+    they existed: no payload_dtype / collective columns) loads, and prices encoding at 0."""
+    path = tmp_path / "net.csv"
+    pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()]).to_csv(path, index=False)
+    model = read_network_profile(path)
+    for (kind, dtype), (fixed, per_byte) in CODEC.items():
+        fit = model.codec_fit(kind, dtype)
+        assert fit.fixed_s == pytest.approx(fixed, rel=1e-6) and fit.per_unit_s == pytest.approx(per_byte, abs=1e-15)
+    assert model.ring.bandwidth_gbps == pytest.approx(8.0, rel=1e-9)  # codec rows leave the ring fit alone
+    old = tmp_path / "old.csv"
+    _rows().to_csv(old, index=False)
+    assert list(pd.read_csv(old).columns) == list(NET_COLUMNS)
+    legacy = read_network_profile(old)
+    assert not legacy.codec_measured and legacy.codec_fit("encode", "int8") is None
+
+
+def test_a_time_that_does_not_grow_is_a_fixed_cost():
+    fit = fit_affine([1, 2, 3], [3.0, 2.0, 2.5])  # the free line would fall
+    assert (fit.fixed_s, fit.per_unit_s) == (2.5, 0.0)
+
+
+def test_sync_prices_encode_and_decode(tmp_path, write_scenario):
+    """t_codec of simulator/network.py, exactly, for a 2-node ring of int8 and a 3-node
+    partitioned fp16 sync with unequal links; the fused ring + fp32 encodes nothing."""
+    from simulator.network import codec_note, codec_s, outer_step_s, ring_allreduce_s, sync_s
+    from simulator.scenario import load_scenario
+
+    pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()]).to_csv(tmp_path / "net.csv",
+                                                                                     index=False)
+    scenario = load_scenario(str(write_scenario(SCENARIO)))
+    p = scenario.model.param_count
+    (ea, ec), (da, dc) = CODEC[("encode", "int8")], CODEC[("decode", "int8")]
+    expected = 3 * ea + 4 * da + 4 * p * (ec + dc) + 4 * (p / 2) * (ec + 2 * dc)
+    assert codec_s(scenario, "int8", "ring") == pytest.approx(expected, rel=1e-6)
+    assert sync_s(scenario, "int8", "ring") == pytest.approx(
+        ring_allreduce_s(scenario, "int8") + expected + outer_step_s(scenario), rel=1e-9)
+    assert codec_s(scenario, "fp32", "ring") == 0.0
+    assert codec_s(scenario, "fp32", "partitioned") > 0  # encoded all-to-alls, even of fp32
+    assert codec_note(scenario).startswith("encode/decode priced from")
+    three = load_scenario(str(write_scenario(SCENARIO + THIRD_NODE, name="three.toml")))
+    (ea, ec), (da, dc) = CODEC[("encode", "fp16")], CODEC[("decode", "fp16")]
+    # links 8, 8 (the fit's bandwidth) and 2 Gbit/s: shares by water-filling, the largest 1/2.
+    expected = 4 * ea + 6 * da + 4 * p * (ec + dc) + 4 * (p / 2) * (ec + 3 * dc)
+    assert codec_s(three, "fp16", "partitioned") == pytest.approx(expected, rel=1e-6)
+
+
+def test_old_profile_prices_encoding_at_zero_and_says_so(tmp_path, write_scenario):
+    from simulator.network import codec_note, codec_s
+    from simulator.scenario import load_scenario
+
+    _rows().to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(write_scenario(SCENARIO)))
+    assert codec_s(scenario, "int8", "ring") == 0.0
+    assert codec_note(scenario) == f"encode/decode of the payload priced at 0 (no encode/decode rows: " \
+                                   f"{tmp_path / 'net.csv'} predates them)"
+
+
+def test_network_aware_keeps_fp32_where_int8_encoding_costs_more_than_it_saves(tmp_path, write_scenario):
+    """On a fast link (8 Gbit/s) int8's quantisation (2.7 ns per fp32 byte, encode + decode)
+    costs more than the 3 bytes in 4 it saves on the wire (about 1 ns per byte): priced, the
+    planner sends fp32; unpriced (an old profile) it sends int8, as before."""
+    from formats.wire import PAYLOAD_BYTES
+    from simulator.network import sync_s
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    fast = SCENARIO.replace("step_time_s = 0.1", "step_time_s = 0.001")  # the sync dominates the round
+    _rows().to_csv(tmp_path / "old.csv", index=False)
+    pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()]).to_csv(tmp_path / "net.csv",
+                                                                                     index=False)
+    priced = load_scenario(str(write_scenario(fast)))
+    unpriced = load_scenario(str(write_scenario(fast.replace("net.csv", "old.csv"), name="old.toml")))
+    assert sync_s(priced, "int8", "ring") > sync_s(priced, "fp32", "ring")  # the premise
+    assert sync_s(unpriced, "int8", "ring") < sync_s(unpriced, "fp32", "ring")
+    before, after = make_plan(unpriced, "network-aware"), make_plan(priced, "network-aware")
+    assert before.payload_dtype == "int8"
+    assert after.payload_dtype != "int8"
+    dtypes = [d for d in PAYLOAD_BYTES]
+    fastest = min(dtypes, key=lambda d: min(sync_s(priced, d, c) for c in ("ring", "partitioned")))
+    assert after.payload_dtype == fastest
+    assert after.comm_s == pytest.approx(min(sync_s(priced, fastest, c) for c in ("ring", "partitioned")), rel=1e-9)

@@ -14,6 +14,7 @@ from simulator.engine_analytic import run_analytic, run_streaming_analytic
 from simulator.engine_simpy import run_streaming_simpy
 from simulator.network import outer_step_s
 from formats.plan import NodePlan, Plan
+from formats.timeline import SYNC_COLUMNS
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 from simulator.workload import segment_matrices
@@ -282,6 +283,8 @@ def test_the_executor_runs_the_fragments_plan_csv_carries(tmp_path):
     (tmp_path / "scenario.toml").write_text(scenario_text(1))
     options = ExecOptions(out_dir=str(tmp_path / "out"), threads=1, progress=False, summary=False)
     assert launch(tmp_path / "plan.csv", tmp_path / "scenario.toml", options) == 0
-    frags = pd.read_csv(tmp_path / "out" / "fragments.csv")
-    assert sorted(set(frags["fragment"])) == [0, 1]
-    assert sorted(set(zip(frags["prepare_step"], frags["sync_step"]))) == [(1, 2), (3, 4)]  # merge_steps(4, 2) − τ
+    syncs = pd.read_csv(tmp_path / "out" / "syncs.csv")  # the simulator's syncs.csv columns, measured
+    assert list(syncs.columns) == SYNC_COLUMNS + ["bytes_sent"]
+    assert list(zip(syncs["fragment"], syncs["node"])) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
+    # Each fragment's average starts at its sync point and the node waits for it one step later.
+    assert (syncs["merge_point_s"] > syncs["sync_point_s"]).all()

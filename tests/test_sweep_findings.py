@@ -64,3 +64,19 @@ def test_missing_markers_and_files(tmp_path, capsys):
     assert readme.read_text() == "no markers\n"
     assert sf.main(["--sweep", str(tmp_path / "none"), "--readme", str(readme)]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 2
+
+
+def test_streaming_findings_by_hand():
+    """streaming added to the hand frame: s0 it wins (2.0 against B's 1.5), s1 it loses (1.25 < 1.3)."""
+    frame = _frame()
+    rows = [{"scenario_id": sid, "nodes": f"mix{sid}", "bandwidth_gbps": 1.0, "speed_ratio": ratio,
+             "strategy": "streaming", "idle_left": 0.0, "tokens_per_round": 100, "tokens_per_s": sp * 10,
+             "speedup": sp, "payload_dtype": "fp32"} for sid, ratio, sp in ((0, 3.0, 2.0), (1, 2.0, 1.25), (2, 1.0, 1.0))]
+    frame = pd.concat([frame, pd.DataFrame(rows)], ignore_index=True)
+    s = sf.findings(frame)["streaming"][1.0]
+    # s2's best is B (2.0), so streaming wins s0 only; over hybrid: 2.0/1.3, 1.25/1.2, 1.0/1.0 -> median 1.25/1.2
+    assert (s["wins"], s["of"], s["runner_up"], s["wins_within_3x"]) == (1, 3, "B", 0)  # s0's spread is 3.0
+    assert s["margin"] == pytest.approx(2.0 / 1.5)
+    assert s["over_hybrid"] == pytest.approx(1.25 / 1.2)
+    assert "at 1 Gbit/s it wins 1 of 3 (0 of them with the slowest node's step within 3× of the fastest's), by a median 33.3% over the next best (most often `B`)" \
+        in sf.render(frame, "fp16")

@@ -36,11 +36,34 @@ def test_validation_table_sums_rounds_and_scales_measured_time():
     assert a["measured_round_s"] == pytest.approx(5.3)
     assert a["error_pct_of_round"] == pytest.approx(100 * 0.3 / 5.0)
     assert b["measured_idle_s"] == pytest.approx(0.1) and b["overrun_steps"] == 1
-    assert list(table.columns[:9]) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
+    # Sync: predicted 0.5 s per round, measured 0.25 s at time scale 0.5 = 0.5 s: no error.
+    assert (a["predicted_comm_s"], a["measured_comm_s"], a["comm_error_pct"]) == (1.0, 1.0, 0.0)
+    assert list(table.columns[:12]) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert set(validation_table(timeline, trace, 1.0)["mode"]) == {"measured"}
     assert set(table["network"]) == {"loopback"}
     shaped = validation_table(timeline, trace, 1.0, network="shaped WAN (latency not emulated)")
     assert set(shaped["network"]) == {"shaped WAN (latency not emulated)"}
+
+
+def test_validation_table_reports_signed_sync_errors():
+    """A node whose sync took longer than predicted gets a positive error, a faster one a negative
+    error, and a node with no predicted sync NaN (not a division by zero)."""
+    timeline = pd.DataFrame({
+        "strategy": "baseline", "node": ["a", "b", "c"] * 2, "round": [0, 0, 0, 1, 1, 1],
+        "compute_s": 1.0, "idle_s": 0.0, "comm_s": [2.0, 4.0, 0.0] * 2,
+        "round_start_s": 0.0, "round_end_s": 0.0,
+    })
+    trace = pd.DataFrame({
+        "strategy": "baseline", "node": ["a", "b", "c"] * 2, "round": [0, 0, 0, 1, 1, 1],
+        "compute_s": 1.0, "idle_s": 0.0, "comm_s": [2.5, 3.0, 0.1, 2.3, 3.4, 0.1], "overrun_steps": 0,
+    })
+    table = validation_table(timeline, trace, time_scale=1.0).set_index("node")
+    assert table.at["a", "predicted_comm_s"] == 4.0 and table.at["a", "measured_comm_s"] == pytest.approx(4.8)
+    assert table.at["a", "comm_error_pct"] == pytest.approx(20.0)
+    assert table.at["b", "comm_error_pct"] == pytest.approx(100 * (6.4 - 8.0) / 8.0)  # -20 %
+    assert pd.isna(table.at["c", "comm_error_pct"])
+    # The round grows with the sync: a's measured round 2 + 4.8 against 2 + 4 predicted.
+    assert (table.at["a", "predicted_round_s"], table.at["a", "measured_round_s"]) == (6.0, pytest.approx(6.8))
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -21,6 +21,7 @@ import pandas as pd
 START = "<!-- sweep-findings: generated from results/sweep by `python -m geodt.paper.sweep_findings`; do not edit -->"
 END = "<!-- /sweep-findings -->"
 UNDER = 0.10            # "under 10% of the baseline's idle"
+SPREAD = 3.0            # "the slowest node's step within 3× of the fastest's" (sweep_figures' 3-10x bin starts here)
 ALIKE = 1.001           # speed_ratio below this: all nodes equally fast (simulator.sweep_figures' "alike")
 PAPER = ("A", "B", "C", "C-slowest")
 BALANCED = ("measured-steps", "hybrid", "network-aware")
@@ -68,6 +69,28 @@ def findings(frame: pd.DataFrame) -> dict:
         na = by["network-aware"]
         out["na_payloads"] = {bw: na.loc[na["bandwidth_gbps"] == bw, "payload_dtype"].value_counts().to_dict()
                               for bw in out["bandwidths"]}
+    if "streaming" in by and "hybrid" in by:
+        out["streaming"] = _streaming(frame, by, win, out["bandwidths"])
+    return out
+
+
+def _streaming(frame: pd.DataFrame, by: dict, win: pd.DataFrame, bandwidths: list) -> dict:
+    """Per bandwidth: scenarios `streaming` wins, its median tokens/s over hybrid's (whose b and H it keeps),
+    and where it wins, its median margin over the best other strategy and which that is most often."""
+    st = by["streaming"].set_index("scenario_id")
+    over_hybrid = st["tokens_per_s"] / by["hybrid"].set_index("scenario_id")["tokens_per_s"]
+    others = frame[frame["strategy"] != "streaming"].sort_values(["scenario_id", "tokens_per_s"], ascending=[True, False])
+    runner = others.groupby("scenario_id").head(1).set_index("scenario_id")
+    margin = st["tokens_per_s"] / runner["tokens_per_s"]
+    won = set(win.loc[win["strategy"] == "streaming", "scenario_id"])
+    out = {}
+    for bw in bandwidths:
+        ids = st.index[st["bandwidth_gbps"] == bw]
+        wins = [i for i in ids if i in won]
+        out[bw] = {"wins": len(wins), "of": len(ids), "over_hybrid": float(over_hybrid[ids].median()),
+                   "wins_within_3x": int((st.loc[wins, "speed_ratio"] < SPREAD).sum()),
+                   "margin": float(margin[wins].median()) if wins else None,
+                   "runner_up": str(runner.loc[wins, "strategy"].value_counts().index[0]) if wins else None}
     return out
 
 
@@ -120,6 +143,8 @@ def render(frame: pd.DataFrame, dtype: str) -> str:
                  + "; ".join(f"{bw:g} Gbit/s " + ", ".join(f"{k} {v}" for k, v in
                                                            sorted(d.items(), key=lambda kv: (-kv[1], kv[0])))
                              for bw, d in pays.items()) + ".")
+    if "streaming" in f:
+        text += " " + _streaming_text(f["streaming"])
     if "B" in sp:
         text += (f" `B` wins {f['b_wins']} scenarios, {f['b_wins_alike']} of them with all nodes equally fast "
                  "(larger batches are then pure gain).")
@@ -128,6 +153,18 @@ def render(frame: pd.DataFrame, dtype: str) -> str:
                  + f" the baseline's throughput; it wins {f['win_counts'].get('sync-ddp', 0)} scenarios.")
     lines.append(text)
     return "\n".join(lines)
+
+
+def _streaming_text(per_bw: dict) -> str:
+    parts = []
+    for bw, s in per_bw.items():
+        part = f"at {bw:g} Gbit/s it wins {s['wins']} of {s['of']}"
+        if s["wins"]:
+            part += (f" ({s['wins_within_3x']} of them with the slowest node's step within 3× of the fastest's), "
+                     f"by a median {(s['margin'] - 1) * 100:.1f}% over the next best (most often `{s['runner_up']}`)")
+        parts.append(part + f", and gives {s['over_hybrid']:.2f}× hybrid's tokens/s")
+    return ("`streaming` keeps hybrid's b and H and hides each fragment's all-reduce under τ inner steps: "
+            + "; ".join(parts) + " (medians).")
 
 
 def replace_section(readme: str, section: str) -> str:

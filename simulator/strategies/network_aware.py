@@ -13,7 +13,9 @@ The paper's second item of future work. Rule:
    Σ compute / (n × (T_max + comm)) reaches TARGET_UTILIZATION; if none does, the candidate
    with the highest utilisation. Order (least change to the training recipe first): the
    scenario's payload dtype, then each smaller one (fp32 → fp16 → int8) at m = 1; then the
-   smallest payload at m = 2, 4, 8. Compression comes before longer rounds because 16-bit
+   payload whose sync is the shortest at m = 2, 4, 8: the smallest, unless the network
+   profile measured an encoding that costs more than its bytes save (simulator/network.py,
+   t_codec), as on a fast link int8's quantisation can cost more than fp32's 4× bytes. Compression comes before longer rounds because 16-bit
    pseudo-gradients are what OpenDiLoCo all-reduces and 8-bit ones what INTELLECT-1 used,
    while DiLoCo's own ablation loses quality as H grows past a few hundred steps.
 
@@ -26,8 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from formats.wire import COLLECTIVES, PAYLOAD_BYTES, ring_allreduce_s
-from simulator.network import partitioned_allreduce_raw
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from simulator.strategies import register
 from simulator.strategies.hybrid import hybrid_decide
 from simulator.strategies.tables import NetTables, NodeTables
@@ -36,18 +37,32 @@ TARGET_UTILIZATION = 0.90
 H_MULTIPLIERS = (1, 2, 4, 8)
 
 
+FASTEST = "fastest"  # the candidate dtype whose sync is the shortest, per row
+
+
 def candidates(payload_dtype: str) -> list[tuple[str, int]]:
     """(payload dtype, budget multiple) in order of preference (module docstring, step 3)."""
     dtypes = [d for d in PAYLOAD_BYTES if PAYLOAD_BYTES[d] <= PAYLOAD_BYTES[payload_dtype]]
-    return [(d, 1) for d in dtypes] + [(dtypes[-1], m) for m in H_MULTIPLIERS[1:]]
+    return [(d, 1) for d in dtypes] + [(FASTEST, m) for m in H_MULTIPLIERS[1:]]
+
+
+def fastest_sync(syncs: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(comm_s, collective index, dtype) per row of the dtype with the shortest sync; on a tie
+    the smallest payload (so, encoding unpriced, always the smallest, as before encoding was)."""
+    order = list(syncs)[::-1]  # smallest payload first: argmin keeps the first of equals
+    comm = np.stack([syncs[d][0] for d in order])
+    best = comm.argmin(axis=0)
+    which = np.stack([syncs[d][1] for d in order])
+    cols = np.arange(comm.shape[1])
+    return comm[best, cols], which[best, cols], np.array(order, dtype=object)[best]
 
 
 def sync_options(net: NetTables, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """(comm_s, collective index) per row: the faster collective's all-reduce plus the outer step."""
-    n = net.links_gbps.shape[1]
-    payload = net.payload_bytes(dtype) / net.fragments  # one fragment's (the scenario's fragments)
-    ring = ring_allreduce_s(n, net.latency_ms, payload, net.links_gbps.min(axis=1))
-    part = partitioned_allreduce_raw(net.latency_ms, payload, net.links_gbps)
+    """(comm_s, collective index) per row: the faster collective's all-reduce, its encoding
+    and decoding included (NetTables.allreduce_s), plus the outer step; one fragment's (the
+    scenario's fragments)."""
+    ring = net.allreduce_s(dtype, "ring", fragments=net.fragments)
+    part = net.allreduce_s(dtype, "partitioned", fragments=net.fragments)
     which = (part < ring).astype(np.int64)
     return np.where(which == 1, part, ring) + net.outer_step_s / net.fragments, which
 
@@ -56,7 +71,9 @@ def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.nda
     """batch, steps (S, n); comm_s, collective (index into COLLECTIVES), dtype, multiple (S,)."""
     rows, n = tables.gpus.shape
     options = candidates(net.payload_dtype)
-    syncs = {d: sync_options(net, d) for d in dict.fromkeys(d for d, _ in options)}
+    syncs = {d: sync_options(net, d) for d in dict.fromkeys(d for d, _ in options if d != FASTEST)}
+    comm, which, chosen = fastest_sync(syncs)
+    syncs[FASTEST] = (comm, which)
     plans = {m: hybrid_decide(tables, tables.baseline_samples() * m) for m in dict.fromkeys(m for _, m in options)}
     utils = np.empty((rows, len(options)))
     for k, (dtype, m) in enumerate(options):
@@ -73,7 +90,7 @@ def network_aware_decide(tables: NodeTables, net: NetTables) -> dict[str, np.nda
         sel = pick == k
         out["batch"][sel], out["steps"][sel] = plans[m][0][sel], plans[m][1][sel]
         out["comm_s"][sel], out["collective"][sel] = syncs[dtype][0][sel], syncs[dtype][1][sel]
-        out["dtype"][sel], out["multiple"][sel] = dtype, m
+        out["dtype"][sel], out["multiple"][sel] = (chosen[sel] if dtype == FASTEST else dtype), m
     return out
 
 

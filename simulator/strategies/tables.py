@@ -22,7 +22,7 @@ import numpy as np
 
 from calibrate.catalog import get_gpu, spec_tflops
 from formats.wire import PAYLOAD_BYTES, ring_allreduce_s
-from simulator.network import link_gbps, outer_step_s, partitioned_allreduce_raw
+from simulator.network import CodecCost, codec_cost, link_gbps, outer_step_s, partitioned_allreduce_raw
 
 MAX_BATCH_FACTOR = 16
 
@@ -81,17 +81,23 @@ class NetTables:
     fragment_alpha: float = 0.0
     fragment_pattern: str = "sequential"
     max_fragments: int = 1 << 20  # the model's layers (a fragment groups layers), if known
+    codec: CodecCost = CodecCost()  # encode/decode of the payload (the network profile's; none: 0)
 
     def payload_bytes(self, dtype: str) -> float:
         return self.params * PAYLOAD_BYTES[dtype]
 
     def allreduce_s(self, dtype: str | None = None, collective: str | None = None, fragments=1) -> np.ndarray:
-        """The all-reduce of 1/fragments of the payload per row (default: the scenario's dtype and
-        collective, the whole payload). fragments may be an array (S,)."""
-        payload = self.payload_bytes(dtype or self.payload_dtype) / np.asarray(fragments, dtype=float)
-        if (collective or self.collective) == "partitioned":
-            return partitioned_allreduce_raw(self.latency_ms, payload, self.links_gbps)
-        return ring_allreduce_s(self.links_gbps.shape[1], self.latency_ms, payload, self.links_gbps.min(axis=1))
+        """The all-reduce of 1/fragments of the payload per row, encoding and decoding included
+        (default: the scenario's dtype and collective, the whole payload). fragments may be an
+        array (S,)."""
+        dtype, collective = dtype or self.payload_dtype, collective or self.collective
+        parts = np.asarray(fragments, dtype=float)
+        payload = self.payload_bytes(dtype) / parts
+        if collective == "partitioned":
+            wire_s = partitioned_allreduce_raw(self.latency_ms, payload, self.links_gbps)
+        else:
+            wire_s = ring_allreduce_s(self.links_gbps.shape[1], self.latency_ms, payload, self.links_gbps.min(axis=1))
+        return wire_s + self.codec.seconds_raw(dtype, collective, self.params / parts, self.links_gbps)
 
     def sync_s(self, fragments=None) -> np.ndarray:
         """comm_s of one outer sync per row: the all-reduce plus the outer step, of one fragment
@@ -151,5 +157,5 @@ def from_scenario(scenario, timings) -> tuple[NodeTables, NetTables]:
                     outer_step_s=np.array([outer_step_s(scenario, [t.layout for t in timings])], dtype=float),
                     params=scenario.model.param_count, latency_ms=scenario.network.latency_ms,
                     payload_dtype=scenario.network.payload_dtype, collective=scenario.network.collective,
-                    **fragment_keys(scenario))
+                    codec=codec_cost(scenario), **fragment_keys(scenario))
     return NodeTables(step, gpus, b, h, scenario.training.rounds, max_batch, spec[0], spec[1], lookup), net

@@ -1,0 +1,143 @@
+"""`geodt calibrate --network --wan shaped --scenario S`: the sync measured on the scenario's own links.
+
+One process per node of the scenario, each in its node's network namespace of a shaped WAN
+(real/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
+as the simulator's simulator/network.link_gbps gives it), runs real/sync.py's cross-node
+average exactly as the executor's node leaders do, for every payload dtype and collective
+asked, over payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size),
+and times encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py):
+kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per parameter,
+whatever the dtype on the wire), payload_dtype, collective; kinds encode / decode as plain
+`geodt calibrate --network` writes them. Then a table of the measured sync against the
+simulator's price for it (wire time + encode/decode from these very rows), signed.
+
+Lives in geodt/ because it needs both the scenario's links (simulator) and the executor's
+sync (real). Needs root (namespaces, veth, tc): without, one line naming what is missing, exit 2.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from formats.cli import OneLineParser
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+
+
+def _choices(allowed):
+    def parse(text: str) -> list[str]:
+        import argparse
+
+        values = [v for v in text.split(",") if v]
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(allowed)}, got {text!r}")
+        return list(dict.fromkeys(values))
+    return parse
+
+
+def parser() -> OneLineParser:
+    from real.netcal import _bounded_int
+
+    p = OneLineParser(prog="geodt calibrate --network --wan shaped", description=__doc__.splitlines()[0])
+    p.add_argument("--network", action="store_true", help="(the mode this command measures)")
+    p.add_argument("--wan", choices=("shaped",), required=True, help="shaped: the scenario's links (root)")
+    p.add_argument("--scenario", required=True, help="a scenario TOML file or a built-in name")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. network.bandwidth_gbps=0.02 (repeatable)")
+    p.add_argument("--payload-dtypes", type=_choices(tuple(PAYLOAD_BYTES)), default=list(PAYLOAD_BYTES),
+                   help="comma-separated (default fp32,fp16,int8)")
+    p.add_argument("--collectives", type=_choices(COLLECTIVES), default=list(COLLECTIVES),
+                   help="comma-separated (default ring,partitioned)")
+    p.add_argument("--max-mib", type=_bounded_int(1, 1024), default=4,
+                   help="largest fp32 payload in MiB (default 4)")
+    p.add_argument("--repeats", type=_bounded_int(1, 100), default=3, help="timed repeats per size (default 3)")
+    p.add_argument("--threads", type=_bounded_int(0, 1024), default=0,
+                   help="torch threads per process; 0 = cores / processes, as the executor")
+    p.add_argument("--out", required=True, help="network profile CSV to write")
+    return p
+
+
+def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float) -> float:
+    """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step)."""
+    from formats import wire
+    from simulator.network import CodecCost, link_gbps, partitioned_allreduce_raw
+
+    links, params = link_gbps(scenario), fp32_bytes / 4
+    payload = params * PAYLOAD_BYTES[dtype]
+    if collective == "partitioned":
+        wire_s = float(partitioned_allreduce_raw(scenario.network.latency_ms, payload, links))
+    else:
+        wire_s = float(wire.ring_allreduce_s(len(links), scenario.network.latency_ms, payload, min(links)))
+    return wire_s + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, links))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    prog = "geodt calibrate --network --wan shaped"
+    out = Path(args.out)
+    if not out.parent.is_dir() or (out.exists() and not out.is_file()):
+        print(f"{prog}: {out}: expected a file path in an existing directory", file=sys.stderr)
+        return 2
+    from formats.errors import InputError
+    from simulator.network import link_gbps
+    from simulator.scenario import load_scenario
+
+    try:
+        scenario = load_scenario(args.scenario, args.overrides)
+    except (InputError, ValueError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    if len(scenario.nodes) < 2:
+        print(f"{prog}: {args.scenario}: nodes: expected at least 2 nodes to average between", file=sys.stderr)
+        return 2
+    return _measure_and_write(args, scenario, list(zip([n.name for n in scenario.nodes], link_gbps(scenario))), out)
+
+
+def _measure_and_write(args, scenario, nodes, out: Path) -> int:
+    from tqdm import tqdm
+
+    from calibrate.netprofile import read_network_profile
+    from formats.netprofile import SHAPED_BACKEND
+    from real.netcal import codec_summary, measure_shaped, sizes_bytes, to_frame
+    from real.wan import WanError
+
+    prog = "geodt calibrate --network --wan shaped"
+    sizes = sizes_bytes(args.max_mib)
+    try:
+        with tqdm(total=len(sizes), desc="shaped WAN", unit="size", file=sys.stderr) as bar:
+            rows = measure_shaped(nodes, scenario.network.latency_ms, sizes, args.payload_dtypes, args.collectives,
+                                  args.repeats, args.threads, bar.update,
+                                  lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True))
+    except WanError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted; nothing written", file=sys.stderr)
+        return 130
+    frame = to_frame({len(nodes): rows}, args.repeats, backend=SHAPED_BACKEND)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    frame.to_csv(tmp, index=False, float_format="%.9g")
+    os.replace(tmp, out)
+    model = read_network_profile(out)
+    print(codec_summary(model))
+    print(comparison(scenario, model, frame).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    print(f"wrote {out}")
+    return 0
+
+
+def comparison(scenario, model, frame):
+    """Per (dtype, collective, size): measured median sync against the simulator's price, signed."""
+    import pandas as pd
+
+    rows = []
+    for row in frame[frame.kind == "all_reduce"].itertuples():
+        predicted = predicted_s(scenario, model, row.payload_dtype, row.collective, row.size)
+        rows.append({"payload_dtype": row.payload_dtype, "collective": row.collective, "fp32_bytes": row.size,
+                     "measured_s": row.seconds_median, "predicted_s": predicted,
+                     "error_pct": 100.0 * (row.seconds_median - predicted) / predicted})
+    return pd.DataFrame(rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,82 @@
+"""`geodt calibrate --network --wan shaped --scenario S`: the sync timed on the scenario's own
+shaped links (real/wan.py), written as network-profile rows the simulator loads.
+
+Needs root and the kernel's netns, veth, bridge and tbf (skips with real.wan.missing_support()'s
+reason otherwise). Timing assertions are lower bounds only: a tbf link caps the rate, so a sync
+can take longer on a busy machine, never less than its bytes at the link's rate.
+"""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+from real import wan  # noqa: E402
+
+MISSING = wan.missing_support()
+
+SCENARIO = """
+name = "wan2"
+[model]
+preset = "tiny"
+seq_len = 64
+dtype = "fp32"
+[training]
+rounds = 1
+local_steps = 2
+batch_size = 2
+[network]
+bandwidth_gbps = 0.05
+latency_ms = 0
+[[nodes]]
+name = "a"
+gpus = { "cpu" = 1 }
+step_time_s = 0.1
+[[nodes]]
+name = "b"
+gpus = { "cpu" = 1 }
+step_time_s = 0.1
+"""
+
+
+@pytest.mark.wan
+@pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+def test_shaped_calibration_measures_each_dtype_on_the_scenario_links(tmp_path, write_scenario, capsys):
+    from calibrate.netprofile import read_network_profile
+    from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, SHAPED_BACKEND
+    from geodt.cli import main
+
+    out = tmp_path / "net.csv"
+    assert main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
+                 "--payload-dtypes", "fp32,int8", "--collectives", "ring", "--max-mib", "1", "--repeats", "1",
+                 "--threads", "1", "--out", str(out)]) == 0
+    frame = pd.read_csv(out)
+    assert list(frame.columns) == list(NET_COLUMNS + OPTIONAL_COLUMNS)
+    reduce = frame[frame.kind == "all_reduce"]
+    assert set(reduce.backend) == {SHAPED_BACKEND} and set(reduce.processes) == {2}
+    assert sorted(zip(reduce.payload_dtype, reduce["size"])) == sorted(
+        (d, s) for d in ("fp32", "int8") for s in (64 << 10, 256 << 10, 1 << 20))
+    # 2 nodes: each sends half of the fp32 payload twice (reduce-scatter, all-gather) at 50 Mbit/s.
+    one_mib = reduce.set_index(["payload_dtype", "size"]).seconds_median
+    assert one_mib[("fp32", 1 << 20)] >= 0.95 * (1 << 20) * 8 / 50e6
+    assert one_mib[("int8", 1 << 20)] >= 0.95 * (1 << 18) * 8 / 50e6
+    model = read_network_profile(out)
+    assert model.ring is None and model.codec_measured  # shaped rows are compared with, not fitted
+    printed = capsys.readouterr()
+    assert "measured_s" in printed.out and "predicted_s" in printed.out and "error_pct" in printed.out
+    assert "shaped WAN (tbf each way)" in printed.err
+    assert not wan.owned_namespaces(__import__("os").getpid())  # the WAN is gone
+
+
+def test_without_root_or_support_it_is_one_line_and_exit_2(tmp_path, write_scenario, capsys, monkeypatch):
+    """The build's error (here: not root) is one line, exit 2, and nothing is written."""
+    from geodt.cli import main
+
+    monkeypatch.setattr(wan.os, "geteuid", lambda: 1000)
+    out = tmp_path / "net.csv"
+    code = main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
+                 "--max-mib", "1", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not out.exists()
+    assert err[-1] == ("geodt calibrate --network --wan shaped: --wan shaped: needs root (network namespaces, veth, "
+                       "bridge and tc); run as root or use --wan loopback")
