@@ -37,7 +37,7 @@ def _choices(allowed):
 
 
 def parser() -> OneLineParser:
-    from real.netcal import _bounded_int
+    from real.netcal import bounded_int
 
     p = OneLineParser(prog="geodt calibrate --network --wan shaped", description=__doc__.splitlines()[0])
     p.add_argument("--network", action="store_true", help="(the mode this command measures)")
@@ -49,10 +49,10 @@ def parser() -> OneLineParser:
                    help="comma-separated (default fp32,fp16,int8)")
     p.add_argument("--collectives", type=_choices(COLLECTIVES), default=list(COLLECTIVES),
                    help="comma-separated (default ring,partitioned)")
-    p.add_argument("--max-mib", type=_bounded_int(1, 1024), default=4,
+    p.add_argument("--max-mib", type=bounded_int(1, 1024), default=4,
                    help="largest fp32 payload in MiB (default 4)")
-    p.add_argument("--repeats", type=_bounded_int(1, 100), default=3, help="timed repeats per size (default 3)")
-    p.add_argument("--threads", type=_bounded_int(0, 1024), default=0,
+    p.add_argument("--repeats", type=bounded_int(1, 100), default=3, help="timed repeats per size (default 3)")
+    p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
     return p

@@ -45,7 +45,8 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def _bounded_int(low: int, high: int):
+def bounded_int(low: int, high: int):
+    """argparse type: an integer in [low, high] (shared with geodt/netcal_wan.py)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -61,9 +62,9 @@ def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="geodt calibrate --network", description=__doc__.splitlines()[0])
     p.add_argument("--network", action="store_true", help="(the mode this command measures)")
     p.add_argument("--processes", type=_int_list, default=[2], help="process counts, e.g. 2,3,4 (default 2)")
-    p.add_argument("--max-mib", type=_bounded_int(1, 4096), default=64, help="largest payload in MiB (default 64)")
-    p.add_argument("--repeats", type=_bounded_int(1, 1000), default=5, help="timed repeats per size (default 5)")
-    p.add_argument("--threads", type=_bounded_int(0, 1024), default=0,
+    p.add_argument("--max-mib", type=bounded_int(1, 4096), default=64, help="largest payload in MiB (default 64)")
+    p.add_argument("--repeats", type=bounded_int(1, 1000), default=5, help="timed repeats per size (default 5)")
+    p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
     return p

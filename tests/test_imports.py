@@ -3,8 +3,9 @@
 calibrate -> profile file -> simulator -> plan file -> real, with the contracts in formats/:
 simulator never imports real, real never imports simulator, calibrate imports neither,
 formats imports none of calibrate, simulator, real and geodt, and neither simulator nor formats
-imports torch. Every import statement counts, at module level or inside a function (a lazy
-import is still an arrow); `ast` reads them without importing anything.
+imports torch; and no module imports another's private (`_name`) names. Every import statement
+counts, at module level or inside a function (a lazy import is still an arrow); `ast` reads them
+without importing anything.
 """
 from __future__ import annotations
 
@@ -47,6 +48,29 @@ def violations(root: Path = ROOT) -> list[str]:
 
 def test_no_import_crosses_a_forbidden_arrow():
     assert violations() == []
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """`from <project module> import _name`: a private name crossing modules."""
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                        and node.module.split(".")[0] in PACKAGES):
+                    found += [f"{path.relative_to(root)}:{node.lineno}: {node.module}.{alias.name}"
+                              for alias in node.names if alias.name.startswith("_")]
+    return found
+
+
+def test_no_private_name_crosses_modules():
+    assert private_imports() == []
+
+
+def test_an_imported_private_name_is_caught(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "bad.py").write_text("def f():\n    from real.launch import _pin_gloo\n")
+    assert private_imports(tmp_path) == ["real/bad.py:2: real.launch._pin_gloo"]
 
 
 def test_every_package_is_walked():

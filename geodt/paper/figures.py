@@ -17,7 +17,8 @@ LONO_COLOR, CATALOG_BF16_COLOR = "#6baed6", "#8c564b"
 COMPUTE_COLOR, IDLE_COLOR, SYNC_COLOR = "#2ca02c", "#ff7f0e", "#9467bd"
 
 
-def _pyplot():
+def agg_pyplot():
+    """matplotlib.pyplot on the Agg backend (no display), with the figures' shared style."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -26,9 +27,10 @@ def _pyplot():
     return plt
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
+    """The figure as PNG bytes (deterministic: figure_bytes), then closed."""
     data = figure_bytes(fig, dpi=DPI)
-    _pyplot().close(fig)
+    agg_pyplot().close(fig)
     return data
 
 
@@ -43,7 +45,7 @@ def idle_per_node(table3: pd.DataFrame, c_checks: pd.DataFrame) -> bytes:
     in-sample rows marked, C's leave-one-node-out prediction added). Bottom: the paper beside the
     catalog estimate in fp16 and bf16, on a log scale so that both the paper's seconds and the
     catalog's hundreds of seconds stay readable."""
-    plt = _pyplot()
+    plt = agg_pyplot()
     fig, axes = plt.subplots(2, 4, figsize=(15, 8.4))
     status = {"baseline": "in-sample: defines the step times", "A": "predicted",
               "B": "predicted (paper's batches 8 8 32 16)", "C": "in-sample: t_max fitted on it"}
@@ -95,12 +97,12 @@ def idle_per_node(table3: pd.DataFrame, c_checks: pd.DataFrame) -> bytes:
                  "bottom: catalog, log)")
     fig.tight_layout(h_pad=2.5)
     fig.subplots_adjust(top=0.84)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def timeline(timelines: dict[str, pd.DataFrame], subtitles: dict[str, str], rounds: int, title_note: str) -> bytes:
     """Compute, idle and sync per node for the first `rounds` rounds of each named strategy."""
-    plt = _pyplot()
+    plt = agg_pyplot()
     names = list(timelines)
     end = max(float(t.loc[t["round"] == rounds - 1, "round_end_s"].max()) for t in timelines.values())
     fig, axes = plt.subplots(len(names), 1, figsize=(12, 2.2 + 1.6 * len(names)), sharex=True)
@@ -128,12 +130,12 @@ def timeline(timelines: dict[str, pd.DataFrame], subtitles: dict[str, str], roun
     fig.suptitle(f"The first {rounds} DiLoCo rounds on the paper's cluster ({title_note})")
     fig.tight_layout()
     fig.subplots_adjust(top=0.83)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def batch_time(fit: BatchFit) -> bytes:
     """Paper 002: training time against batch size, the fit T(b) = α/b + β, and its error per point."""
-    plt = _pyplot()
+    plt = agg_pyplot()
     b = np.array(facts.P002_BATCH, float)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [1.6, 1]})
     dense = np.geomspace(b.min() / 1.3, b.max() * 1.3, 200)
@@ -164,12 +166,12 @@ def batch_time(fit: BatchFit) -> bytes:
     right.margins(y=0.2)
     fig.suptitle("Paper 002: training time against batch size, fixed + per-sample step cost")
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def share_time(curves: ShareCurves) -> bytes:
     """Paper 001: one epoch's time against the share of data given to the A30 node, two readings."""
-    plt = _pyplot()
+    plt = agg_pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.4))
     pct = curves.share * 100
     left.plot(pct, curves.ddp_s / 60, color=INFERRED_COLOR, lw=2, label="epoch time")
@@ -197,4 +199,4 @@ def share_time(curves: ShareCurves) -> bytes:
     fig.suptitle("Paper 001's setting modelled from the GPU catalog: minGPT gpt-mini (2.7M params, fp32), "
                  "node A = 2× A30, node B = 4× Titan Xp")
     fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return _png(fig)
+    return png_bytes(fig)

@@ -52,9 +52,9 @@ def figure(syncs: pd.DataFrame, f: dict) -> bytes:
     fragment all-reduces. Each sync row of syncs.csv gives compute from compute_start_s to merge_point_s
     (light where it runs beside its own fragment's all-reduce, from sync_point_s on), then the wait before
     the all-reduce started (idle), the wait while it ran (exposed), and the outer step."""
-    from geodt.paper.figures import _png, _pyplot
+    from geodt.paper.figures import png_bytes, agg_pyplot
 
-    plt = _pyplot()
+    plt = agg_pyplot()
     strategies = list(dict.fromkeys(syncs["strategy"]))
     fig, axes = plt.subplots(len(strategies), 1, figsize=(13, 2.2 + 1.6 * len(strategies) * 2), sharex=True)
     for ax, strategy in zip(axes, strategies):
@@ -83,7 +83,7 @@ def figure(syncs: pd.DataFrame, f: dict) -> bytes:
     fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)
     fig.suptitle(f"scenario paper (catalog estimate, fp16, 1 Gbit/s): the first {ROUNDS_DRAWN} rounds", x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0.1, 1, 0.96))
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def render(f: dict) -> str:
