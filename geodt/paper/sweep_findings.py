@@ -167,12 +167,17 @@ def _streaming_text(per_bw: dict) -> str:
             + "; ".join(parts) + " (medians).")
 
 
+def replace_marked(readme: str, section: str, start: str, end: str) -> str:
+    """readme with the text between the markers start and end replaced by section."""
+    if start not in readme or end not in readme:
+        raise ValueError(f"README: expected the markers {start!r} and {end!r}")
+    head, rest = readme.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{section}\n{end}{tail}"
+
+
 def replace_section(readme: str, section: str) -> str:
-    if START not in readme or END not in readme:
-        raise ValueError(f"README: expected the markers {START!r} and {END!r}")
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{section}\n{END}{tail}"
+    return replace_marked(readme, section, START, END)
 
 
 def load(sweep_dir: Path) -> tuple[pd.DataFrame, str]:

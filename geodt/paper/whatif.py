@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from geodt.paper.sweep_findings import replace_marked
+
 START = "<!-- what-if-1b: generated from results/what-if-1b by `python -m geodt.paper.whatif`; do not edit -->"
 END = "<!-- /what-if-1b -->"
 TABLE = "geodt sweep --table"
@@ -115,11 +117,7 @@ def render_section(frames: dict) -> str:
 
 
 def replace_section(readme: str, section: str) -> str:
-    if START not in readme or END not in readme:
-        raise ValueError(f"README: expected the markers {START!r} and {END!r}")
-    head, rest = readme.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{section}\n{END}{tail}"
+    return replace_marked(readme, section, START, END)
 
 
 def main(argv: list[str] | None = None) -> int:
