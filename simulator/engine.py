@@ -35,13 +35,13 @@ def check_size(scenario: Scenario, plan: Plan) -> None:
     rounds = plan.rounds or scenario.training.rounds
     n = len(plan.nodes)
     name = f"strategy {plan.strategy}"
-    if rounds * n * plan.fragments > MAX_TIMELINE_ROWS:
-        raise InputError(f"{name}: {rounds} rounds x {plan.fragments} fragments x {n} nodes = "
-                         f"{rounds * n * plan.fragments} fragment syncs; expected at most {MAX_TIMELINE_ROWS} "
-                         "(fewer training.rounds, fragments or nodes)")
     if rounds * n > MAX_TIMELINE_ROWS:
         raise InputError(f"{name}: {rounds} rounds x {n} nodes = {rounds * n} timeline rows; expected at most "
                          f"{MAX_TIMELINE_ROWS} (fewer training.rounds, local_steps or nodes)")
+    if plan.fragments > 1 and rounds * n * plan.fragments > MAX_TIMELINE_ROWS:
+        raise InputError(f"{name}: {rounds} rounds x {plan.fragments} fragments x {n} nodes = "
+                         f"{rounds * n * plan.fragments} fragment syncs; expected at most {MAX_TIMELINE_ROWS} "
+                         "(fewer training.rounds, fragments or nodes)")
     draws = rounds * sum(p.local_steps for p in plan.nodes)
     if scenario.simulation.jitter_cv and draws > MAX_TIMELINE_ROWS:
         raise InputError(f"{name}: jitter draws {draws} step times; expected at most {MAX_TIMELINE_ROWS} "

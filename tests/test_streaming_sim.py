@@ -288,3 +288,19 @@ def test_the_executor_runs_the_fragments_plan_csv_carries(tmp_path):
     assert list(zip(syncs["fragment"], syncs["node"])) == [(0, "a"), (0, "b"), (1, "a"), (1, "b")]
     # Each fragment's average starts at its sync point and the node waits for it one step later.
     assert (syncs["merge_point_s"] > syncs["sync_point_s"]).all()
+
+
+def test_size_limits_name_timeline_rows_for_classic_plans_and_fragment_syncs_for_streaming(write_scenario):
+    # A classic plan past the limit was once refused as "fragment syncs" (the streaming check ran first).
+    from formats.errors import InputError
+    from simulator.engine import MAX_TIMELINE_ROWS, check_size
+
+    scenario = load_scenario(str(write_scenario(two_nodes(steps=8))))
+    nodes = (NodePlan("a", 1, 4, 8, 1.0), NodePlan("b", 1, 4, 8, 1.0))
+    classic = Plan("baseline", nodes, comm_s=1.0, seq_len=64, rounds=MAX_TIMELINE_ROWS // 2 + 1)
+    with pytest.raises(InputError, match="timeline rows"):
+        check_size(scenario, classic)
+    streaming = Plan("streaming", nodes, comm_s=1.0, seq_len=64, rounds=MAX_TIMELINE_ROWS // 4 + 1, fragments=2)
+    with pytest.raises(InputError, match="fragment syncs"):
+        check_size(scenario, streaming)
+    check_size(scenario, Plan("baseline", nodes, comm_s=1.0, seq_len=64, rounds=MAX_TIMELINE_ROWS // 4 + 1))
