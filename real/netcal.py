@@ -90,13 +90,13 @@ def _time_all(repeats: int, fn, sync) -> list[float]:
     return times
 
 
-def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, queue) -> None:
+def _join_gloo(rank: int, world: int, store_path: str | None, threads: int | None):
+    """Join the measuring group (env:// under torchrun, else the file store); returns
+    (barrier, slowest): a one-element all-reduce, and per-repeat times maxed over the ranks."""
     import torch
     import torch.distributed as dist
 
-    from real.diloco import OuterState
-
-    torch.set_num_threads(args_dict["threads"] or max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
     if store_path is None:
         dist.init_process_group("gloo", init_method="env://")
     else:
@@ -110,6 +110,17 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
         t = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
+
+    return barrier, slowest
+
+
+def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, queue) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from real.diloco import OuterState
+
+    barrier, slowest = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows = []
     repeats, ckpt_dir = args_dict["repeats"], args_dict["ckpt_dir"]
@@ -204,17 +215,7 @@ def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dic
     from real.wan import enter
 
     enter(links[rank])  # before any socket exists
-    torch.set_num_threads(args_dict["threads"] or max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
-    flag = torch.zeros(1)
-
-    def barrier():
-        dist.all_reduce(flag)
-
-    def slowest(times: list[float]) -> list[float]:
-        t = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.tolist()
+    barrier, slowest = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows, gbps = [], [link.link_gbps for link in links]
     for size in args_dict["sizes"]:
