@@ -16,20 +16,44 @@ from real.data import make_chain
 from real.options import ExecOptions, PeerLost, resolve_backend
 from real.worker import Node
 
+STOPPED_KEY = "geodt/stopped-on-its-own/"
 
-def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None) -> None:
+
+def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None):
     """Join the group: ("file", path) or ("tcp", host, port) from the local launcher, or
-    env:// (torchrun's MASTER_ADDR/MASTER_PORT) when store_spec is None."""
+    env:// (torchrun's MASTER_ADDR/MASTER_PORT) when store_spec is None. Returns the
+    launcher's store (None for env://)."""
     timeout = timedelta(seconds=timeout_s)
     if store_spec is None:
         dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, timeout=timeout)
-        return
+        return None
     if store_spec[0] == "file":
         store = dist.FileStore(store_spec[1], world)
     else:
         _, host, port = store_spec
         store = dist.TCPStore(host, port, world, is_master=False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    return store
+
+
+def _say_lost(links: tuple, me: int, store) -> str | None:
+    """Whom this node lost (real/wan.py), then leave word in the launcher's store that it
+    stops on its own, so that peers who notice its exit later do not blame it."""
+    from real.wan import lost_message
+
+    def stopped_itself(node: str) -> bool:
+        try:
+            return store is not None and store.check([STOPPED_KEY + node])
+        except (RuntimeError, OSError):
+            return False
+
+    whom = lost_message(links, me, stopped_itself)
+    if store is not None:
+        try:
+            store.set(STOPPED_KEY + links[me].node, "1")
+        except (RuntimeError, OSError):
+            pass  # the store is gone with the launcher: nobody is left to ask
+    return whom
 
 
 def _apply_limits(plan: Plan, rank: int):
@@ -53,7 +77,7 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
     name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
     cleanup = lambda: None
     status = 0
-    liveness = None
+    liveness = store = None
     try:
         if links is not None and rank == plan.first_rank(plan.node_of_rank(rank)):
             from real.wan import serve_liveness
@@ -63,7 +87,7 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
         backend = resolve_backend(opts.backend, local_world)
-        init_process_group(backend, rank, world, opts.timeout_s, store_spec)
+        store = init_process_group(backend, rank, world, opts.timeout_s, store_spec)
         node = Node(rank, world, local_rank, spec, plan, opts, backend)
         if rank == 0 and opts.data_path is None:
             chain = make_chain(spec.seed, node.vocab_size)
@@ -71,11 +95,7 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
                   f"{chain.entropy_rate():.4f} nats/token (the best achievable loss)", file=sys.stderr, flush=True)
         node.run()
     except PeerLost as exc:
-        whom = None
-        if links is not None:
-            from real.wan import lost_message
-
-            whom = lost_message(links, plan.node_of_rank(rank))
+        whom = None if links is None else _say_lost(links, plan.node_of_rank(rank), store)
         if whom is not None:
             print(f"real: node {name} (rank {rank}): {whom}; stopping", file=sys.stderr, flush=True)
         else:

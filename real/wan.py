@@ -38,6 +38,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 PREFIX = "geodt-"
 SUBNET = ipaddress.ip_network("10.213.0.0/24")
@@ -324,9 +325,13 @@ def lost_nodes(links: tuple[NodeLink, ...], me: int, timeout_s: float = LIVENESS
     return silent, exited
 
 
-def lost_message(links: tuple[NodeLink, ...], me: int) -> str | None:
-    """What a node that lost its peers says about whom it lost, or None if all still answer."""
+def lost_message(links: tuple[NodeLink, ...], me: int,
+                 stopped_itself: Callable[[str], bool] = lambda node: False) -> str | None:
+    """What a node that lost its peers says about whom it lost, or None if all still answer.
+    `stopped_itself(node)`: whether that node left on its own after losing a peer (it says so
+    before it exits), so that its exit is not blamed for the failure it reported."""
     silent, exited = lost_nodes(links, me)
+    exited = [node for node in exited if not stopped_itself(node)]
     if silent:
         return (f"lost contact with node{'s' if len(silent) > 1 else ''} {', '.join(silent)} "
                 f"(no answer on the WAN within {LIVENESS_TIMEOUT_S:g} s: link down)")
