@@ -22,7 +22,9 @@ of its own, tbf at its link both ways; real/wan.py), with links slow enough that
 at least half the round: ring and partitioned, equal and unequal uplinks, fp32/fp16/int8, 3
 and 4 nodes, baseline and the balancing strategies. Their host costs (outer step, checkpoint,
 encode/decode) come from `geodt calibrate --network` run once at the start, its all-reduce
-rows dropped (the links are the scenario's, which the shaped WAN enforces). Writes results/fidelity/{fidelity.csv, table.md, fidelity.png} and prints the table.
+rows dropped; their links are calibrated right before each run, as the devices are: `geodt
+calibrate --network --wan shaped` on the case's own links, dtype and collective, whose
+all-reduce rows the simulator fits against its byte count (simulator/network.py WireCost). Writes results/fidelity/{fidelity.csv, table.md, fidelity.png} and prints the table.
 The scenarios (benchmarks/fidelity/*.toml) make heterogeneous CPU devices from real limits (a
 CPU quota per device process, pinned cores); their profiles were measured under the same limits.
 
@@ -124,9 +126,30 @@ def wan_overrides(dtype: str, collective: str, uplinks: dict | None, host_profil
     return sets
 
 
+def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host_profile: Path, work: Path) -> Path:
+    """The host profile plus the case's links measured just now on the shaped WAN (its
+    all-reduce rows for the case's dtype and collective): the network profile of a WAN run."""
+    shaped, merged = work / "links.csv", work / "net-case.csv"
+    cmd = [sys.executable, "-m", "geodt", "calibrate", "--network", "--wan", "shaped", "--scenario", str(path),
+           "--payload-dtypes", dtype, "--collectives", collective, "--max-mib", "4", "--repeats", "3",
+           "--threads", "1", "--out", str(shaped)]
+    for text in sets:
+        cmd += ["--set", text]
+    _run(cmd)
+    links = pd.read_csv(shaped)
+    pd.concat([pd.read_csv(host_profile), links[links.kind == "all_reduce"]]).to_csv(merged, index=False)
+    return merged
+
+
 def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: list[str] = (),
-             wan: bool = False) -> pd.DataFrame:
+             wan_case: tuple | None = None) -> pd.DataFrame:
+    """One validate run; wan_case (dtype, collective, host profile): on the shaped WAN, its
+    links calibrated first."""
     path = fresh_profiles(scenario, work) if calibrate else SCENARIOS / f"{scenario}.toml"
+    wan = wan_case is not None
+    if wan:
+        profile = links_profile(path, list(sets), *wan_case, work)
+        sets = [*sets, f'network.profile="{profile}"']
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
            "--threads", "1"]
@@ -269,7 +292,7 @@ def main() -> int:
         for k, (r, sc, st, label, wan_case, wan) in enumerate(tqdm(runs, desc="fidelity", unit="run", file=sys.stderr)):
             sets = wan_overrides(*wan_case, host) if wan else []
             frame = run_case(sc, st, Path(tmp) / f"run{k}", calibrate=wan or not args.committed_profiles,
-                             sets=sets, wan=wan)
+                             sets=sets, wan_case=(wan_case[0], wan_case[1], host) if wan else None)
             frames.append(frame.assign(scenario=sc, repeat=r, case=label))
     rows = errors(pd.concat(frames, ignore_index=True))
     table = summarise(rows)

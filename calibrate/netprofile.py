@@ -24,9 +24,10 @@ One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV. `Net
   NetworkModel.codec_measured says so.
 
 The all-reduce fit takes the fp32 ring rows of backend gloo (all rows in older profiles).
-Rows of other payload dtypes or collectives, and those measured over a shaped WAN (backend
-`gloo+shaped`, `geodt calibrate --network --wan shaped`: the scenario's own links, which the
-simulator already knows), are kept to compare the sync model with, not fitted.
+Rows measured over a shaped WAN (backend `gloo+shaped`, `geodt calibrate --network --wan
+shaped --scenario S`: the scenario's own links) are kept whole in NetworkModel.shaped; the
+simulator (simulator/network.py WireCost) fits them against its byte-count price on those
+links, per payload dtype and collective, so what TCP makes of the links is priced as measured.
 """
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ class NetworkModel:
     checkpoint: AffineFit | None
     # ((kind, payload_dtype), fit over fp32 bytes), kind encode | decode; empty: not measured.
     codec: tuple[tuple[tuple[str, str], AffineFit], ...] = ()
+    # Shaped-WAN all-reduces: (payload_dtype, collective, fp32 bytes averaged, median seconds).
+    shaped: tuple[tuple[str, str, float, float], ...] = ()
 
     @property
     def codec_measured(self) -> bool:
@@ -124,9 +127,10 @@ def read_network_profile(path: str | Path) -> NetworkModel:
     data = read_network_rows(path)
     ring = data[(data.kind == "all_reduce") & (data.processes >= 2) & (data.payload_dtype == "fp32")
                 & (data.collective == "ring") & (data.backend != SHAPED_BACKEND)]
+    shaped = data[(data.kind == "all_reduce") & (data.backend == SHAPED_BACKEND)]
     outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
     codec = data[data.kind.isin(CODEC_KINDS)]
-    if ring.empty and outer.empty and ckpt.empty and codec.empty:
+    if ring.empty and outer.empty and ckpt.empty and codec.empty and shaped.empty:
         raise NetProfileError(f"{path}: no rows; expected measurements from geodt calibrate --network")
     try:
         ring_fit = fit_ring(ring.processes, ring["size"], ring.seconds) if len(ring) >= 2 else None
@@ -138,4 +142,6 @@ def read_network_profile(path: str | Path) -> NetworkModel:
         checkpoint=fit_affine(ckpt["size"], ckpt.seconds) if len(ckpt) else None,
         codec=tuple(((kind, dtype), fit_affine(4 * rows["size"], rows.seconds))
                     for (kind, dtype), rows in codec.groupby(["kind", "payload_dtype"], sort=True)),
+        shaped=tuple((r.payload_dtype, r.collective, float(r.size), float(r.seconds))
+                     for r in shaped.sort_values(["payload_dtype", "collective", "size"]).itertuples()),
     )

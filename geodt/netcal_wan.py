@@ -9,7 +9,9 @@ and times encode() / decode() per dtype in the same processes. Rows (formats/net
 kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per parameter,
 whatever the dtype on the wire), payload_dtype, collective; kinds encode / decode as plain
 `geodt calibrate --network` writes them. Then a table of the measured sync against the
-simulator's price for it (wire time + encode/decode from these very rows), signed.
+simulator's price for it (wire time + encode/decode from these very rows), signed: by the
+byte count, and as the simulator prices it once the profile is the scenario's
+`network.profile` (the fit of these rows, simulator/network.py WireCost).
 
 Lives in geodt/ because it needs both the scenario's links (simulator) and the executor's
 sync (real). Needs root (namespaces, veth, tc): without, one line naming what is missing, exit 2.
@@ -58,18 +60,15 @@ def parser() -> OneLineParser:
     return p
 
 
-def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float) -> float:
-    """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step)."""
-    from formats import wire
-    from simulator.network import CodecCost, link_gbps, partitioned_allreduce_raw
+def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float, wire=None) -> float:
+    """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step): the
+    byte count, or through `wire` (simulator.network.WireCost) the links as measured."""
+    from simulator.network import CodecCost, WireCost, link_gbps, wire_bytes_s_raw
 
     links, params = link_gbps(scenario), fp32_bytes / 4
-    payload = params * PAYLOAD_BYTES[dtype]
-    if collective == "partitioned":
-        wire_s = float(partitioned_allreduce_raw(scenario.network.latency_ms, payload, links))
-    else:
-        wire_s = float(wire.ring_allreduce_s(len(links), scenario.network.latency_ms, payload, min(links)))
-    return wire_s + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, links))
+    bytes_s = wire_bytes_s_raw(collective, scenario.network.latency_ms, params * PAYLOAD_BYTES[dtype], links)
+    wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s)
+    return float(wire_s) + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, links))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,15 +126,26 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
 
 
 def comparison(scenario, model, frame):
-    """Per (dtype, collective, size): measured median sync against the simulator's price, signed."""
+    """Per (dtype, collective, size): measured median sync against the simulator's byte-count
+    price (error_pct, signed) and against its price from these rows' fit (fitted_error_pct)."""
+    from dataclasses import replace
+
     import pandas as pd
 
+    from simulator.network import wire_cost
+
+    with_rows = replace(scenario)
+    object.__setattr__(with_rows, "network_model", model)
+    wire = wire_cost(with_rows)
     rows = []
     for row in frame[frame.kind == "all_reduce"].itertuples():
         predicted = predicted_s(scenario, model, row.payload_dtype, row.collective, row.size)
+        fitted = predicted_s(scenario, model, row.payload_dtype, row.collective, row.size, wire)
         rows.append({"payload_dtype": row.payload_dtype, "collective": row.collective, "fp32_bytes": row.size,
                      "measured_s": row.seconds_median, "predicted_s": predicted,
-                     "error_pct": 100.0 * (row.seconds_median - predicted) / predicted})
+                     "error_pct": 100.0 * (row.seconds_median - predicted) / predicted,
+                     "fitted_error_pct": 100.0 * (row.seconds_median - fitted) / fitted,
+                     "factor": wire.factor(row.payload_dtype, row.collective)})
     return pd.DataFrame(rows)
 
 

@@ -163,6 +163,10 @@ def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
         from simulator.network import codec_note
 
         print(f"\nsync of {', '.join(encoded)}: {codec_note(scenario)}")
+    if scenario.network_model is not None and scenario.network_model.shaped:
+        from simulator.network import wire_note
+
+        print(f"sync: {wire_note(scenario)}")
 
 
 def interruptible(prog: str, main, argv) -> int:

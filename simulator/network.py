@@ -39,6 +39,13 @@ byte, calibrate/netprofile.py), the slowest node's time is
 which the all-reduce's time includes. Without encode/decode rows in the profile it is 0
 (codec_note says so).
 
+Measured links. A network profile with shaped-WAN all-reduce rows (`geodt calibrate --network
+--wan shaped --scenario S`, on the scenario's own links) replaces the byte count above by what
+those links delivered: per payload dtype and collective, the measured time less t_codec is
+fitted as t = a + f · t_bytes over the measured sizes (WireCost). f > 1 is what TCP makes of
+the links (Ethernet/IP/TCP headers, ACKs sharing the uplink, flows competing in one queue);
+rows of another dtype or collective leave that one at the byte count.
+
 The functions ending in `_raw` take plain numbers or numpy arrays (leading axes are
 independent scenarios), so the sweep computes exactly what the scalar path computes. The ring
 formula, the water level and the shares are formats/wire.py's (the executor splits its
@@ -146,6 +153,57 @@ class CodecCost:
                 + 4 * largest * (enc.per_unit_s + n * dec.per_unit_s))
 
 
+def wire_bytes_s_raw(collective: str, latency_ms: float, payload_bytes_: float, links_gbps) -> np.ndarray:
+    """The byte-count price of one all-reduce (the formulas above, no encoding); links (..., n)."""
+    links = np.asarray(links_gbps, dtype=float)
+    if collective == "partitioned":
+        return partitioned_allreduce_raw(latency_ms, payload_bytes_, links)
+    return wire.ring_allreduce_s(links.shape[-1], latency_ms, payload_bytes_, links.min(axis=-1))
+
+
+@dataclass(frozen=True)
+class WireCost:
+    """Per (payload_dtype, collective), the fit t = fixed_s + per_unit_s · t_bytes of measured
+    shaped-WAN all-reduces (module docstring); without a fit the byte count stands."""
+
+    fits: tuple[tuple[tuple[str, str], object], ...] = ()
+
+    def seconds_raw(self, payload_dtype: str, collective: str, bytes_s):
+        fit = dict(self.fits).get((payload_dtype, collective))
+        return bytes_s if fit is None else fit.fixed_s + fit.per_unit_s * np.asarray(bytes_s, dtype=float)
+
+    def factor(self, payload_dtype: str, collective: str) -> float | None:
+        fit = dict(self.fits).get((payload_dtype, collective))
+        return None if fit is None else fit.per_unit_s
+
+
+def wire_cost(scenario: Scenario) -> WireCost:
+    """The network profile's shaped-WAN rows fitted on the scenario's links (none: the byte count)."""
+    model = scenario.network_model
+    if model is None or not model.shaped:
+        return WireCost()
+    from calibrate.netprofile import fit_affine
+
+    links, codec = link_gbps(scenario), codec_cost(scenario)
+    points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for dtype, collective, fp32_bytes, seconds in model.shaped:
+        params = fp32_bytes / 4
+        bytes_s = float(wire_bytes_s_raw(collective, scenario.network.latency_ms, params * PAYLOAD_BYTES[dtype], links))
+        on_wire_s = seconds - float(codec.seconds_raw(dtype, collective, params, links))
+        if bytes_s > 0 and on_wire_s > 0:
+            points.setdefault((dtype, collective), []).append((bytes_s, on_wire_s))
+    return WireCost(tuple((key, fit_affine(*zip(*pts))) for key, pts in sorted(points.items())))
+
+
+def wire_note(scenario: Scenario) -> str:
+    """What the simulator's sync prices for the links, for the outputs."""
+    fits = wire_cost(scenario).fits
+    if not fits:
+        return "links priced by their byte count"
+    listed = ", ".join(f"{d} {c} ×{fit.per_unit_s:.2f}" for (d, c), fit in fits)
+    return f"links priced as measured on the shaped WAN ({listed} the byte count)"
+
+
 def codec_cost(scenario: Scenario) -> CodecCost:
     """The scenario's network profile's encode/decode fits (none: every encoding costs 0)."""
     model = scenario.network_model
@@ -200,9 +258,10 @@ def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective
     """The all-reduce of the payload by `collective` (default: the scenario's network.collective),
     its encoding and decoding included (codec_s)."""
     collective = collective or scenario.network.collective
-    wire_s = (partitioned_allreduce_s(scenario, payload_dtype) if collective == "partitioned"
-              else ring_allreduce_s(scenario, payload_dtype))
-    return wire_s + codec_s(scenario, payload_dtype, collective)
+    dtype = payload_dtype or scenario.network.payload_dtype
+    bytes_s = wire_bytes_s_raw(collective, scenario.network.latency_ms, payload_bytes(scenario, dtype),
+                               link_gbps(scenario))
+    return float(wire_cost(scenario).seconds_raw(dtype, collective, bytes_s)) + codec_s(scenario, dtype, collective)
 
 
 def checkpoint_s(scenario: Scenario) -> float:

@@ -38,7 +38,10 @@ def _worker(rank: int, store_path: str, out_dir: str) -> None:
     dist.init_process_group("gloo", store=dist.FileStore(store_path, N), rank=rank, world_size=N)
     results = []
     for dtype, coll, links in CASES:
-        sync = CrossNodeSync(dist.group.WORLD, N, rank, P, dtype, coll, links)
+        sync = CrossNodeSync(dist.group.WORLD, N, rank, P, dtype, coll, links, pieces=1)
+        results.append(sync.average(inputs(rank).clone(), DIVISOR))
+    for dtype, coll, links in CASES:  # the same, pipelined (segments of ~333: pieces of 256, 77, 0)
+        sync = CrossNodeSync(dist.group.WORLD, N, rank, P, dtype, coll, links, pieces=3)
         results.append(sync.average(inputs(rank).clone(), DIVISOR))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
@@ -95,3 +98,21 @@ def test_bytes_formulas():
     assert partition_shares([1.0, 4.0, 10.0]).tolist() == [0.0, 0.0, 1.0]
     assert partition_shares([2.0, 3.0, 4.0]) == pytest.approx([0.0, 2 / 7, 5 / 7])
     assert bytes_sent_per_sync(10, "fp32", "ring", [1.0]) == [0]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_pipelined_pieces_give_the_same_bits_and_bytes(results, case):
+    """Cut at int8 chunk boundaries, the pieces encode and sum exactly as the whole does."""
+    for r in range(N):
+        whole, piecewise = results[r][case], results[r][len(CASES) + case]
+        assert torch.equal(piecewise[0], whole[0])
+        assert piecewise[1] == whole[1]
+
+
+def test_piece_bounds_cut_at_int8_chunks_and_cover_the_segment():
+    from real.sync import piece_bounds
+
+    assert piece_bounds(1000, 3) == [(0, 512), (512, 1000), (1000, 1000)]
+    assert piece_bounds(333, 3) == [(0, 256), (256, 333), (333, 333)]
+    assert piece_bounds(0, 2) == [(0, 0), (0, 0)]
+    assert piece_bounds(10 * INT8_CHUNK, 5) == [(k * 512, (k + 1) * 512) for k in range(5)]

@@ -21,8 +21,9 @@ from typing import Callable
 import numpy as np
 
 from calibrate.catalog import get_gpu, spec_tflops
-from formats.wire import PAYLOAD_BYTES, ring_allreduce_s
-from simulator.network import CodecCost, codec_cost, link_gbps, outer_step_s, partitioned_allreduce_raw
+from formats.wire import PAYLOAD_BYTES
+from simulator.network import (CodecCost, WireCost, codec_cost, link_gbps, outer_step_s, wire_bytes_s_raw,
+                               wire_cost)
 
 MAX_BATCH_FACTOR = 16
 
@@ -82,6 +83,7 @@ class NetTables:
     fragment_pattern: str = "sequential"
     max_fragments: int = 1 << 20  # the model's layers (a fragment groups layers), if known
     codec: CodecCost = CodecCost()  # encode/decode of the payload (the network profile's; none: 0)
+    wire: WireCost = WireCost()  # the links as measured on a shaped WAN (none: the byte count)
 
     def payload_bytes(self, dtype: str) -> float:
         return self.params * PAYLOAD_BYTES[dtype]
@@ -93,10 +95,8 @@ class NetTables:
         dtype, collective = dtype or self.payload_dtype, collective or self.collective
         parts = np.asarray(fragments, dtype=float)
         payload = self.payload_bytes(dtype) / parts
-        if collective == "partitioned":
-            wire_s = partitioned_allreduce_raw(self.latency_ms, payload, self.links_gbps)
-        else:
-            wire_s = ring_allreduce_s(self.links_gbps.shape[1], self.latency_ms, payload, self.links_gbps.min(axis=1))
+        wire_s = self.wire.seconds_raw(dtype, collective,
+                                       wire_bytes_s_raw(collective, self.latency_ms, payload, self.links_gbps))
         return wire_s + self.codec.seconds_raw(dtype, collective, self.params / parts, self.links_gbps)
 
     def sync_s(self, fragments=None) -> np.ndarray:
@@ -157,5 +157,5 @@ def from_scenario(scenario, timings) -> tuple[NodeTables, NetTables]:
                     outer_step_s=np.array([outer_step_s(scenario, [t.layout for t in timings])], dtype=float),
                     params=scenario.model.param_count, latency_ms=scenario.network.latency_ms,
                     payload_dtype=scenario.network.payload_dtype, collective=scenario.network.collective,
-                    codec=codec_cost(scenario), **fragment_keys(scenario))
+                    codec=codec_cost(scenario), wire=wire_cost(scenario), **fragment_keys(scenario))
     return NodeTables(step, gpus, b, h, scenario.training.rounds, max_batch, spec[0], spec[1], lookup), net
