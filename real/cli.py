@@ -26,7 +26,8 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicate-data", action="store_true",
                         help="every node reads the same shard (checks the arithmetic; not for training)")
     parser.add_argument("--timeout-s", type=float, default=300.0,
-                        help="process-group timeout: how long a lost peer may stall the others")
+                        help="how long a lost peer may stall the others before they stop (on the shaped WAN "
+                             "4 s of it name the lost node and stop the run)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                         help="auto: nccl when every process has a GPU, else gloo")
     parser.add_argument("--host", default="127.0.0.1",

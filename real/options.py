@@ -15,6 +15,11 @@ from real.streaming import StreamingSpec
 WAN_MODES = ("loopback", "shaped")
 
 
+# The knock that names a lost node (real.wan.LIVENESS_TIMEOUT_S, 2 s), printing, exiting and
+# the launcher's teardown of the others and of the namespaces: measured 0.5-1 s beyond the knock.
+SHAPED_STOP_BUDGET_S = 4.0
+
+
 @dataclass(frozen=True)
 class ExecOptions:
     """How to execute a plan (not what to train: that is RunSpec + Plan)."""
@@ -25,7 +30,7 @@ class ExecOptions:
     resume: bool = False
     data_path: str | None = None
     replicate_data: bool = False   # every node reads shard 0 (to check the arithmetic)
-    timeout_s: float = 300.0       # process-group timeout: how long a lost peer can stall us
+    timeout_s: float = 300.0       # how long a lost peer can stall us before we stop (collective_timeout_s)
     backend: str = "auto"          # auto | gloo | nccl
     stop_after: int | None = None  # stop cleanly after this many rounds (resumable)
     threads: int = 0               # torch threads per process; 0 = cores / local processes
@@ -36,6 +41,14 @@ class ExecOptions:
     # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for
     # P = 1, τ = 0, α = 0 (which must then equal the classic loop bit for bit: a test's check).
     streaming: StreamingSpec | None = None
+
+    def collective_timeout_s(self) -> float:
+        """The process groups' timeout. On the shaped WAN a node that times out first knocks on
+        its peers to name whom it lost, then stops: SHAPED_STOP_BUDGET_S of --timeout-s is kept
+        for that, so the run stops within --timeout-s of losing a peer."""
+        if self.wan != "shaped":
+            return self.timeout_s
+        return max(min(self.timeout_s, 1.0), self.timeout_s - SHAPED_STOP_BUDGET_S)
 
     def __post_init__(self) -> None:
         import math

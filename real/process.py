@@ -87,7 +87,7 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
         backend = resolve_backend(opts.backend, local_world)
-        store = init_process_group(backend, rank, world, opts.timeout_s, store_spec)
+        store = init_process_group(backend, rank, world, opts.collective_timeout_s(), store_spec)
         node = Node(rank, world, local_rank, spec, plan, opts, backend)
         if rank == 0 and opts.data_path is None:
             chain = make_chain(spec.seed, node.vocab_size)

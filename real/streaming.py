@@ -293,7 +293,7 @@ class StreamingRound:
         self.schedule = spec.schedule(node.me.local_steps)
         # The communication thread's own groups, created by every process in the same order.
         n = len(plan.nodes)
-        timeout = timedelta(seconds=node.opts.timeout_s)  # new_group's own default is 30 minutes
+        timeout = timedelta(seconds=node.opts.collective_timeout_s())  # new_group's own default is 30 minutes
         node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)), timeout=timeout)
                        for i, nd in enumerate(plan.nodes)]
         # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/worker.py)

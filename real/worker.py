@@ -91,7 +91,7 @@ class Node:
         # has no outer step: both keep the outer state beside the model.
         on_cpu = self.sharding.outer_state == "cpu" and not self.gradient_sync and not streams
         self.outer_device = torch.device("cpu") if on_cpu else self.device
-        self.groups = Groups(plan, rank, world, self.device, opts.timeout_s,
+        self.groups = Groups(plan, rank, world, self.device, opts.collective_timeout_s(),
                              "gloo" if self.outer_device != self.device else None)
         self.index, self.me, self.is_leader = self.groups.index, self.groups.me, self.groups.is_leader
         self.leader_rank = self.groups.leader_rank

@@ -186,3 +186,13 @@ def test_executor_refuses_a_layout_it_does_not_run(tmp_path):
     plan_path.write_text(plan.replace("gradients", "diloco"))
     _, runnable = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
     assert runnable.nodes[0].sharding == "zero2"
+
+
+def test_on_the_shaped_wan_the_collectives_leave_time_to_name_the_lost_node_and_stop():
+    from real.options import SHAPED_STOP_BUDGET_S, ExecOptions
+
+    assert SHAPED_STOP_BUDGET_S == 4.0
+    assert ExecOptions(out_dir="o", timeout_s=10.0).collective_timeout_s() == 10.0  # loopback: as given
+    assert ExecOptions(out_dir="o", timeout_s=10.0, wan="shaped").collective_timeout_s() == 6.0
+    assert ExecOptions(out_dir="o", timeout_s=3.0, wan="shaped").collective_timeout_s() == 1.0
+    assert ExecOptions(out_dir="o", timeout_s=0.5, wan="shaped").collective_timeout_s() == 0.5

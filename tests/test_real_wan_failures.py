@@ -165,8 +165,9 @@ def test_a_cut_link_stops_the_others_naming_the_node_and_resume_completes(tmp_pa
     for survivor, rank in (("a", 0), ("c", 2)):
         assert (f"real: node {survivor} (rank {rank}): lost contact with node victim (no answer on the WAN "
                 f"within {wan.LIVENESS_TIMEOUT_S:g} s: link down); stopping") in err.splitlines(), err
-    # group timeout + the liveness knock + the launcher's grace for the others' lines + teardown
-    assert stopped_s < TIMEOUT_S + wan.LIVENESS_TIMEOUT_S + 6 + 10
+    # The collectives time out SHAPED_STOP_BUDGET_S early, which pays for the knock naming the
+    # victim (2 s), printing and teardown: the run is over within --timeout-s of the cut.
+    assert stopped_s < TIMEOUT_S
     assert not (out / "trace.csv").exists()
     assert wan.owned_namespaces(proc.pid) == []
     assert _check_checkpoints(out) >= 1
