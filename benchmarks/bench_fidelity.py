@@ -67,6 +67,12 @@ WAN_CASES = [
     ("wan-four", "baseline", "int8", "partitioned", {"q40b": 0.5}),
     ("wan-four", "measured-steps", "fp32", "ring", None),
     ("wan-four", "hybrid", "int8", "partitioned", {"q50a": 0.5}),
+    # Streaming DiLoCo (issue 17: P = 2 fragments, each all-reduce overlapping τ = 2 of the
+    # H = 8 inner steps) beside classic DiLoCo with the same plan otherwise, on the same links:
+    # the prediction per node, and the loss at equal tokens. (The `streaming` strategy keeps
+    # P = 1 here: with the sync 80% of the round there is little compute to hide it behind.)
+    ("wan-three", "baseline", "fp32", "ring", {"q40": 0.5}, ("diloco.fragments=2", "diloco.sync_delay_steps=2")),
+    ("wan-three", "baseline", "fp32", "ring", {"q40": 0.5}, ()),
 ]
 WAN_MBIT_PER_FP32_BYTE = 2.0  # fp32 8 Mbit/s, fp16 4, int8 2
 WAN_LOCAL_STEPS = 8
@@ -114,8 +120,9 @@ def host_network_profile(work: Path) -> Path:
     return host
 
 
-def wan_overrides(dtype: str, collective: str, uplinks: dict | None, host_profile: Path) -> list[str]:
-    """--set arguments of a WAN case: links, payload, collective, H and the host's profile."""
+def wan_overrides(dtype: str, collective: str, uplinks: dict | None, extra: tuple | None,
+                  host_profile: Path) -> list[str]:
+    """--set arguments of a WAN case: links, payload, collective, H, extra keys and the host's profile."""
     from formats.wire import PAYLOAD_BYTES
 
     gbps = WAN_MBIT_PER_FP32_BYTE * PAYLOAD_BYTES[dtype] / 1e3
@@ -123,7 +130,7 @@ def wan_overrides(dtype: str, collective: str, uplinks: dict | None, host_profil
             f'network.collective="{collective}"', f"training.local_steps={WAN_LOCAL_STEPS}",
             f'network.profile="{host_profile}"']
     sets += [f"nodes.{node}.uplink_gbps={gbps * share!r}" for node, share in (uplinks or {}).items()]
-    return sets
+    return sets + list(extra or ())
 
 
 def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host_profile: Path, work: Path) -> Path:
@@ -156,7 +163,15 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
     for text in sets:
         cmd += ["--set", text]
     _run(cmd + (["--wan", "shaped"] if wan else []))
-    return pd.read_csv(out / "validation.csv")
+    trace = pd.read_csv(out / "trace.csv")
+    last = trace[trace["round"] == trace["round"].max()]
+    # The loss of the last round (mean over nodes) and the tokens trained by then: what
+    # strategies that change the optimisation (streaming's τ and α) are compared on.
+    plan = pd.read_csv(out / "plan.csv")
+    return pd.read_csv(out / "validation.csv").assign(final_loss=last["loss"].mean(),
+                                                      tokens=int(trace["tokens"].sum()),
+                                                      fragments=int(plan["fragments"].iloc[0]),
+                                                      sync_delay_steps=int(plan["sync_delay_steps"].iloc[0]))
 
 
 def errors(frame: pd.DataFrame) -> pd.DataFrame:
@@ -244,12 +259,20 @@ def plot(rows: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def _extra_label(extra: list) -> str:
+    """A WAN case's extra --set keys in its label: () is classic, said so beside a streaming twin."""
+    if not extra:
+        return ""
+    return " " + (" ".join(text.split(".")[-1] for text in extra[0]) or "classic")
+
+
 def all_cases(wan: bool, loopback: bool) -> list[tuple]:
     """(scenario, strategy, case label, --set list or the WAN case's tuple, wan) to run."""
     cases = [(sc, st, "loopback", None, False) for sc, st in CASES] if loopback else []
     if wan:
-        cases += [(sc, st, f"{dtype} {coll} {'unequal' if up else 'equal'}", (dtype, coll, up), True)
-                  for sc, st, dtype, coll, up in WAN_CASES]
+        cases += [(sc, st, f"{dtype} {coll} {'unequal' if up else 'equal'}{_extra_label(extra)}",
+                   (dtype, coll, up, extra[0] if extra else None), True)
+                  for sc, st, dtype, coll, up, *extra in WAN_CASES]
     return cases
 
 
@@ -300,7 +323,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     cols = ["scenario", "strategy", "case", "repeat", "node", "predicted_idle_s", "measured_idle_s",
             "predicted_round_s", "measured_round_s", "predicted_comm_s", "measured_comm_s", "idle_err_pct_of_round",
-            "idle_err_pct_of_idle", "round_err_pct", "sync_err_pct", "sync_share_pct", "network"]
+            "idle_err_pct_of_idle", "round_err_pct", "sync_err_pct", "sync_share_pct", "network",
+            "predicted_compute_s", "measured_compute_s", "final_loss", "tokens", "fragments", "sync_delay_steps"]
     rows[cols].to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                f"{datetime.now(timezone.utc):%Y-%m-%d}")
