@@ -191,17 +191,24 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     queue = ctx.Queue()
     args_dict = {"sizes": sizes, "repeats": repeats, "threads": threads, "ckpt_dir": ckpt_dir}
     with tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
-        procs = mp.start_processes(_spawn_entry, args=(processes, os.path.join(rdzv, "store"), args_dict, queue),
-                                   nprocs=processes, join=False, start_method="spawn")
-        rows = None
-        while rows is None:
-            kind, value = queue.get()
-            if kind == "progress" and progress is not None:
-                progress(value)
-            elif kind == "rows":
-                rows = value
-        while not procs.join():
-            pass
+        return _spawn_and_collect(_spawn_entry, (processes, os.path.join(rdzv, "store"), args_dict, queue),
+                                  processes, queue, progress)
+
+
+def _spawn_and_collect(entry, args: tuple, processes: int, queue, progress) -> list:
+    """Start `processes` spawned entry(rank, *args); relay their progress; the rows rank 0 sends."""
+    import torch.multiprocessing as mp
+
+    procs = mp.start_processes(entry, args=args, nprocs=processes, join=False, start_method="spawn")
+    rows = None
+    while rows is None:
+        kind, value = queue.get()
+        if kind == "progress" and progress is not None:
+            progress(value)
+        elif kind == "rows":
+            rows = value
+    while not procs.join():
+        pass
     return rows
 
 
@@ -252,19 +259,8 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
             tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
         if describe is not None:
             describe(wan.describe())
-        procs = mp.start_processes(_shaped_entry, args=(len(nodes), os.path.join(rdzv, "store"), wan.links,
-                                                        args_dict, queue),
-                                   nprocs=len(nodes), join=False, start_method="spawn")
-        rows = None
-        while rows is None:
-            kind, value = queue.get()
-            if kind == "progress" and progress is not None:
-                progress(value)
-            elif kind == "rows":
-                rows = value
-        while not procs.join():
-            pass
-    return rows
+        return _spawn_and_collect(_shaped_entry, (len(nodes), os.path.join(rdzv, "store"), wan.links, args_dict, queue),
+                                  len(nodes), queue, progress)
 
 
 def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):

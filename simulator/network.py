@@ -227,9 +227,14 @@ def codec_s(scenario: Scenario, payload_dtype: str | None = None, collective: st
                                                   scenario.model.param_count / fragments, link_gbps(scenario)))
 
 
+def _bytes_s(scenario: Scenario, collective: str, payload_dtype: str | None) -> float:
+    """The byte-count time of the scenario's whole payload by `collective`."""
+    return float(wire_bytes_s_raw(collective, scenario.network.latency_ms, payload_bytes(scenario, payload_dtype),
+                                  link_gbps(scenario)))
+
+
 def ring_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
-    return float(wire.ring_allreduce_s(len(scenario.nodes), scenario.network.latency_ms,
-                                    payload_bytes(scenario, payload_dtype), min(link_gbps(scenario))))
+    return _bytes_s(scenario, "ring", payload_dtype)
 
 
 def partitioned_seconds_per_gbit(links_gbps) -> np.ndarray:
@@ -250,8 +255,7 @@ def partitioned_allreduce_raw(latency_ms: float, payload_bytes_: float, links_gb
 
 
 def partitioned_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
-    return float(partitioned_allreduce_raw(scenario.network.latency_ms, payload_bytes(scenario, payload_dtype),
-                                           link_gbps(scenario)))
+    return _bytes_s(scenario, "partitioned", payload_dtype)
 
 
 def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
@@ -259,9 +263,8 @@ def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective
     its encoding and decoding included (codec_s)."""
     collective = collective or scenario.network.collective
     dtype = payload_dtype or scenario.network.payload_dtype
-    bytes_s = wire_bytes_s_raw(collective, scenario.network.latency_ms, payload_bytes(scenario, dtype),
-                               link_gbps(scenario))
-    return float(wire_cost(scenario).seconds_raw(dtype, collective, bytes_s)) + codec_s(scenario, dtype, collective)
+    wire_s = wire_cost(scenario).seconds_raw(dtype, collective, _bytes_s(scenario, collective, dtype))
+    return float(wire_s) + codec_s(scenario, dtype, collective)
 
 
 def checkpoint_s(scenario: Scenario) -> float:
