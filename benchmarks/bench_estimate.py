@@ -1,16 +1,20 @@
 """The catalog step-time estimate against published measured training throughput.
 
 Reads benchmarks/estimate/published_throughput.csv (one published measurement per row, with
-its model configuration, GPU, per-GPU micro-batch, gradient accumulation, parallelism and
-source) and compares each row's measured tokens/s per GPU with calibrate.estimate's:
+its model configuration, GPU, per-GPU micro-batch, gradient accumulation, parallelism, GPUs per
+node, the nodes' network where published, and source) and compares each row's measured
+tokens/s per GPU with calibrate.estimate's:
 
-    tokens/s = accum · b · s / (accum · (t_weights + t_launch + b · t_sample) + t_optimizer / shards)
+    tokens/s = accum · b · s / (accum · overlapped(t_weights + t_launch + b · t_sample, t_fsdp) + t_optimizer / shards)
 
 Every row is data-parallel or FSDP-like (each GPU runs the whole model on its own micro-batch;
-FSDP shards the optimizer state over `optimizer_shards` GPUs and gathers the weights, which is
-assumed overlapped with compute, as the sources' MFU figures do). A row with full activation
-checkpointing is estimated with recomputation (one more forward). Nothing is fitted to the rows:
-the estimate's constants are datasheet figures, published kernel efficiencies and op counts.
+FSDP shards the optimizer state over `optimizer_shards` GPUs). FSDP gathers the weights twice
+and reduce-scatters the gradients every micro-step, t_fsdp (`fsdp_collective_s`, bf16 gathers
+and fp32 reduce-scatter), over the GPU's NVLink or, when the row spans nodes, the node's
+uplink (`uplink_gbps`) if slower; where a source does not publish its network the link is taken
+as no slower than NVLink. The collectives run behind the compute and slow it (`overlapped_s`).
+A row's `recompute` is one of calibrate.estimate.RECOMPUTE. Nothing is fitted to the rows: the
+estimate's constants are datasheet figures, published kernel efficiencies and op counts.
 
     python benchmarks/bench_estimate.py [--csv PATH]
 
@@ -27,10 +31,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibrate.estimate import Shape, estimate_step  # noqa: E402
+from calibrate.catalog import get_gpu  # noqa: E402
+from calibrate.estimate import Shape, estimate_step, fsdp_collective_s  # noqa: E402
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
 MEDIAN_GOAL, WORST_GOAL = 0.10, 0.20
+
+
+def row_link_gbps(row: dict) -> float:
+    """The link FSDP's collectives cross: the GPU's NVLink, or the node's uplink if the row spans
+    nodes and its source publishes a slower one."""
+    link = get_gpu(row["gpu"]).intra_node_gbps
+    if int(row["gpus"]) > int(row["node_gpus"]) and row["uplink_gbps"]:
+        link = min(link, float(row["uplink_gbps"]))
+    return link
 
 
 def row_estimate(row: dict) -> float:
@@ -38,11 +52,12 @@ def row_estimate(row: dict) -> float:
     shape = Shape(hidden=int(row["hidden"]), layers=int(row["layers"]), heads=int(row["heads"]),
                   kv_heads=int(row["kv_heads"]), ffn=int(row["ffn"]), vocab=int(row["vocab"]),
                   gated_mlp=row["mlp"] == "swiglu")
-    seq = int(row["seq_len"])
-    est = estimate_step(row["gpu"], row["dtype"], seq, shape=shape, params=float(row["params"]),
-                        attention=row["attention"], recompute=row["recompute"] == "full",
-                        optimizer_shards=int(row["optimizer_shards"]),
-                        fsdp=row["parallelism"].startswith("FSDP"))
+    seq, params = int(row["seq_len"]), float(row["params"])
+    fsdp = row["parallelism"].startswith("FSDP")
+    comm_s = fsdp_collective_s(params, int(row["gpus"]), row_link_gbps(row)) if fsdp else 0.0
+    est = estimate_step(row["gpu"], row["dtype"], seq, shape=shape, params=params,
+                        attention=row["attention"], recompute=row["recompute"],
+                        optimizer_shards=int(row["optimizer_shards"]), fsdp=fsdp, comm_s=comm_s)
     return est.tokens_per_s(int(row["micro_batch"]), seq, int(row["grad_accum"]))
 
 

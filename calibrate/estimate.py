@@ -34,9 +34,18 @@ of work at, and every rate a datasheet figure or a published measurement:
   bytes per parameter counted op by op on geodt's own step (benchmarks/count_optimizer_bytes.py),
   divided over the shards that hold the optimizer state (1 unless ZeRO/FSDP shards it).
 
-Full activation recomputation adds one forward pass: t_sample × 4/3 (forward is one of the
-three passes of every term above). Parallelism across GPUs (gradient all-reduce, FSDP
-gathers) is not in this per-GPU estimate: the simulator adds the intra-node collectives.
+Recomputation (`RECOMPUTE`): "full" adds one forward pass, t_sample × 4/3 (forward is one of
+the three passes of every term above). "selective-op" is torchtitan's op-level selective
+checkpointing: each block saves the outputs of its matmuls and attention except every second
+matmul, so the recomputation is those matmuls' forward FLOPs (q, k, v, o, gate, up, down in
+forward order: k, o and up) plus every non-matmul op's forward traffic (1/3 of B_act).
+
+Collectives that run behind compute (`comm_s`, FSDP's all-gathers and reduce-scatter per
+micro-step, `fsdp_collective_s`) are not free: while a collective runs, its kernels take SMs and
+memory bandwidth from the compute kernels, which slow by `OVERLAP_SLOWDOWN` (the average
+measured over GPT and LLaMA training on A100/H100/MI250/MI210, arXiv 2507.03114). A micro-step
+takes `overlapped_s(compute, comm)`: the compute plus the part of the collective time that
+slowed it, or the collective time where the link, not the GPU, is the bound.
 
 A model given only by its parameter count (no shape) has F_mm = its FLOPs per token and no
 activation traffic: the shape terms need the hidden size.
@@ -46,6 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calibrate.catalog import GpuSpec, get_gpu, peak_tflops
+from formats.wire import ring_allreduce_s
 
 # Maximum Achievable Matmul FLOPS / dense peak, bf16, measured with mamf-finder.py (S. Bekman,
 # ml-engineering, compute/accelerator/README.md "Maximum Achievable Matmul FLOPS comparison
@@ -106,6 +116,17 @@ SHAPELESS_LAUNCH_S = 0.008
 # compared to FlashAttention", which reached "only 25-40% of the theoretical maximum" (Dao 2023, abstract).
 FLASH1_SLOWDOWN = 2.0
 ATTENTIONS = ("flash", "flash1", "eager")
+RECOMPUTE = ("none", "full", "selective-op")
+# Compute runs this much slower while a collective runs beside it: the average over GPT and LLaMA
+# training workloads on 4 A100s, H100s, MI250s and MI210s (Zhang et al., "Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114,
+# abstract: "an average computational slowdown of 18.9%, with a maximum of 40.0%").
+OVERLAP_SLOWDOWN = 0.189
+# FSDP2's MixedPrecisionPolicy as geodt's executor and torchtitan use it: the parameters are
+# gathered in the half-precision compute dtype (forward and again in backward), the gradients
+# reduce-scattered in fp32.
+FSDP_GATHER_BYTES = 2
+FSDP_REDUCE_BYTES = 4
 
 
 class EstimateError(ValueError):
@@ -133,6 +154,13 @@ class Shape:
     def kv_dim(self) -> int:
         return self.kv_heads * (self.hidden // self.heads)
 
+    def forward_matmuls(self) -> tuple[int, ...]:
+        """Weights of one block's matmuls in forward order: q, k, v, o, then gate, up, down
+        (a gated MLP computes its gate before its up projection) or up, down."""
+        h, kv, f = self.hidden, self.kv_dim, self.ffn
+        mlp = (h * f, h * f, f * h) if self.gated_mlp else (h * f, f * h)
+        return (h * h, h * kv, h * kv, h * h) + mlp
+
     @property
     def matmul_params(self) -> int:
         """Weights used in matrix multiplies per token: every layer's projections and the LM head."""
@@ -149,18 +177,46 @@ class StepEstimate:
     weights_s: float    # per micro-step, independent of the batch
     launch_s: float     # per micro-step
     optimizer_s: float  # per optimizer step
+    comm_s: float = 0.0  # per micro-step: collectives that run behind the compute (FSDP)
 
     @property
     def fixed_s(self) -> float:
-        """The per-step cost that does not grow with the batch (one micro-step per step)."""
+        """The per-step cost that does not grow with the batch (one micro-step per step, no collectives)."""
         return self.weights_s + self.launch_s + self.optimizer_s
 
     def step_s(self, batch, accum: int = 1):
-        """Seconds of one optimizer step of `accum` micro-steps of `batch` sequences (batch may be an array)."""
-        return accum * (self.weights_s + self.launch_s + self.sample_s * batch) + self.optimizer_s
+        """Seconds of one optimizer step of `accum` micro-steps of `batch` sequences (batch may be an
+        array when there are no collectives)."""
+        compute_s = self.weights_s + self.launch_s + self.sample_s * batch
+        micro_s = overlapped_s(compute_s, self.comm_s) if self.comm_s else compute_s
+        return accum * micro_s + self.optimizer_s
 
     def tokens_per_s(self, batch: int, seq_len: int, accum: int = 1) -> float:
         return accum * batch * seq_len / self.step_s(batch, accum)
+
+
+def overlapped_s(compute_s: float, comm_s: float) -> float:
+    """Seconds of compute_s of work with comm_s of collectives running beside it: compute slowed by
+    OVERLAP_SLOWDOWN while the collective runs, or the collective's own time if the link is the bound."""
+    slowed = 1.0 + OVERLAP_SLOWDOWN
+    if comm_s >= compute_s * slowed:
+        return comm_s
+    return compute_s + comm_s * (1.0 - 1.0 / slowed)
+
+
+def fsdp_payload_bytes(params: float, gather_bytes: int = FSDP_GATHER_BYTES, gathers: int = 2) -> float:
+    """FSDP's collectives of `params` parameters written as one ring all-reduce's payload: `gathers`
+    all-gathers (gather_bytes each) and a reduce-scatter (FSDP_REDUCE_BYTES), each (k−1)/k of its
+    bytes per device, where a ring all-reduce moves 2(k−1)/k of its payload."""
+    return params * (gathers * gather_bytes + FSDP_REDUCE_BYTES) / 2
+
+
+def fsdp_collective_s(params: float, devices: int, link_gbps: float, gather_bytes: int = FSDP_GATHER_BYTES) -> float:
+    """Per micro-step seconds of FSDP's two all-gathers and reduce-scatter among `devices` over a
+    link of link_gbps each way (`fsdp_payload_bytes`). Across nodes, each node's uplink carries
+    the same volume (a ring enters and leaves every node once), so link_gbps is the slower of
+    the device's own link and its node's uplink."""
+    return ring_allreduce_s(devices, 0.0, fsdp_payload_bytes(params, gather_bytes), link_gbps)
 
 
 def efficiencies(spec: GpuSpec) -> tuple[float, float]:
@@ -169,17 +225,31 @@ def efficiencies(spec: GpuSpec) -> tuple[float, float]:
             ATTENTION_EFFICIENCY.get(spec.key, DEFAULT_ATTENTION_EFFICIENCY))
 
 
+def _block_act_bytes(shape: Shape, dtype: str) -> float:
+    """B_act's blocks: bytes per token of every layer's memory-bound work, forward and backward."""
+    scale = 2 if dtype == "fp32" else 1
+    ffn_bytes = ACT_BYTES_FFN_GATED if shape.gated_mlp else ACT_BYTES_FFN_PLAIN
+    return scale * shape.layers * PASSES * (ACT_BYTES_H * shape.hidden + ACT_BYTES_KV * shape.kv_dim
+                                            + ffn_bytes * shape.ffn)
+
+
+def _selective_op_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int) -> float:
+    """Per sequence, what "selective-op" recomputes: every second matmul's forward, every
+    non-matmul op's forward traffic (module docstring)."""
+    eta_mm, _ = efficiencies(spec)
+    flops = 2.0 * shape.layers * sum(shape.forward_matmuls()[1::2])
+    return seq_len * (flops / (peak_tflops(spec, dtype) * 1e12 * eta_mm)
+                      + _block_act_bytes(shape, dtype) / PASSES / (spec.memory_bandwidth_gbs * 1e9))
+
+
 def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: str, flops_per_token) -> float:
     peak = peak_tflops(spec, dtype) * 1e12
     bandwidth = spec.memory_bandwidth_gbs * 1e9
     eta_mm, eta_attn = efficiencies(spec)
     h, layers = shape.hidden, shape.layers
     elem = 4 if dtype == "fp32" else 2
-    scale = 2 if dtype == "fp32" else 1
     f_mm = 6.0 * shape.matmul_params if flops_per_token is None else float(flops_per_token)
-    ffn_bytes = ACT_BYTES_FFN_GATED if shape.gated_mlp else ACT_BYTES_FFN_PLAIN
-    act_bytes = scale * layers * PASSES * (ACT_BYTES_H * h + ACT_BYTES_KV * shape.kv_dim + ffn_bytes * shape.ffn)
-    act_bytes += LOSS_BYTES_PER_VOCAB[dtype] * shape.vocab
+    act_bytes = _block_act_bytes(shape, dtype) + LOSS_BYTES_PER_VOCAB[dtype] * shape.vocab
     if attention in ("flash", "flash1"):
         attn_s = 3.5 * 2.0 * layers * seq_len * h / (peak * eta_attn)
         if attention == "flash1":
@@ -194,17 +264,23 @@ def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: 
 
 def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None = None,
                   params: float | None = None, flops_per_token: float | None = None,
-                  attention: str = "flash", recompute: bool = False, optimizer_shards: int = 1,
-                  fsdp: bool = False) -> StepEstimate:
+                  attention: str = "flash", recompute: str = "none", optimizer_shards: int = 1,
+                  fsdp: bool = False, comm_s: float = 0.0) -> StepEstimate:
     """The estimate of one GPU of type gpu_key (module docstring).
 
     shape: the model's sizes (None: only `params` is known, and then `flops_per_token` or 6·params
     gives the work). params: the parameter count (default: the shape's, embeddings included).
     flops_per_token: a given training FLOP count per token, used instead of the shape's matmul
     and attention FLOPs. optimizer_shards: how many devices share the optimizer update.
-    fsdp: the weights are gathered and the gradients reduce-scattered every micro-step."""
+    recompute: one of RECOMPUTE. fsdp: the weights are gathered and the gradients reduce-scattered
+    every micro-step (their memory traffic); comm_s: those collectives' seconds per micro-step
+    (`fsdp_collective_s`), run behind the compute (`overlapped_s`)."""
     if attention not in ATTENTIONS:
         raise EstimateError(f"unknown attention {attention!r}; expected one of {', '.join(ATTENTIONS)}")
+    if recompute not in RECOMPUTE:
+        raise EstimateError(f"unknown recompute {recompute!r}; expected one of {', '.join(RECOMPUTE)}")
+    if recompute == "selective-op" and (shape is None or flops_per_token is not None):
+        raise EstimateError("selective-op recomputation needs the model's shape (and no given flops_per_token)")
     if not (seq_len > 0 and optimizer_shards >= 1):
         raise EstimateError(f"expected seq_len > 0 and optimizer_shards >= 1, got {seq_len}, {optimizer_shards}")
     spec = get_gpu(gpu_key)
@@ -222,9 +298,11 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
             params = shape.matmul_params + shape.vocab * shape.hidden  # + the input embedding (norms are negligible)
         sample_s = _sample_s(shape, spec, dtype, seq_len, attention, flops_per_token)
         launch_s = shape.layers * KERNELS_PER_LAYER * LAUNCH_S
-    if recompute:
+    if recompute == "full":
         sample_s *= 4.0 / 3.0
-    return StepEstimate(sample_s=sample_s,
+    elif recompute == "selective-op":
+        sample_s += _selective_op_s(shape, spec, dtype, seq_len)
+    return StepEstimate(sample_s=sample_s, comm_s=comm_s,
                         weights_s=(WEIGHT_BYTES_PER_PARAM[dtype] + (FSDP_BYTES_PER_PARAM if fsdp else 0)) * params / bandwidth,
                         launch_s=launch_s,
                         optimizer_s=OPTIMIZER_BYTES_PER_PARAM[dtype] * params / optimizer_shards / bandwidth)

@@ -26,7 +26,8 @@ That is the unsharded node. Under a sharded layout or recomputation (simulator/m
 Layout, chosen per node by `NodeTiming.layout`) t0's optimizer work is per shard (N/G), c grows
 by a third (one more forward, `calibrate.estimate`) under full recomputation, and the collectives are `intra_node_comm_s`'s: the
 all-reduce's volume after backward for zero1/zero2, and for fsdp two all-gathers and a
-reduce-scatter hidden behind compute except one unit's: t0 + max(c·b, comm) + exposed.
+reduce-scatter run behind the compute, which they slow (`calibrate.estimate.overlapped_s`), except
+the first unit's gather and the last's reduce-scatter: t_opt + overlapped(t_w + c·b, comm) + exposed.
 
 Precedence (docs/DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
 other batches follow the catalog estimate's shape scaled to it,
@@ -39,8 +40,10 @@ import os
 from dataclasses import dataclass, field
 
 from calibrate.catalog import get_gpu
-from calibrate.estimate import OPTIMIZER_BYTES_PER_PARAM, Shape, estimate_step  # noqa: F401  (re-exported)
+from calibrate.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step,  # noqa: F401  (re-exported)
+                                fsdp_payload_bytes)
 from formats.errors import FieldError
+from formats.wire import ring_allreduce_s
 from simulator.memory import GIB, LAYOUT_ORDER, UNSHARDED, Layout, fsdp_unit_params, memory_need_bytes
 from simulator.scenario import NodeConfig, Scenario
 
@@ -52,19 +55,25 @@ MAX_SEARCH_BATCH = 1 << 16
 # Training FLOPs are forward + backward = 1 + 2 forwards; full recomputation adds one forward.
 
 
-def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float]:
-    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key (`calibrate.estimate`).
+def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, comm_s: float = 0.0) -> StepEstimate:
+    """The catalog estimate of one GPU of type gpu_key under a layout (`calibrate.estimate`).
 
     A preset or config.json gives the model's shape; a bare `params` model has none (its work is
     `flops_per_token`, else 6·params, at the matmul rate). A given `flops_per_token` replaces the
     shape's matmul and attention FLOPs. Sharded (zero1/zero2/fsdp): each device clips and steps
-    AdamW on its 1/G of the parameters. Full recomputation: one more forward."""
+    AdamW on its 1/G of the parameters. Full recomputation: one more forward. comm_s: the
+    collectives that run behind the compute (fsdp)."""
     model = scenario.model
     shape = Shape.of(model.arch) if model.arch is not None else None
-    est = estimate_step(gpu_key, model.dtype, model.seq_len, shape=shape, params=model.param_count,
-                        flops_per_token=model.flops_per_token, recompute=layout.checkpointing == "full",
-                        optimizer_shards=layout.devices if layout.sharded else 1,
-                        fsdp=layout.sharding == "fsdp")
+    return estimate_step(gpu_key, model.dtype, model.seq_len, shape=shape, params=model.param_count,
+                         flops_per_token=model.flops_per_token, recompute=layout.checkpointing,
+                         optimizer_shards=layout.devices if layout.sharded else 1,
+                         fsdp=layout.sharding == "fsdp", comm_s=comm_s)
+
+
+def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float]:
+    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key, no collectives."""
+    est = gpu_estimate(scenario, gpu_key, layout)
     return est.fixed_s, est.sample_s
 
 
@@ -126,8 +135,7 @@ def intra_node_ring_s(scenario: Scenario, node: NodeConfig, payload_bytes: float
     if measured is not None and set(node.gpus) == {"cpu"}:
         # CPU devices are processes of one machine: their collectives are the ones measured.
         return measured.all_reduce_s(k, payload_bytes)
-    gbps = node_intra_gbps(node)
-    return 2 * (k - 1) / k * payload_bytes * 8 / (gbps * 1e9)
+    return ring_allreduce_s(k, 0.0, payload_bytes, node_intra_gbps(node))
 
 
 def fsdp_gather_bytes(scenario: Scenario) -> int:
@@ -142,18 +150,17 @@ def intra_node_comm_s(scenario: Scenario, node: NodeConfig, layout: Layout) -> t
     kept from before sharding). zero1/zero2: a reduce-scatter of fp32 gradients and an all-gather
     of the updated fp32 parameters, the all-reduce's volume (ZeRO §7: Pos and Pos+g move what
     DDP moves), likewise not overlapped. fsdp: all-gather of the parameters in forward and again
-    in backward (p bytes each) and a reduce-scatter of fp32 gradients, (k−1)/k · Ψ · (2p + 4)
-    bytes per device, written as a ring all-reduce of Ψ(2p + 4)/2 bytes; FSDP2 prefetches the next
-    unit's gather during this unit's compute and reduce-scatters behind the backward, so only
-    the first unit's gather and the last unit's reduce-scatter are exposed (U(p + 4)/2 as a ring
-    all-reduce): the node takes max(compute, collectives) + exposed."""
+    in backward (p bytes each) and a reduce-scatter of fp32 gradients (`fsdp_payload_bytes`);
+    FSDP2 prefetches the next unit's gather during this unit's compute and reduce-scatters
+    behind the backward, so only the first unit's gather and the last unit's reduce-scatter are
+    exposed: the node takes overlapped(compute, collectives) + exposed (`NodeTiming.estimate_s`)."""
     n = scenario.model.param_count
     if layout.sharding != "fsdp":
         return intra_node_allreduce_s(scenario, node), 0.0
     p = fsdp_gather_bytes(scenario)
-    total = intra_node_ring_s(scenario, node, n * (2 * p + 4) / 2)
+    total = intra_node_ring_s(scenario, node, fsdp_payload_bytes(n, p))
     arch = scenario.model.arch
-    exposed = 0.0 if arch is None else intra_node_ring_s(scenario, node, fsdp_unit_params(arch) * (p + 4) / 2)
+    exposed = 0.0 if arch is None else intra_node_ring_s(scenario, node, fsdp_payload_bytes(fsdp_unit_params(arch), p, 1))
     return total, exposed
 
 
@@ -247,10 +254,7 @@ class NodeTiming:
         if layout.sharding != "fsdp":
             slowest = max(gpu_step_s(self.scenario, key, batch, layout) for key in self.node.gpus)
             return slowest + comm_s
-        slowest = 0.0
-        for key in self.node.gpus:
-            t0, c = gpu_step_coefficients(self.scenario, key, layout)
-            slowest = max(slowest, t0 + max(c * batch, comm_s))
+        slowest = max(gpu_estimate(self.scenario, key, layout, comm_s).step_s(batch) for key in self.node.gpus)
         return slowest + exposed_s
 
     @property

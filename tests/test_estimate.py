@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.estimate import (ATTENTION_EFFICIENCY, LOSS_BYTES_PER_VOCAB, MATMUL_EFFICIENCY, EstimateError, Shape,
-                                estimate_step)
+from calibrate.estimate import (ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, ATTENTION_EFFICIENCY,
+                                LOSS_BYTES_PER_VOCAB, MATMUL_EFFICIENCY, OVERLAP_SLOWDOWN, EstimateError, Shape,
+                                estimate_step, fsdp_collective_s, overlapped_s)
 from calibrate.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,7 +60,7 @@ def test_attention_choices_recompute_fsdp_and_shards():
     eager = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, attention="eager")
     flash1 = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, attention="flash1")
     assert base.sample_s < flash1.sample_s and base.sample_s < eager.sample_s
-    assert estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, recompute=True).sample_s == pytest.approx(base.sample_s * 4 / 3)
+    assert estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, recompute="full").sample_s == pytest.approx(base.sample_s * 4 / 3)
     sharded = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, optimizer_shards=8, fsdp=True)
     assert sharded.optimizer_s == pytest.approx(base.optimizer_s / 8)
     assert sharded.weights_s == pytest.approx(base.weights_s * (18 + 12) / 18)
@@ -79,9 +80,11 @@ def test_constants_are_the_cited_figures():
     assert MATMUL_EFFICIENCY["h100-sxm"] == pytest.approx(794.5 / 989, abs=5e-4)
     assert ATTENTION_EFFICIENCY["h100-sxm"] == 0.35
     assert LOSS_BYTES_PER_VOCAB["bf16"] == 32
+    assert OVERLAP_SLOWDOWN == 0.189
 
 
-@pytest.mark.parametrize("bad", [dict(attention="sparse"), dict(optimizer_shards=0)])
+@pytest.mark.parametrize("bad", [dict(attention="sparse"), dict(optimizer_shards=0), dict(recompute=True),
+                                 dict(recompute="selective-op", flops_per_token=1e9)])
 def test_bad_requests_are_refused(bad):
     with pytest.raises(EstimateError):
         estimate_step("a100-80gb", "bf16", 2048, shape=LLAMA_1B, **bad)
@@ -97,15 +100,14 @@ def _bench():
     return module
 
 
-def test_published_throughputs_median_error_within_ten_percent():
-    """The committed CSV of published measurements (benchmarks/estimate/): the issue's median goal holds;
-    every row stays within 35% (the worst, +33.5%, is torchtitan's Llama 3 8B over 64 GPUs on 8 nodes,
-    whose inter-node FSDP traffic the per-GPU estimate does not model)."""
+def test_published_throughputs_meet_the_goals():
+    """The committed CSV of published measurements (benchmarks/estimate/): median within 10%, worst
+    within 20% (issue 15's goals). Deterministic: the estimate has no measured input."""
     results = _bench().compare()
     assert len(results) >= 15
     errors = sorted(abs(err) for _, _, err in results)
     assert errors[len(errors) // 2] <= 0.10
-    assert errors[-1] <= 0.35
+    assert errors[-1] <= 0.20
     for row, _, _ in results:
         assert row["source"].strip() and row["gpu"] and float(row["tokens_per_s_per_gpu"]) > 0
 
@@ -121,3 +123,34 @@ def test_backward_moves_about_twice_the_forward_bytes_on_the_real_step():
     spec.loader.exec_module(module)
     forward, backward = module.count(PRESETS["tiny"], seq_len=64, batch=4, split=True)
     assert 1.5 <= backward / forward <= 2.1
+
+
+def test_overlapped_collectives_slow_the_compute_or_bound_the_step():
+    k = OVERLAP_SLOWDOWN
+    assert overlapped_s(2.0, 0.0) == 2.0
+    assert overlapped_s(2.0, 1.0) == pytest.approx(2.0 + 1.0 * (1 - 1 / (1 + k)))
+    assert overlapped_s(2.0, 2.0 * (1 + k)) == pytest.approx(2.0 * (1 + k))  # the two branches meet
+    assert overlapped_s(2.0, 5.0) == 5.0  # the link is the bound
+    est = estimate_step("a100-80gb", "bf16", 4096, shape=LLAMA_1B, fsdp=True, comm_s=0.3)
+    compute = est.weights_s + est.launch_s + 2 * est.sample_s
+    assert est.step_s(2, accum=3) == pytest.approx(3 * overlapped_s(compute, 0.3) + est.optimizer_s)
+
+
+def test_fsdp_collectives_are_two_half_precision_gathers_and_an_fp32_reduce_scatter():
+    # 8 devices, 1e9 parameters: 7/8 · 1e9 · (2 + 2 + 4) bytes over 2400 Gbit/s
+    assert fsdp_collective_s(1e9, 8, 2400.0) == pytest.approx(7 / 8 * 1e9 * 8 * 8 / 2400e9)
+    assert fsdp_collective_s(1e9, 8, 2400.0, gather_bytes=4) == pytest.approx(7 / 8 * 1e9 * 12 * 8 / 2400e9)
+    assert fsdp_collective_s(1e9, 1, 2400.0) == 0.0
+
+
+def test_selective_op_recomputes_every_second_matmul_and_the_non_matmul_ops():
+    """torchtitan's op-level policy on a LLaMA block: q, k, v, o, gate, up, down; k, o and up recomputed."""
+    shape = Shape.of(PRESETS["llama-3.1-8b"])
+    h, kv, f, layers = shape.hidden, shape.kv_dim, shape.ffn, shape.layers
+    base = estimate_step("a100-80gb", "bf16", 8192, shape=shape)
+    sac = estimate_step("a100-80gb", "bf16", 8192, shape=shape, recompute="selective-op")
+    mm_s = 8192 * 2 * layers * (h * kv + h * h + h * f) / (312e12 * MATMUL_EFFICIENCY["a100-80gb"])
+    block_bytes = layers * (ACT_BYTES_H * h + ACT_BYTES_KV * kv + ACT_BYTES_FFN_GATED * f)  # forward only
+    assert sac.sample_s - base.sample_s == pytest.approx(mm_s + 8192 * block_bytes / 2039e9)
+    full = estimate_step("a100-80gb", "bf16", 8192, shape=shape, recompute="full")
+    assert base.sample_s < sac.sample_s < full.sample_s

@@ -10,12 +10,13 @@ import pandas as pd
 import pytest
 
 from calibrate.catalog import get_gpu
+from calibrate.estimate import OVERLAP_SLOWDOWN
 from simulator.cli import plan_main, simulate_main
 from simulator.memory import LAYOUT_ORDER, Layout, activation_bytes_per_sample, state_bytes, step_memory_bytes, transient_bytes
 from simulator.network import HOST_LINK_GBPS, node_outer_step_s, sync_s
 from simulator.scenario import builtin_names, load_scenario
 from simulator.strategies import STRATEGIES, make_plan
-from simulator.timing import gpu_step_coefficients, intra_node_comm_s, node_timings
+from simulator.timing import gpu_estimate, gpu_step_coefficients, intra_node_comm_s, node_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_8B = "llama-3.1-8b"  # calibrate/presets.py: Meta's Llama-3.1-8B config
@@ -92,17 +93,22 @@ def test_timing_of_each_layout(tmp_path):
     assert t0 - t0_sharded == pytest.approx(92 * PSI * (1 - 1 / 4) / (spec.memory_bandwidth_gbs * 1e9))
 
 
-def test_fsdp_node_takes_max_of_compute_and_collectives_plus_the_exposed_layer(tmp_path):
-    s = tiny(tmp_path, training='sharding = "fsdp"\nactivation_checkpointing = "none"')
+def test_fsdp_node_overlaps_compute_and_collectives_plus_the_exposed_layer(tmp_path):
+    """The collectives run behind the compute and slow it by OVERLAP_SLOWDOWN while they run,
+    unless they outlast it (then they are the step); the first gather and last reduce-scatter are exposed."""
+    # a 50 Gbit/s link inside the node: its collectives outlast batch 1's compute
+    s = tiny(tmp_path, gpus='{ "h100-sxm" = 4 }\nintra_node_gbps = 50', training='sharding = "fsdp"\nactivation_checkpointing = "none"')
     timing = node_timings(s)[0]
     layout = timing.layout
     assert (layout.sharding, layout.checkpointing, layout.devices) == ("fsdp", "none", 4)
-    t0, c = gpu_step_coefficients(s, "h100-sxm", layout)
+    est = gpu_estimate(s, "h100-sxm", layout)
+    per_batch_s = est.weights_s + est.launch_s
     comm, exposed = intra_node_comm_s(s, s.nodes[0], layout)
-    assert comm > c * 1  # this tiny model on NVLink: collectives exceed batch 1's compute
-    assert timing.step_s(1) == pytest.approx(t0 + comm + exposed)
-    big = int(comm / c) + 10
-    assert timing.step_s(big) == pytest.approx(t0 + c * big + exposed)
+    assert comm > (1 + OVERLAP_SLOWDOWN) * (per_batch_s + est.sample_s)
+    assert timing.step_s(1) == pytest.approx(est.optimizer_s + comm + exposed)
+    big = int(comm / est.sample_s) + 10
+    hidden = comm * (1 - 1 / (1 + OVERLAP_SLOWDOWN))  # the compute time the collectives cost
+    assert timing.step_s(big) == pytest.approx(est.optimizer_s + per_batch_s + est.sample_s * big + hidden + exposed)
 
 
 def test_outer_step_on_cpu_and_on_device(tmp_path):
