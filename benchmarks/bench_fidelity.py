@@ -78,7 +78,7 @@ WAN_MBIT_PER_FP32_BYTE = 2.0  # fp32 8 Mbit/s, fp16 4, int8 2
 WAN_LOCAL_STEPS = 8
 GOAL_ROUND_PCT, GOAL_IDLE_MEDIAN_PCT, GOAL_IDLE_WORST_PCT = 5.0, 3.0, 6.0
 GOAL_SYNC_MEDIAN_PCT, GOAL_SYNC_WORST_PCT = 5.0, 10.0
-CAL_REPEATS = 10
+CAL_REPEATS = 20  # timed steps per batch (the mean of each batch: less sampling noise than 10 gave)
 IDLE_FLOOR = 0.05  # % of idle only where the node waited at least this share of its round
 # Profiles: geodt calibrate --scenario benchmarks/fidelity/S.toml --batch 1,2,4,8,16 --repeats 20
 #           --out-dir profiles/fidelity/S; network: geodt calibrate --network --processes 2,3 ...

@@ -220,6 +220,7 @@ def profile_row(info: DeviceInfo, model: str, seq_len: int, dtype: str, m: Measu
         "device_name": info.device_name, "device_index": info.device_index, "gpu_key": info.gpu_key,
         "model": model, "seq_len": seq_len, "dtype": dtype, "batch_size": m.batch_size,
         "step_s_median": median,
+        "step_s_mean": float(np.mean(times)) if timed else None,
         "step_s_p10": float(np.percentile(times, 10)) if timed else None,
         "step_s_p90": float(np.percentile(times, 90)) if timed else None,
         "repeats": len(m.times_s) if timed else None,

@@ -16,10 +16,13 @@ from formats.files import read_regular_file, short
 
 COLUMNS: tuple[str, ...] = (
     "device_name", "device_index", "gpu_key", "model", "seq_len", "dtype", "batch_size",
-    "step_s_median", "step_s_p10", "step_s_p90", "repeats", "peak_mem_bytes", "mem_total_bytes",
+    "step_s_median", "step_s_mean", "step_s_p10", "step_s_p90", "repeats", "peak_mem_bytes", "mem_total_bytes",
     "oom", "tokens_per_s", "sm_util_pct", "mem_util_pct", "power_w", "torch_version",
     "cuda_version", "driver_version", "host", "measured_at",
 )
+# Columns a profile written before them lacks: read as empty (calibrate/profiles.py then uses
+# the median where the mean is missing).
+ADDED_COLUMNS: tuple[str, ...] = ("step_s_mean",)
 # Columns that must hold one value across the file: one profile = one device, model, shape.
 IDENTITY: tuple[str, ...] = ("device_name", "device_index", "gpu_key", "model", "seq_len", "dtype")
 MAX_PROFILE_BYTES = 64 << 20
@@ -57,6 +60,9 @@ def read_profile_frame(path: str | Path, *, drop_truncated: bool = False) -> pd.
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         raise ProfileError(f"{short(path)}: unreadable ({type(exc).__name__}); expected a profile CSV") from None
+    for column in ADDED_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = ""
     missing = [c for c in COLUMNS if c not in frame.columns]
     extra = [c for c in frame.columns if c not in COLUMNS]
     if missing:

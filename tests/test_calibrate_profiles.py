@@ -249,3 +249,28 @@ def test_fit_is_relative_so_small_batches_extrapolate_well():
     table = leave_one_out(ProfileModel.from_csv(path)).set_index("batch_size")
     assert abs(table.loc[1, "error_pct"]) < 25
     assert table["error_pct"].abs().max() < 25
+
+
+def test_the_mean_step_predicts_and_a_profile_without_it_uses_the_median(tmp_path):
+    """Rounds sum steps, so the mean is what t(b) is; a profile written before step_s_mean
+    existed loads, its median standing in."""
+    rows = [row(b, 0.01 * b) | {"step_s_mean": 0.0105 * b} for b in (1, 2, 4)]
+    model = ProfileModel.from_csv(write(tmp_path / "p.csv", rows))
+    assert [model.step_s(b) for b in (1, 2, 4)] == pytest.approx([0.0105, 0.021, 0.042], rel=1e-12)
+    path = write(tmp_path / "old.csv", [row(b, 0.01 * b) for b in (1, 2, 4)])
+    frame = pd.read_csv(path).drop(columns=["step_s_mean"])
+    frame.to_csv(path, index=False)
+    old = ProfileModel.from_csv(path)
+    assert [old.step_s(b) for b in (1, 2, 4)] == pytest.approx([0.01, 0.02, 0.04], rel=1e-12)
+
+
+def test_a_profile_row_carries_the_mean_of_its_timed_steps():
+    pytest.importorskip("torch", reason="calibrate.harness needs torch (pip install -e '.[calibrate]')")
+    from calibrate.harness import DeviceInfo, Measurement, profile_row
+
+    info = DeviceInfo(device="cpu", device_name="cpu", device_index=None, gpu_key="cpu", mem_total_bytes=None,
+                      driver_version=None, cuda_version=None)
+    m = Measurement(4)
+    m.times_s = [0.010, 0.011, 0.010, 0.030]  # one throttled step: the median misses it, the mean does not
+    r = profile_row(info, "tiny", 256, "fp32", m)
+    assert r["step_s_median"] == pytest.approx(0.0105) and r["step_s_mean"] == pytest.approx(0.01525)
