@@ -3,7 +3,8 @@
 One process per node of the scenario, each in its node's network namespace of a shaped WAN
 (real/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
 as the simulator's simulator/network.link_gbps gives it), runs real/sync.py's cross-node
-average exactly as the executor's node leaders do, for every payload dtype and collective
+average exactly as the executor's node leaders do (under their CPU limits: cpu_cores,
+cpu_quota), for every payload dtype and collective
 asked, over payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size),
 and times encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py):
 kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per parameter,
@@ -93,6 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     return _measure_and_write(args, scenario, list(zip([n.name for n in scenario.nodes], link_gbps(scenario))), out)
 
 
+def leader_limits(scenario) -> list[tuple]:
+    """Per node, the CPU limits of its leader (device 0) as the executor applies them: (cores, quota)."""
+    from calibrate.cpulimit import device_cores
+
+    return [(device_cores(n.cpu_cores, n.gpu_count, 0), n.cpu_quota) for n in scenario.nodes]
+
+
 def _measure_and_write(args, scenario, nodes, out: Path) -> int:
     from tqdm import tqdm
 
@@ -107,7 +115,8 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
         with tqdm(total=len(sizes), desc="shaped WAN", unit="size", file=sys.stderr) as bar:
             rows = measure_shaped(nodes, scenario.network.latency_ms, sizes, args.payload_dtypes, args.collectives,
                                   args.repeats, args.threads, bar.update,
-                                  lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True))
+                                  lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True),
+                                  leader_limits(scenario))
     except WanError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2

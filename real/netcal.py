@@ -213,15 +213,32 @@ def _spawn_and_collect(entry, args: tuple, processes: int, queue, progress) -> l
 
 
 def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:
-    """One node of the shaped WAN: into its namespace, then every (dtype, collective, size)
-    through real/sync.py's CrossNodeSync exactly as the executor's leaders average."""
+    """One node of the shaped WAN: into its namespace and under its leader's CPU limits (a node
+    with a CPU quota runs its share of the sync, copies, sums and encoding, at that quota in a
+    run), then every (dtype, collective, size) through real/sync.py's CrossNodeSync exactly as
+    the executor's leaders average."""
+    from real.wan import enter
+
+    enter(links[rank])  # before any socket exists
+    cores, quota = args_dict["limits"][rank]
+    cleanup = lambda: None  # noqa: E731
+    if cores is not None or quota is not None:
+        from calibrate.cpulimit import apply_cpu_limits
+
+        cleanup = apply_cpu_limits(cores, quota, f"geodt-netcal-{rank}")
+    try:
+        _shaped_rows(rank, world, store_path, links, args_dict, queue)
+    finally:
+        cleanup()
+
+
+def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:
+    """This node's rows (rank 0 queues them all, maxed over the ranks)."""
     import torch
     import torch.distributed as dist
 
     from real.sync import CrossNodeSync
-    from real.wan import enter
 
-    enter(links[rank])  # before any socket exists
     barrier, slowest = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows, gbps = [], [link.link_gbps for link in links]
@@ -243,16 +260,18 @@ def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dic
 
 
 def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: list[int], dtypes: list[str],
-                   collectives: list[str], repeats: int, threads: int, progress=None, describe=None) -> list:
+                   collectives: list[str], repeats: int, threads: int, progress=None, describe=None,
+                   limits: list[tuple] | None = None) -> list:
     """Rows (kind, size, [seconds], payload_dtype[, collective]) measured among one process per
     node, each in its node's namespace of a shaped WAN (real/wan.py) built for `nodes`
-    [(name, link_gbps)] and removed on every way out; WanError where it cannot be built."""
+    [(name, link_gbps)] and removed on every way out, under `limits` [(cores, quota)] per node
+    (None: none); WanError where it cannot be built."""
     import torch.multiprocessing as mp
 
     from real.wan import ShapedWan
 
     args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
-                 "threads": threads}
+                 "threads": threads, "limits": limits or [(None, None)] * len(nodes)}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with ShapedWan(nodes, latency_ms=latency_ms) as wan, \
