@@ -118,7 +118,7 @@ FLASH1_SLOWDOWN = 2.0
 ATTENTIONS = ("flash", "flash1", "eager")
 RECOMPUTE = ("none", "full", "selective-op")
 # Compute runs this much slower while a collective runs beside it: the average over GPT and LLaMA
-# training workloads on 4 A100s, H100s, MI250s and MI210s (Zhang et al., "Characterizing
+# training workloads on 4 A100s, H100s, MI250s and MI210s ("Characterizing
 # Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114,
 # abstract: "an average computational slowdown of 18.9%, with a maximum of 40.0%").
 OVERLAP_SLOWDOWN = 0.189
