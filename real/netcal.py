@@ -217,15 +217,12 @@ def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dic
     with a CPU quota runs its share of the sync, copies, sums and encoding, at that quota in a
     run), then every (dtype, collective, size) through real/sync.py's CrossNodeSync exactly as
     the executor's leaders average."""
+    from calibrate.cpulimit import apply_cpu_limits
     from real.wan import enter
 
     enter(links[rank])  # before any socket exists
     cores, quota = args_dict["limits"][rank]
-    cleanup = lambda: None  # noqa: E731
-    if cores is not None or quota is not None:
-        from calibrate.cpulimit import apply_cpu_limits
-
-        cleanup = apply_cpu_limits(cores, quota, f"geodt-netcal-{rank}")
+    cleanup = apply_cpu_limits(cores, quota, f"geodt-netcal-{rank}")  # (None, None): no limits
     try:
         _shaped_rows(rank, world, store_path, links, args_dict, queue)
     finally:

@@ -100,21 +100,21 @@ class CrossNodeSync:
         n, me, pieces = self.n, self.me, self.pieces
         peers = [j for j in range(n) if j != me]
         segments = torch.split(delta, self.lengths)
-        self.device = delta.device
+        device = delta.device
         # Scatter: piece k of segment j, encoded, to node j (tag k); own pieces stay here.
         parts = [[encode(seg[slice(*self.bounds[j][k])], self.dtype) for k in range(pieces)]
                  for j, seg in enumerate(segments)]
         sends = [self._send(parts[j][k], j, k) for k in range(pieces) for j in peers]
         sent = sum(parts[j][k].numel() for k in range(pieces) for j in peers)
-        mine = [[parts[me][k] if i == me else self._empty(me, k) for i in range(n)] for k in range(pieces)]
+        mine = [[parts[me][k] if i == me else self._empty(me, k, device) for i in range(n)] for k in range(pieces)]
         scatter_recvs = [[self._recv(mine[k][i], i, k) for i in peers] for k in range(pieces)]
-        gathered = [[None if j == me else self._empty(j, k) for k in range(pieces)] for j in range(n)]
+        gathered = [[None if j == me else self._empty(j, k, device) for k in range(pieces)] for j in range(n)]
         gather_recvs = [self._recv(gathered[j][k], j, pieces + k) for j in peers for k in range(pieces)]
         for k in range(pieces):
             for work in scatter_recvs[k]:
                 work.wait()
             start, end = self.bounds[me][k]
-            total = torch.zeros(end - start, dtype=torch.float32, device=delta.device)
+            total = torch.zeros(end - start, dtype=torch.float32, device=device)
             for i in range(n):  # node order: the same sum on whichever node aggregates
                 total += decode(mine[k][i], end - start, self.dtype)
             gathered[me][k] = encode(total, self.dtype)
@@ -126,10 +126,10 @@ class CrossNodeSync:
                for j in range(n) for k, (start, end) in enumerate(self.bounds[j])]
         return torch.cat(out), sent
 
-    def _empty(self, j: int, k: int) -> torch.Tensor:
+    def _empty(self, j: int, k: int, device: torch.device) -> torch.Tensor:
         """A buffer for node j's piece k, encoded."""
         start, end = self.bounds[j][k]
-        return torch.empty(encoded_bytes(end - start, self.dtype), dtype=torch.uint8, device=self.device)
+        return torch.empty(encoded_bytes(end - start, self.dtype), dtype=torch.uint8, device=device)
 
     def _send(self, buf: torch.Tensor, j: int, tag: int):
         return dist.isend(buf, group=self.group, group_dst=j, tag=tag)
