@@ -11,8 +11,9 @@ kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per pa
 whatever the dtype on the wire), payload_dtype, collective; kinds encode / decode as plain
 `geodt calibrate --network` writes them. Then a table of the measured sync against the
 simulator's price for it (wire time + encode/decode from these very rows), signed: by the
-byte count, and as the simulator prices it once the profile is the scenario's
-`network.profile` (the fit of these rows, simulator/network.py WireCost).
+byte count; the ratio f the simulator prices each size at once the profile is the scenario's
+`network.profile` (simulator/network.py WireCost); and the price of each size from the other
+sizes' rows alone (a held-out check of the interpolation).
 
 Lives in geodt/ because it needs both the scenario's links (simulator) and the executor's
 sync (real). Needs root (namespaces, veth, tc): without, one line naming what is missing, exit 2.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from formats.cli import OneLineParser
@@ -64,12 +66,19 @@ def parser() -> OneLineParser:
 def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float, wire=None) -> float:
     """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step): the
     byte count, or through `wire` (simulator.network.WireCost) the links as measured."""
-    from simulator.network import CodecCost, WireCost, link_gbps, wire_bytes_s_raw
+    from simulator.network import CodecCost, WireCost, link_gbps
 
     links, params = link_gbps(scenario), fp32_bytes / 4
-    bytes_s = wire_bytes_s_raw(collective, scenario.network.latency_ms, params * PAYLOAD_BYTES[dtype], links)
-    wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s)
+    wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s(scenario, dtype, collective, fp32_bytes))
     return float(wire_s) + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, links))
+
+
+def bytes_s(scenario, dtype: str, collective: str, fp32_bytes: float) -> float:
+    """The byte-count time of one average of fp32_bytes / 4 parameters on the scenario's links."""
+    from simulator.network import link_gbps, wire_bytes_s_raw
+
+    payload = fp32_bytes / 4 * PAYLOAD_BYTES[dtype]
+    return float(wire_bytes_s_raw(collective, scenario.network.latency_ms, payload, link_gbps(scenario)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,27 +144,34 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
 
 
 def comparison(scenario, model, frame):
-    """Per (dtype, collective, size): measured median sync against the simulator's byte-count
-    price (error_pct, signed) and against its price from these rows' fit (fitted_error_pct)."""
-    from dataclasses import replace
-
+    """Per (dtype, collective, size): the measured median sync against the simulator's byte-count
+    price (error_pct, signed), the ratio f it prices that size at from these rows (factor), and
+    its price from the other sizes' rows alone (held_out_error_pct: how well the interpolation
+    prices a size it did not measure)."""
     import pandas as pd
 
+    rows = []
+    for row in frame[frame.kind == "all_reduce"].itertuples():
+        key = (row.payload_dtype, row.collective)
+        others = tuple(r for r in model.shaped if (r[0], r[1]) != key or r[2] != row.size)
+        predicted = predicted_s(scenario, model, *key, row.size)
+        held_out = predicted_s(scenario, model, *key, row.size, _wire(scenario, replace(model, shaped=others)))
+        f = _wire(scenario, model).factor_raw(*key, bytes_s(scenario, *key, row.size))
+        rows.append({"payload_dtype": row.payload_dtype, "collective": row.collective, "fp32_bytes": row.size,
+                     "measured_s": row.seconds_median, "predicted_s": predicted,
+                     "error_pct": 100.0 * (row.seconds_median - predicted) / predicted,
+                     "factor": None if f is None else float(f),
+                     "held_out_error_pct": 100.0 * (row.seconds_median - held_out) / held_out})
+    return pd.DataFrame(rows)
+
+
+def _wire(scenario, model):
+    """simulator.network.wire_cost of the scenario with `model` as its network profile."""
     from simulator.network import wire_cost
 
     with_rows = replace(scenario)
     object.__setattr__(with_rows, "network_model", model)
-    wire = wire_cost(with_rows)
-    rows = []
-    for row in frame[frame.kind == "all_reduce"].itertuples():
-        predicted = predicted_s(scenario, model, row.payload_dtype, row.collective, row.size)
-        fitted = predicted_s(scenario, model, row.payload_dtype, row.collective, row.size, wire)
-        rows.append({"payload_dtype": row.payload_dtype, "collective": row.collective, "fp32_bytes": row.size,
-                     "measured_s": row.seconds_median, "predicted_s": predicted,
-                     "error_pct": 100.0 * (row.seconds_median - predicted) / predicted,
-                     "fitted_error_pct": 100.0 * (row.seconds_median - fitted) / fitted,
-                     "factor": wire.factor(row.payload_dtype, row.collective)})
-    return pd.DataFrame(rows)
+    return wire_cost(with_rows)
 
 
 if __name__ == "__main__":

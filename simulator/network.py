@@ -41,10 +41,14 @@ which the all-reduce's time includes. Without encode/decode rows in the profile 
 
 Measured links. A network profile with shaped-WAN all-reduce rows (`geodt calibrate --network
 --wan shaped --scenario S`, on the scenario's own links) replaces the byte count above by what
-those links delivered: per payload dtype and collective, the measured time less t_codec is
-fitted as t = a + f · t_bytes over the measured sizes (WireCost). f > 1 is what TCP makes of
-the links (Ethernet/IP/TCP headers, ACKs sharing the uplink, flows competing in one queue);
-rows of another dtype or collective leave that one at the byte count.
+those links delivered: per payload dtype and collective, the ratio f = (measured − t_codec) /
+t_bytes at each measured size, interpolated in log t_bytes between them and held beyond
+(WireCost); rows of another dtype or collective leave that one at the byte count. f > 1 is what
+TCP makes of the links (headers, ACKs queued behind data on a link busy both ways, flows
+competing in one queue), and it grows with the size: tbf's burst and queue and the socket
+buffers absorb the first few hundred KiB, so a line a + f·t_bytes through the points misprices
+the sizes between them (measured, fp32 partitioned on 8/8/4 Mbit/s: f = 1.10 at 64 KiB, 1.55
+at 1 MiB, 1.61 at 4 MiB; a relative-error line through 0 priced 1 MiB 16% short).
 
 The functions ending in `_raw` take plain numbers or numpy arrays (leading axes are
 independent scenarios), so the sweep computes exactly what the scalar path computes. The ring
@@ -163,44 +167,49 @@ def wire_bytes_s_raw(collective: str, latency_ms: float, payload_bytes_: float, 
 
 @dataclass(frozen=True)
 class WireCost:
-    """Per (payload_dtype, collective), the fit t = fixed_s + per_unit_s · t_bytes of measured
-    shaped-WAN all-reduces (module docstring); without a fit the byte count stands."""
+    """Per (payload_dtype, collective), the measured points (t_bytes, f) of shaped-WAN all-reduces,
+    t_bytes increasing (module docstring); without points the byte count stands."""
 
-    fits: tuple[tuple[tuple[str, str], object], ...] = ()
+    curves: tuple[tuple[tuple[str, str], tuple[tuple[float, ...], tuple[float, ...]]], ...] = ()
+
+    def factor_raw(self, payload_dtype: str, collective: str, bytes_s):
+        """f at t_bytes (any shape): interpolated in log t_bytes, held beyond the points; None unmeasured."""
+        curve = dict(self.curves).get((payload_dtype, collective))
+        if curve is None:
+            return None
+        xs, ratios = curve
+        with np.errstate(divide="ignore"):  # t_bytes = 0 (one node) takes the first ratio, times 0
+            return np.interp(np.log(np.asarray(bytes_s, dtype=float)), np.log(xs), ratios)
 
     def seconds_raw(self, payload_dtype: str, collective: str, bytes_s):
-        fit = dict(self.fits).get((payload_dtype, collective))
-        return bytes_s if fit is None else fit.fixed_s + fit.per_unit_s * np.asarray(bytes_s, dtype=float)
-
-    def factor(self, payload_dtype: str, collective: str) -> float | None:
-        fit = dict(self.fits).get((payload_dtype, collective))
-        return None if fit is None else fit.per_unit_s
+        f = self.factor_raw(payload_dtype, collective, bytes_s)
+        return bytes_s if f is None else f * np.asarray(bytes_s, dtype=float)
 
 
 def wire_cost(scenario: Scenario) -> WireCost:
-    """The network profile's shaped-WAN rows fitted on the scenario's links (none: the byte count)."""
+    """The network profile's shaped-WAN rows against the byte count on the scenario's links (none: the byte count)."""
     model = scenario.network_model
     if model is None or not model.shaped:
         return WireCost()
-    from calibrate.netprofile import fit_affine
-
     links, codec = link_gbps(scenario), codec_cost(scenario)
-    points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    points: dict[tuple[str, str], dict[float, float]] = {}
     for dtype, collective, fp32_bytes, seconds in model.shaped:
         params = fp32_bytes / 4
         bytes_s = float(wire_bytes_s_raw(collective, scenario.network.latency_ms, params * PAYLOAD_BYTES[dtype], links))
         on_wire_s = seconds - float(codec.seconds_raw(dtype, collective, params, links))
         if bytes_s > 0 and on_wire_s > 0:
-            points.setdefault((dtype, collective), []).append((bytes_s, on_wire_s))
-    return WireCost(tuple((key, fit_affine(*zip(*pts))) for key, pts in sorted(points.items())))
+            points.setdefault((dtype, collective), {})[bytes_s] = on_wire_s / bytes_s
+    return WireCost(tuple((key, (tuple(sorted(pts)), tuple(pts[x] for x in sorted(pts))))
+                          for key, pts in sorted(points.items())))
 
 
 def wire_note(scenario: Scenario) -> str:
-    """What the simulator's sync prices for the links, for the outputs."""
-    fits = wire_cost(scenario).fits
-    if not fits:
+    """What the simulator's sync prices for the links, for the outputs (f at the scenario's payload)."""
+    wire = wire_cost(scenario)
+    if not wire.curves:
         return "links priced by their byte count"
-    listed = ", ".join(f"{d} {c} ×{fit.per_unit_s:.2f}" for (d, c), fit in fits)
+    listed = ", ".join(f"{d} {c} ×{float(wire.factor_raw(d, c, _bytes_s(scenario, c, d))):.2f}"
+                       for (d, c), _ in wire.curves)
     return f"links priced as measured on the shaped WAN ({listed} the byte count)"
 
 

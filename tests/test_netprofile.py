@@ -316,16 +316,17 @@ def test_network_aware_keeps_fp32_where_int8_encoding_costs_more_than_it_saves(t
     assert after.comm_s == pytest.approx(min(sync_s(priced, fastest, c) for c in ("ring", "partitioned")), rel=1e-9)
 
 
-def _shaped_rows(scenario, dtype: str, collective: str, fixed_s: float, factor: float) -> pd.DataFrame:
-    """Shaped-WAN all-reduce rows made exactly: codec + fixed_s + factor · byte-count time."""
+def _shaped_rows(scenario, dtype: str, collective: str, factors) -> pd.DataFrame:
+    """Shaped-WAN all-reduce rows made exactly: codec + f · byte-count time, f = factors[k] at the
+    k-th size (64 KiB, 256 KiB, 1 MiB, 4 MiB of fp32)."""
     from simulator.network import codec_cost, link_gbps, wire_bytes_s_raw
     from formats.wire import PAYLOAD_BYTES
 
     links, rows = link_gbps(scenario), []
-    for fp32_bytes in (1 << 16, 1 << 18, 1 << 20, 1 << 22):
+    for fp32_bytes, factor in zip((1 << 16, 1 << 18, 1 << 20, 1 << 22), factors):
         params = fp32_bytes / 4
         bytes_s = float(wire_bytes_s_raw(collective, scenario.network.latency_ms, params * PAYLOAD_BYTES[dtype], links))
-        t = float(codec_cost(scenario).seconds_raw(dtype, collective, params, links)) + fixed_s + factor * bytes_s
+        t = float(codec_cost(scenario).seconds_raw(dtype, collective, params, links)) + factor * bytes_s
         rows.append({"kind": "all_reduce", "processes": len(links), "backend": "gloo+shaped", "size": fp32_bytes,
                      "seconds_median": t, "seconds_p10": t, "seconds_p90": t, "repeats": 3, "host": "h",
                      "torch_version": "x", "measured_at": "now", "payload_dtype": dtype, "collective": collective})
@@ -333,29 +334,43 @@ def _shaped_rows(scenario, dtype: str, collective: str, fixed_s: float, factor: 
 
 
 def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
-    """A profile with shaped-WAN all-reduces: the simulator fits measured − codec against its
-    byte count on the scenario's links (t = a + f·t_bytes) for that dtype and collective, in the
-    scalar path and the strategies' vector path alike; other pairs keep the byte count."""
+    """A profile with shaped-WAN all-reduces: the simulator prices that dtype and collective at the
+    measured ratio f = (measured − codec) / byte count, exactly at a measured size, interpolated
+    in log size between sizes and held beyond them, in the scalar path and the strategies' vector
+    path alike; other pairs keep the byte count. The ratios grow with the size as measured on
+    tbf links (1.10 at 64 KiB to 1.61 at 4 MiB): the old line a + f·t through the points priced
+    the 1 MiB point 16% short."""
     import numpy as np
 
-    from simulator.network import allreduce_s, codec_s, link_gbps, payload_bytes, wire_bytes_s_raw, wire_note
+    from simulator.network import WireCost, allreduce_s, codec_s, wire_cost, wire_note
     from simulator.scenario import load_scenario
     from simulator.strategies.tables import from_scenario
     from simulator.timing import node_timings
+    from geodt.netcal_wan import bytes_s
 
     host = pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()])
     host.to_csv(tmp_path / "net.csv", index=False)
     path = write_scenario(SCENARIO + THIRD_NODE, name="three.toml")
     before = load_scenario(str(path))
-    pd.concat([host, _shaped_rows(before, "int8", "partitioned", 0.01, 1.25)]).to_csv(tmp_path / "net.csv",
-                                                                                       index=False)
+    factors = (1.10, 1.23, 1.55, 1.61)
+    pd.concat([host, _shaped_rows(before, "int8", "partitioned", factors)]).to_csv(tmp_path / "net.csv", index=False)
     scenario = load_scenario(str(path))
-    links = link_gbps(scenario)
-    bytes_s = float(wire_bytes_s_raw("partitioned", scenario.network.latency_ms, payload_bytes(scenario, "int8"), links))
-    expected = 0.01 + 1.25 * bytes_s + codec_s(scenario, "int8", "partitioned")
-    assert allreduce_s(scenario, "int8", "partitioned") == pytest.approx(expected, rel=1e-6)
+    wire = wire_cost(scenario)
+    sizes = (1 << 16, 1 << 18, 1 << 20, 1 << 22)
+    at = [bytes_s(scenario, "int8", "partitioned", size) for size in sizes]
+    assert np.allclose(wire.seconds_raw("int8", "partitioned", np.array(at)), np.multiply(factors, at), rtol=1e-12)
+    middle = np.sqrt(at[2] * at[3])  # halfway in log size: halfway in f
+    assert wire.factor_raw("int8", "partitioned", middle) == pytest.approx((1.55 + 1.61) / 2, rel=1e-12)
+    assert wire.factor_raw("int8", "partitioned", at[0] / 10) == pytest.approx(1.10, rel=1e-12)  # held beyond
+    assert wire.factor_raw("int8", "partitioned", at[3] * 10) == pytest.approx(1.61, rel=1e-12)
+    assert wire.factor_raw("fp32", "ring", 1.0) is None and WireCost().seconds_raw("fp32", "ring", 2.5) == 2.5
+    payload_s = bytes_s(scenario, "int8", "partitioned", 4 * scenario.model.param_count)
+    expected = float(wire.factor_raw("int8", "partitioned", payload_s)) * payload_s + codec_s(scenario, "int8",
+                                                                                               "partitioned")
+    assert allreduce_s(scenario, "int8", "partitioned") == pytest.approx(expected, rel=1e-12)
     assert allreduce_s(scenario, "fp32", "ring") == allreduce_s(before, "fp32", "ring")  # not measured: bytes
     _, net = from_scenario(scenario, node_timings(scenario))
-    assert np.allclose(net.allreduce_s("int8", "partitioned"), expected, rtol=1e-9)
-    assert wire_note(scenario) == "links priced as measured on the shaped WAN (int8 partitioned ×1.25 the byte count)"
+    assert np.allclose(net.allreduce_s("int8", "partitioned"), expected, rtol=1e-12)
+    f = float(wire.factor_raw("int8", "partitioned", payload_s))
+    assert wire_note(scenario) == f"links priced as measured on the shaped WAN (int8 partitioned ×{f:.2f} the byte count)"
     assert wire_note(before) == "links priced by their byte count"
