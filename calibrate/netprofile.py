@@ -27,7 +27,9 @@ The all-reduce fit takes the fp32 ring rows of backend gloo (all rows in older p
 Rows measured over a shaped WAN (backend `gloo+shaped`, `geodt calibrate --network --wan
 shaped --scenario S`: the scenario's own links) are kept whole in NetworkModel.shaped; the
 simulator (simulator/network.py WireCost) fits them against its byte-count price on those
-links, per payload dtype and collective, so what TCP makes of the links is priced as measured.
+links, per payload dtype and collective, so what TCP makes of the links is priced as measured;
+rows naming a node (NetworkModel.shaped_by_node) are that node's own times in the same
+measurement, from which the simulator takes each node's own sync end.
 """
 from __future__ import annotations
 
@@ -110,8 +112,10 @@ class NetworkModel:
     checkpoint: AffineFit | None
     # ((kind, payload_dtype), fit over fp32 bytes), kind encode | decode; empty: not measured.
     codec: tuple[tuple[tuple[str, str], AffineFit], ...] = ()
-    # Shaped-WAN all-reduces: (payload_dtype, collective, fp32 bytes averaged, median seconds).
+    # Shaped-WAN all-reduces: (payload_dtype, collective, fp32 bytes averaged, median seconds), each
+    # repeat's slowest process; shaped_by_node: (node, the same four), each node's own times.
     shaped: tuple[tuple[str, str, float, float], ...] = ()
+    shaped_by_node: tuple[tuple[str, str, str, float, float], ...] = ()
 
     @property
     def codec_measured(self) -> bool:
@@ -127,10 +131,11 @@ def read_network_profile(path: str | Path) -> NetworkModel:
     data = read_network_rows(path)
     ring = data[(data.kind == "all_reduce") & (data.processes >= 2) & (data.payload_dtype == "fp32")
                 & (data.collective == "ring") & (data.backend != SHAPED_BACKEND)]
-    shaped = data[(data.kind == "all_reduce") & (data.backend == SHAPED_BACKEND)]
+    shaped_all = data[(data.kind == "all_reduce") & (data.backend == SHAPED_BACKEND)]
+    shaped, by_node = shaped_all[shaped_all.node == ""], shaped_all[shaped_all.node != ""]
     outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
     codec = data[data.kind.isin(CODEC_KINDS)]
-    if ring.empty and outer.empty and ckpt.empty and codec.empty and shaped.empty:
+    if ring.empty and outer.empty and ckpt.empty and codec.empty and shaped_all.empty:
         raise NetProfileError(f"{path}: no rows; expected measurements from geodt calibrate --network")
     try:
         ring_fit = fit_ring(ring.processes, ring["size"], ring.seconds) if len(ring) >= 2 else None
@@ -144,4 +149,6 @@ def read_network_profile(path: str | Path) -> NetworkModel:
                     for (kind, dtype), rows in codec.groupby(["kind", "payload_dtype"], sort=True)),
         shaped=tuple((r.payload_dtype, r.collective, float(r.size), float(r.seconds))
                      for r in shaped.sort_values(["payload_dtype", "collective", "size"]).itertuples()),
+        shaped_by_node=tuple((r.node, r.payload_dtype, r.collective, float(r.size), float(r.seconds))
+                             for r in by_node.sort_values(["node", "payload_dtype", "collective", "size"]).itertuples()),
     )

@@ -6,6 +6,9 @@ One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV (docs
 bytes), `encode` and `decode` (real/sync.py's encode() of `size` fp32 elements into
 `payload_dtype`, and decode() back). The columns payload_dtype and collective are optional
 (profiles written before they existed still load): absent or empty, a row is fp32 and ring.
+So is `node`: empty, a row is every process's (each repeat's slowest); a scenario node's name,
+that node's own time in the same measurement (shaped-WAN all-reduces, where nodes on unequal
+links end the same average at different times).
 real/netcal.py writes it; calibrate/netprofile.py fits the simulator's models to it. Torch-free.
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ NET_COLUMNS: tuple[str, ...] = (
     "kind", "processes", "backend", "size", "seconds_median", "seconds_p10", "seconds_p90",
     "repeats", "host", "torch_version", "measured_at",
 )
-OPTIONAL_COLUMNS: tuple[str, ...] = ("payload_dtype", "collective")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("payload_dtype", "collective", "node")
 KINDS = ("all_reduce", "outer_step", "checkpoint", "encode", "decode")
 CODEC_KINDS = ("encode", "decode")
 SHAPED_BACKEND = "gloo+shaped"  # backend of rows measured over a shaped WAN (`--wan shaped`)
@@ -36,7 +39,7 @@ class NetProfileError(ValueError):
 
 def read_network_rows(path: str | Path) -> pd.DataFrame:
     """The profile's rows as kind, processes, size, seconds (the median), payload_dtype,
-    collective, each checked; NetProfileError naming the file, line and column otherwise."""
+    collective, node, each checked; NetProfileError naming the file, line and column otherwise."""
     path = Path(path)
     data = read_regular_file(path, "a network profile CSV (geodt calibrate --network)", MAX_BYTES, NetProfileError)
     try:
@@ -63,6 +66,6 @@ def read_network_rows(path: str | Path) -> pd.DataFrame:
         if collective not in COLLECTIVES:
             raise NetProfileError(f"{path}: line {i}: collective: expected one of {', '.join(COLLECTIVES)}, "
                                   f"got {collective!r}")
-        rows.append((row["kind"], processes, row["backend"], size, seconds, dtype, collective))
+        rows.append((row["kind"], processes, row["backend"], size, seconds, dtype, collective, row.get("node", "")))
     return pd.DataFrame(rows, columns=["kind", "processes", "backend", "size", "seconds", "payload_dtype",
-                                       "collective"])
+                                       "collective", "node"])

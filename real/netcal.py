@@ -92,7 +92,8 @@ def _time_all(repeats: int, fn, sync) -> list[float]:
 
 def _join_gloo(rank: int, world: int, store_path: str | None, threads: int | None):
     """Join the measuring group (env:// under torchrun, else the file store); returns
-    (barrier, slowest): a one-element all-reduce, and per-repeat times maxed over the ranks."""
+    (barrier, slowest, every): a one-element all-reduce, per-repeat times maxed over the ranks,
+    and every rank's times (a list per rank)."""
     import torch
     import torch.distributed as dist
 
@@ -111,7 +112,13 @@ def _join_gloo(rank: int, world: int, store_path: str | None, threads: int | Non
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
-    return barrier, slowest
+    def every(times: list[float]) -> list[list[float]]:
+        t = torch.tensor(times, dtype=torch.float64)
+        out = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(out, t)
+        return [o.tolist() for o in out]
+
+    return barrier, slowest, every
 
 
 def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, queue) -> None:
@@ -120,7 +127,7 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
 
     from real.diloco import OuterState
 
-    barrier, slowest = _join_gloo(rank, world, store_path, args_dict["threads"])
+    barrier, slowest, _ = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows = []
     repeats, ckpt_dir = args_dict["repeats"], args_dict["ckpt_dir"]
@@ -236,7 +243,7 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
 
     from real.sync import CrossNodeSync
 
-    barrier, slowest = _join_gloo(rank, world, store_path, args_dict["threads"])
+    barrier, slowest, every = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows, gbps = [], [link.link_gbps for link in links]
     for size in args_dict["sizes"]:
@@ -247,6 +254,9 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
                 sync = CrossNodeSync(None, world, rank, elements, dtype, collective, gbps)
                 times = _time_all(args_dict["repeats"], lambda: sync.average(delta, world), barrier)
                 rows.append(("all_reduce", size, slowest(times), dtype, collective))
+                # Each node's own times too: on unequal links the nodes end one average apart.
+                rows += [("all_reduce", size, own, dtype, collective, link.node)
+                         for link, own in zip(links, every(times))]
         rows.extend(codec_rows(elements, args_dict["repeats"], barrier, slowest))
         if rank == 0:
             queue.put(("progress", 1))
@@ -288,14 +298,14 @@ def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     records = []
     for n, rows in rows_by_n.items():
-        for kind, size, times, *tags in rows:  # tags: payload_dtype[, collective]
+        for kind, size, times, *tags in rows:  # tags: payload_dtype[, collective[, node]]
             deciles = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
             records.append({
                 "kind": kind, "processes": n, "backend": backend, "size": size,
                 "seconds_median": statistics.median(times), "seconds_p10": deciles[0], "seconds_p90": deciles[-1],
                 "repeats": repeats, "host": socket.gethostname(), "torch_version": torch.__version__,
                 "measured_at": stamp, "payload_dtype": (tags + ["fp32"])[0],
-                "collective": (tags + ["ring", "ring"])[1],
+                "collective": (tags + ["ring", "ring"])[1], "node": (tags + ["", "", ""])[2],
             })
     return pd.DataFrame(records, columns=list(NET_COLUMNS + OPTIONAL_COLUMNS))
 

@@ -16,7 +16,7 @@ from formats.plan import Plan
 from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
 from simulator.engine_analytic import run_analytic, run_streaming_analytic
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
-from simulator.network import checkpoint_s, outer_step_s
+from simulator.network import checkpoint_s, node_sync_offsets_s, outer_step_s
 from simulator.scenario import Scenario
 from simulator.workload import compute_matrix, segment_matrices
 
@@ -66,7 +66,7 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
     check_size(scenario, plan)
     if not plan.streaming:
         arrays = (run_simpy if engine == "simpy" else run_analytic)(
-            compute_matrix(scenario, plan), plan.comm_s, checkpoint_s(scenario))
+            compute_matrix(scenario, plan), node_comm_s(scenario, plan), checkpoint_s(scenario))
         timeline = _frame(plan, arrays, TIMELINE_COLUMNS)
         return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
     pre, delay = segment_matrices(scenario, plan)
@@ -77,6 +77,20 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
     else:
         rec = run_streaming_analytic(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario))
     return streaming_frames(plan, rec)
+
+
+def node_comm_s(scenario: Scenario, plan: Plan):
+    """A classic round's sync per node: plan.comm_s, each node's own end of the all-reduce where the
+    network profile measured it (simulator/network.py node_sync_offsets_s), else one number for all.
+    (Streaming syncs and sync-ddp's per-step all-reduces keep the collective's time.)"""
+    if plan.sync == "gradients":
+        return plan.comm_s
+    offsets = node_sync_offsets_s(scenario, plan.payload_dtype or scenario.network.payload_dtype,
+                                  plan.collective or scenario.network.collective)
+    by_name = dict(zip((n.name for n in scenario.nodes), offsets if offsets is not None else ()))
+    if any(p.node not in by_name for p in plan.nodes):
+        return plan.comm_s
+    return np.maximum(plan.comm_s + np.array([by_name[p.node] for p in plan.nodes]), 0.0)
 
 
 def outer_share_s(scenario: Scenario, plan: Plan) -> float:

@@ -1,8 +1,10 @@
 """The analytic path for synchronous rounds: the same arithmetic as the SimPy engine, vectorised.
 
 Round r starts at s_r; node i finishes at s_r + c[r, i]; the barrier opens at the latest
-finish; every node then syncs for comm_s; s_{r+1} = barrier_r + comm_s. Additions happen in
-the same order as SimPy's clock, so both paths agree to rounding. A checkpoint after each
+finish; every node then syncs for comm_s; s_{r+1} = barrier_r + comm_s. Where nodes' syncs end
+at different times (comm_s per node, measured per node on a shaped WAN), node i starts round
+r + 1 at barrier_r + comm_i and the barrier opens at max_i(s_{r,i} + c[r, i]). Additions happen
+in the same order as SimPy's clock, so both paths agree to rounding. A checkpoint after each
 sync (ckpt_s, the same on every node: each writes the same state) delays the next round.
 
 Streaming DiLoCo (`run_streaming_analytic`): the same idea one level down, a recurrence over
@@ -17,8 +19,31 @@ from __future__ import annotations
 import numpy as np
 
 
-def run_analytic(compute: np.ndarray, comm_s: float, ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
-    """Arrays (rounds × nodes) of compute_s, idle_s, comm_s, round_start_s, round_end_s."""
+def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
+    """Arrays (rounds × nodes) of compute_s, idle_s, comm_s, round_start_s, round_end_s; comm_s
+    one number, or one per node (nodes whose sync ends at different times, simulator/network.py
+    node_sync_offsets_s): a node that ends its sync early starts its next round early."""
+    rounds, n = compute.shape
+    comm = np.asarray(comm_s, dtype=float)
+    if comm.ndim == 0:
+        return _run_aligned(compute, float(comm), ckpt_s)
+    start = np.empty((rounds, n))
+    barrier = np.empty(rounds)
+    now = np.zeros(n)
+    for r in range(rounds):  # rounds is small next to nodes
+        start[r] = now
+        barrier[r] = (now + compute[r]).max()
+        now = barrier[r] + comm
+        if ckpt_s:
+            now = now + ckpt_s
+    finish = start + compute
+    end = barrier[:, None] + comm
+    return {"compute_s": compute, "idle_s": barrier[:, None] - finish, "comm_s": np.broadcast_to(comm, compute.shape),
+            "round_start_s": start, "round_end_s": end}
+
+
+def _run_aligned(compute: np.ndarray, comm_s: float, ckpt_s: float) -> dict[str, np.ndarray]:
+    """run_analytic when every node syncs for comm_s: every round starts at one time for all."""
     rounds, n = compute.shape
     start = np.empty(rounds)
     now = 0.0

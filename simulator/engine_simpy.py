@@ -61,13 +61,15 @@ def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, re
             yield timeout(ckpt_s)
 
 
-def run_simpy(compute: np.ndarray, comm_s: float, ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
-    """Simulate rounds × nodes; arrays (rounds × nodes) of the timeline columns."""
+def run_simpy(compute: np.ndarray, comm_s, ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
+    """Simulate rounds × nodes; arrays (rounds × nodes) of the timeline columns. comm_s: one
+    number, or one per node (each node's own sync time; it starts its next round when it ends)."""
     env = simpy.Environment()
     rounds, n = compute.shape
+    comm = np.broadcast_to(np.asarray(comm_s, dtype=float), (n,)).tolist()
     barrier, recorder = Barrier(env, n), Recorder(n)
     for i in range(n):
-        env.process(node_process(env, compute[:, i], comm_s, barrier, recorder.per_node[i].append, ckpt_s))
+        env.process(node_process(env, compute[:, i], comm[i], barrier, recorder.per_node[i].append, ckpt_s))
     env.run()
     rec = recorder.arrays()
     return {"compute_s": rec["done_s"] - rec["round_start_s"], "idle_s": rec["released_s"] - rec["done_s"],

@@ -186,14 +186,16 @@ class WireCost:
         return bytes_s if f is None else f * np.asarray(bytes_s, dtype=float)
 
 
-def wire_cost(scenario: Scenario) -> WireCost:
-    """The network profile's shaped-WAN rows against the byte count on the scenario's links (none: the byte count)."""
+def wire_cost(scenario: Scenario, node: str | None = None) -> WireCost:
+    """The network profile's shaped-WAN rows against the byte count on the scenario's links (none:
+    the byte count); node: that node's own rows (its own end of each average) instead."""
     model = scenario.network_model
-    if model is None or not model.shaped:
+    if model is None:
         return WireCost()
+    rows = model.shaped if node is None else [r[1:] for r in model.shaped_by_node if r[0] == node]
     links, codec = link_gbps(scenario), codec_cost(scenario)
     points: dict[tuple[str, str], dict[float, float]] = {}
-    for dtype, collective, fp32_bytes, seconds in model.shaped:
+    for dtype, collective, fp32_bytes, seconds in rows:
         params = fp32_bytes / 4
         bytes_s = float(wire_bytes_s_raw(collective, scenario.network.latency_ms, params * PAYLOAD_BYTES[dtype], links))
         on_wire_s = seconds - float(codec.seconds_raw(dtype, collective, params, links))
@@ -203,6 +205,25 @@ def wire_cost(scenario: Scenario) -> WireCost:
                           for key, pts in sorted(points.items())))
 
 
+def node_sync_offsets_s(scenario: Scenario, payload_dtype: str, collective: str) -> np.ndarray | None:
+    """Per node, its own end of the all-reduce less the collective's (≤ 0 but for noise), where the
+    network profile measured every node's own times for this dtype and collective; else None.
+
+    On unequal links the nodes end one average at different times: measured fp32 partitioned on
+    8/8/4 Mbit/s, 1 MiB, 2.83 s on the two fast links and 3.53 s on the slow one (its link busy
+    both ways, its ACKs queue behind its data). A node that ends early starts its next round
+    early and waits for the others at the next barrier instead (simulator/engine_analytic.py)."""
+    model = scenario.network_model
+    if model is None or not model.shaped_by_node:
+        return None
+    t_bytes = _bytes_s(scenario, collective, payload_dtype)
+    whole = wire_cost(scenario).factor_raw(payload_dtype, collective, t_bytes)
+    own = [wire_cost(scenario, n.name).factor_raw(payload_dtype, collective, t_bytes) for n in scenario.nodes]
+    if whole is None or any(f is None for f in own):
+        return None
+    return (np.array(own, dtype=float) - float(whole)) * t_bytes
+
+
 def wire_note(scenario: Scenario) -> str:
     """What the simulator's sync prices for the links, for the outputs (f at the scenario's payload)."""
     wire = wire_cost(scenario)
@@ -210,7 +231,12 @@ def wire_note(scenario: Scenario) -> str:
         return "links priced by their byte count"
     listed = ", ".join(f"{d} {c} ×{float(wire.factor_raw(d, c, _bytes_s(scenario, c, d))):.2f}"
                        for (d, c), _ in wire.curves)
-    return f"links priced as measured on the shaped WAN ({listed} the byte count)"
+    note = f"links priced as measured on the shaped WAN ({listed} the byte count)"
+    offsets = node_sync_offsets_s(scenario, scenario.network.payload_dtype, scenario.network.collective)
+    if offsets is not None:
+        ends = ", ".join(f"{n.name} {o:+.2f} s" for n, o in zip(scenario.nodes, offsets))
+        note += f"; each node's own end of it as measured ({ends})"
+    return note
 
 
 def codec_cost(scenario: Scenario) -> CodecCost:

@@ -7,6 +7,7 @@ can take longer on a busy machine, never less than its bytes at the link's rate.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -52,10 +53,18 @@ def test_shaped_calibration_measures_each_dtype_on_the_scenario_links(tmp_path, 
                  "--threads", "1", "--out", str(out)]) == 0
     frame = pd.read_csv(out)
     assert list(frame.columns) == list(NET_COLUMNS + OPTIONAL_COLUMNS)
-    reduce = frame[frame.kind == "all_reduce"]
-    assert set(reduce.backend) == {SHAPED_BACKEND} and set(reduce.processes) == {2}
+    frame["node"] = frame["node"].fillna("")
+    every = frame[frame.kind == "all_reduce"]
+    assert set(every.backend) == {SHAPED_BACKEND} and set(every.processes) == {2}
+    reduce = every[every.node == ""]  # each repeat's slowest process
     assert sorted(zip(reduce.payload_dtype, reduce["size"])) == sorted(
         (d, s) for d in ("fp32", "int8") for s in (64 << 10, 256 << 10, 1 << 20))
+    # and each node's own time in the same repeats: never above the slowest (one repeat: the max)
+    own = every[every.node != ""].pivot_table(index=["payload_dtype", "size"], columns="node",
+                                             values="seconds_median")
+    assert list(own.columns) == ["a", "b"] and len(own) == len(reduce)
+    slowest = reduce.set_index(["payload_dtype", "size"]).seconds_median.loc[own.index]
+    assert np.allclose(own.max(axis=1), slowest, rtol=1e-6)
     # 2 nodes: each sends half of the fp32 payload twice (reduce-scatter, all-gather) at 50 Mbit/s.
     one_mib = reduce.set_index(["payload_dtype", "size"]).seconds_median
     assert one_mib[("fp32", 1 << 20)] >= 0.95 * (1 << 20) * 8 / 50e6

@@ -374,3 +374,41 @@ def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
     f = float(wire.factor_raw("int8", "partitioned", payload_s))
     assert wire_note(scenario) == f"links priced as measured on the shaped WAN (int8 partitioned ×{f:.2f} the byte count)"
     assert wire_note(before) == "links priced by their byte count"
+
+
+def test_each_nodes_own_sync_end_moves_its_idle(tmp_path, write_scenario):
+    """Rows naming a node (that node's own times in the shaped calibration) give each node its own
+    end of the all-reduce: offset (f_i − f)·t_bytes from the collective's, f the slowest-process
+    rows' ratio. Nodes "one" and "two" measured at 70% and 85% of the slowest (fp32 ring: no
+    encoding) end that much earlier, start the next round early and wait that much longer at its
+    barrier. For a dtype not measured per node all nodes keep the one sync time."""
+    import numpy as np
+
+    from simulator.engine import node_comm_s, simulate
+    from simulator.network import allreduce_s, node_sync_offsets_s
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    host = pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()])
+    host.to_csv(tmp_path / "net.csv", index=False)
+    path = write_scenario(SCENARIO + THIRD_NODE, name="three.toml")
+    before = load_scenario(str(path))
+    whole = _shaped_rows(before, "fp32", "ring", (1.10, 1.23, 1.55, 1.61))
+    per_node = [whole.assign(node=name, seconds_median=whole.seconds_median * share)
+                for name, share in (("one", 0.7), ("two", 0.85), ("three", 1.0))]
+    pd.concat([host, whole, *per_node]).to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(path))
+    assert len(scenario.network_model.shaped) == 4 and len(scenario.network_model.shaped_by_node) == 12
+    offsets = node_sync_offsets_s(scenario, "fp32", "ring")
+    wire_s = allreduce_s(scenario, "fp32", "ring")
+    assert np.allclose(offsets, [-0.3 * wire_s, -0.15 * wire_s, 0.0], rtol=1e-12, atol=1e-15)
+    assert node_sync_offsets_s(scenario, "int8", "ring") is None  # not measured per node
+    plan = make_plan(scenario, "baseline")
+    comm = node_comm_s(scenario, plan)
+    assert np.array_equal(comm, plan.comm_s + offsets)
+    for engine in ("simpy", "analytic"):
+        timeline = simulate(scenario, plan, engine)
+        assert np.allclose(timeline.comm_s.to_numpy().reshape(2, 3), comm, rtol=0, atol=1e-12)
+        # round 1: each early node waits its early end longer than in round 0 (equal compute)
+        idle = timeline.pivot(index="round", columns="node", values="idle_s")[["one", "two", "three"]]
+        assert np.allclose(idle.loc[1] - idle.loc[0], -offsets, rtol=0, atol=1e-9)

@@ -59,6 +59,40 @@ def test_engines_agree_on_random_rounds(steps, rounds, comm_s):
         assert np.max(np.abs(np.asarray(a[key]) - np.asarray(b[key]))) <= 1e-9, key
 
 
+def test_hand_worked_per_node_sync():
+    """Nodes whose syncs end apart (measured per node on unequal links): a node that ends early
+    starts its next round early and waits longer at the next barrier. Compute 1 s and 2 s per
+    round, syncs 3 s (fast link) and 4 s (slow link). Round 0: barrier at 2, ends at 5 and 6.
+    Round 1 starts at 5 and 6, the barrier at max(6, 8) = 8, ends at 11 and 12."""
+    compute = np.array([[1.0, 2.0], [1.0, 2.0]])
+    for run in (run_simpy, run_analytic):
+        out = run(compute, np.array([3.0, 4.0]), 0.5)  # and a 0.5 s checkpoint after each sync
+        assert np.array_equal(out["round_start_s"], [[0.0, 0.0], [5.5, 6.5]])
+        assert np.array_equal(out["idle_s"], [[1.0, 0.0], [2.0, 0.0]])
+        assert np.array_equal(out["comm_s"], [[3.0, 4.0], [3.0, 4.0]])
+        assert np.array_equal(out["round_end_s"], [[5.0, 6.0], [11.5, 12.5]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    steps=st.lists(st.floats(1e-3, 10.0), min_size=1, max_size=12),
+    rounds=st.integers(1, 12),
+    comm_s=st.lists(st.floats(0.0, 100.0), min_size=12, max_size=12),
+    ckpt_s=st.sampled_from([0.0, 0.25]),
+)
+def test_engines_agree_with_a_sync_per_node(steps, rounds, comm_s, ckpt_s):
+    rng = np.random.default_rng(len(steps) * 1000 + rounds)
+    compute = np.array(steps) * rng.integers(1, 200, size=(rounds, len(steps)))
+    comm = np.array(comm_s[:len(steps)])
+    a, b = run_simpy(compute, comm, ckpt_s), run_analytic(compute, comm, ckpt_s)
+    for key in a:
+        assert np.max(np.abs(np.asarray(a[key]) - np.asarray(b[key]))) <= 1e-9, key
+    # equal syncs per node: exactly the one-number path's timeline
+    same = run_analytic(compute, np.full(len(steps), comm_s[0]), ckpt_s)
+    for key, value in run_analytic(compute, comm_s[0], ckpt_s).items():
+        assert np.array_equal(np.asarray(same[key]), np.asarray(value)), key
+
+
 # the fixture only writes a file, overwritten for each example
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
