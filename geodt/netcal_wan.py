@@ -4,11 +4,13 @@ One process per node of the scenario, each in its node's network namespace of a 
 (real/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
 as the simulator's simulator/network.link_gbps gives it), runs real/sync.py's cross-node
 average exactly as the executor's node leaders do (under their CPU limits: cpu_cores,
-cpu_quota), for every payload dtype and collective
-asked, over payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size),
-and times encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py):
+cpu_quota; between two averages each computes for its round of the scenario's batch and local
+steps, as between two syncs of a run), for every payload dtype and collective asked, over
+payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size), and times
+encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py):
 kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per parameter,
-whatever the dtype on the wire), payload_dtype, collective; kinds encode / decode as plain
+whatever the dtype on the wire), payload_dtype, collective, node (empty: each repeat's slowest
+process; a node's name: its own times); kinds encode / decode as plain
 `geodt calibrate --network` writes them. Then a table of the measured sync against the
 simulator's price for it (wire time + encode/decode from these very rows), signed: by the
 byte count; the ratio f the simulator prices each size at once the profile is the scenario's
@@ -110,6 +112,21 @@ def leader_limits(scenario) -> list[tuple]:
     return [(device_cores(n.cpu_cores, n.gpu_count, 0), n.cpu_quota) for n in scenario.nodes]
 
 
+def round_compute_s(scenario) -> list[float]:
+    """Per node, its compute in one round of the scenario's own batch and local steps (H × t(b)),
+    which it runs between two averages of the calibration as it would between two syncs.
+
+    Measured (wan-three, fp32 partitioned on 8/8/4 Mbit/s, 1 MiB, 6 repeats): back to back the
+    three nodes ended an average at 2.96, 2.96 and 3.13 s; computing between averages as in a
+    run, at 2.50, 2.54 and 3.72 s, as the run's syncs did (2.55, 2.43, 3.58 s; this 2-core
+    machine, each node under its CPU quota). Why the compute moves the ends apart was not
+    measured (the nodes' compute and the slow link's last transfers share two cores)."""
+    from simulator.timing import node_timings
+
+    b, h = scenario.training.batch_size, scenario.training.local_steps
+    return [h * timing.step_s(b) for timing in node_timings(scenario)]
+
+
 def _measure_and_write(args, scenario, nodes, out: Path) -> int:
     from tqdm import tqdm
 
@@ -120,12 +137,15 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
 
     prog = "geodt calibrate --network --wan shaped"
     sizes = sizes_bytes(args.max_mib)
+    compute_s = round_compute_s(scenario)
+    print(f"{prog}: between averages each node computes its round, as in a run: "
+          + ", ".join(f"{name} {t:.2f} s" for (name, _), t in zip(nodes, compute_s)), file=sys.stderr)
     try:
         with tqdm(total=len(sizes), desc="shaped WAN", unit="size", file=sys.stderr) as bar:
             rows = measure_shaped(nodes, scenario.network.latency_ms, sizes, args.payload_dtypes, args.collectives,
                                   args.repeats, args.threads, bar.update,
                                   lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True),
-                                  leader_limits(scenario))
+                                  leader_limits(scenario), compute_s)
     except WanError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -151,7 +171,8 @@ def comparison(scenario, model, frame):
     import pandas as pd
 
     rows = []
-    for row in frame[frame.kind == "all_reduce"].itertuples():
+    every = frame[frame.kind == "all_reduce"]
+    for row in every[every.node.fillna("") == ""].itertuples():  # each repeat's slowest process
         key = (row.payload_dtype, row.collective)
         others = tuple(r for r in model.shaped if (r[0], r[1]) != key or r[2] != row.size)
         predicted = predicted_s(scenario, model, *key, row.size)
@@ -169,9 +190,7 @@ def _wire(scenario, model):
     """simulator.network.wire_cost of the scenario with `model` as its network profile."""
     from simulator.network import wire_cost
 
-    with_rows = replace(scenario)
-    object.__setattr__(with_rows, "network_model", model)
-    return wire_cost(with_rows)
+    return wire_cost(replace(scenario, network_model=model))
 
 
 if __name__ == "__main__":

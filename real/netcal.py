@@ -78,16 +78,36 @@ def sizes_bytes(max_mib: int) -> list[int]:
     return sizes
 
 
-def _time_all(repeats: int, fn, sync) -> list[float]:
-    """Seconds of fn() per repeat on this rank, after a warm-up; every rank starts together."""
+def _time_all(repeats: int, fn, sync, after=None) -> list[float]:
+    """Seconds of fn() per repeat on this rank, after a warm-up; every rank starts together;
+    after(): what the rank does between fn() and the next start (untimed)."""
     fn()
     times = []
     for _ in range(repeats):
+        if after is not None:
+            after()
         sync()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
     return times
+
+
+def _computing(seconds: float):
+    """A callable that keeps this process computing (float32 matmuls, its torch threads) for
+    `seconds` of wall time, as a node's inner steps do between two syncs; None for 0."""
+    import torch
+
+    if seconds <= 0:
+        return None
+    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+
+    def compute() -> None:
+        end = time.perf_counter() + seconds
+        x = a
+        while time.perf_counter() < end:
+            x = torch.tanh(x @ a)
+    return compute
 
 
 def _join_gloo(rank: int, world: int, store_path: str | None, threads: int | None):
@@ -246,13 +266,14 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
     barrier, slowest, every = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows, gbps = [], [link.link_gbps for link in links]
+    compute = _computing(args_dict["compute_s"][rank])
     for size in args_dict["sizes"]:
         elements = size // 4
         delta = torch.randn(elements, generator=torch.Generator().manual_seed(rank))
         for dtype in args_dict["dtypes"]:
             for collective in args_dict["collectives"]:
                 sync = CrossNodeSync(None, world, rank, elements, dtype, collective, gbps)
-                times = _time_all(args_dict["repeats"], lambda: sync.average(delta, world), barrier)
+                times = _time_all(args_dict["repeats"], lambda: sync.average(delta, world), barrier, compute)
                 rows.append(("all_reduce", size, slowest(times), dtype, collective))
                 # Each node's own times too: on unequal links the nodes end one average apart.
                 rows += [("all_reduce", size, own, dtype, collective, link.node)
@@ -268,17 +289,19 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
 
 def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: list[int], dtypes: list[str],
                    collectives: list[str], repeats: int, threads: int, progress=None, describe=None,
-                   limits: list[tuple] | None = None) -> list:
-    """Rows (kind, size, [seconds], payload_dtype[, collective]) measured among one process per
-    node, each in its node's namespace of a shaped WAN (real/wan.py) built for `nodes`
+                   limits: list[tuple] | None = None, compute_s: list[float] | None = None) -> list:
+    """Rows (kind, size, [seconds], payload_dtype[, collective[, node]]) measured among one process
+    per node, each in its node's namespace of a shaped WAN (real/wan.py) built for `nodes`
     [(name, link_gbps)] and removed on every way out, under `limits` [(cores, quota)] per node
-    (None: none); WanError where it cannot be built."""
+    (None: none), each node computing for its `compute_s` (None: 0) between two averages as it
+    would between two syncs of a run; WanError where it cannot be built."""
     import torch.multiprocessing as mp
 
     from real.wan import ShapedWan
 
     args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
-                 "threads": threads, "limits": limits or [(None, None)] * len(nodes)}
+                 "threads": threads, "limits": limits or [(None, None)] * len(nodes),
+                 "compute_s": compute_s or [0.0] * len(nodes)}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with ShapedWan(nodes, latency_ms=latency_ms) as wan, \

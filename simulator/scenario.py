@@ -166,7 +166,8 @@ class Scenario:
     diloco: DilocoConfig = field(default_factory=DilocoConfig)
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
     source: str = field(default="", compare=False)
-    network_model: Any = field(default=None, init=False, compare=False, repr=False)  # NetworkModel
+    # The loaded network profile (NetworkModel); an init field so that dataclasses.replace keeps it.
+    network_model: Any = field(default=None, compare=False, repr=False)
 
     @property
     def base_dir(self) -> Path | None:

@@ -121,3 +121,25 @@ def test_a_node_with_a_cpu_quota_syncs_at_that_quota(tmp_path, write_scenario):
     limited = fast.replace('name = "b"\ngpus = { "cpu" = 1 }', 'name = "b"\ngpus = { "cpu" = 1 }\ncpu_quota = 0.1')
     assert limited != fast
     assert sync_s(limited, "limited") >= 3 * sync_s(fast, "free")
+
+
+def test_each_node_computes_its_round_between_averages(write_scenario):
+    """As in a run, each node computes between two syncs: its round of the scenario's batch and
+    local steps (H × its step time: 2 × 0.1 s here), run untimed between timed averages."""
+    from geodt.netcal_wan import round_compute_s
+    from real.netcal import _computing, _time_all
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(str(write_scenario(SCENARIO)))
+    assert round_compute_s(scenario) == [2 * 0.1, 2 * 0.1]
+    calls = []
+    times = _time_all(3, lambda: calls.append("fn"), lambda: calls.append("sync"), lambda: calls.append("after"))
+    assert len(times) == 3
+    assert calls == ["fn"] + ["after", "sync", "fn"] * 3  # warm-up, then per repeat: compute, start together, time
+    assert _computing(0.0) is None
+    import time
+
+    compute = _computing(0.05)
+    start = time.perf_counter()
+    compute()
+    assert time.perf_counter() - start >= 0.05

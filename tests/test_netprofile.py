@@ -412,3 +412,30 @@ def test_each_nodes_own_sync_end_moves_its_idle(tmp_path, write_scenario):
         # round 1: each early node waits its early end longer than in round 0 (equal compute)
         idle = timeline.pivot(index="round", columns="node", values="idle_s")[["one", "two", "three"]]
         assert np.allclose(idle.loc[1] - idle.loc[0], -offsets, rtol=0, atol=1e-9)
+
+
+def test_validate_prediction_keeps_the_network_profile_in_every_draw(tmp_path, write_scenario):
+    """With per-step jitter `geodt validate` predicts the mean of VARIABILITY_SAMPLES draws, each a
+    copy of the scenario with another seed. The copies lost the network profile (an init=False
+    field that dataclasses.replace resets), so 31 of 32 draws had no checkpoint time and no
+    per-node sync ends: the mean gap between a round's end and the next round's start was
+    ckpt/32, now the measured checkpoint time."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from geodt.run_cmd import predicted_timeline
+    from simulator.network import checkpoint_s
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    _rows().to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(write_scenario(SCENARIO + "[simulation]\njitter_cv = 0.1\n")))
+    assert replace(scenario, seed=1).network_model is scenario.network_model
+    ckpt = checkpoint_s(scenario)
+    assert ckpt > 0
+    plan = make_plan(scenario, "baseline")
+    timeline = predicted_timeline(scenario, plan, "analytic")
+    by_round = timeline.pivot(index="round", columns="node", values=["round_start_s", "round_end_s"])
+    gap = by_round["round_start_s"].loc[1] - by_round["round_end_s"].loc[0]
+    assert np.allclose(gap, ckpt, rtol=1e-9)
