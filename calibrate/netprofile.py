@@ -149,6 +149,6 @@ def read_network_profile(path: str | Path) -> NetworkModel:
                     for (kind, dtype), rows in codec.groupby(["kind", "payload_dtype"], sort=True)),
         shaped=tuple((r.payload_dtype, r.collective, float(r.size), float(r.seconds))
                      for r in shaped.sort_values(["payload_dtype", "collective", "size"]).itertuples()),
-        shaped_by_node=tuple((r.node, r.payload_dtype, r.collective, float(r.size), float(r.seconds))
-                             for r in by_node.sort_values(["node", "payload_dtype", "collective", "size"]).itertuples()),
+        shaped_by_node=tuple((r.node, r.payload_dtype, r.collective, float(r.size), float(r.seconds)) for r in
+                             by_node.sort_values(["node", "payload_dtype", "collective", "size"]).itertuples()),
     )

@@ -372,7 +372,8 @@ def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
     _, net = from_scenario(scenario, node_timings(scenario))
     assert np.allclose(net.allreduce_s("int8", "partitioned"), expected, rtol=1e-12)
     f = float(wire.factor_raw("int8", "partitioned", payload_s))
-    assert wire_note(scenario) == f"links priced as measured on the shaped WAN (int8 partitioned ×{f:.2f} the byte count)"
+    assert wire_note(scenario) == ("links priced as measured on the shaped WAN "
+                                   f"(int8 partitioned ×{f:.2f} the byte count)")
     assert wire_note(before) == "links priced by their byte count"
 
 
