@@ -47,7 +47,7 @@ t_bytes at each measured size, interpolated in log t_bytes between them and held
 TCP makes of the links (headers, ACKs queued behind data on a link busy both ways, flows
 competing in one queue), and it grows with the size: tbf's burst and queue and the socket
 buffers absorb the first few hundred KiB, so a line a + f·t_bytes through the points misprices
-the sizes between them (measured, fp32 partitioned on 8/8/4 Mbit/s: f = 1.10 at 64 KiB, 1.55
+the sizes between them (measured, fp32 partitioned on 8/8/4 Mbit/s: f = 1.09 at 64 KiB, 1.55
 at 1 MiB, 1.61 at 4 MiB; a relative-error line through 0 priced 1 MiB 16% short).
 
 The functions ending in `_raw` take plain numbers or numpy arrays (leading axes are

@@ -338,7 +338,7 @@ def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
     measured ratio f = (measured − codec) / byte count, exactly at a measured size, interpolated
     in log size between sizes and held beyond them, in the scalar path and the strategies' vector
     path alike; other pairs keep the byte count. The ratios grow with the size as measured on
-    tbf links (1.10 at 64 KiB to 1.61 at 4 MiB): the old line a + f·t through the points priced
+    tbf links (1.09 at 64 KiB to 1.61 at 4 MiB): the old line a + f·t through the points priced
     the 1 MiB point 16% short."""
     import numpy as np
 
