@@ -72,25 +72,32 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
     pre, delay = segment_matrices(scenario, plan)
     outer = outer_share_s(scenario, plan)
     allreduce = max(plan.comm_s - outer, 0.0)
-    if engine == "simpy":
-        rec = run_streaming_simpy(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario))
-    else:
-        rec = run_streaming_analytic(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario))
+    run = run_streaming_simpy if engine == "simpy" else run_streaming_analytic
+    rec = run(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario),
+              node_offsets_s=node_offsets_s(scenario, plan))
     return streaming_frames(plan, rec)
+
+
+def node_offsets_s(scenario: Scenario, plan: Plan) -> np.ndarray | None:
+    """Per plan node, its own end of one of the plan's all-reduces (a fragment's: 1/P of the
+    payload) less the collective's, where the network profile measured each node's own times
+    (simulator/network.py node_sync_offsets_s); None otherwise and for sync-ddp's per-step
+    all-reduces (the collective's time)."""
+    if plan.sync == "gradients":
+        return None
+    offsets = node_sync_offsets_s(scenario, plan.payload_dtype or scenario.network.payload_dtype,
+                                  plan.collective or scenario.network.collective, plan.fragments)
+    by_name = dict(zip((n.name for n in scenario.nodes), offsets if offsets is not None else ()))
+    if any(p.node not in by_name for p in plan.nodes):
+        return None
+    return np.array([by_name[p.node] for p in plan.nodes])
 
 
 def node_comm_s(scenario: Scenario, plan: Plan):
     """A classic round's sync per node: plan.comm_s, each node's own end of the all-reduce where the
-    network profile measured it (simulator/network.py node_sync_offsets_s), else one number for all.
-    (Streaming syncs and sync-ddp's per-step all-reduces keep the collective's time.)"""
-    if plan.sync == "gradients":
-        return plan.comm_s
-    offsets = node_sync_offsets_s(scenario, plan.payload_dtype or scenario.network.payload_dtype,
-                                  plan.collective or scenario.network.collective)
-    by_name = dict(zip((n.name for n in scenario.nodes), offsets if offsets is not None else ()))
-    if any(p.node not in by_name for p in plan.nodes):
-        return plan.comm_s
-    return np.maximum(plan.comm_s + np.array([by_name[p.node] for p in plan.nodes]), 0.0)
+    network profile measured it (node_offsets_s), else one number for all."""
+    offsets = node_offsets_s(scenario, plan)
+    return plan.comm_s if offsets is None else np.maximum(plan.comm_s + offsets, 0.0)
 
 
 def outer_share_s(scenario: Scenario, plan: Plan) -> float:
@@ -129,7 +136,7 @@ def classic_syncs(timeline: pd.DataFrame, plan: Plan, outer_s: float) -> pd.Data
 def streaming_frames(plan: Plan, rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(timeline, syncs) from the fragment-sync records (K × nodes, K = rounds × P)."""
     p = plan.fragments
-    end = np.asarray(rec["end_s"])[:, None]
+    end = rec["node_end_s"]  # each node's own end of each all-reduce (K × nodes)
     start = np.asarray(rec["start_s"])[:, None]
     merge = rec["merge_point_s"]
     waited = np.maximum(merge, end)

@@ -67,7 +67,8 @@ STREAM_FIELDS = ("compute_start_s", "sync_point_s", "merge_point_s", "resume_s")
 
 
 def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, outer_s, fragments: int,
-                           ckpt_s: float = 0.0, record: bool = True, syncs: int | None = None) -> dict[str, np.ndarray]:
+                           ckpt_s: float = 0.0, record: bool = True, syncs: int | None = None,
+                           node_offsets_s=None) -> dict[str, np.ndarray]:
     """Streaming DiLoCo's fragment syncs as a max-plus recurrence over them, vectorised over nodes
     (and over scenarios: a leading axis S, as the `streaming` strategy and the sweep use it).
 
@@ -79,10 +80,14 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
         merge point m_i = x_i + delay_i;    all-reduce end    e = s + allreduce_s
         c_i ← max(m_i, e) + outer_s   (then + ckpt_s after a round's last fragment)
 
-    (e_{k−1}: one process group runs its all-reduces in issue order.) The same operations in the
+    (e_{k−1}: one process group runs its all-reduces in issue order.) node_offsets_s (n,), ≤ 0:
+    each node's own end of the all-reduce, e_i = e + offset_i, measured per node on unequal links
+    (simulator/network.py node_sync_offsets_s); the node waits for its own end, the group's next
+    all-reduce for the last. The same operations in the
     same order as the SimPy engine's clock. syncs: K, when pre and delay hold fewer rows that repeat
     (row k % their length: one round's P rows of a deterministic plan). record: per sync the arrays of STREAM_FIELDS (K, [S,] n)
-    and start_s, end_s (K, [S]); else only the totals compute_s, idle_s, comm_s ([S,] n) and wall_s.
+    and start_s, end_s (K, [S]), node_end_s (K, [S,] n); else only the totals compute_s, idle_s,
+    comm_s ([S,] n) and wall_s.
     The wait at a merge point, max(m_i, e) − m_i, splits into idle, the part before the all-reduce
     started (min(wait, max(0, s − m_i)): the wait for the node that reached its sync point last),
     and exposed comm, the rest (the all-reduce ran and no compute hid it); comm = exposed + outer
@@ -98,7 +103,8 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     clock = np.zeros(shape)
     link_free = np.full(shape[:-1], -np.inf)
     totals = {name: np.zeros(shape) for name in ("compute_s", "idle_s", "comm_s")}
-    rec = {name: np.empty((k_total, *shape)) for name in STREAM_FIELDS} if record else None
+    offsets = None if node_offsets_s is None else np.asarray(node_offsets_s, dtype=float)
+    rec = {name: np.empty((k_total, *shape)) for name in (*STREAM_FIELDS, "node_end_s")} if record else None
     ends = np.empty((2, k_total, *shape[:-1])) if record else None
     for k in range(k_total):
         sync_point = clock + pre[k % period]
@@ -107,6 +113,8 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
         link_free = end
         merge_point = sync_point + delay[k % period]
         start_c, end_c = (start[..., None], end[..., None]) if end.ndim else (start, end)
+        if offsets is not None:
+            end_c = np.maximum(end_c + offsets, start_c)
         waited = np.maximum(merge_point, end_c)
         resume = waited + o_col
         wait = waited - merge_point
@@ -115,7 +123,7 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
         totals["idle_s"] += idle
         totals["comm_s"] += (wait - idle) + (resume - waited)
         if record:
-            for name, value in zip(STREAM_FIELDS, (clock, sync_point, merge_point, resume)):
+            for name, value in zip((*STREAM_FIELDS, "node_end_s"), (clock, sync_point, merge_point, resume, end_c)):
                 rec[name][k] = value
             ends[0, k], ends[1, k] = start, end
         clock = resume

@@ -83,49 +83,67 @@ class FragmentSync:
     """The fragment syncs of one process group: an all-reduce starts when the last node reaches
     the fragment's sync point and the group's previous all-reduce has ended (a group runs its
     collectives in issue order: FIFO, never two at once on the nodes' links), and lasts
-    allreduce_s. `arrive` is non-blocking: it returns the event of the all-reduce's end, which a
-    node waits for at the merge point."""
+    allreduce_s; node i's own end is offsets[i] (≤ 0) from it, where nodes were measured to end it
+    apart. `arrive(i)` is non-blocking: it returns the event of node i's end of the all-reduce,
+    which the node waits for at the merge point."""
 
-    def __init__(self, env: simpy.Environment, parties: int, allreduce_s: float):
+    def __init__(self, env: simpy.Environment, parties: int, allreduce_s: float, offsets=None):
         self.env, self.parties, self.allreduce_s = env, parties, allreduce_s
-        self._arrived, self._done = 0, env.event()
+        self.offsets = None if offsets is None else [float(o) for o in offsets]
+        self._arrived, self._done = 0, self._events()
         self.link_free = -np.inf
         self.spans: list[tuple[float, float]] = []  # (start, end) per sync, in order
+        self.node_ends: list[list[float]] = []  # per sync, each node's own end (with offsets)
 
-    def arrive(self) -> simpy.Event:
+    def _events(self):
+        """The next sync's end: one event for all nodes, or one per node where they end apart."""
+        if self.offsets is None:
+            return self.env.event()
+        return [self.env.event() for _ in range(self.parties)]
+
+    def arrive(self, node: int) -> simpy.Event:
         done = self._done
         self._arrived += 1
         if self._arrived == self.parties:
-            self._arrived, self._done = 0, self.env.event()
+            self._arrived, self._done = 0, self._events()
             if self.env.now >= self.link_free:
                 self._start(done)
             else:  # the previous all-reduce still holds the links: queue behind it
                 wait = self.env.timeout(self.link_free - self.env.now)
                 wait.callbacks.append(lambda _: self._start(done))
-        return done
+        return done if self.offsets is None else done[node]
 
-    def _start(self, done: simpy.Event) -> None:
+    def _start(self, done) -> None:
         start = self.env.now
-        self.link_free = start + self.allreduce_s  # the time the timeout below fires at
+        end = start + self.allreduce_s
+        self.link_free = end  # the time the timeout below fires at
+        events = [done] if self.offsets is None else done
+        ends = [end] if self.offsets is None else [max(end + o, start) for o in self.offsets]
+        self.node_ends.append(ends)
 
         def finish(_event) -> None:
             self.spans.append((start, self.env.now))
-            done.succeed()
+            for event, own in zip(events, ends):
+                if own >= end:
+                    event.succeed()
 
+        for event, own in zip(events, ends):  # nodes that end it early
+            if own < end:
+                self.env.timeout(own - start).callbacks.append(lambda _, e=event: e.succeed())
         self.env.timeout(self.allreduce_s).callbacks.append(finish)
 
 
-def stream_node_process(env, pre: list, delay: list, outer_s: float, sync: FragmentSync, record,
+def stream_node_process(env, node: int, pre: list, delay: list, outer_s: float, sync: FragmentSync, record,
                         fragments: int, ckpt_s: float = 0.0):
     """One node: per fragment sync, compute to the sync point, start the all-reduce, compute the τ
-    steps to the merge point, wait there for the all-reduce, apply the outer step."""
+    steps to the merge point, wait there for its end of the all-reduce, apply the outer step."""
     timeout, arrive = env.timeout, sync.arrive
     for k, (busy_s, window_s) in enumerate(zip(pre, delay)):
         begin = env.now
         if busy_s:
             yield timeout(busy_s)
         sync_point = env.now
-        done = arrive()
+        done = arrive(node)
         if window_s:
             yield timeout(window_s)
         merge_point = env.now
@@ -139,18 +157,20 @@ def stream_node_process(env, pre: list, delay: list, outer_s: float, sync: Fragm
 
 
 def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, outer_s: float, fragments: int,
-                        ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
+                        ckpt_s: float = 0.0, node_offsets_s=None) -> dict[str, np.ndarray]:
     """pre, delay (K × nodes): the fragment syncs' compute segments; the arrays of
     engine_analytic.run_streaming_analytic(record=True)."""
     env = simpy.Environment()
     k_total, n = pre.shape
-    sync, recorder = FragmentSync(env, n, float(allreduce_s)), Recorder(n)
+    sync, recorder = FragmentSync(env, n, float(allreduce_s), node_offsets_s), Recorder(n)
     for i in range(n):  # each node extends one flat list of floats: one array, built once
-        env.process(stream_node_process(env, pre[:, i].tolist(), delay[:, i].tolist(), float(outer_s), sync,
+        env.process(stream_node_process(env, i, pre[:, i].tolist(), delay[:, i].tolist(), float(outer_s), sync,
                                         recorder.per_node[i].extend, fragments, ckpt_s))
     env.run()
     table = np.array(recorder.per_node, dtype=float).reshape(n, k_total, 4)  # nodes × K × fields
     spans = np.array(sync.spans, dtype=float).reshape(k_total, 2)
     out = {name: table[:, :, f].T for f, name in enumerate(("compute_start_s", "sync_point_s", "merge_point_s",
                                                               "resume_s"))}
-    return {**out, "start_s": spans[:, 0], "end_s": spans[:, 1]}
+    ends = np.array(sync.node_ends, dtype=float)  # K × (1 or n)
+    return {**out, "start_s": spans[:, 0], "end_s": spans[:, 1],
+            "node_end_s": np.broadcast_to(ends, (k_total, n)).copy()}

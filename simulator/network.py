@@ -205,9 +205,11 @@ def wire_cost(scenario: Scenario, node: str | None = None) -> WireCost:
                           for key, pts in sorted(points.items())))
 
 
-def node_sync_offsets_s(scenario: Scenario, payload_dtype: str, collective: str) -> np.ndarray | None:
-    """Per node, its own end of the all-reduce less the collective's (≤ 0 but for noise), where the
-    network profile measured every node's own times for this dtype and collective; else None.
+def node_sync_offsets_s(scenario: Scenario, payload_dtype: str, collective: str,
+                        fragments: int = 1) -> np.ndarray | None:
+    """Per node, its own end of the all-reduce (of 1/fragments of the payload) less the
+    collective's (≤ 0: the collective's rows are each repeat's slowest), where the network profile
+    measured every node's own times for this dtype and collective; else None.
 
     On unequal links the nodes end one average at different times: measured fp32 partitioned on
     8/8/4 Mbit/s, 1 MiB, 2.83 s on the two fast links and 3.53 s on the slow one (its link busy
@@ -216,7 +218,8 @@ def node_sync_offsets_s(scenario: Scenario, payload_dtype: str, collective: str)
     model = scenario.network_model
     if model is None or not model.shaped_by_node:
         return None
-    t_bytes = _bytes_s(scenario, collective, payload_dtype)
+    t_bytes = float(wire_bytes_s_raw(collective, scenario.network.latency_ms,
+                                     payload_bytes(scenario, payload_dtype) / fragments, link_gbps(scenario)))
     whole = wire_cost(scenario).factor_raw(payload_dtype, collective, t_bytes)
     own = [wire_cost(scenario, n.name).factor_raw(payload_dtype, collective, t_bytes) for n in scenario.nodes]
     if whole is None or any(f is None for f in own):

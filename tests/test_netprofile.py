@@ -440,3 +440,32 @@ def test_validate_prediction_keeps_the_network_profile_in_every_draw(tmp_path, w
     by_round = timeline.pivot(index="round", columns="node", values=["round_start_s", "round_end_s"])
     gap = by_round["round_start_s"].loc[1] - by_round["round_end_s"].loc[0]
     assert np.allclose(gap, ckpt, rtol=1e-9)
+
+
+def test_streaming_fragments_end_apart_per_node_too(tmp_path, write_scenario):
+    """A Streaming DiLoCo plan (P = 2) on a profile with each node's own times: each fragment's
+    all-reduce (half the payload) ends at the node's own offset at that size, in both engines."""
+    import numpy as np
+
+    from simulator.engine import simulate_syncs
+    from simulator.network import node_sync_offsets_s
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    host = pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()])
+    host.to_csv(tmp_path / "net.csv", index=False)
+    path = write_scenario(SCENARIO + THIRD_NODE, name="three.toml")
+    whole = _shaped_rows(load_scenario(str(path)), "fp32", "ring", (1.10, 1.23, 1.55, 1.61))
+    per_node = [whole.assign(node=name, seconds_median=whole.seconds_median * share)
+                for name, share in (("one", 0.7), ("two", 0.85), ("three", 1.0))]
+    pd.concat([host, whole, *per_node]).to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(path), ["diloco.fragments=2"])
+    offsets = node_sync_offsets_s(scenario, "fp32", "ring", fragments=2)
+    assert offsets[0] < offsets[1] < offsets[2] == 0.0
+    assert not np.allclose(offsets, node_sync_offsets_s(scenario, "fp32", "ring"))  # the fragment's size
+    plan = make_plan(scenario, "baseline")
+    assert plan.fragments == 2
+    for engine in ("simpy", "analytic"):
+        _, syncs = simulate_syncs(scenario, plan, engine)
+        own = (syncs.end_s - syncs.start_s).to_numpy().reshape(-1, 3)
+        assert np.allclose(own - own[:, 2:], offsets, rtol=0, atol=1e-9)

@@ -168,6 +168,16 @@ def test_engines_agree_on_random_streaming_schedules(steps, step_s, fragments, a
     b = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt)
     for key in a:
         assert np.max(np.abs(np.asarray(a[key]) - np.asarray(b[key]))) <= 1e-9, key
+    # nodes that end each all-reduce apart (offsets ≤ 0, measured per node): the engines still agree,
+    # and offsets of 0 are the one-end schedule exactly
+    offsets = -allreduce_s * rng.uniform(0.0, 1.0, size=len(steps))
+    a_own = run_streaming_simpy(pre, delay, allreduce_s, outer_s, fragments, ckpt, node_offsets_s=offsets)
+    b_own = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt, node_offsets_s=offsets)
+    for key in a_own:
+        assert np.max(np.abs(np.asarray(a_own[key]) - np.asarray(b_own[key]))) <= 1e-9, key
+    zero = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt, node_offsets_s=np.zeros(len(steps)))
+    for key in b:
+        assert np.array_equal(np.asarray(zero[key]), np.asarray(b[key])), key
     totals = run_streaming_analytic(pre, delay, allreduce_s, outer_s, fragments, ckpt, record=False)
     assert totals["wall_s"] == pytest.approx(b["resume_s"][-1].max(), rel=1e-12)
 

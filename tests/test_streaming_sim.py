@@ -161,6 +161,27 @@ def test_a_fast_nodes_wait_splits_at_the_all_reduces_start(engine):
     assert timeline["round_end_s"].tolist() == [3.5, 6.0]
 
 
+@pytest.mark.parametrize("engine", ["simpy", "analytic"])
+def test_a_node_that_ends_the_all_reduce_early_merges_early_and_waits_at_the_next_start(engine):
+    # a and b: 1 s steps, τ = 1, all-reduce 3 s, a measured to end it 1.5 s before b. Sync 0:
+    # both at the sync point at 2, start 2, a's end 3.5, b's 5; both merge at 3: a exposed 0.5,
+    # b 2. Sync 1: a at its sync point at 5.5, b at 7 (start 7); a merges at 6.5 and waits: idle
+    # 0.5 until the start, then exposed until its own end 8.5 (1.5); b exposed 8 → 10 (2).
+    from simulator.engine import streaming_frames
+
+    run = run_streaming_simpy if engine == "simpy" else run_streaming_analytic
+    rec = run(np.array([[2.0, 2.0]] * 2), np.array([[1.0, 1.0]] * 2), 3.0, 0.0, 2, node_offsets_s=[-1.5, 0.0])
+    assert rec["start_s"].tolist() == [2.0, 7.0] and rec["end_s"].tolist() == [5.0, 10.0]
+    assert rec["node_end_s"].tolist() == [[3.5, 5.0], [8.5, 10.0]]
+    assert rec["resume_s"].tolist() == [[3.5, 5.0], [8.5, 10.0]]
+    plan = Plan(strategy="x", seq_len=8, comm_s=3.0, fragments=2, sync_delay_steps=1, nodes=(
+        NodePlan(node="a", gpus=1, batch_size=1, local_steps=6, step_s=1.0),
+        NodePlan(node="b", gpus=1, batch_size=1, local_steps=6, step_s=1.0)))
+    _, syncs = streaming_frames(plan, rec)
+    assert syncs[["idle_s", "exposed_s"]].to_numpy().tolist() == [[0.0, 0.5], [0.0, 2.0], [0.5, 1.5], [0.0, 2.0]]
+    assert syncs["end_s"].tolist() == [3.5, 5.0, 8.5, 10.0]
+
+
 def test_the_group_runs_its_all_reduces_in_issue_order():
     # Plans never overlap two all-reduces (τ < H/P); the engine still queues a second one FIFO
     # behind the first rather than sharing the links, as one process group runs its collectives.
