@@ -117,19 +117,22 @@ class FragmentSync:
         start = self.env.now
         end = start + self.allreduce_s
         self.link_free = end  # the time the timeout below fires at
-        events = [done] if self.offsets is None else done
-        ends = [end] if self.offsets is None else [max(end + o, start) for o in self.offsets]
-        self.node_ends.append(ends)
+        if self.offsets is None:
+            def finish(_event) -> None:
+                self.spans.append((start, self.env.now))
+                done.succeed()
+        else:
+            ends = [max(end + o, start) for o in self.offsets]
+            self.node_ends.append(ends)
+            for event, own in zip(done, ends):  # nodes that end it early
+                if own < end:
+                    self.env.timeout(own - start).callbacks.append(lambda _, e=event: e.succeed())
 
-        def finish(_event) -> None:
-            self.spans.append((start, self.env.now))
-            for event, own in zip(events, ends):
-                if own >= end:
-                    event.succeed()
-
-        for event, own in zip(events, ends):  # nodes that end it early
-            if own < end:
-                self.env.timeout(own - start).callbacks.append(lambda _, e=event: e.succeed())
+            def finish(_event) -> None:
+                self.spans.append((start, self.env.now))
+                for event, own in zip(done, ends):
+                    if own >= end:
+                        event.succeed()
         self.env.timeout(self.allreduce_s).callbacks.append(finish)
 
 
@@ -171,6 +174,6 @@ def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, 
     spans = np.array(sync.spans, dtype=float).reshape(k_total, 2)
     out = {name: table[:, :, f].T for f, name in enumerate(("compute_start_s", "sync_point_s", "merge_point_s",
                                                               "resume_s"))}
-    ends = np.array(sync.node_ends, dtype=float)  # K × (1 or n)
+    ends = spans[:, 1:] if node_offsets_s is None else np.array(sync.node_ends, dtype=float)  # K × (1 or n)
     return {**out, "start_s": spans[:, 0], "end_s": spans[:, 1],
             "node_end_s": np.broadcast_to(ends, (k_total, n)).copy()}
