@@ -95,9 +95,8 @@ def _run(cmd: list[str], attempts: int = 1) -> None:
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         if proc.returncode == 0:
             return
-    if proc.returncode != 0:
-        raise SystemExit(f"bench_fidelity: {' '.join(cmd[2:])} failed ({proc.returncode}): "
-                         f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+    raise SystemExit(f"bench_fidelity: {' '.join(cmd[2:])} failed ({proc.returncode}): "
+                     f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
 
 
 def fresh_profiles(scenario: str, work: Path) -> Path:

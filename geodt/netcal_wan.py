@@ -68,19 +68,11 @@ def parser() -> OneLineParser:
 def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float, wire=None) -> float:
     """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step): the
     byte count, or through `wire` (simulator.network.WireCost) the links as measured."""
-    from simulator.network import CodecCost, WireCost, link_gbps
+    from simulator.network import CodecCost, WireCost, bytes_s, link_gbps
 
-    links, params = link_gbps(scenario), fp32_bytes / 4
-    wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s(scenario, dtype, collective, fp32_bytes))
-    return float(wire_s) + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, links))
-
-
-def bytes_s(scenario, dtype: str, collective: str, fp32_bytes: float) -> float:
-    """The byte-count time of one average of fp32_bytes / 4 parameters on the scenario's links."""
-    from simulator.network import link_gbps, wire_bytes_s_raw
-
-    payload = fp32_bytes / 4 * PAYLOAD_BYTES[dtype]
-    return float(wire_bytes_s_raw(collective, scenario.network.latency_ms, payload, link_gbps(scenario)))
+    params = fp32_bytes / 4
+    wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s(scenario, collective, dtype, params))
+    return float(wire_s) + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, link_gbps(scenario)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,14 +162,16 @@ def comparison(scenario, model, frame):
     prices a size it did not measure)."""
     import pandas as pd
 
-    rows = []
+    from simulator.network import bytes_s
+
+    rows, wire = [], _wire(scenario, model)
     every = frame[frame.kind == "all_reduce"]
     for row in every[every.node.fillna("") == ""].itertuples():  # each repeat's slowest process
         key = (row.payload_dtype, row.collective)
         others = tuple(r for r in model.shaped if (r[0], r[1]) != key or r[2] != row.size)
         predicted = predicted_s(scenario, model, *key, row.size)
         held_out = predicted_s(scenario, model, *key, row.size, _wire(scenario, replace(model, shaped=others)))
-        f = _wire(scenario, model).factor_raw(*key, bytes_s(scenario, *key, row.size))
+        f = wire.factor_raw(*key, bytes_s(scenario, row.collective, row.payload_dtype, row.size / 4))
         rows.append({"payload_dtype": row.payload_dtype, "collective": row.collective, "fp32_bytes": row.size,
                      "measured_s": row.seconds_median, "predicted_s": predicted,
                      "error_pct": 100.0 * (row.seconds_median - predicted) / predicted,

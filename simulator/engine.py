@@ -14,7 +14,7 @@ import pandas as pd
 from formats.errors import InputError
 from formats.plan import Plan
 from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
-from simulator.engine_analytic import run_analytic, run_streaming_analytic
+from simulator.engine_analytic import run_analytic, run_streaming_analytic, wait_split
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import checkpoint_s, node_sync_offsets_s, outer_step_s
 from simulator.scenario import Scenario
@@ -87,10 +87,10 @@ def node_offsets_s(scenario: Scenario, plan: Plan) -> np.ndarray | None:
         return None
     offsets = node_sync_offsets_s(scenario, plan.payload_dtype or scenario.network.payload_dtype,
                                   plan.collective or scenario.network.collective, plan.fragments)
-    by_name = dict(zip((n.name for n in scenario.nodes), offsets if offsets is not None else ()))
-    if any(p.node not in by_name for p in plan.nodes):
+    if offsets is None:
         return None
-    return np.array([by_name[p.node] for p in plan.nodes])
+    by_name = dict(zip((n.name for n in scenario.nodes), offsets))
+    return np.array([by_name[p.node] for p in plan.nodes]) if all(p.node in by_name for p in plan.nodes) else None
 
 
 def node_comm_s(scenario: Scenario, plan: Plan):
@@ -139,10 +139,7 @@ def streaming_frames(plan: Plan, rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]
     end = rec["node_end_s"]  # each node's own end of each all-reduce (K × nodes)
     start = np.asarray(rec["start_s"])[:, None]
     merge = rec["merge_point_s"]
-    waited = np.maximum(merge, end)
-    wait = waited - merge  # split as engine_analytic.run_streaming_analytic's docstring says
-    idle = np.minimum(wait, np.maximum(start - merge, 0.0))
-    exposed = wait - idle
+    waited, idle, exposed, _ = wait_split(merge, start, end)
     outer = rec["resume_s"] - waited
     per_sync = {"compute_start_s": rec["compute_start_s"], "sync_point_s": rec["sync_point_s"], "start_s": start,
                 "end_s": end, "merge_point_s": merge, "idle_s": idle, "exposed_s": exposed, "outer_s": outer}

@@ -66,6 +66,17 @@ def _run_aligned(compute: np.ndarray, comm_s: float, ckpt_s: float) -> dict[str,
 STREAM_FIELDS = ("compute_start_s", "sync_point_s", "merge_point_s", "resume_s")
 
 
+def wait_split(merge_point, start, end, outer_s=0.0):
+    """A node's wait at a merge point for its end of the all-reduce: (waited, idle, exposed,
+    resume): idle is the part before the all-reduce started (the wait for the node that reached
+    its sync point last), exposed the rest (the all-reduce ran and no compute hid it), resume
+    the end of the outer step after it (docs/DESIGN.md, "Time accounting")."""
+    waited = np.maximum(merge_point, end)
+    wait = waited - merge_point
+    idle = np.minimum(wait, np.maximum(start - merge_point, 0.0))
+    return waited, idle, wait - idle, waited + outer_s
+
+
 def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, outer_s, fragments: int,
                            ckpt_s: float = 0.0, record: bool = True, syncs: int | None = None,
                            node_offsets_s=None) -> dict[str, np.ndarray]:
@@ -83,52 +94,42 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     (e_{k−1}: one process group runs its all-reduces in issue order.) node_offsets_s (n,), ≤ 0:
     each node's own end of the all-reduce, e_i = e + offset_i, measured per node on unequal links
     (simulator/network.py node_sync_offsets_s); the node waits for its own end, the group's next
-    all-reduce for the last. The same operations in the
-    same order as the SimPy engine's clock. syncs: K, when pre and delay hold fewer rows that repeat
-    (row k % their length: one round's P rows of a deterministic plan). record: per sync the arrays of STREAM_FIELDS (K, [S,] n)
-    and start_s, end_s (K, [S]), node_end_s (K, [S,] n); else only the totals compute_s, idle_s,
-    comm_s ([S,] n) and wall_s.
-    The wait at a merge point, max(m_i, e) − m_i, splits into idle, the part before the all-reduce
-    started (min(wait, max(0, s − m_i)): the wait for the node that reached its sync point last),
-    and exposed comm, the rest (the all-reduce ran and no compute hid it); comm = exposed + outer
-    step (docs/DESIGN.md, "Time accounting"; real/streaming.py measures the same split).
+    all-reduce for the last. The same operations in the same order as the SimPy engine's clock.
+    syncs: K, when pre and delay hold fewer rows that repeat (row k % their length: one round's P
+    rows of a deterministic plan). record: per sync the arrays of STREAM_FIELDS and node_end_s
+    (K, [S,] n), start_s and end_s (K, [S]); else only the totals compute_s, idle_s, comm_s ([S,] n)
+    and wall_s. The wait at a merge point splits as wait_split says; comm = exposed + outer step
+    (real/streaming.py measures the same split).
     """
     pre, delay = np.asarray(pre, dtype=float), np.asarray(delay, dtype=float)
     k_total = pre.shape[0] if syncs is None else syncs
-    period = pre.shape[0]
-    shape = pre.shape[1:]
+    period, shape = pre.shape[0], pre.shape[1:]
     a = np.asarray(allreduce_s, dtype=float)
     o = np.asarray(outer_s, dtype=float)
-    a_col, o_col = (a[..., None], o[..., None]) if a.ndim else (a, o)
+    o_col = o[..., None] if o.ndim else o
+    offsets = None if node_offsets_s is None else np.asarray(node_offsets_s, dtype=float)
     clock = np.zeros(shape)
     link_free = np.full(shape[:-1], -np.inf)
     totals = {name: np.zeros(shape) for name in ("compute_s", "idle_s", "comm_s")}
-    offsets = None if node_offsets_s is None else np.asarray(node_offsets_s, dtype=float)
     rec = {name: np.empty((k_total, *shape)) for name in (*STREAM_FIELDS, "node_end_s")} if record else None
     ends = np.empty((2, k_total, *shape[:-1])) if record else None
     for k in range(k_total):
         sync_point = clock + pre[k % period]
         start = np.maximum(sync_point.max(axis=-1), link_free)
-        end = start + a
-        link_free = end
+        end = link_free = start + a
         merge_point = sync_point + delay[k % period]
         start_c, end_c = (start[..., None], end[..., None]) if end.ndim else (start, end)
         if offsets is not None:
             end_c = np.maximum(end_c + offsets, start_c)
-        waited = np.maximum(merge_point, end_c)
-        resume = waited + o_col
-        wait = waited - merge_point
-        idle = np.minimum(wait, np.maximum(start_c - merge_point, 0.0))
+        waited, idle, exposed, resume = wait_split(merge_point, start_c, end_c, o_col)
         totals["compute_s"] += merge_point - clock
         totals["idle_s"] += idle
-        totals["comm_s"] += (wait - idle) + (resume - waited)
+        totals["comm_s"] += exposed + (resume - waited)
         if record:
             for name, value in zip((*STREAM_FIELDS, "node_end_s"), (clock, sync_point, merge_point, resume, end_c)):
                 rec[name][k] = value
             ends[0, k], ends[1, k] = start, end
-        clock = resume
-        if ckpt_s and (k + 1) % fragments == 0:
-            clock = clock + ckpt_s
+        clock = resume + ckpt_s if ckpt_s and (k + 1) % fragments == 0 else resume
     if not record:
         return {**totals, "wall_s": resume.max(axis=-1)}
     return {**rec, "start_s": ends[0], "end_s": ends[1]}

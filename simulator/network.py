@@ -197,10 +197,10 @@ def wire_cost(scenario: Scenario, node: str | None = None) -> WireCost:
     points: dict[tuple[str, str], dict[float, float]] = {}
     for dtype, collective, fp32_bytes, seconds in rows:
         params = fp32_bytes / 4
-        bytes_s = float(wire_bytes_s_raw(collective, scenario.network.latency_ms, params * PAYLOAD_BYTES[dtype], links))
+        t_bytes = bytes_s(scenario, collective, dtype, params)
         on_wire_s = seconds - float(codec.seconds_raw(dtype, collective, params, links))
-        if bytes_s > 0 and on_wire_s > 0:
-            points.setdefault((dtype, collective), {})[bytes_s] = on_wire_s / bytes_s
+        if t_bytes > 0 and on_wire_s > 0:
+            points.setdefault((dtype, collective), {})[t_bytes] = on_wire_s / t_bytes
     return WireCost(tuple((key, (tuple(sorted(pts)), tuple(pts[x] for x in sorted(pts))))
                           for key, pts in sorted(points.items())))
 
@@ -218,8 +218,7 @@ def node_sync_offsets_s(scenario: Scenario, payload_dtype: str, collective: str,
     model = scenario.network_model
     if model is None or not model.shaped_by_node:
         return None
-    t_bytes = float(wire_bytes_s_raw(collective, scenario.network.latency_ms,
-                                     payload_bytes(scenario, payload_dtype) / fragments, link_gbps(scenario)))
+    t_bytes = bytes_s(scenario, collective, payload_dtype, scenario.model.param_count / fragments)
     whole = wire_cost(scenario).factor_raw(payload_dtype, collective, t_bytes)
     own = [wire_cost(scenario, n.name).factor_raw(payload_dtype, collective, t_bytes) for n in scenario.nodes]
     if whole is None or any(f is None for f in own):
@@ -232,7 +231,7 @@ def wire_note(scenario: Scenario) -> str:
     wire = wire_cost(scenario)
     if not wire.curves:
         return "links priced by their byte count"
-    listed = ", ".join(f"{d} {c} ×{float(wire.factor_raw(d, c, _bytes_s(scenario, c, d))):.2f}"
+    listed = ", ".join(f"{d} {c} ×{float(wire.factor_raw(d, c, bytes_s(scenario, c, d))):.2f}"
                        for (d, c), _ in wire.curves)
     note = f"links priced as measured on the shaped WAN ({listed} the byte count)"
     offsets = node_sync_offsets_s(scenario, scenario.network.payload_dtype, scenario.network.collective)
@@ -265,14 +264,16 @@ def codec_s(scenario: Scenario, payload_dtype: str | None = None, collective: st
                                                   scenario.model.param_count / fragments, link_gbps(scenario)))
 
 
-def _bytes_s(scenario: Scenario, collective: str, payload_dtype: str | None) -> float:
-    """The byte-count time of the scenario's whole payload by `collective`."""
-    return float(wire_bytes_s_raw(collective, scenario.network.latency_ms, payload_bytes(scenario, payload_dtype),
-                                  link_gbps(scenario)))
+def bytes_s(scenario: Scenario, collective: str, payload_dtype: str | None = None, params: float | None = None) -> float:
+    """The byte-count time of one all-reduce by `collective` of `params` parameters (default the
+    model's) as payload_dtype on the scenario's links (no encoding, no measured links)."""
+    count = scenario.model.param_count if params is None else params
+    payload = count * PAYLOAD_BYTES[payload_dtype or scenario.network.payload_dtype]
+    return float(wire_bytes_s_raw(collective, scenario.network.latency_ms, payload, link_gbps(scenario)))
 
 
 def ring_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
-    return _bytes_s(scenario, "ring", payload_dtype)
+    return bytes_s(scenario, "ring", payload_dtype)
 
 
 def partitioned_seconds_per_gbit(links_gbps) -> np.ndarray:
@@ -293,7 +294,7 @@ def partitioned_allreduce_raw(latency_ms: float, payload_bytes_: float, links_gb
 
 
 def partitioned_allreduce_s(scenario: Scenario, payload_dtype: str | None = None) -> float:
-    return _bytes_s(scenario, "partitioned", payload_dtype)
+    return bytes_s(scenario, "partitioned", payload_dtype)
 
 
 def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective: str | None = None) -> float:
@@ -301,7 +302,7 @@ def allreduce_s(scenario: Scenario, payload_dtype: str | None = None, collective
     its encoding and decoding included (codec_s)."""
     collective = collective or scenario.network.collective
     dtype = payload_dtype or scenario.network.payload_dtype
-    wire_s = wire_cost(scenario).seconds_raw(dtype, collective, _bytes_s(scenario, collective, dtype))
+    wire_s = wire_cost(scenario).seconds_raw(dtype, collective, bytes_s(scenario, collective, dtype))
     return float(wire_s) + codec_s(scenario, dtype, collective)
 
 

@@ -346,7 +346,7 @@ def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
     from simulator.scenario import load_scenario
     from simulator.strategies.tables import from_scenario
     from simulator.timing import node_timings
-    from geodt.netcal_wan import bytes_s
+    from simulator.network import bytes_s
 
     host = pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()])
     host.to_csv(tmp_path / "net.csv", index=False)
@@ -357,14 +357,14 @@ def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
     scenario = load_scenario(str(path))
     wire = wire_cost(scenario)
     sizes = (1 << 16, 1 << 18, 1 << 20, 1 << 22)
-    at = [bytes_s(scenario, "int8", "partitioned", size) for size in sizes]
+    at = [bytes_s(scenario, "partitioned", "int8", size / 4) for size in sizes]
     assert np.allclose(wire.seconds_raw("int8", "partitioned", np.array(at)), np.multiply(factors, at), rtol=1e-12)
     middle = np.sqrt(at[2] * at[3])  # halfway in log size: halfway in f
     assert wire.factor_raw("int8", "partitioned", middle) == pytest.approx((1.55 + 1.61) / 2, rel=1e-12)
     assert wire.factor_raw("int8", "partitioned", at[0] / 10) == pytest.approx(1.10, rel=1e-12)  # held beyond
     assert wire.factor_raw("int8", "partitioned", at[3] * 10) == pytest.approx(1.61, rel=1e-12)
     assert wire.factor_raw("fp32", "ring", 1.0) is None and WireCost().seconds_raw("fp32", "ring", 2.5) == 2.5
-    payload_s = bytes_s(scenario, "int8", "partitioned", 4 * scenario.model.param_count)
+    payload_s = bytes_s(scenario, "partitioned", "int8")
     expected = float(wire.factor_raw("int8", "partitioned", payload_s)) * payload_s + codec_s(scenario, "int8",
                                                                                                "partitioned")
     assert allreduce_s(scenario, "int8", "partitioned") == pytest.approx(expected, rel=1e-12)
