@@ -79,6 +79,11 @@ WAN_CASES = [
 ]
 WAN_MBIT_PER_FP32_BYTE = 2.0  # fp32 8 Mbit/s, fp16 4, int8 2
 WAN_LOCAL_STEPS = 8
+# A run's sync varies by ±20% round to round on these links (measured: 2.8-4.2 s on the slow link
+# of the done-when case), so the run's mean over 4 rounds is itself about 8% uncertain: 8 rounds, and
+# 5 repeats per size in the link calibration (whose mean prices the sync; formats/netprofile.py).
+WAN_ROUNDS = 8
+LINK_REPEATS = 5
 GOAL_ROUND_PCT, GOAL_IDLE_MEDIAN_PCT, GOAL_IDLE_WORST_PCT = 5.0, 3.0, 6.0
 GOAL_SYNC_MEDIAN_PCT, GOAL_SYNC_WORST_PCT = 5.0, 10.0
 CAL_REPEATS = 20  # timed steps per batch (the mean of each batch: less sampling noise than 10 gave)
@@ -133,13 +138,13 @@ def host_network_profile(work: Path) -> Path:
 
 def wan_overrides(dtype: str, collective: str, uplinks: dict | None, extra: tuple | None,
                   host_profile: Path) -> list[str]:
-    """--set arguments of a WAN case: links, payload, collective, H, extra keys and the host's profile."""
+    """--set arguments of a WAN case: links, payload, collective, H, rounds, extra keys and the host's profile."""
     from formats.wire import PAYLOAD_BYTES
 
     gbps = WAN_MBIT_PER_FP32_BYTE * PAYLOAD_BYTES[dtype] / 1e3
     sets = [f"network.bandwidth_gbps={gbps!r}", f'network.payload_dtype="{dtype}"',
             f'network.collective="{collective}"', f"training.local_steps={WAN_LOCAL_STEPS}",
-            f'network.profile="{host_profile}"']
+            f"training.rounds={WAN_ROUNDS}", f'network.profile="{host_profile}"']
     sets += [f"nodes.{node}.uplink_gbps={gbps * share!r}" for node, share in (uplinks or {}).items()]
     return sets + list(extra or ())
 
@@ -149,7 +154,7 @@ def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host
     all-reduce rows for the case's dtype and collective): the network profile of a WAN run."""
     shaped, merged = work / "links.csv", work / "net-case.csv"
     cmd = [sys.executable, "-m", "geodt", "calibrate", "--network", "--wan", "shaped", "--scenario", str(path),
-           "--payload-dtypes", dtype, "--collectives", collective, "--max-mib", "4", "--repeats", "3",
+           "--payload-dtypes", dtype, "--collectives", collective, "--max-mib", "4", "--repeats", str(LINK_REPEATS),
            "--threads", "1", "--out", str(shaped)]
     for text in sets:
         cmd += ["--set", text]

@@ -8,7 +8,10 @@ bytes), `encode` and `decode` (real/sync.py's encode() of `size` fp32 elements i
 (profiles written before they existed still load): absent or empty, a row is fp32 and ring.
 So is `node`: empty, a row is every process's (each repeat's slowest); a scenario node's name,
 that node's own time in the same measurement (shaped-WAN all-reduces, where nodes on unequal
-links end the same average at different times).
+links end the same average at different times). And `seconds_mean`: a row's time is its mean
+where the profile has one, else its median; a run sums its syncs, outer steps and checkpoints,
+so the mean is what predicts them (on the shaped links a few slow repeats of an average are
+part of what a run pays; the median leaves them out).
 real/netcal.py writes it; calibrate/netprofile.py fits the simulator's models to it. Torch-free.
 """
 from __future__ import annotations
@@ -26,7 +29,7 @@ NET_COLUMNS: tuple[str, ...] = (
     "kind", "processes", "backend", "size", "seconds_median", "seconds_p10", "seconds_p90",
     "repeats", "host", "torch_version", "measured_at",
 )
-OPTIONAL_COLUMNS: tuple[str, ...] = ("payload_dtype", "collective", "node")
+OPTIONAL_COLUMNS: tuple[str, ...] = ("payload_dtype", "collective", "node", "seconds_mean")
 KINDS = ("all_reduce", "outer_step", "checkpoint", "encode", "decode")
 CODEC_KINDS = ("encode", "decode")
 SHAPED_BACKEND = "gloo+shaped"  # backend of rows measured over a shaped WAN (`--wan shaped`)
@@ -38,7 +41,7 @@ class NetProfileError(ValueError):
 
 
 def read_network_rows(path: str | Path) -> pd.DataFrame:
-    """The profile's rows as kind, processes, size, seconds (the median), payload_dtype,
+    """The profile's rows as kind, processes, size, seconds (the mean, else the median), payload_dtype,
     collective, node, each checked; NetProfileError naming the file, line and column otherwise."""
     path = Path(path)
     data = read_regular_file(path, "a network profile CSV (geodt calibrate --network)", MAX_BYTES, NetProfileError)
@@ -53,10 +56,11 @@ def read_network_rows(path: str | Path) -> pd.DataFrame:
     for i, row in enumerate(frame.to_dict("records"), start=2):
         if row["kind"] not in KINDS:
             raise NetProfileError(f"{path}: line {i}: kind: expected one of {', '.join(KINDS)}, got {row['kind']!r}")
+        column = "seconds_mean" if row.get("seconds_mean") else "seconds_median"
         try:
-            processes, size, seconds = int(row["processes"]), float(row["size"]), float(row["seconds_median"])
+            processes, size, seconds = int(row["processes"]), float(row["size"]), float(row[column])
         except ValueError:
-            raise NetProfileError(f"{path}: line {i}: processes/size/seconds_median: expected numbers") from None
+            raise NetProfileError(f"{path}: line {i}: processes/size/{column}: expected numbers") from None
         if processes < 1 or not (math.isfinite(size) and size > 0 and math.isfinite(seconds) and seconds > 0):
             raise NetProfileError(f"{path}: line {i}: expected processes >= 1 and positive finite size and seconds")
         dtype, collective = row.get("payload_dtype") or "fp32", row.get("collective") or "ring"

@@ -156,7 +156,7 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
 
 
 def comparison(scenario, model, frame):
-    """Per (dtype, collective, size): the measured median sync against the simulator's byte-count
+    """Per (dtype, collective, size): the measured mean sync against the simulator's byte-count
     price (error_pct, signed), the ratio f it prices that size at from these rows (factor), and
     its price from the other sizes' rows alone (held_out_error_pct: how well the interpolation
     prices a size it did not measure)."""
@@ -173,10 +173,10 @@ def comparison(scenario, model, frame):
         held_out = predicted_s(scenario, model, *key, row.size, _wire(scenario, replace(model, shaped=others)))
         f = wire.factor_raw(*key, bytes_s(scenario, row.collective, row.payload_dtype, row.size / 4))
         rows.append({"payload_dtype": row.payload_dtype, "collective": row.collective, "fp32_bytes": row.size,
-                     "measured_s": row.seconds_median, "predicted_s": predicted,
-                     "error_pct": 100.0 * (row.seconds_median - predicted) / predicted,
+                     "measured_s": row.seconds_mean, "predicted_s": predicted,
+                     "error_pct": 100.0 * (row.seconds_mean - predicted) / predicted,
                      "factor": None if f is None else float(f),
-                     "held_out_error_pct": 100.0 * (row.seconds_median - held_out) / held_out})
+                     "held_out_error_pct": 100.0 * (row.seconds_mean - held_out) / held_out})
     return pd.DataFrame(rows)
 
 

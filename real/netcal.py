@@ -329,6 +329,7 @@ def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
                 "repeats": repeats, "host": socket.gethostname(), "torch_version": torch.__version__,
                 "measured_at": stamp, "payload_dtype": (tags + ["fp32"])[0],
                 "collective": (tags + ["ring", "ring"])[1], "node": (tags + ["", "", ""])[2],
+                "seconds_mean": statistics.fmean(times),
             })
     return pd.DataFrame(records, columns=list(NET_COLUMNS + OPTIONAL_COLUMNS))
 

@@ -49,6 +49,21 @@ def test_fits_recover_the_generating_model(tmp_path):
     assert model.checkpoint(4e6) == pytest.approx(1e-3 + 8 * 4e6 / 4e9, rel=1e-9)
 
 
+def test_a_rows_time_is_its_mean_where_the_profile_has_one(tmp_path):
+    """A run sums its syncs, so the profile's mean prices them; older profiles (median only)
+    still load at their median, and an empty mean cell falls back to the row's median."""
+    rows = _rows()
+    path = tmp_path / "net.csv"
+    rows.to_csv(path, index=False)
+    by_median = read_network_profile(path)
+    rows.assign(seconds_mean=rows.seconds_median * 1.25).to_csv(path, index=False)
+    by_mean = read_network_profile(path)
+    assert by_mean.ring.all_reduce_s(3, 1e6) == pytest.approx(1.25 * by_median.ring.all_reduce_s(3, 1e6), rel=1e-9)
+    assert by_mean.checkpoint(4e6) == pytest.approx(1.25 * by_median.checkpoint(4e6), rel=1e-9)
+    rows.assign(seconds_mean="").to_csv(path, index=False)
+    assert read_network_profile(path).ring.all_reduce_s(3, 1e6) == by_median.ring.all_reduce_s(3, 1e6)
+
+
 def test_negative_intercepts_refit_through_zero():
     fit = fit_affine([1, 2, 3], [0.9, 2.0, 3.1])  # the free line would cross below 0
     assert fit.fixed_s == 0.0 and fit.per_unit_s > 0
@@ -61,6 +76,7 @@ def test_negative_intercepts_refit_through_zero():
     (lambda f: f.assign(kind="teleport"), "line 2: kind: expected one of"),
     (lambda f: f.assign(seconds_median="fast"), "line 2: processes/size/seconds_median: expected numbers"),
     (lambda f: f.assign(seconds_median=-1.0), "line 2: expected processes >= 1 and positive"),
+    (lambda f: f.assign(seconds_mean="slow"), "line 2: processes/size/seconds_mean: expected numbers"),
     (lambda f: f.iloc[:0], "no rows"),
 ])
 def test_bad_profiles_are_one_line_errors(tmp_path, edit, expected):
