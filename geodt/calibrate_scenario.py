@@ -14,6 +14,7 @@ under the full load. One profile per device, DIR/<node>-<j>.csv; point the node 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
+    from calibrate.children import die_with_parent
+
+    die_with_parent(setup["parent_pid"])
     import torch
 
     from calibrate.cpulimit import apply_cpu_limits, describe_limits, device_cores
@@ -112,7 +116,7 @@ def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
 
     setup = {"preset": scenario.model.preset, "base_dir": scenario.base_dir, "seq_len": scenario.model.seq_len,
              "dtype": scenario.model.dtype, "batches": list(args.batch), "repeats": args.repeats,
-             "warmup": args.warmup, "threads": args.threads, "scenario": scenario.name}
+             "warmup": args.warmup, "threads": args.threads, "scenario": scenario.name, "parent_pid": os.getpid()}
     ctx = mp.get_context("spawn")
     barrier, done, results = ctx.Barrier(len(jobs)), ctx.Value("i", 0), ctx.Queue()
     rows: dict[int, list] = {rank: [] for rank in range(len(jobs))}

@@ -204,6 +204,9 @@ def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
 
 
 def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
+    from calibrate.children import die_with_parent
+
+    die_with_parent(args_dict["parent_pid"])
     _measure(rank, world, store_path, args_dict, queue)
 
 
@@ -216,7 +219,8 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     pin_gloo("127.0.0.1")  # nothing listens beyond loopback
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    args_dict = {"sizes": sizes, "repeats": repeats, "threads": threads, "ckpt_dir": ckpt_dir}
+    args_dict = {"sizes": sizes, "repeats": repeats, "threads": threads, "ckpt_dir": ckpt_dir,
+                 "parent_pid": os.getpid()}
     with tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
         return _spawn_and_collect(_spawn_entry, (processes, os.path.join(rdzv, "store"), args_dict, queue),
                                   processes, queue, progress)
@@ -244,9 +248,11 @@ def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dic
     with a CPU quota runs its share of the sync, copies, sums and encoding, at that quota in a
     run), then every (dtype, collective, size) through real/sync.py's CrossNodeSync exactly as
     the executor's leaders average."""
+    from calibrate.children import die_with_parent
     from calibrate.cpulimit import apply_cpu_limits
     from real.wan import enter
 
+    die_with_parent(args_dict["parent_pid"])
     enter(links[rank])  # before any socket exists
     cores, quota = args_dict["limits"][rank]
     cleanup = apply_cpu_limits(cores, quota, f"geodt-netcal-{rank}")  # (None, None): no limits
@@ -301,7 +307,7 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
 
     args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
                  "threads": threads, "limits": limits or [(None, None)] * len(nodes),
-                 "compute_s": compute_s or [0.0] * len(nodes)}
+                 "compute_s": compute_s or [0.0] * len(nodes), "parent_pid": os.getpid()}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with ShapedWan(nodes, latency_ms=latency_ms) as wan, \

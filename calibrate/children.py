@@ -1,0 +1,32 @@
+"""Spawned measuring processes that end with the process that started them (Linux).
+
+`geodt calibrate --scenario` keeps every device stepping until the last one is done and waits
+at barriers without a timeout, and `geodt calibrate --network` waits in collectives. torch's
+start_processes asks the kernel for SIGINT to each child when its parent goes, but a command
+started with SIGINT ignored (a background job of a script, nohup) hands that on to its
+children, and they then ignore it: killed (SIGKILL, or SIGTERM, which Python does not turn into
+an exception), the parent left them running, the device processes spinning, for good. Each of
+them calls `die_with_parent(parent_pid)` first: the kernel then sends it SIGKILL when its parent
+goes (prctl PR_SET_PDEATHSIG), and it exits at once if the parent is already gone. A device's
+CPU cgroup left behind that way is removed the next time its tag is used (calibrate/cpulimit.py).
+Elsewhere than Linux this does nothing. Standard library only.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Have this process killed when `parent_pid` (the process that spawned it) exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    if os.getppid() != parent_pid:  # it went before the request was made
+        os._exit(1)
