@@ -166,10 +166,15 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
 
 
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
-                 links: tuple | None = None) -> None:
+                 links: tuple | None, parent_pid: int) -> None:
+    from calibrate.children import die_with_parent
+
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
-    # children), so no child prints a traceback or a lost-peer message on the way down.
+    # children), so no child prints a traceback or a lost-peer message on the way down. That
+    # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
+    # ran on until their collectives timed out (--timeout-s, 300 s); now the kernel kills them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent_pid)
     if links is not None:  # --wan shaped: into the node's namespace before any socket exists
         from real.wan import enter
 
@@ -290,7 +295,7 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                 listener.detach()  # the store owns (and closes) the socket now
             else:
                 store_spec = ("file", os.path.join(rdzv, "store"))
-            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links),
+            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
                                          nprocs=plan.world_size, join=False, start_method="spawn")
             # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it
             # stops: the others get that long to say so themselves before they are stopped.

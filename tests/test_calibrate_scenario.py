@@ -2,6 +2,7 @@
 which the scenario's nodes then use."""
 from __future__ import annotations
 
+import sys
 import textwrap
 
 import pandas as pd
@@ -72,54 +73,16 @@ def test_gpu_nodes_and_bad_arguments_are_one_line(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and expected in err
 
 
-def _spawned_children(pid: int) -> list[int]:
-    """The multiprocessing-spawned children of `pid` (not its resource tracker), from /proc."""
-    from pathlib import Path
-
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) if entry.name.isdigit() else -1
-            spawned = ppid == pid and b"spawn_main" in (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if spawned:
-            found.append(int(entry.name))
-    return found
-
-
-def _cpu_s(pid: int) -> float:
-    """Seconds of CPU the process has used (user + system), 0 when it is gone."""
-    import os
-    from pathlib import Path
-
-    try:
-        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _running(pid: int) -> bool:
-    from pathlib import Path
-
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
-
-
-@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="needs Linux (/proc, prctl)")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (/proc, prctl)")
 def test_a_killed_calibration_takes_its_device_processes_with_it(tmp_path):
     """SIGKILL (or SIGTERM) gives the parent no chance to stop its device processes. torch's
     start_processes asks for SIGINT to them when it goes, but a command started with SIGINT
     ignored (a background job of a script, nohup) passes that on to them: before
     calibrate/children.py they kept stepping, for good. Nothing is written."""
-    import os
     import signal
     import subprocess
-    import sys
-    import time
+
+    from tests.proctree import cpu_s, kill_parent_once_ready
 
     path = tmp_path / "pair.toml"
     path.write_text(textwrap.dedent(SCENARIO))
@@ -128,27 +91,8 @@ def test_a_killed_calibration_takes_its_device_processes_with_it(tmp_path):
                                "--repeats", "1000000", "--out-dir", str(tmp_path / "cal")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    children: list[int] = []
-    try:
-        deadline = time.monotonic() + 120
-        while len(children) < 3 and time.monotonic() < deadline:
-            time.sleep(0.2)
-            children = _spawned_children(parent.pid)
-        assert len(children) == 3, "the three device processes never started"
-        # Past their start-up (a child still reading its start from the parent's pipe ends with
-        # it anyway) and into their steps: a few seconds of CPU each.
-        while min(_cpu_s(c) for c in children) < 5 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        os.kill(parent.pid, signal.SIGKILL)
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while any(_running(c) for c in children) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [c for c in children if _running(c)]
-    finally:
-        parent.kill()
-        for c in children:
-            if _running(c):
-                os.kill(c, signal.SIGKILL)
+    # Into their steps (a few seconds of CPU each: past the start-up, when a child still reading
+    # its start from the parent's pipe ends with it anyway), then the parent killed.
+    left = kill_parent_once_ready(parent, 3, lambda pids: min(cpu_s(p) for p in pids) >= 5)
     assert left == [], f"device processes {left} outlived their killed parent"
     assert list((tmp_path / "cal").iterdir()) == []

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = """name = "dead-peer"
 seed = 0
@@ -108,8 +110,6 @@ def _lan_address() -> str | None:
 
 
 def test_host_binds_the_store_to_that_address_only(tmp_path):
-    import pytest
-
     ip = _lan_address()
     if ip is None:
         pytest.skip("no non-loopback IPv4 address")
@@ -169,3 +169,23 @@ def test_torchrun_ranks_map_to_nodes_by_cumulative_devices(tmp_path):
     assert "final_loss" in results[0][0]  # rank 0 prints the summary
     assert (tmp_path / "out_a" / "checkpoints" / "node0.pt").exists()
     assert (tmp_path / "out_b" / "checkpoints" / "node1.pt").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (/proc, prctl)")
+def test_a_killed_launcher_takes_its_workers_with_it(tmp_path):
+    """The local launcher's workers ignore SIGINT (it alone handles Ctrl-C), which drops the SIGINT
+    torch asks the kernel for when their parent dies: a SIGKILLed launcher left them training
+    until their collectives timed out (--timeout-s, 300 s here). Now they go with it."""
+    from tests.proctree import kill_parent_once_ready
+
+    (tmp_path / "plan.csv").write_text(PLAN)
+    (tmp_path / "scenario.toml").write_text(SCENARIO.replace("rounds = 50", "rounds = 500"))
+    cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
+           str(tmp_path / "scenario.toml"), "--out", str(tmp_path / "out"), "--emulate", "--timeout-s", "300",
+           "--threads", "1", "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    parent = subprocess.Popen(cmd, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    checkpoint = tmp_path / "out" / "checkpoints" / "node1.pt"
+    left = kill_parent_once_ready(parent, 2, lambda pids: checkpoint.exists())  # a round done: training
+    assert left == [], f"workers {left} outlived their killed launcher"

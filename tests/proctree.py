@@ -1,0 +1,66 @@
+"""Test helper: a command's spawned child processes, from /proc (Linux), and whether they
+outlive it when it is killed."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name, None when the process is gone."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The multiprocessing-spawned children of `pid` (not its resource tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        try:
+            if fields and int(fields[1]) == pid and b"spawn_main" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def running(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def cpu_s(pid: int) -> float:
+    """Seconds of CPU the process has used (user + system), 0 when it is gone."""
+    fields = _stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def kill_parent_once_ready(parent: subprocess.Popen, children: int, ready, start_s: float = 120.0,
+                           end_s: float = 10.0) -> list[int]:
+    """Wait until `parent` has `children` spawned children and ready(their pids) holds, SIGKILL
+    it, and return the children still running `end_s` later (killing them after)."""
+    found: list[int] = []
+    try:
+        deadline = time.monotonic() + start_s
+        while len(found) < children or not ready(found):
+            assert time.monotonic() < deadline and parent.poll() is None, \
+                f"not ready in {start_s:g} s ({len(found)} of {children} children; exit {parent.poll()})"
+            time.sleep(0.2)
+            found = spawned_children(parent.pid) if len(found) < children else found
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + end_s
+        while any(running(c) for c in found) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [c for c in found if running(c)]
+    finally:
+        parent.kill()
+        for c in found:
+            if running(c):
+                os.kill(c, signal.SIGKILL)
