@@ -62,5 +62,7 @@ def kill_parent_once_ready(parent: subprocess.Popen, children: int, ready, start
     finally:
         parent.kill()
         for c in found:
-            if running(c):
+            try:
                 os.kill(c, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
