@@ -111,7 +111,8 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     clock = np.zeros(shape)
     link_free = np.full(shape[:-1], -np.inf)
     totals = {name: np.zeros(shape) for name in ("compute_s", "idle_s", "comm_s")}
-    rec = {name: np.empty((k_total, *shape)) for name in (*STREAM_FIELDS, "node_end_s")} if record else None
+    fields = (*STREAM_FIELDS, "node_end_s")
+    rec = {name: np.empty((k_total, *shape)) for name in fields} if record else None
     ends = np.empty((2, k_total, *shape[:-1])) if record else None
     for k in range(k_total):
         sync_point = clock + pre[k % period]
@@ -126,7 +127,7 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
         totals["idle_s"] += idle
         totals["comm_s"] += exposed + (resume - waited)
         if record:
-            for name, value in zip((*STREAM_FIELDS, "node_end_s"), (clock, sync_point, merge_point, resume, end_c)):
+            for name, value in zip(fields, (clock, sync_point, merge_point, resume, end_c)):
                 rec[name][k] = value
             ends[0, k], ends[1, k] = start, end
         clock = resume + ckpt_s if ckpt_s and (k + 1) % fragments == 0 else resume

@@ -117,22 +117,19 @@ class FragmentSync:
         start = self.env.now
         end = start + self.allreduce_s
         self.link_free = end  # the time the timeout below fires at
-        if self.offsets is None:
-            def finish(_event) -> None:
-                self.spans.append((start, self.env.now))
-                done.succeed()
-        else:
+        at_end = [done]  # the events that fire when the all-reduce ends
+        if self.offsets is not None:
             ends = [max(end + o, start) for o in self.offsets]
             self.node_ends.append(ends)
+            at_end = [event for event, own in zip(done, ends) if own >= end]
             for event, own in zip(done, ends):  # nodes that end it early
                 if own < end:
                     self.env.timeout(own - start).callbacks.append(lambda _, e=event: e.succeed())
 
-            def finish(_event) -> None:
-                self.spans.append((start, self.env.now))
-                for event, own in zip(done, ends):
-                    if own >= end:
-                        event.succeed()
+        def finish(_event) -> None:
+            self.spans.append((start, self.env.now))
+            for event in at_end:
+                event.succeed()
         self.env.timeout(self.allreduce_s).callbacks.append(finish)
 
 
