@@ -24,7 +24,7 @@ and 4 nodes, baseline and the balancing strategies. Their host costs (outer step
 encode/decode) come from `geodt calibrate --network` run once at the start, its all-reduce
 rows dropped; their links are calibrated right before each run, as the devices are: `geodt
 calibrate --network --wan shaped` on the case's own links, dtype and collective (LINK_REPEATS
-averages per size), whose all-reduce rows the simulator prices, at their mean, against its byte
+averaged per size, sizes up to LINK_MAX_MIB), whose all-reduce rows the simulator prices, at their mean, against its byte
 count (simulator/network.py WireCost; each node's own end of the average too, the calibration
 computing between averages as a run does: geodt/netcal_wan.py). Each WAN run is WAN_ROUNDS
 rounds of WAN_LOCAL_STEPS inner steps. Writes results/fidelity/{fidelity.csv, table.md, fidelity.png},
