@@ -9,6 +9,13 @@ import time
 from pathlib import Path
 
 
+def ctrl_c_reaches_it() -> None:
+    """preexec_fn for a child a test sends SIGINT: the default disposition, so Python installs
+    its KeyboardInterrupt handler even where the test itself was started with SIGINT ignored
+    (a shell's `cmd &` without job control does that, and the child inherits it)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stat(pid: int) -> list[str] | None:
     """/proc/<pid>/stat's fields after the command name, None when the process is gone."""
     try:

@@ -81,8 +81,10 @@ def test_ctrl_c_exits_130_with_one_line_and_no_trace(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         env.pop(key, None)
+    from tests.proctree import ctrl_c_reaches_it
+
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     deadline = time.monotonic() + 120
     while not (out / "checkpoints" / "node1.pt").exists():
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()

@@ -21,6 +21,7 @@ import torch
 
 from real import wan
 from real.checkpoint import load_node, load_node_candidates, weights_digest
+from tests.proctree import ctrl_c_reaches_it
 
 MISSING = wan.missing_support()
 pytestmark = [pytest.mark.wan, pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
@@ -62,7 +63,7 @@ def _start(tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env["PYTHONPATH"] = str(ROOT)
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=ctrl_c_reaches_it)
 
 
 @pytest.fixture(scope="module")
