@@ -27,8 +27,9 @@ calibrate --network --wan shaped` on the case's own links, dtype and collective 
 averaged per size, sizes up to LINK_MAX_MIB), whose all-reduce rows the simulator prices, at
 their mean, against its byte count (simulator/network.py WireCost; each node's own end of the
 average too, the calibration computing between averages as a run does: geodt/netcal_wan.py).
-Each WAN run is WAN_ROUNDS rounds of WAN_LOCAL_STEPS inner steps. Writes results/fidelity/{fidelity.csv, table.md, fidelity.png},
-links/runK.csv (the network profile WAN run K ran with) and prints the table.
+Each WAN run is WAN_ROUNDS rounds of WAN_LOCAL_STEPS inner steps. Writes
+results/fidelity/{fidelity.csv, table.md, fidelity.png}, links/runK.csv (the network profile
+WAN run K ran with) and prints the table.
 The scenarios (benchmarks/fidelity/*.toml) make heterogeneous CPU devices from real limits (a
 CPU quota per device process, pinned cores); their profiles were measured under the same limits.
 

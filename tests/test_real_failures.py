@@ -72,16 +72,22 @@ def test_dead_peer_stops_the_others_with_a_message(tmp_path):
     assert not (tmp_path / "out0" / "trace.csv").exists()  # no half-finished trace
 
 
-def test_ctrl_c_exits_130_with_one_line_and_no_trace(tmp_path):
+def _local_run(tmp_path: Path, scenario: str, out: Path, *extra: str) -> tuple[list[str], dict]:
+    """`python -m real` launching PLAN on `scenario` (both written to tmp_path) on this machine,
+    and its environment: no torchrun variables, so it spawns its own workers."""
     (tmp_path / "plan.csv").write_text(PLAN)
-    (tmp_path / "scenario.toml").write_text(SCENARIO)
-    out = tmp_path / "out"
+    (tmp_path / "scenario.toml").write_text(scenario)
     cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
-           str(tmp_path / "scenario.toml"), "--out", str(out), "--threads", "1", "--no-progress"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(key, None)
+           str(tmp_path / "scenario.toml"), "--out", str(out), "--threads", "1", "--no-progress", *extra]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    return cmd, {**env, "PYTHONPATH": str(ROOT)}
+
+
+def test_ctrl_c_exits_130_with_one_line_and_no_trace(tmp_path):
     from tests.proctree import ctrl_c_reaches_it
+
+    out = tmp_path / "out"
+    cmd, env = _local_run(tmp_path, SCENARIO, out)
 
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=ctrl_c_reaches_it)
@@ -180,14 +186,9 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path):
     until their collectives timed out (--timeout-s, 300 s here). Now they go with it."""
     from tests.proctree import kill_parent_once_ready
 
-    (tmp_path / "plan.csv").write_text(PLAN)
-    (tmp_path / "scenario.toml").write_text(SCENARIO.replace("rounds = 50", "rounds = 500"))
-    cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
-           str(tmp_path / "scenario.toml"), "--out", str(tmp_path / "out"), "--emulate", "--timeout-s", "300",
-           "--threads", "1", "--no-progress"]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
-    parent = subprocess.Popen(cmd, env={**env, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    cmd, env = _local_run(tmp_path, SCENARIO.replace("rounds = 50", "rounds = 500"), tmp_path / "out",
+                          "--emulate", "--timeout-s", "300")
+    parent = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     checkpoint = tmp_path / "out" / "checkpoints" / "node1.pt"
     left = kill_parent_once_ready(parent, 2, lambda pids: checkpoint.exists())  # a round done: training
     assert left == [], f"workers {left} outlived their killed launcher"
