@@ -1,9 +1,10 @@
 """Fidelity of the simulator against real, non-emulated DiLoCo runs (a benchmark, not a test).
 
 Calibrates each scenario's devices together right before every run (`geodt calibrate
---scenario`; `--committed-profiles` uses profiles/fidelity/ instead), then runs `geodt validate` (real: every inner step, intra-node all-reduce, outer sync and
-checkpoint happen and are timed; nothing is padded) for each case below, REPEATS times, and
-compares per node the simulator's prediction with the measurement:
+--scenario`, the scenario's own batch last; `--committed-profiles` uses profiles/fidelity/
+instead), then runs `geodt validate` (real: every inner step, intra-node all-reduce, outer
+sync and checkpoint happen and are timed; nothing is padded) for each case below, REPEATS
+times, and compares per node the simulator's prediction with the measurement:
 
 - idle error, % of round:  (measured idle − predicted idle) / measured round time, SIGNED
 - idle error, % of idle:   |the same| over the measured idle (nodes that waited ≥ 5% of the round)
@@ -22,8 +23,8 @@ of its own, tbf at its link both ways; real/wan.py), with links slow enough that
 at least half the round: ring and partitioned, equal and unequal uplinks, fp32/fp16/int8, 3
 and 4 nodes, baseline and the balancing strategies. Their host costs (outer step, checkpoint,
 encode/decode) come from `geodt calibrate --network` run once at the start, its all-reduce
-rows dropped; their links are calibrated right before each run, as the devices are: `geodt
-calibrate --network --wan shaped` on the case's own links, dtype and collective (LINK_REPEATS
+rows dropped; their links are calibrated before each run, before the devices: `geodt calibrate
+--network --wan shaped` on the case's own links, dtype and collective (LINK_REPEATS
 averaged per size, sizes up to LINK_MAX_MIB), whose all-reduce rows the simulator prices, at
 their mean, against its byte count (simulator/network.py WireCost; each node's own end of the
 average too, the calibration computing between averages as a run does: geodt/netcal_wan.py).
@@ -97,7 +98,7 @@ CAL_REPEATS = 20  # timed steps per batch (the mean of each batch: less sampling
 IDLE_FLOOR = 0.05  # % of idle only where the node waited at least this share of its round
 # The batches calibrated: every batch a plan may use (strategies go up to MAX_BATCH_FACTOR = 16 times
 # the scenario's 4: hybrid planned 47 and 59 on three-node, which 1-16 only reached by extrapolation).
-CAL_BATCHES = "1,2,4,8,16,32,64"
+CAL_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # Profiles: geodt calibrate --scenario benchmarks/fidelity/S.toml --batch 1,2,4,8,16 --repeats 20
 #           --out-dir profiles/fidelity/S; network: geodt calibrate --network --processes 2,3 ...
 
@@ -111,16 +112,27 @@ def _run(cmd: list[str], attempts: int = 1) -> None:
                      f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
 
 
+def calibration_order(scenario_batch: int) -> str:
+    """CAL_BATCHES largest first and the scenario's own batch last: the batch most plans run at
+    is measured closest to the run (seconds before it, not the minute the large batches take)."""
+    rest = sorted((b for b in CAL_BATCHES if b != scenario_batch), reverse=True)
+    return ",".join(map(str, [*rest, scenario_batch]))
+
+
 def fresh_profiles(scenario: str, work: Path) -> Path:
     """The scenario with its device profiles measured again just now (geodt calibrate --scenario).
 
-    This VM's CPU speed drifts by 10-20% over minutes, so profiles measured long before a run
-    mispredict its round time by that much; calibrating right before each run is what a user
-    of a shared machine should do, and what this measures."""
+    This VM's CPU speed drifts by 10-30% over minutes (five calibrations back to back put one
+    device at 48-69 ms a step), so profiles measured long before a run mispredict its compute by
+    that much; calibrating right before each run is what a user of a shared machine should do,
+    and what this measures. It is the last thing before the run (a WAN case's links first)."""
+    import tomllib
+
     cal = work / "profiles"
     cal.mkdir(parents=True)
     source = SCENARIOS / f"{scenario}.toml"
-    _run([sys.executable, "-m", "geodt", "calibrate", "--scenario", str(source), "--batch", CAL_BATCHES,
+    batch = tomllib.loads(source.read_text())["training"]["batch_size"]
+    _run([sys.executable, "-m", "geodt", "calibrate", "--scenario", str(source), "--batch", calibration_order(batch),
           "--repeats", str(CAL_REPEATS), "--out-dir", str(cal)])
     text = source.read_text().replace(f"../../profiles/fidelity/{scenario}/", f"{cal}/")
     text = text.replace("../../profiles/", f"{ROOT / 'profiles'}/")
@@ -175,15 +187,20 @@ def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host
 def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: list[str] = (),
              wan_case: tuple | None = None, keep: Path | None = None) -> pd.DataFrame:
     """One validate run; wan_case (dtype, collective, host profile): on the shaped WAN, its
-    links calibrated first (the network profile it ran with copied to `keep`)."""
-    path = fresh_profiles(scenario, work) if calibrate else SCENARIOS / f"{scenario}.toml"
+    links calibrated first (the network profile it ran with copied to `keep`), then its devices.
+
+    The links' calibration (3 minutes) computes between its averages for the scenario's
+    committed profiles' round, not this run's: its devices are measured after it, so that the
+    compute the run is predicted with is the freshest measurement (the compute drifts over
+    minutes; the link's times do not depend on the filler's length by more than its noise)."""
     wan = wan_case is not None
     if wan:
-        profile = links_profile(path, list(sets), *wan_case, work)
+        profile = links_profile(SCENARIOS / f"{scenario}.toml", list(sets), *wan_case, work)
         sets = [*sets, f'network.profile="{profile}"']
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
             keep.write_bytes(profile.read_bytes())
+    path = fresh_profiles(scenario, work) if calibrate else SCENARIOS / f"{scenario}.toml"
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
            "--threads", "1"]
@@ -361,8 +378,9 @@ def main() -> int:
 
     md = markdown(table)
     how = ("committed profiles (profiles/fidelity/)" if args.committed_profiles else
-           f"profiles measured right before each run (geodt calibrate --scenario, batches {CAL_BATCHES}, "
-           f"{CAL_REPEATS} repeats)")
+           f"profiles measured right before each run (geodt calibrate --scenario, batches "
+           f"{calibration_order(4)} in that order for batch 4, {CAL_REPEATS} repeats; a WAN case's links "
+           f"before its devices)")
     (out / "table.md").write_text(f"Measured on {machine}; {how}. Errors are signed (module docstring of "
                                   f"benchmarks/bench_fidelity.py).\n\n{md}\n\n{overall}\n")
     plot(rows, out / "fidelity.png")
