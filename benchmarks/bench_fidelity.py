@@ -129,7 +129,7 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     import tomllib
 
     cal = work / "profiles"
-    cal.mkdir(parents=True)
+    cal.mkdir()
     source = SCENARIOS / f"{scenario}.toml"
     batch = tomllib.loads(source.read_text())["training"]["batch_size"]
     _run([sys.executable, "-m", "geodt", "calibrate", "--scenario", str(source), "--batch", calibration_order(batch),
@@ -194,6 +194,7 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
     compute the run is predicted with is the freshest measurement (the compute drifts over
     minutes; the link's times do not depend on the filler's length by more than its noise)."""
     wan = wan_case is not None
+    work.mkdir(parents=True)
     if wan:
         profile = links_profile(SCENARIOS / f"{scenario}.toml", list(sets), *wan_case, work)
         sets = [*sets, f'network.profile="{profile}"']
