@@ -56,19 +56,30 @@ def check_size(scenario: Scenario, plan: Plan) -> None:
 
 def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFrame:
     """Timeline (one row per node and round, rounds outer) with docs/DESIGN.md's columns."""
+    if not plan.streaming:  # the syncs table would double a classic plan's time (bench_simulator)
+        return _classic_timeline(scenario, plan, engine)
     return simulate_syncs(scenario, plan, engine)[0]
+
+
+def _classic_timeline(scenario: Scenario, plan: Plan, engine: str) -> pd.DataFrame:
+    _check(scenario, plan, engine)
+    arrays = (run_simpy if engine == "simpy" else run_analytic)(
+        compute_matrix(scenario, plan), node_comm_s(scenario, plan), checkpoint_s(scenario))
+    return _frame(plan, arrays, TIMELINE_COLUMNS)
+
+
+def _check(scenario: Scenario, plan: Plan, engine: str) -> None:
+    if engine not in ENGINES:
+        raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
+    check_size(scenario, plan)
 
 
 def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(timeline, syncs): the timeline and one row per node and fragment sync (SYNC_COLUMNS)."""
-    if engine not in ENGINES:
-        raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
-    check_size(scenario, plan)
     if not plan.streaming:
-        arrays = (run_simpy if engine == "simpy" else run_analytic)(
-            compute_matrix(scenario, plan), node_comm_s(scenario, plan), checkpoint_s(scenario))
-        timeline = _frame(plan, arrays, TIMELINE_COLUMNS)
+        timeline = _classic_timeline(scenario, plan, engine)
         return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
+    _check(scenario, plan, engine)
     pre, delay = segment_matrices(scenario, plan)
     outer = outer_share_s(scenario, plan)
     allreduce = max(plan.comm_s - outer, 0.0)
