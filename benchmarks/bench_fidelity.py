@@ -122,10 +122,11 @@ def calibration_order(scenario_batch: int) -> str:
 def fresh_profiles(scenario: str, work: Path) -> Path:
     """The scenario with its device profiles measured again just now (geodt calibrate --scenario).
 
-    This VM's CPU speed drifts by 10-30% over minutes (five calibrations back to back put one
-    device at 48-69 ms a step), so profiles measured long before a run mispredict its compute by
-    that much; calibrating right before each run is what a user of a shared machine should do,
-    and what this measures. It is the last thing before the run (a WAN case's links first)."""
+    A device's speed here moves by 10-30% between calibrations (five back to back put one at
+    48-69 ms a step: the scenario's processes share two cores as the scheduler places them;
+    results/fidelity-wan/README.md), so profiles measured long before a run mispredict it by as
+    much; calibrating right before each run is what a user of a shared machine should do, and
+    what this measures. It is the last thing before the run (a WAN case's links first)."""
     import tomllib
 
     cal = work / "profiles"
@@ -191,8 +192,8 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
 
     The links' calibration (3 minutes) computes between its averages for the scenario's
     committed profiles' round, not this run's: its devices are measured after it, so that the
-    compute the run is predicted with is the freshest measurement (the compute drifts over
-    minutes; the link's times do not depend on the filler's length by more than its noise)."""
+    compute the run is predicted with is the freshest measurement. (How much the filler's length
+    moves the links' times was not measured; the committed round is within about 20% of a fresh one.)"""
     wan = wan_case is not None
     work.mkdir(parents=True)
     if wan:

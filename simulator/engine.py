@@ -62,6 +62,7 @@ def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFr
 
 
 def _classic_timeline(scenario: Scenario, plan: Plan, engine: str) -> pd.DataFrame:
+    """A classic plan's timeline on the engine asked for: every node, one sync a round."""
     _check(scenario, plan, engine)
     arrays = (run_simpy if engine == "simpy" else run_analytic)(
         compute_matrix(scenario, plan), node_comm_s(scenario, plan), checkpoint_s(scenario))
