@@ -127,12 +127,12 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     results/fidelity-wan/README.md), so profiles measured long before a run mispredict it by as
     much; calibrating right before each run is what a user of a shared machine should do, and
     what this measures. It is the last thing before the run (a WAN case's links first)."""
-    import tomllib
+    from simulator.scenario import load_scenario
 
     cal = work / "profiles"
     cal.mkdir()
     source = SCENARIOS / f"{scenario}.toml"
-    batch = tomllib.loads(source.read_text())["training"]["batch_size"]
+    batch = load_scenario(str(source), without_profiles=True).training.batch_size
     _run([sys.executable, "-m", "geodt", "calibrate", "--scenario", str(source), "--batch", calibration_order(batch),
           "--repeats", str(CAL_REPEATS), "--out-dir", str(cal)])
     text = source.read_text().replace(f"../../profiles/fidelity/{scenario}/", f"{cal}/")
@@ -195,14 +195,15 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
     compute the run is predicted with is the freshest measurement. (How much the filler's length
     moves the links' times was not measured; the committed round is within about 20% of a fresh one.)"""
     wan = wan_case is not None
+    committed = SCENARIOS / f"{scenario}.toml"
     work.mkdir(parents=True)
     if wan:
-        profile = links_profile(SCENARIOS / f"{scenario}.toml", list(sets), *wan_case, work)
+        profile = links_profile(committed, list(sets), *wan_case, work)
         sets = [*sets, f'network.profile="{profile}"']
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
             keep.write_bytes(profile.read_bytes())
-    path = fresh_profiles(scenario, work) if calibrate else SCENARIOS / f"{scenario}.toml"
+    path = fresh_profiles(scenario, work) if calibrate else committed
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
            "--threads", "1"]
@@ -381,8 +382,8 @@ def main() -> int:
     md = markdown(table)
     how = ("committed profiles (profiles/fidelity/)" if args.committed_profiles else
            f"profiles measured right before each run (geodt calibrate --scenario, batches "
-           f"{calibration_order(4)} in that order for batch 4, {CAL_REPEATS} repeats; a WAN case's links "
-           f"before its devices)")
+           f"{','.join(map(str, CAL_BATCHES))} largest first and the scenario's own last, {CAL_REPEATS} "
+           f"repeats; a WAN case's links before its devices)")
     (out / "table.md").write_text(f"Measured on {machine}; {how}. Errors are signed (module docstring of "
                                   f"benchmarks/bench_fidelity.py).\n\n{md}\n\n{overall}\n")
     plot(rows, out / "fidelity.png")

@@ -9,6 +9,16 @@ import time
 from pathlib import Path
 
 
+TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+
+
+def launcher_env() -> dict[str, str]:
+    """This process's environment for a `python -m real` that launches its own workers: no
+    torchrun variables (they would make it a worker), the repository on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_KEYS}
+    return {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+
 def ctrl_c_reaches_it() -> None:
     """preexec_fn for a child a test sends SIGINT: the default disposition, so Python installs
     its KeyboardInterrupt handler even where the test itself was started with SIGINT ignored

@@ -79,8 +79,9 @@ def _local_run(tmp_path: Path, scenario: str, out: Path, *extra: str) -> tuple[l
     (tmp_path / "scenario.toml").write_text(scenario)
     cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
            str(tmp_path / "scenario.toml"), "--out", str(out), "--threads", "1", "--no-progress", *extra]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
-    return cmd, {**env, "PYTHONPATH": str(ROOT)}
+    from tests.proctree import launcher_env
+
+    return cmd, launcher_env()
 
 
 def test_ctrl_c_exits_130_with_one_line_and_no_trace(tmp_path):

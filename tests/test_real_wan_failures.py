@@ -21,12 +21,11 @@ import torch
 
 from real import wan
 from real.checkpoint import load_node, load_node_candidates, weights_digest
-from tests.proctree import ctrl_c_reaches_it
+from tests.proctree import ctrl_c_reaches_it, launcher_env
 
 MISSING = wan.missing_support()
 pytestmark = [pytest.mark.wan, pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 10.0
 SCENARIO = """name = "wan-failure"
 seed = 0
@@ -60,9 +59,7 @@ def _start(tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
     plan, scenario = _inputs(tmp_path)
     cmd = [sys.executable, "-m", "real", "--plan", str(plan), "--scenario", str(scenario), "--out", str(out),
            "--timeout-s", str(TIMEOUT_S), "--threads", "1", "--no-progress", *extra]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=ctrl_c_reaches_it)
 
 
