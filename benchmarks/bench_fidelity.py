@@ -99,6 +99,9 @@ IDLE_FLOOR = 0.05  # % of idle only where the node waited at least this share of
 # The batches calibrated: every batch a plan may use (strategies go up to MAX_BATCH_FACTOR = 16 times
 # the scenario's 4: hybrid planned 47 and 59 on three-node, which 1-16 only reached by extrapolation).
 CAL_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# Strategies whose plans run every node at the scenario's batch: on the WAN their devices are
+# timed in the links' calibration, between its averages (run_case).
+STEPS_BETWEEN_AVERAGES = ("baseline", "measured-steps")
 # Profiles: geodt calibrate --scenario benchmarks/fidelity/S.toml --batch 1,2,4,8,16 --repeats 20
 #           --out-dir profiles/fidelity/S; network: geodt calibrate --network --processes 2,3 ...
 
@@ -126,7 +129,7 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     48-69 ms a step: the scenario's processes share two cores as the scheduler places them;
     results/fidelity-wan/README.md), so profiles measured long before a run mispredict it by as
     much; calibrating right before each run is what a user of a shared machine should do, and
-    what this measures. It is the last thing before the run (a WAN case's links first)."""
+    what this measures."""
     from simulator.scenario import load_scenario
 
     cal = work / "profiles"
@@ -135,7 +138,13 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     batch = load_scenario(str(source), without_profiles=True).training.batch_size
     _run([sys.executable, "-m", "geodt", "calibrate", "--scenario", str(source), "--batch", calibration_order(batch),
           "--repeats", str(CAL_REPEATS), "--out-dir", str(cal)])
-    text = source.read_text().replace(f"../../profiles/fidelity/{scenario}/", f"{cal}/")
+    return with_profiles(scenario, cal, work)
+
+
+def with_profiles(scenario: str, cal: Path, work: Path) -> Path:
+    """A copy of the committed scenario whose nodes' profiles are those in `cal`."""
+    text = (SCENARIOS / f"{scenario}.toml").read_text()
+    text = text.replace(f"../../profiles/fidelity/{scenario}/", f"{cal}/")
     text = text.replace("../../profiles/", f"{ROOT / 'profiles'}/")
     path = work / f"{scenario}.toml"
     path.write_text(text)
@@ -169,14 +178,19 @@ def wan_overrides(dtype: str, collective: str, uplinks: dict | None, extra: tupl
     return sets + list(extra or ())
 
 
-def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host_profile: Path, work: Path) -> Path:
+def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host_profile: Path, work: Path,
+                  profiles_out: Path | None = None) -> Path:
     """The host profile plus the case's links measured just now on the shaped WAN (its
-    all-reduce rows for the case's dtype and collective): the network profile of a WAN run."""
+    all-reduce rows for the case's dtype and collective): the network profile of a WAN run.
+    profiles_out: each node's inner steps, run between the averages, written there as its profile."""
     shaped, merged = work / "links.csv", work / "net-case.csv"
     cmd = [sys.executable, "-m", "geodt", "calibrate", "--network", "--wan", "shaped", "--scenario", str(path),
            "--payload-dtypes", dtype, "--collectives", collective, "--max-mib", str(LINK_MAX_MIB),
            "--repeats", str(LINK_REPEATS),
            "--threads", "1", "--out", str(shaped)]
+    if profiles_out is not None:
+        profiles_out.mkdir()
+        cmd += ["--profiles-out", str(profiles_out)]
     for text in sets:
         cmd += ["--set", text]
     _run(cmd)
@@ -188,22 +202,27 @@ def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host
 def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: list[str] = (),
              wan_case: tuple | None = None, keep: Path | None = None) -> pd.DataFrame:
     """One validate run; wan_case (dtype, collective, host profile): on the shaped WAN, its
-    links calibrated first (the network profile it ran with copied to `keep`), then its devices.
+    links calibrated first (the network profile it ran with copied to `keep`).
 
-    The links' calibration (3 minutes) computes between its averages for the scenario's
-    committed profiles' round, not this run's: its devices are measured after it, so that the
-    compute the run is predicted with is the freshest measurement. (How much the filler's length
-    moves the links' times was not measured; the committed round is within about 20% of a fresh one.)"""
+    A WAN case whose plan runs at the scenario's batch (STEPS_BETWEEN_AVERAGES) is predicted
+    from the inner steps its nodes ran between the links' averages (geodt calibrate --network
+    --wan shaped --profiles-out: each device timed beside the others as in the run); any other
+    calibrates its devices at every batch after the links (geodt calibrate --scenario)."""
     wan = wan_case is not None
     committed = SCENARIOS / f"{scenario}.toml"
     work.mkdir(parents=True)
+    path = committed
     if wan:
-        profile = links_profile(committed, list(sets), *wan_case, work)
+        steps = work / "between-averages" if strategy in STEPS_BETWEEN_AVERAGES else None
+        profile = links_profile(committed, list(sets), *wan_case, work, steps)
         sets = [*sets, f'network.profile="{profile}"']
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
             keep.write_bytes(profile.read_bytes())
-    path = fresh_profiles(scenario, work) if calibrate else committed
+        if steps is not None:
+            path, calibrate = with_profiles(scenario, steps, work), False
+    if calibrate:
+        path = fresh_profiles(scenario, work)
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
            "--threads", "1"]

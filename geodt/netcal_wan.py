@@ -4,8 +4,8 @@ One process per node of the scenario, each in its node's network namespace of a 
 (real/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
 as the simulator's simulator/network.link_gbps gives it), runs real/sync.py's cross-node
 average exactly as the executor's node leaders do (under their CPU limits: cpu_cores,
-cpu_quota; between two averages each computes for its round of the scenario's batch and local
-steps, as between two syncs of a run), for every payload dtype and collective asked, over
+cpu_quota; between two averages each runs its round, the scenario's H inner steps at its batch,
+as between two syncs of a run: `between_averages`), for every payload dtype and collective asked, over
 payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size), and times
 encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py):
 kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per parameter,
@@ -16,6 +16,10 @@ simulator's price for it (wire time + encode/decode from these very rows), signe
 byte count; the ratio f the simulator prices each size at once the profile is the scenario's
 `network.profile` (simulator/network.py WireCost); and the price of each size from the other
 sizes' rows alone (a held-out check of the interpolation).
+
+`--profiles-out DIR`: the inner steps each CPU node ran between the averages of the size
+nearest its model's fp32 payload, timed one by one, written as its profile DIR/<node>-0.csv
+(one row, the scenario's batch): its device measured beside the others as they run in the job.
 
 Lives in geodt/ because it needs both the scenario's links (simulator) and the executor's
 sync (real). Needs root (namespaces, veth, tc): without, one line naming what is missing, exit 2.
@@ -62,6 +66,9 @@ def parser() -> OneLineParser:
     p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
+    p.add_argument("--profiles-out", metavar="DIR",
+                   help="also write each CPU node's inner steps, timed between the averages of the size "
+                        "nearest its model's payload, as a profile DIR/<node>-0.csv at the scenario's batch")
     return p
 
 
@@ -81,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if not out.parent.is_dir() or (out.exists() and not out.is_file()):
         print(f"{prog}: {out}: expected a file path in an existing directory", file=sys.stderr)
+        return 2
+    if args.profiles_out is not None and not Path(args.profiles_out).is_dir():
+        print(f"{prog}: --profiles-out {args.profiles_out}: expected an existing directory", file=sys.stderr)
         return 2
     from formats.errors import InputError
     from simulator.network import link_gbps
@@ -104,19 +114,69 @@ def leader_limits(scenario) -> list[tuple]:
     return [(device_cores(n.cpu_cores, n.gpu_count, 0), n.cpu_quota) for n in scenario.nodes]
 
 
-def round_compute_s(scenario) -> list[float]:
-    """Per node, its compute in one round of the scenario's own batch and local steps (H × t(b)),
-    which it runs between two averages of the calibration as it would between two syncs.
+def between_averages(scenario) -> list[dict]:
+    """Per node, what its process runs between two averages of the calibration, as the node runs
+    its round between two syncs: its real inner steps (the scenario's model at its batch, H steps,
+    each timed; real/netcal.py InnerSteps) where the node's device is this machine's CPU, else a
+    busy loop for H × its step time (a GPU node planned here: its compute is not on this CPU).
 
-    Measured (wan-three, fp32 partitioned on 8/8/4 Mbit/s, 1 MiB, 6 repeats): back to back the
-    three nodes ended an average at 2.96, 2.96 and 3.13 s; computing between averages as in a
-    run, at 2.50, 2.54 and 3.72 s, as the run's syncs did (2.55, 2.43, 3.58 s; this 2-core
-    machine, each node under its CPU quota). Why the compute moves the ends apart was not
-    measured (the nodes' compute and the slow link's last transfers share two cores)."""
+    Why real steps: this machine emulates a scenario's devices on two shared cores, and a device's
+    step then depends on what the others run beside it. Calibrated alone, q90 of wan-three took
+    39.7 ms a step at batch 4; beside the other two computing, 48-54 ms; in the runs, 41-44 ms,
+    for it computes while the slow-linked node is still syncing (results/fidelity-wan/README.md).
+    Its steps timed between the calibration's averages see that same neighbourhood. The busy
+    loop it replaced (256×256 matmuls for the profile's round) priced the run's compute from a
+    calibration in the other neighbourhood: q90's compute 22-42% long in 6 of 8 runs."""
     from simulator.timing import node_timings
 
-    b, h = scenario.training.batch_size, scenario.training.local_steps
-    return [h * timing.step_s(b) for timing in node_timings(scenario)]
+    b, h, model = scenario.training.batch_size, scenario.training.local_steps, scenario.model
+    specs = []
+    for node, timing in zip(scenario.nodes, node_timings(scenario)):
+        if set(node.gpus) == {"cpu"} and model.preset is not None:
+            specs.append({"steps": {"preset": model.preset, "base_dir": str(scenario.base_dir or ""),
+                                    "seq_len": model.seq_len, "dtype": model.dtype, "batch": b, "steps": h}})
+        else:
+            specs.append({"busy_s": h * timing.step_s(b)})
+    return specs
+
+
+def nearest_size(sizes, fp32_bytes: float) -> int:
+    """The measured size closest to the run's payload (by ratio): its averages last as the run's."""
+    import math
+
+    return min(sizes, key=lambda size: abs(math.log(size / fp32_bytes)))
+
+
+def write_profiles(out_dir: Path, scenario, inner: dict, size: int) -> list[str]:
+    """Per node with inner steps, out_dir/<node>-0.csv: one profile row at the scenario's batch
+    from the steps run between the averages of `size` (replacing any earlier file); the lines
+    to print."""
+    from calibrate.harness import DeviceInfo, Measurement, profile_row
+    from calibrate.cpulimit import describe_limits
+    from calibrate.profile_writer import ProfileWriter
+
+    lines, b = [], scenario.training.batch_size
+    for (cores, quota), node in zip(leader_limits(scenario), scenario.nodes):
+        described, by_size = inner.get(node.name, ("", {}))
+        if not by_size:
+            continue
+        limits = describe_limits(cores, quota)
+        name = f"{described}{', ' + limits if limits else ''}; {scenario.name} {node.name} 1/{node.gpu_count}, " \
+               f"between shaped-WAN averages)"
+        info = DeviceInfo("cpu", name, None, "cpu", None, None, None)
+        row = profile_row(info, scenario.model.arch.name, scenario.model.seq_len, scenario.model.dtype,
+                          Measurement(b, list(by_size[size])))
+        path = out_dir / f"{node.name}-0.csv"
+        path.unlink(missing_ok=True)
+        writer = ProfileWriter(path, {k: row[k] for k in ("device_name", "device_index", "gpu_key", "model",
+                                                         "seq_len", "dtype")})
+        try:
+            writer.append(row)
+        finally:
+            writer.close()
+        lines.append(f"{path}: {node.name}: b{b} {row['step_s_mean'] * 1e3:.1f} ms mean over {row['repeats']} "
+                     f"steps between averages of {size >> 10} KiB")
+    return lines
 
 
 def _measure_and_write(args, scenario, nodes, out: Path) -> int:
@@ -129,15 +189,17 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
 
     prog = "geodt calibrate --network --wan shaped"
     sizes = sizes_bytes(args.max_mib)
-    compute_s = round_compute_s(scenario)
+    between = between_averages(scenario)
     print(f"{prog}: between averages each node computes its round, as in a run: "
-          + ", ".join(f"{name} {t:.2f} s" for (name, _), t in zip(nodes, compute_s)), file=sys.stderr)
+          + ", ".join(f"{name} " + (f"{spec['steps']['steps']} inner steps at batch {spec['steps']['batch']}"
+                                    if "steps" in spec else f"{spec['busy_s']:.2f} s busy")
+                      for (name, _), spec in zip(nodes, between)), file=sys.stderr)
     try:
         with tqdm(total=len(sizes), desc="shaped WAN", unit="size", file=sys.stderr) as bar:
-            rows = measure_shaped(nodes, scenario.network.latency_ms, sizes, args.payload_dtypes, args.collectives,
-                                  args.repeats, args.threads, bar.update,
-                                  lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True),
-                                  leader_limits(scenario), compute_s)
+            rows, inner = measure_shaped(nodes, scenario.network.latency_ms, sizes, args.payload_dtypes,
+                                         args.collectives, args.repeats, args.threads, bar.update,
+                                         lambda text: print(f"{prog}: {text}", file=sys.stderr, flush=True),
+                                         leader_limits(scenario), between)
     except WanError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -152,6 +214,10 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
     print(codec_summary(model))
     print(comparison(scenario, model, frame).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"wrote {out}")
+    if args.profiles_out is not None:
+        size = nearest_size(sizes, 4 * scenario.model.param_count)
+        for line in write_profiles(Path(args.profiles_out), scenario, inner, size):
+            print(line)
     return 0
 
 

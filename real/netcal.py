@@ -95,7 +95,8 @@ def _time_all(repeats: int, fn, sync, after=None) -> list[float]:
 
 def _computing(seconds: float):
     """A callable that keeps this process computing (float32 matmuls, its torch threads) for
-    `seconds` of wall time, as a node's inner steps do between two syncs; None for 0."""
+    `seconds` of wall time, as a node's inner steps do between two syncs; None for 0. For nodes
+    whose devices are not this process's CPU (a GPU node planned here): InnerSteps otherwise."""
     import torch
 
     if seconds <= 0:
@@ -108,6 +109,61 @@ def _computing(seconds: float):
         while time.perf_counter() < end:
             x = torch.tanh(x @ a)
     return compute
+
+
+class InnerSteps:
+    """A node's real inner steps between two averages: `steps` training steps of the scenario's
+    model at `batch` (calibrate/step.py's train_step, the executor's inner step), each timed into
+    `times`. Two untimed steps at construction warm the allocator and the kernels."""
+
+    WARMUP = 2
+
+    def __init__(self, preset: str, base_dir: str | None, seq_len: int, dtype: str, batch: int, steps: int):
+        import torch
+
+        from calibrate.models import build_model
+        from calibrate.presets import load_arch
+        from calibrate.step import make_optimizer, make_scaler, random_batch
+
+        arch = load_arch(preset, Path(base_dir) if base_dir else None)
+        self.model_name, self.seq_len, self.dtype, self.batch, self.steps = arch.name, seq_len, dtype, batch, steps
+        self.model = build_model(arch, seq_len).train()
+        self.optimizer, self.scaler = make_optimizer(self.model), make_scaler("cpu", dtype)
+        self.tokens = random_batch(arch.vocab_size, batch, seq_len, "cpu", torch.Generator().manual_seed(0))
+        self.times: list[float] = []
+        for _ in range(self.WARMUP):
+            self._step()
+
+    def _step(self) -> None:
+        from calibrate.step import train_step
+
+        train_step(self.model, self.optimizer, self.tokens, self.dtype, self.scaler)
+
+    def __call__(self) -> None:
+        for _ in range(self.steps):
+            start = time.perf_counter()
+            self._step()
+            self.times.append(time.perf_counter() - start)
+
+
+def describe_inner(compute) -> str:
+    """The device an InnerSteps ran on as a profile names it: the CPU, its torch threads, this
+    process's limits; '' for any other filler."""
+    if not isinstance(compute, InnerSteps):
+        return ""
+    import torch
+
+    from calibrate.harness import cpu_name
+
+    threads = torch.get_num_threads()
+    return f"{cpu_name()} ({threads} thread{'s' if threads > 1 else ''}"
+
+
+def _between_averages(spec: dict):
+    """What a node runs between two averages: {"steps": InnerSteps' arguments} or {"busy_s": s}."""
+    if "steps" in spec:
+        return InnerSteps(**spec["steps"])
+    return _computing(spec.get("busy_s", 0.0))
 
 
 def _join_gloo(rank: int, world: int, store_path: str | None, threads: int | None):
@@ -272,7 +328,8 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
     barrier, slowest, every = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows, gbps = [], [link.link_gbps for link in links]
-    compute = _computing(args_dict["compute_s"][rank])
+    compute = _between_averages(args_dict["between"][rank])
+    steps_by_size = {}
     for size in args_dict["sizes"]:
         elements = size // 4
         delta = torch.randn(elements, generator=torch.Generator().manual_seed(rank))
@@ -285,29 +342,35 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
                 rows += [("all_reduce", size, own, dtype, collective, link.node)
                          for link, own in zip(links, every(times))]
         rows.extend(codec_rows(elements, args_dict["repeats"], barrier, slowest))
+        if isinstance(compute, InnerSteps):
+            steps_by_size[size], compute.times = compute.times, []
         if rank == 0:
             queue.put(("progress", 1))
+    gathered = [None] * world
+    dist.all_gather_object(gathered, (describe_inner(compute), steps_by_size))
     if rank == 0:
-        queue.put(("rows", rows))
+        queue.put(("rows", (rows, {link.node: own for link, own in zip(links, gathered)})))
     barrier()
     dist.destroy_process_group()
 
 
 def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: list[int], dtypes: list[str],
                    collectives: list[str], repeats: int, threads: int, progress=None, describe=None,
-                   limits: list[tuple] | None = None, compute_s: list[float] | None = None) -> list:
-    """Rows (kind, size, [seconds], payload_dtype[, collective[, node]]) measured among one process
-    per node, each in its node's namespace of a shaped WAN (real/wan.py) built for `nodes`
-    [(name, link_gbps)] and removed on every way out, under `limits` [(cores, quota)] per node
-    (None: none), each node computing for its `compute_s` (None: 0) between two averages as it
-    would between two syncs of a run; WanError where it cannot be built."""
+                   limits: list[tuple] | None = None, between: list[dict] | None = None) -> tuple[list, dict]:
+    """(rows, inner): rows (kind, size, [seconds], payload_dtype[, collective[, node]]) measured
+    among one process per node, each in its node's namespace of a shaped WAN (real/wan.py) built
+    for `nodes` [(name, link_gbps)] and removed on every way out, under `limits` [(cores, quota)]
+    per node (None: none), each node running its `between` (_between_averages: real inner steps
+    or a busy loop; None: nothing) between two averages as it would between two syncs of a run;
+    inner {node: (device described, {size: [seconds of each inner step run between that size's
+    averages]})}, empty for a node without inner steps. WanError where it cannot be built."""
     import torch.multiprocessing as mp
 
     from real.wan import ShapedWan
 
     args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
                  "threads": threads, "limits": limits or [(None, None)] * len(nodes),
-                 "compute_s": compute_s or [0.0] * len(nodes), "parent_pid": os.getpid()}
+                 "between": between or [{}] * len(nodes), "parent_pid": os.getpid()}
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with ShapedWan(nodes, latency_ms=latency_ms) as wan, \

@@ -50,9 +50,12 @@ def test_shaped_calibration_measures_each_dtype_on_the_scenario_links(tmp_path, 
     out = tmp_path / "net.csv"
     assert main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
                  "--payload-dtypes", "fp32,int8", "--collectives", "ring", "--max-mib", "1", "--repeats", "1",
-                 "--threads", "1", "--out", str(out)]) == 0
+                 "--threads", "1", "--out", str(out), "--profiles-out", str(tmp_path)]) == 0
     frame = pd.read_csv(out)
     assert list(frame.columns) == list(NET_COLUMNS + OPTIONAL_COLUMNS)
+    for node in ("a", "b"):  # its H = 2 inner steps after each dtype's one repeat of 1 MiB, at batch 2
+        profile = pd.read_csv(tmp_path / f"{node}-0.csv")
+        assert list(profile.batch_size) == [2] and list(profile.repeats) == [2 * 2] and profile.step_s_mean[0] > 0
     frame["node"] = frame["node"].fillna("")
     every = frame[frame.kind == "all_reduce"]
     assert set(every.backend) == {SHAPED_BACKEND} and set(every.processes) == {2}
@@ -123,15 +126,21 @@ def test_a_node_with_a_cpu_quota_syncs_at_that_quota(tmp_path, write_scenario):
     assert sync_s(limited, "limited") >= 3 * sync_s(fast, "free")
 
 
-def test_each_node_computes_its_round_between_averages(write_scenario):
-    """As in a run, each node computes between two syncs: its round of the scenario's batch and
-    local steps (H × its step time: 2 × 0.1 s here), run untimed between timed averages."""
-    from geodt.netcal_wan import round_compute_s
+def test_each_node_runs_its_round_between_averages(write_scenario):
+    """As in a run, each node computes between two syncs: a CPU node its real inner steps (the
+    scenario's model at its batch, H of them), a GPU node planned here a busy loop for H × its
+    step time (2 × 0.1 s here), run untimed between timed averages."""
+    from geodt.netcal_wan import between_averages
     from real.netcal import _computing, _time_all
     from simulator.scenario import load_scenario
 
-    scenario = load_scenario(str(write_scenario(SCENARIO)))
-    assert round_compute_s(scenario) == [2 * 0.1, 2 * 0.1]
+    gpu = SCENARIO.replace('name = "b"\ngpus = { "cpu" = 1 }', 'name = "b"\ngpus = { "a100-80gb" = 1 }')
+    assert gpu != SCENARIO
+    scenario = load_scenario(str(write_scenario(gpu)))
+    assert between_averages(scenario) == [
+        {"steps": {"preset": "tiny", "base_dir": str(scenario.base_dir), "seq_len": 64, "dtype": "fp32",
+                   "batch": 2, "steps": 2}},
+        {"busy_s": 2 * 0.1}]
     calls = []
     times = _time_all(3, lambda: calls.append("fn"), lambda: calls.append("sync"), lambda: calls.append("after"))
     assert len(times) == 3
@@ -143,3 +152,53 @@ def test_each_node_computes_its_round_between_averages(write_scenario):
     start = time.perf_counter()
     compute()
     assert time.perf_counter() - start >= 0.05
+
+
+def test_inner_steps_train_the_model_and_time_each_step():
+    """Real training steps (the weights move), each timed; the construction's warm-up untimed."""
+    import torch
+
+    from real.netcal import InnerSteps
+
+    inner = InnerSteps("tiny", None, 16, "fp32", 1, 3)
+    before = [p.detach().clone() for p in inner.model.parameters()]
+    assert inner.times == []
+    inner()
+    inner()
+    assert len(inner.times) == 6 and all(t > 0 for t in inner.times)
+    assert any(not torch.equal(a, b) for a, b in zip(before, inner.model.parameters()))
+
+
+def test_the_steps_kept_are_those_beside_the_run_payload_size():
+    from geodt.netcal_wan import nearest_size
+
+    sizes = [64 << 10, 256 << 10, 1 << 20]
+    assert nearest_size(sizes, 1.0012 * (1 << 20)) == 1 << 20   # the tiny model's fp32 payload
+    assert nearest_size(sizes, 100 << 10) == 64 << 10           # 1.56x above 64 KiB, 2.56x below 256
+    assert nearest_size(sizes, 140 << 10) == 256 << 10
+    assert nearest_size(sizes, 64 << 20) == 1 << 20
+
+
+def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_batch(tmp_path, write_scenario):
+    """One row per node at the scenario's batch, from the steps beside the chosen size only, in a
+    profile the simulator loads (the scenario pointed at it plans and simulates)."""
+    from geodt.netcal_wan import write_profiles
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(str(write_scenario(SCENARIO)))
+    device = "AMD EPYC (1 thread"
+    inner = {"a": (device, {64 << 10: [9.0], 1 << 20: [0.1, 0.2, 0.3, 0.4]}),
+             "b": (device, {64 << 10: [9.0], 1 << 20: [0.5, 0.5, 0.5, 0.5]})}
+    lines = write_profiles(tmp_path, scenario, inner, 1 << 20)
+    assert lines == [f"{tmp_path}/a-0.csv: a: b2 250.0 ms mean over 4 steps between averages of 1024 KiB",
+                     f"{tmp_path}/b-0.csv: b: b2 500.0 ms mean over 4 steps between averages of 1024 KiB"]
+    frame = pd.read_csv(tmp_path / "a-0.csv")
+    assert len(frame) == 1 and frame.batch_size[0] == 2 and frame.repeats[0] == 4
+    assert frame.step_s_mean[0] == pytest.approx(0.25) and frame.step_s_median[0] == pytest.approx(0.25)
+    assert frame.device_name[0] == f"{device}; wan2 a 1/1, between shaped-WAN averages)"
+    pointed = SCENARIO.replace("step_time_s = 0.1", "", 1).replace('name = "a"\n', f'name = "a"\nprofile = "{tmp_path}/a-0.csv"\n')
+    from simulator.timing import node_timings
+
+    timing = node_timings(load_scenario(str(write_scenario(pointed, name="pointed.toml"))))[0]
+    assert timing.step_s(2) == pytest.approx(0.25)
+    assert write_profiles(tmp_path, scenario, {"a": ("", {})}, 1 << 20) == []  # no steps, no profile
