@@ -2,7 +2,7 @@
 
 Calibrates each scenario's devices together right before every run (`geodt calibrate
 --scenario`, the scenario's own batch last; `--committed-profiles` uses profiles/fidelity/
-instead), then runs `geodt validate` (real: every inner step, intra-node all-reduce, outer
+instead; WAN cases: below), then runs `geodt validate` (real: every inner step, intra-node all-reduce, outer
 sync and checkpoint happen and are timed; nothing is padded) for each case below, REPEATS
 times, and compares per node the simulator's prediction with the measurement:
 
@@ -23,11 +23,14 @@ of its own, tbf at its link both ways; real/wan.py), with links slow enough that
 at least half the round: ring and partitioned, equal and unequal uplinks, fp32/fp16/int8, 3
 and 4 nodes, baseline and the balancing strategies. Their host costs (outer step, checkpoint,
 encode/decode) come from `geodt calibrate --network` run once at the start, its all-reduce
-rows dropped; their links are calibrated before each run, before the devices: `geodt calibrate
---network --wan shaped` on the case's own links, dtype and collective (LINK_REPEATS
-averaged per size, sizes up to LINK_MAX_MIB), whose all-reduce rows the simulator prices, at
-their mean, against its byte count (simulator/network.py WireCost; each node's own end of the
-average too, the calibration computing between averages as a run does: geodt/netcal_wan.py).
+rows dropped; their links are calibrated right before each run: `geodt calibrate --network
+--wan shaped` on the case's own links, dtype and collective (LINK_REPEATS averaged per size,
+sizes up to LINK_MAX_MIB), whose all-reduce rows the simulator prices, at their mean, against
+its byte count (simulator/network.py WireCost; each node's own end of the average too, each
+node running its real inner steps between averages as in a run: geodt/netcal_wan.py). A case
+whose plan runs at the scenario's batch (baseline, measured-steps) takes its devices' step
+times from those inner steps (`--profiles-out`); hybrid cases calibrate their devices at every
+batch after the links (`geodt calibrate --scenario`).
 Each WAN run is WAN_ROUNDS rounds of WAN_LOCAL_STEPS inner steps. Writes
 results/fidelity/{fidelity.csv, table.md, fidelity.png}, links/runK.csv (the network profile
 WAN run K ran with) and prints the table.
@@ -166,28 +169,27 @@ def host_network_profile(work: Path) -> Path:
 
 
 def wan_overrides(dtype: str, collective: str, uplinks: dict | None, extra: tuple | None,
-                  host_profile: Path) -> list[str]:
+                  host_profile: Path, rounds: int = WAN_ROUNDS) -> list[str]:
     """--set arguments of a WAN case: links, payload, collective, H, rounds, extra keys and the host's profile."""
     from formats.wire import PAYLOAD_BYTES
 
     gbps = WAN_MBIT_PER_FP32_BYTE * PAYLOAD_BYTES[dtype] / 1e3
     sets = [f"network.bandwidth_gbps={gbps!r}", f'network.payload_dtype="{dtype}"',
             f'network.collective="{collective}"', f"training.local_steps={WAN_LOCAL_STEPS}",
-            f"training.rounds={WAN_ROUNDS}", f'network.profile="{host_profile}"']
+            f"training.rounds={rounds}", f'network.profile="{host_profile}"']
     sets += [f"nodes.{node}.uplink_gbps={gbps * share!r}" for node, share in (uplinks or {}).items()]
     return sets + list(extra or ())
 
 
 def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host_profile: Path, work: Path,
-                  profiles_out: Path | None = None) -> Path:
+                  profiles_out: Path | None = None, repeats: int = LINK_REPEATS) -> Path:
     """The host profile plus the case's links measured just now on the shaped WAN (its
     all-reduce rows for the case's dtype and collective): the network profile of a WAN run.
     profiles_out: each node's inner steps, run between the averages, written there as its profile."""
     shaped, merged = work / "links.csv", work / "net-case.csv"
     cmd = [sys.executable, "-m", "geodt", "calibrate", "--network", "--wan", "shaped", "--scenario", str(path),
            "--payload-dtypes", dtype, "--collectives", collective, "--max-mib", str(LINK_MAX_MIB),
-           "--repeats", str(LINK_REPEATS),
-           "--threads", "1", "--out", str(shaped)]
+           "--repeats", str(repeats), "--threads", "1", "--out", str(shaped)]
     if profiles_out is not None:
         profiles_out.mkdir()
         cmd += ["--profiles-out", str(profiles_out)]
@@ -200,7 +202,7 @@ def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host
 
 
 def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: list[str] = (),
-             wan_case: tuple | None = None, keep: Path | None = None) -> pd.DataFrame:
+             wan_case: tuple | None = None, keep: Path | None = None, link_repeats: int = LINK_REPEATS) -> pd.DataFrame:
     """One validate run; wan_case (dtype, collective, host profile): on the shaped WAN, its
     links calibrated first (the network profile it ran with copied to `keep`).
 
@@ -214,7 +216,7 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
     path = committed
     if wan:
         steps = work / "between-averages" if strategy in STEPS_BETWEEN_AVERAGES else None
-        profile = links_profile(committed, list(sets), *wan_case, work, steps)
+        profile = links_profile(committed, list(sets), *wan_case, work, steps, link_repeats)
         sets = [*sets, f'network.profile="{profile}"']
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
@@ -368,6 +370,9 @@ def main() -> int:
     which.add_argument("--wan-only", action="store_true", help="only the shaped-WAN cases")
     parser.add_argument("--case", type=int, action="append", metavar="K",
                         help="run only case K of the list (0-based; repeatable), e.g. to try one")
+    parser.add_argument("--wan-rounds", type=int, default=WAN_ROUNDS, help=f"rounds per WAN run (default {WAN_ROUNDS})")
+    parser.add_argument("--link-repeats", type=int, default=LINK_REPEATS,
+                        help=f"repeats per size of each WAN case's link calibration (default {LINK_REPEATS})")
     args = parser.parse_args()
     from tqdm import tqdm
 
@@ -379,10 +384,10 @@ def main() -> int:
         host = host_network_profile(Path(tmp)) if any(c[4] for c in cases) else None
         runs = [(r, *case) for r in range(args.repeats) for case in cases]
         for k, (r, sc, st, label, wan_case, wan) in enumerate(tqdm(runs, desc="fidelity", unit="run", file=sys.stderr)):
-            sets = wan_overrides(*wan_case, host) if wan else []
+            sets = wan_overrides(*wan_case, host, args.wan_rounds) if wan else []
             frame = run_case(sc, st, Path(tmp) / f"run{k}", calibrate=wan or not args.committed_profiles,
                              sets=sets, wan_case=(wan_case[0], wan_case[1], host) if wan else None,
-                             keep=Path(args.out) / "links" / f"run{k}.csv")
+                             keep=Path(args.out) / "links" / f"run{k}.csv", link_repeats=args.link_repeats)
             frames.append(frame.assign(scenario=sc, repeat=r, case=label))
     rows = errors(pd.concat(frames, ignore_index=True))
     table = summarise(rows)
@@ -402,7 +407,9 @@ def main() -> int:
     how = ("committed profiles (profiles/fidelity/)" if args.committed_profiles else
            f"profiles measured right before each run (geodt calibrate --scenario, batches "
            f"{','.join(map(str, CAL_BATCHES))} largest first and the scenario's own last, {CAL_REPEATS} "
-           f"repeats; a WAN case's links before its devices)")
+           f"repeats; a WAN case's links before its devices; a WAN case at the scenario's batch, "
+           f"{'/'.join(STEPS_BETWEEN_AVERAGES)}: its devices' steps timed between the links' averages)")
+    how += f"; WAN runs of {args.wan_rounds} rounds, their links {args.link_repeats} repeats per size"
     (out / "table.md").write_text(f"Measured on {machine}; {how}. Errors are signed (module docstring of "
                                   f"benchmarks/bench_fidelity.py).\n\n{md}\n\n{overall}\n")
     plot(rows, out / "fidelity.png")

@@ -6,7 +6,8 @@ as the simulator's simulator/network.link_gbps gives it), runs real/sync.py's cr
 average exactly as the executor's node leaders do (under their CPU limits: cpu_cores,
 cpu_quota; between two averages each runs its round, the scenario's H inner steps at its batch,
 as between two syncs of a run: `between_averages`), for every payload dtype and collective asked, over
-payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size), and times
+payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size; with Streaming
+DiLoCo one fragment's payload too: `measured_sizes`), and times
 encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py):
 kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per parameter,
 whatever the dtype on the wire), payload_dtype, collective, node (empty: each repeat's slowest
@@ -140,6 +141,18 @@ def between_averages(scenario) -> list[dict]:
     return specs
 
 
+def measured_sizes(scenario, max_mib: int) -> list[int]:
+    """The fp32 sizes averaged: 64 KiB to max_mib (×4 per size) and, where the scenario syncs
+    P > 1 fragments (Streaming DiLoCo), one fragment's payload, 4 × round(params / P) bytes: the
+    size its averages carry, measured rather than interpolated between its neighbours."""
+    from real.netcal import sizes_bytes
+
+    sizes = sizes_bytes(max_mib)
+    if scenario.diloco.fragments > 1:
+        sizes.append(4 * round(scenario.model.param_count / scenario.diloco.fragments))
+    return sorted(set(sizes))
+
+
 def nearest_size(sizes, fp32_bytes: float) -> int:
     """The measured size closest to the run's payload (by ratio): its averages last as the run's."""
     import math
@@ -184,11 +197,11 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
 
     from calibrate.netprofile import read_network_profile
     from formats.netprofile import SHAPED_BACKEND
-    from real.netcal import codec_summary, measure_shaped, sizes_bytes, to_frame
+    from real.netcal import codec_summary, measure_shaped, to_frame
     from real.wan import WanError
 
     prog = "geodt calibrate --network --wan shaped"
-    sizes = sizes_bytes(args.max_mib)
+    sizes = measured_sizes(scenario, args.max_mib)
     between = between_averages(scenario)
     print(f"{prog}: between averages each node computes its round, as in a run: "
           + ", ".join(f"{name} " + (f"{spec['steps']['steps']} inner steps at batch {spec['steps']['batch']}"

@@ -202,3 +202,15 @@ def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_ba
     timing = node_timings(load_scenario(str(write_scenario(pointed, name="pointed.toml"))))[0]
     assert timing.step_s(2) == pytest.approx(0.25)
     assert write_profiles(tmp_path, scenario, {"a": ("", {})}, 1 << 20) == []  # no steps, no profile
+
+
+def test_a_streaming_scenario_also_measures_one_fragment_payload(write_scenario):
+    """Streaming DiLoCo averages one fragment at a time: that size (here the tiny model's
+    262,464 parameters / 2, 4 bytes each) is measured beside the ×4 ladder, not interpolated."""
+    from geodt.netcal_wan import measured_sizes
+    from simulator.scenario import load_scenario
+
+    classic = load_scenario(str(write_scenario(SCENARIO)))
+    assert measured_sizes(classic, 1) == [64 << 10, 256 << 10, 1 << 20]
+    streaming = load_scenario(str(write_scenario(SCENARIO + "[diloco]\nfragments = 2\n", name="streaming.toml")))
+    assert measured_sizes(streaming, 1) == [64 << 10, 256 << 10, 4 * 131_232, 1 << 20]
