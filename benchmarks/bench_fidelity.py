@@ -182,7 +182,7 @@ def wan_overrides(dtype: str, collective: str, uplinks: dict | None, extra: tupl
 
 
 def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host_profile: Path, work: Path,
-                  profiles_out: Path | None = None, repeats: int = LINK_REPEATS) -> Path:
+                  profiles_out: Path | None = None, repeats: int = LINK_REPEATS, plan: Path | None = None) -> Path:
     """The host profile plus the case's links measured just now on the shaped WAN (its
     all-reduce rows for the case's dtype and collective): the network profile of a WAN run.
     profiles_out: each node's inner steps, run between the averages, written there as its profile."""
@@ -193,12 +193,24 @@ def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host
     if profiles_out is not None:
         profiles_out.mkdir()
         cmd += ["--profiles-out", str(profiles_out)]
+    if plan is not None:
+        cmd += ["--plan", str(plan)]
     for text in sets:
         cmd += ["--set", text]
     _run(cmd)
     links = pd.read_csv(shaped)
     pd.concat([pd.read_csv(host_profile), links[links.kind == "all_reduce"]]).to_csv(merged, index=False)
     return merged
+
+
+def committed_plan(path: Path, strategy: str, sets: list[str], work: Path) -> Path:
+    """The strategy's plan from the committed profiles: the round each node runs between the
+    links' averages (measured-steps: every node busy for the slowest's compute, not equal H)."""
+    cmd = [sys.executable, "-m", "geodt", "plan", str(path), "--strategy", strategy, "--out", str(work / "plan")]
+    for text in sets:
+        cmd += ["--set", text]
+    _run(cmd)
+    return work / "plan" / "plan.csv"
 
 
 def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: list[str] = (),
@@ -208,7 +220,8 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
 
     A WAN case whose plan runs at the scenario's batch (STEPS_BETWEEN_AVERAGES) is predicted
     from the inner steps its nodes ran between the links' averages (geodt calibrate --network
-    --wan shaped --profiles-out: each device timed beside the others as in the run); any other
+    --wan shaped --profiles-out: each device timed beside the others as in the run; with the
+    strategy's plan from the committed profiles, --plan, where it is not the baseline); any other
     calibrates its devices at every batch after the links (geodt calibrate --scenario)."""
     wan = wan_case is not None
     committed = SCENARIOS / f"{scenario}.toml"
@@ -216,7 +229,8 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
     path = committed
     if wan:
         steps = work / "between-averages" if strategy in STEPS_BETWEEN_AVERAGES else None
-        profile = links_profile(committed, list(sets), *wan_case, work, steps, link_repeats)
+        plan = committed_plan(committed, strategy, sets, work) if strategy != "baseline" and steps else None
+        profile = links_profile(committed, list(sets), *wan_case, work, steps, link_repeats, plan)
         sets = [*sets, f'network.profile="{profile}"']
         if keep is not None:
             keep.parent.mkdir(parents=True, exist_ok=True)
@@ -408,7 +422,8 @@ def main() -> int:
            f"profiles measured right before each run (geodt calibrate --scenario, batches "
            f"{','.join(map(str, CAL_BATCHES))} largest first and the scenario's own last, {CAL_REPEATS} "
            f"repeats; a WAN case's links before its devices; a WAN case at the scenario's batch, "
-           f"{'/'.join(STEPS_BETWEEN_AVERAGES)}: its devices' steps timed between the links' averages)")
+           f"{'/'.join(STEPS_BETWEEN_AVERAGES)}: its devices' steps timed between the links' averages, "
+           f"each node running its round of the strategy's plan from the committed profiles)")
     how += f"; WAN runs of {args.wan_rounds} rounds, their links {args.link_repeats} repeats per size"
     (out / "table.md").write_text(f"Measured on {machine}; {how}. Errors are signed (module docstring of "
                                   f"benchmarks/bench_fidelity.py).\n\n{md}\n\n{overall}\n")

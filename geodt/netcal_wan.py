@@ -20,7 +20,8 @@ sizes' rows alone (a held-out check of the interpolation).
 
 `--profiles-out DIR`: the inner steps each CPU node ran between the averages of the size
 nearest its model's fp32 payload, timed one by one, written as its profile DIR/<node>-0.csv
-(one row, the scenario's batch): its device measured beside the others as they run in the job.
+(one row, its batch): its device measured beside the others as they run in the job. `--plan
+PLAN.csv`: each node runs the plan's b_i and H_i between averages instead of the scenario's.
 
 Lives in geodt/ because it needs both the scenario's links (simulator) and the executor's
 sync (real). Needs root (namespaces, veth, tc): without, one line naming what is missing, exit 2.
@@ -67,9 +68,12 @@ def parser() -> OneLineParser:
     p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
+    p.add_argument("--plan", metavar="PLAN.csv",
+                   help="between averages each node runs this plan's batch and local steps (default: the "
+                        "scenario's): a plan's own neighbourhood for --profiles-out")
     p.add_argument("--profiles-out", metavar="DIR",
                    help="also write each CPU node's inner steps, timed between the averages of the size "
-                        "nearest its model's payload, as a profile DIR/<node>-0.csv at the scenario's batch")
+                        "nearest its model's payload, as a profile DIR/<node>-0.csv at its batch")
     return p
 
 
@@ -105,7 +109,21 @@ def main(argv: list[str] | None = None) -> int:
     if len(scenario.nodes) < 2:
         print(f"{prog}: {args.scenario}: nodes: expected at least 2 nodes to average between", file=sys.stderr)
         return 2
-    return _measure_and_write(args, scenario, list(zip([n.name for n in scenario.nodes], link_gbps(scenario))), out)
+    plan = None
+    if args.plan is not None:
+        from formats.plan import PlanError, load_plan
+
+        try:
+            plan = load_plan(args.plan, scenario.model.seq_len)
+        except (PlanError, OSError) as exc:
+            print(f"{prog}: {args.plan}: {exc}", file=sys.stderr)
+            return 2
+        if [n.node for n in plan.nodes] != [n.name for n in scenario.nodes]:
+            print(f"{prog}: {args.plan}: node: expected the scenario's nodes {[n.name for n in scenario.nodes]}, "
+                  f"got {[n.node for n in plan.nodes]}", file=sys.stderr)
+            return 2
+    nodes = list(zip([n.name for n in scenario.nodes], link_gbps(scenario)))
+    return _measure_and_write(args, scenario, nodes, out, between_averages(scenario, plan))
 
 
 def leader_limits(scenario) -> list[tuple]:
@@ -115,11 +133,11 @@ def leader_limits(scenario) -> list[tuple]:
     return [(device_cores(n.cpu_cores, n.gpu_count, 0), n.cpu_quota) for n in scenario.nodes]
 
 
-def between_averages(scenario) -> list[dict]:
+def between_averages(scenario, plan=None) -> list[dict]:
     """Per node, what its process runs between two averages of the calibration, as the node runs
     its round between two syncs: its real inner steps (the scenario's model at its batch, H steps,
-    each timed; real/netcal.py InnerSteps) where the node's device is this machine's CPU, else a
-    busy loop for H × its step time (a GPU node planned here: its compute is not on this CPU).
+    or the plan's b_i and H_i; each timed: real/netcal.py InnerSteps) where the node's device is
+    this machine's CPU, else a busy loop for H × its step time (a GPU node planned here).
 
     Why real steps: this machine emulates a scenario's devices on two shared cores, and a device's
     step then depends on what the others run beside it. Calibrated alone, q90 of wan-three took
@@ -130,9 +148,10 @@ def between_averages(scenario) -> list[dict]:
     calibration in the other neighbourhood: q90's compute 22-42% long in 6 of 8 runs."""
     from simulator.timing import node_timings
 
-    b, h, model = scenario.training.batch_size, scenario.training.local_steps, scenario.model
-    specs = []
-    for node, timing in zip(scenario.nodes, node_timings(scenario)):
+    model, specs = scenario.model, []
+    for k, (node, timing) in enumerate(zip(scenario.nodes, node_timings(scenario))):
+        b, h = ((plan.nodes[k].batch_size, plan.nodes[k].local_steps) if plan is not None
+                else (scenario.training.batch_size, scenario.training.local_steps))
         if set(node.gpus) == {"cpu"} and model.preset is not None:
             specs.append({"steps": {"preset": model.preset, "base_dir": str(scenario.base_dir or ""),
                                     "seq_len": model.seq_len, "dtype": model.dtype, "batch": b, "steps": h}})
@@ -160,16 +179,16 @@ def nearest_size(sizes, fp32_bytes: float) -> int:
     return min(sizes, key=lambda size: abs(math.log(size / fp32_bytes)))
 
 
-def write_profiles(out_dir: Path, scenario, inner: dict, size: int) -> list[str]:
-    """Per node with inner steps, out_dir/<node>-0.csv: one profile row at the scenario's batch
-    from the steps run between the averages of `size` (replacing any earlier file); the lines
-    to print."""
+def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: list[int]) -> list[str]:
+    """Per node with inner steps, out_dir/<node>-0.csv: one profile row at its batch (`batches`,
+    per node) from the steps run between the averages of `size` (replacing any earlier file);
+    the lines to print."""
     from calibrate.harness import DeviceInfo, Measurement, profile_row
     from calibrate.cpulimit import describe_limits
     from calibrate.profile_writer import ProfileWriter
 
-    lines, b = [], scenario.training.batch_size
-    for (cores, quota), node in zip(leader_limits(scenario), scenario.nodes):
+    lines = []
+    for (cores, quota), node, b in zip(leader_limits(scenario), scenario.nodes, batches):
         described, by_size = inner.get(node.name, ("", {}))
         if not by_size:
             continue
@@ -192,7 +211,7 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int) -> list[str]
     return lines
 
 
-def _measure_and_write(args, scenario, nodes, out: Path) -> int:
+def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) -> int:
     from tqdm import tqdm
 
     from calibrate.netprofile import read_network_profile
@@ -202,7 +221,6 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
 
     prog = "geodt calibrate --network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
-    between = between_averages(scenario)
     print(f"{prog}: between averages each node computes its round, as in a run: "
           + ", ".join(f"{name} " + (f"{spec['steps']['steps']} inner steps at batch {spec['steps']['batch']}"
                                     if "steps" in spec else f"{spec['busy_s']:.2f} s busy")
@@ -229,7 +247,8 @@ def _measure_and_write(args, scenario, nodes, out: Path) -> int:
     print(f"wrote {out}")
     if args.profiles_out is not None:
         size = nearest_size(sizes, 4 * scenario.model.param_count)
-        for line in write_profiles(Path(args.profiles_out), scenario, inner, size):
+        batches = [spec["steps"]["batch"] if "steps" in spec else None for spec in between]
+        for line in write_profiles(Path(args.profiles_out), scenario, inner, size, batches):
             print(line)
     return 0
 

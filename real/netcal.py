@@ -126,7 +126,7 @@ class InnerSteps:
         from calibrate.step import make_optimizer, make_scaler, random_batch
 
         arch = load_arch(preset, Path(base_dir) if base_dir else None)
-        self.model_name, self.seq_len, self.dtype, self.batch, self.steps = arch.name, seq_len, dtype, batch, steps
+        self.dtype, self.steps = dtype, steps
         self.model = build_model(arch, seq_len).train()
         self.optimizer, self.scaler = make_optimizer(self.model), make_scaler("cpu", dtype)
         self.tokens = random_batch(arch.vocab_size, batch, seq_len, "cpu", torch.Generator().manual_seed(0))
@@ -282,16 +282,19 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
                                   processes, queue, progress)
 
 
-def _spawn_and_collect(entry, args: tuple, processes: int, queue, progress) -> list:
-    """Start `processes` spawned entry(rank, *args); relay their progress; the rows rank 0 sends."""
+def _spawn_and_collect(entry, args: tuple, processes: int, queue, progress, inner: dict | None = None) -> list:
+    """Start `processes` spawned entry(rank, *args); relay their progress; the rows rank 0 sends
+    (and into `inner`, where given, what every rank sends as ("inner", (key, value)))."""
     import torch.multiprocessing as mp
 
     procs = mp.start_processes(entry, args=args, nprocs=processes, join=False, start_method="spawn")
     rows = None
-    while rows is None:
+    while rows is None or (inner is not None and len(inner) < processes):
         kind, value = queue.get()
         if kind == "progress" and progress is not None:
             progress(value)
+        elif kind == "inner" and inner is not None:
+            inner[value[0]] = value[1]
         elif kind == "rows":
             rows = value
     while not procs.join():
@@ -346,10 +349,9 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
             steps_by_size[size], compute.times = compute.times, []
         if rank == 0:
             queue.put(("progress", 1))
-    gathered = [None] * world
-    dist.all_gather_object(gathered, (describe_inner(compute), steps_by_size))
+    queue.put(("inner", (links[rank].node, (describe_inner(compute), steps_by_size))))  # parent and child only
     if rank == 0:
-        queue.put(("rows", (rows, {link.node: own for link, own in zip(links, gathered)})))
+        queue.put(("rows", rows))
     barrier()
     dist.destroy_process_group()
 
@@ -377,8 +379,10 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
             tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
         if describe is not None:
             describe(wan.describe())
-        return _spawn_and_collect(_shaped_entry, (len(nodes), os.path.join(rdzv, "store"), wan.links, args_dict, queue),
-                                  len(nodes), queue, progress)
+        inner = {}
+        rows = _spawn_and_collect(_shaped_entry, (len(nodes), os.path.join(rdzv, "store"), wan.links, args_dict, queue),
+                                  len(nodes), queue, progress, inner)
+        return rows, inner
 
 
 def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):

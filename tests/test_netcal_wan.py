@@ -189,7 +189,7 @@ def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_ba
     device = "AMD EPYC (1 thread"
     inner = {"a": (device, {64 << 10: [9.0], 1 << 20: [0.1, 0.2, 0.3, 0.4]}),
              "b": (device, {64 << 10: [9.0], 1 << 20: [0.5, 0.5, 0.5, 0.5]})}
-    lines = write_profiles(tmp_path, scenario, inner, 1 << 20)
+    lines = write_profiles(tmp_path, scenario, inner, 1 << 20, [2, 2])
     assert lines == [f"{tmp_path}/a-0.csv: a: b2 250.0 ms mean over 4 steps between averages of 1024 KiB",
                      f"{tmp_path}/b-0.csv: b: b2 500.0 ms mean over 4 steps between averages of 1024 KiB"]
     frame = pd.read_csv(tmp_path / "a-0.csv")
@@ -201,7 +201,7 @@ def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_ba
 
     timing = node_timings(load_scenario(str(write_scenario(pointed, name="pointed.toml"))))[0]
     assert timing.step_s(2) == pytest.approx(0.25)
-    assert write_profiles(tmp_path, scenario, {"a": ("", {})}, 1 << 20) == []  # no steps, no profile
+    assert write_profiles(tmp_path, scenario, {"a": ("", {})}, 1 << 20, [2, 2]) == []  # no steps, no profile
 
 
 def test_a_streaming_scenario_also_measures_one_fragment_payload(write_scenario):
@@ -214,3 +214,30 @@ def test_a_streaming_scenario_also_measures_one_fragment_payload(write_scenario)
     assert measured_sizes(classic, 1) == [64 << 10, 256 << 10, 1 << 20]
     streaming = load_scenario(str(write_scenario(SCENARIO + "[diloco]\nfragments = 2\n", name="streaming.toml")))
     assert measured_sizes(streaming, 1) == [64 << 10, 256 << 10, 4 * 131_232, 1 << 20]
+
+
+def test_with_a_plan_each_node_runs_its_plan_round_between_averages(tmp_path, write_scenario, capsys):
+    """--plan: each node's b_i and H_i (a measured-steps plan runs every node for the same time,
+    a neighbourhood unlike the scenario's equal H); a plan of other nodes is one line, exit 2."""
+    from dataclasses import replace
+
+    from formats.plan import load_plan
+    from geodt.cli import main
+    from geodt.netcal_wan import between_averages
+    from simulator.scenario import load_scenario
+
+    scenario_path = write_scenario(SCENARIO)
+    assert main(["plan", str(scenario_path), "--strategy", "baseline", "--out", str(tmp_path)]) == 0
+    plan = load_plan(tmp_path / "plan.csv")
+    plan = replace(plan, nodes=(replace(plan.nodes[0], batch_size=3, local_steps=5), plan.nodes[1]))
+    specs = between_averages(load_scenario(str(scenario_path)), plan)
+    assert [(s["steps"]["batch"], s["steps"]["steps"]) for s in specs] == [(3, 5), (2, 2)]
+    other = (tmp_path / "plan.csv").read_text().replace("\nbaseline,b,", "\nbaseline,z,")
+    (tmp_path / "other.csv").write_text(other)
+    capsys.readouterr()
+    code = main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(scenario_path), "--plan",
+                 str(tmp_path / "other.csv"), "--out", str(tmp_path / "net.csv")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and not (tmp_path / "net.csv").exists()
+    assert err == [f"geodt calibrate --network --wan shaped: {tmp_path}/other.csv: node: expected the scenario's "
+                   "nodes ['a', 'b'], got ['a', 'z']"]
