@@ -117,6 +117,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
+def scenario_device_name(cpu: str, limits: str, scenario: str, node: str, index: int, gpus: int,
+                         where: str = "") -> str:
+    """A scenario's emulated CPU device as its profile names it: `cpu` (describe_device("cpu")'s
+    name in the measuring process, 'AMD EPYC (1 thread)') with its limits, scenario, node, device
+    (1-based) of the node's and where it was timed: 'AMD EPYC (1 thread, quota 0.9 cores;
+    wan-three q90 1/1)'."""
+    return f"{cpu[:-1]}{', ' + limits if limits else ''}; {scenario} {node} {index + 1}/{gpus}{', ' + where if where else ''})"
+
+
 def describe_device(device: str) -> DeviceInfo:
     """Facts about a device; on CPU the name carries torch's thread count (set it first)."""
     if device == "cpu":

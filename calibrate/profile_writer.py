@@ -139,3 +139,16 @@ class ProfileWriter:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+
+
+def write_new_profile(path: str | Path, rows: list[dict]) -> None:
+    """Replace `path` with a profile of exactly `rows` (one measurement, nothing kept from before);
+    each row committed as ProfileWriter commits it."""
+    path = Path(path)
+    path.unlink(missing_ok=True)
+    writer = ProfileWriter(path, {k: rows[0][k] for k in IDENTITY})
+    try:
+        for row in rows:
+            writer.append(row)
+    finally:
+        writer.close()

@@ -42,7 +42,7 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
     import torch
 
     from calibrate.cpulimit import apply_cpu_limits, describe_limits, device_cores
-    from calibrate.harness import Calibrator, describe_device, profile_row
+    from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name
     from calibrate.presets import load_arch
     from calibrate.step import random_batch, train_step
 
@@ -53,8 +53,7 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
         torch.set_num_threads(setup["threads"])
         arch = load_arch(setup["preset"], setup["base_dir"])
         info = describe_device("cpu")
-        limits = describe_limits(cores, quota)
-        name = f"{info.device_name[:-1]}{', ' + limits if limits else ''}; {setup['scenario']} {node} {j + 1}/{gpus})"
+        name = scenario_device_name(info.device_name, describe_limits(cores, quota), setup["scenario"], node, j, gpus)
         calibrator = Calibrator(arch, setup["seq_len"], setup["dtype"], "cpu", setup["repeats"], setup["warmup"])
         for done_batches, batch in enumerate(setup["batches"], start=1):
             barrier.wait()
@@ -141,18 +140,11 @@ def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
 
 def _write_profiles(out_dir: Path, jobs: list[tuple], rows: dict[int, list]) -> None:
     """One profile per device, <node>-<j>.csv, replacing any earlier one; a line each."""
-    from calibrate.profile_writer import ProfileWriter
+    from calibrate.profile_writer import write_new_profile
 
     for rank, (node, j, *_rest) in enumerate(jobs):
         path = out_dir / f"{node}-{j}.csv"
-        identity = {k: rows[rank][0][k] for k in ("device_name", "device_index", "gpu_key", "model", "seq_len", "dtype")}
-        path.unlink(missing_ok=True)  # a scenario calibration is one measurement: the whole set is new
-        writer = ProfileWriter(path, identity)
-        try:
-            for row in rows[rank]:
-                writer.append(row)
-        finally:
-            writer.close()
+        write_new_profile(path, rows[rank])  # a scenario calibration is one measurement: the whole set is new
         medians = ", ".join(f"b{r['batch_size']} {r['step_s_median'] * 1e3:.1f} ms" for r in rows[rank]
                             if r["step_s_median"] is not None)
         print(f"{path}: {node} device {j + 1}/{jobs[rank][2]}: {medians}")

@@ -183,29 +183,21 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     """Per node with inner steps, out_dir/<node>-0.csv: one profile row at its batch (`batches`,
     per node) from the steps run between the averages of `size` (replacing any earlier file);
     the lines to print."""
-    from calibrate.harness import DeviceInfo, Measurement, profile_row
+    from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
     from calibrate.cpulimit import describe_limits
-    from calibrate.profile_writer import ProfileWriter
+    from calibrate.profile_writer import write_new_profile
 
     lines = []
     for (cores, quota), node, b in zip(leader_limits(scenario), scenario.nodes, batches):
-        described, by_size = inner.get(node.name, ("", {}))
+        cpu, by_size = inner.get(node.name, ("", {}))
         if not by_size:
             continue
-        limits = describe_limits(cores, quota)
-        name = f"{described}{', ' + limits if limits else ''}; {scenario.name} {node.name} 1/{node.gpu_count}, " \
-               f"between shaped-WAN averages)"
-        info = DeviceInfo("cpu", name, None, "cpu", None, None, None)
-        row = profile_row(info, scenario.model.arch.name, scenario.model.seq_len, scenario.model.dtype,
-                          Measurement(b, list(by_size[size])))
+        name = scenario_device_name(cpu, describe_limits(cores, quota), scenario.name, node.name, 0, node.gpu_count,
+                                    "between shaped-WAN averages")
+        row = profile_row(DeviceInfo("cpu", name, None, "cpu", None, None, None), scenario.model.arch.name,
+                          scenario.model.seq_len, scenario.model.dtype, Measurement(b, list(by_size[size])))
         path = out_dir / f"{node.name}-0.csv"
-        path.unlink(missing_ok=True)
-        writer = ProfileWriter(path, {k: row[k] for k in ("device_name", "device_index", "gpu_key", "model",
-                                                         "seq_len", "dtype")})
-        try:
-            writer.append(row)
-        finally:
-            writer.close()
+        write_new_profile(path, [row])
         lines.append(f"{path}: {node.name}: b{b} {row['step_s_mean'] * 1e3:.1f} ms mean over {row['repeats']} "
                      f"steps between averages of {size >> 10} KiB")
     return lines

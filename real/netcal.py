@@ -113,23 +113,20 @@ def _computing(seconds: float):
 
 class InnerSteps:
     """A node's real inner steps between two averages: `steps` training steps of the scenario's
-    model at `batch` (calibrate/step.py's train_step, the executor's inner step), each timed into
-    `times`. Two untimed steps at construction warm the allocator and the kernels."""
+    model at `batch` (calibrate/step.py's train_step on a Calibrator's model, optimizer and
+    scaler: the executor's inner step), each timed into `times`. Two untimed steps at
+    construction warm the allocator and the kernels."""
 
     WARMUP = 2
 
     def __init__(self, preset: str, base_dir: str | None, seq_len: int, dtype: str, batch: int, steps: int):
-        import torch
-
-        from calibrate.models import build_model
+        from calibrate.harness import Calibrator
         from calibrate.presets import load_arch
-        from calibrate.step import make_optimizer, make_scaler, random_batch
+        from calibrate.step import random_batch
 
         arch = load_arch(preset, Path(base_dir) if base_dir else None)
-        self.dtype, self.steps = dtype, steps
-        self.model = build_model(arch, seq_len).train()
-        self.optimizer, self.scaler = make_optimizer(self.model), make_scaler("cpu", dtype)
-        self.tokens = random_batch(arch.vocab_size, batch, seq_len, "cpu", torch.Generator().manual_seed(0))
+        self.cal = Calibrator(arch, seq_len, dtype, "cpu", repeats=steps, warmup=self.WARMUP)
+        self.tokens = random_batch(arch.vocab_size, batch, seq_len, "cpu", self.cal.generator)
         self.times: list[float] = []
         for _ in range(self.WARMUP):
             self._step()
@@ -137,26 +134,23 @@ class InnerSteps:
     def _step(self) -> None:
         from calibrate.step import train_step
 
-        train_step(self.model, self.optimizer, self.tokens, self.dtype, self.scaler)
+        train_step(self.cal.model, self.cal.optimizer, self.tokens, self.cal.dtype, self.cal.scaler)
 
     def __call__(self) -> None:
-        for _ in range(self.steps):
+        for _ in range(self.cal.repeats):
             start = time.perf_counter()
             self._step()
             self.times.append(time.perf_counter() - start)
 
 
 def describe_inner(compute) -> str:
-    """The device an InnerSteps ran on as a profile names it: the CPU, its torch threads, this
-    process's limits; '' for any other filler."""
+    """The device an InnerSteps ran on (describe_device: this CPU, this process's torch threads);
+    '' for any other filler."""
     if not isinstance(compute, InnerSteps):
         return ""
-    import torch
+    from calibrate.harness import describe_device
 
-    from calibrate.harness import cpu_name
-
-    threads = torch.get_num_threads()
-    return f"{cpu_name()} ({threads} thread{'s' if threads > 1 else ''}"
+    return describe_device("cpu").device_name
 
 
 def _between_averages(spec: dict):

@@ -161,12 +161,12 @@ def test_inner_steps_train_the_model_and_time_each_step():
     from real.netcal import InnerSteps
 
     inner = InnerSteps("tiny", None, 16, "fp32", 1, 3)
-    before = [p.detach().clone() for p in inner.model.parameters()]
+    before = [p.detach().clone() for p in inner.cal.model.parameters()]
     assert inner.times == []
     inner()
     inner()
     assert len(inner.times) == 6 and all(t > 0 for t in inner.times)
-    assert any(not torch.equal(a, b) for a, b in zip(before, inner.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(before, inner.cal.model.parameters()))
 
 
 def test_the_steps_kept_are_those_beside_the_run_payload_size():
@@ -187,8 +187,9 @@ def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_ba
 
     scenario = load_scenario(str(write_scenario(SCENARIO)))
     device = "AMD EPYC (1 thread"
-    inner = {"a": (device, {64 << 10: [9.0], 1 << 20: [0.1, 0.2, 0.3, 0.4]}),
-             "b": (device, {64 << 10: [9.0], 1 << 20: [0.5, 0.5, 0.5, 0.5]})}
+    cpu = f"{device})"  # describe_device("cpu")'s name in the node's process
+    inner = {"a": (cpu, {64 << 10: [9.0], 1 << 20: [0.1, 0.2, 0.3, 0.4]}),
+             "b": (cpu, {64 << 10: [9.0], 1 << 20: [0.5, 0.5, 0.5, 0.5]})}
     lines = write_profiles(tmp_path, scenario, inner, 1 << 20, [2, 2])
     assert lines == [f"{tmp_path}/a-0.csv: a: b2 250.0 ms mean over 4 steps between averages of 1024 KiB",
                      f"{tmp_path}/b-0.csv: b: b2 500.0 ms mean over 4 steps between averages of 1024 KiB"]
