@@ -17,8 +17,8 @@ leaves through wan0 and arrives through the bridge.
 Shaping: a token bucket (tbf) of rate link_gbps on each node's wan0 (its egress) and on its
 bridge-side end n<i> (whose egress is the node's ingress), so each node's uplink and
 downlink are its link, as the simulator models them. What is real: bandwidth, queueing in
-the bucket's queue (a second deep at the link's rate: _token_bucket says why), TCP's
-congestion control and retransmission, the CPU cost of the kernel's network stack. What is not: latency, unless the kernel has the netem qdisc; then
+the bucket's queue, TCP's congestion control and retransmission, the CPU cost of the
+kernel's network stack. What is not: latency, unless the kernel has the netem qdisc; then
 each direction also gets netem delay latency_ms / 2 under the bucket (a packet crosses two
 shaped interfaces, so the one-way delay is latency_ms). This module probes for netem and
 says which in describe().
@@ -45,8 +45,6 @@ SUBNET = ipaddress.ip_network("10.213.0.0/24")
 NODE_IFNAME = "wan0"
 BRIDGE = "br0"
 LIVENESS_PORT = 29399      # each node leader listens here in its namespace (see lost_nodes)
-QUEUE_S = 1.0  # a link's tbf queue, in seconds at its rate (_token_bucket)
-QUEUE_MAX_BYTES = 256 << 20
 LIVENESS_TIMEOUT_S = 2.0   # how long a peer's link may stay silent before it counts as down
 MAX_NODES = SUBNET.num_addresses - 3
 _STALE = re.compile(rf"^{re.escape(PREFIX)}(\d+)-\d+-")
@@ -119,20 +117,10 @@ def _step(what: str, fn, *args, **kwargs):
 
 def _token_bucket(rate_bps: float) -> dict:
     """tbf settings for a rate: a burst of 2 ms (at least 32 KiB: a TSO segment must fit) and a
-    queue of QUEUE_S at the rate (at least 4 bursts, at most QUEUE_MAX_BYTES).
-
-    Why a deep queue: without latency (no netem) TCP's round trip is the queue itself, so a flow
-    grows its window far past what a short queue holds and loses bursts of packets. With a queue
-    of 20 ms (4 bursts: 128 KiB at 4-50 Mbit/s), one 2 s stream into a 20 Mbit/s downlink
-    retransmitted 651 of its 3,943 segments; 30 averages of a fragment (513 KiB, fp32 ring, 3
-    nodes on 8/8/4 Mbit/s) retransmitted 141-535 segments a node and one hit a retransmission
-    timeout: 4.05 s against a median of 1.44 s, so a sync's mean hung on whether such a rare
-    stall fell among the repeats timed (tests/test_real_wan.py; results/fidelity-wan/README.md).
-    With 1 s: 0 of 3,942 and 1-21, no such stall (max 1.58 s)."""
+    queue of 20 ms (at least 4 bursts), like a modest router's buffer."""
     rate_bytes = rate_bps / 8
     burst = max(32 * 1024, int(rate_bytes * 0.002))
-    return {"rate": f"{int(rate_bps)}bit", "burst": burst,
-            "limit": min(QUEUE_MAX_BYTES, max(4 * burst, int(rate_bytes * QUEUE_S)))}
+    return {"rate": f"{int(rate_bps)}bit", "burst": burst, "limit": max(4 * burst, int(rate_bytes * 0.02))}
 
 
 def _shape(ns, ifname: str, rate_bps: float, delay_ms: float) -> None:

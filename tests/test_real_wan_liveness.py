@@ -59,12 +59,3 @@ def test_a_live_peer_is_not_named():
         assert wan.lost_message(links, 0) is None
     finally:
         sock.close()
-
-
-def test_a_links_bucket_queues_a_second_at_its_rate():
-    """real/wan.py _token_bucket: 2 ms of burst (32 KiB at least), 1 s of queue (4 bursts at
-    least, 256 MiB at most); exact numbers of the tbf settings geodt asks the kernel for."""
-    assert wan._token_bucket(4e6) == {"rate": "4000000bit", "burst": 32768, "limit": 500_000}
-    assert wan._token_bucket(1e9) == {"rate": "1000000000bit", "burst": 250_000, "limit": 125_000_000}
-    assert wan._token_bucket(1e5)["limit"] == 4 * 32768
-    assert wan._token_bucket(1e11)["limit"] == 256 << 20
