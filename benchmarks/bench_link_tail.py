@@ -45,17 +45,10 @@ def tcp_counters() -> dict[str, int]:
 
 
 def _node(rank: int, world: int, store: str, links, quotas, args: dict, queue) -> None:
-    from calibrate.children import die_with_parent
-    from calibrate.cpulimit import apply_cpu_limits
-    from real.wan import enter
+    from real.netcal import wan_node
 
-    die_with_parent(args["parent_pid"])
-    enter(links[rank])
-    cleanup = apply_cpu_limits(None, quotas[rank], f"geodt-tail-{rank}")
-    try:
+    with wan_node(links[rank], None, quotas[rank], args["parent_pid"], f"geodt-tail-{rank}"):
         queue.put(("node", _averages(rank, world, store, links, args)))
-    finally:
-        cleanup()
 
 
 def _averages(rank: int, world: int, store: str, links, args: dict) -> tuple:

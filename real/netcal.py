@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -296,23 +297,32 @@ def _spawn_and_collect(entry, args: tuple, processes: int, queue, progress, inne
     return rows
 
 
+@contextmanager
+def wan_node(link, cores, quota, parent_pid: int, cgroup: str):
+    """This spawned process as one node of a shaped WAN: it dies with `parent_pid`, enters the
+    node's namespace (before any socket exists) and runs under the CPU limits (None, None: none)
+    until the block ends."""
+    from calibrate.children import die_with_parent
+    from calibrate.cpulimit import apply_cpu_limits
+    from real.wan import enter
+
+    die_with_parent(parent_pid)
+    enter(link)
+    cleanup = apply_cpu_limits(cores, quota, cgroup)
+    try:
+        yield
+    finally:
+        cleanup()
+
+
 def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:
     """One node of the shaped WAN: into its namespace and under its leader's CPU limits (a node
     with a CPU quota runs its share of the sync, copies, sums and encoding, at that quota in a
     run), then every (dtype, collective, size) through real/sync.py's CrossNodeSync exactly as
     the executor's leaders average."""
-    from calibrate.children import die_with_parent
-    from calibrate.cpulimit import apply_cpu_limits
-    from real.wan import enter
-
-    die_with_parent(args_dict["parent_pid"])
-    enter(links[rank])  # before any socket exists
     cores, quota = args_dict["limits"][rank]
-    cleanup = apply_cpu_limits(cores, quota, f"geodt-netcal-{rank}")  # (None, None): no limits
-    try:
+    with wan_node(links[rank], cores, quota, args_dict["parent_pid"], f"geodt-netcal-{rank}"):
         _shaped_rows(rank, world, store_path, links, args_dict, queue)
-    finally:
-        cleanup()
 
 
 def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:
