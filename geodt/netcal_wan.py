@@ -5,7 +5,9 @@ One process per node of the scenario, each in its node's network namespace of a 
 as the simulator's simulator/network.link_gbps gives it), runs real/sync.py's cross-node
 average exactly as the executor's node leaders do (under their CPU limits: cpu_cores,
 cpu_quota; between two averages each runs its round, the scenario's H inner steps at its batch,
-as between two syncs of a run: `between_averages`), for every payload dtype and collective asked, over
+as between two syncs of a run, and with Streaming DiLoCo its fragment schedule, τ of those steps
+beside each average on a communication thread: `between_averages`), for every payload dtype and
+collective asked, over
 payload sizes from 64 KiB to --max-mib of fp32 pseudo-gradient (×4 per size; with Streaming
 DiLoCo one fragment's payload too: `measured_sizes`), and times
 encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py):
@@ -122,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prog}: {args.plan}: node: expected the scenario's nodes {[n.name for n in scenario.nodes]}, "
                   f"got {[n.node for n in plan.nodes]}", file=sys.stderr)
             return 2
+        # The plan's own schedule (the `streaming` strategy picks P and τ): sizes and steps follow it.
+        scenario = replace(scenario, diloco=replace(scenario.diloco, fragments=plan.fragments,
+                                                    sync_delay_steps=plan.sync_delay_steps))
     nodes = list(zip([n.name for n in scenario.nodes], link_gbps(scenario)))
     return _measure_and_write(args, scenario, nodes, out, between_averages(scenario, plan))
 
@@ -145,19 +150,39 @@ def between_averages(scenario, plan=None) -> list[dict]:
     for it computes while the slow-linked node is still syncing (results/fidelity-wan/README.md).
     Its steps timed between the calibration's averages see that same neighbourhood. The busy
     loop it replaced (256×256 matmuls for the profile's round) priced the run's compute from a
-    calibration in the other neighbourhood: q90's compute 22-42% long in 6 of 8 runs."""
+    calibration in the other neighbourhood: q90's compute 22-42% long in 6 of 8 runs.
+
+    Streaming DiLoCo (P > 1 or τ > 0) runs its schedule instead: each average is one fragment's,
+    begun after ⌊H/P⌋ − τ steps, with τ steps beside it on the main thread while a communication
+    thread averages ("beside_steps"; overlapped_steps), as in a run, where the classic pattern
+    (H steps, then an average alone) priced its compute 11-17% short on some nodes."""
     from simulator.timing import node_timings
 
     model, specs = scenario.model, []
+    fragments, tau = scenario.diloco.fragments, scenario.diloco.sync_delay_steps
     for k, (node, timing) in enumerate(zip(scenario.nodes, node_timings(scenario))):
         b, h = ((plan.nodes[k].batch_size, plan.nodes[k].local_steps) if plan is not None
                 else (scenario.training.batch_size, scenario.training.local_steps))
+        before, beside = overlapped_steps(h, fragments, tau)
         if set(node.gpus) == {"cpu"} and model.preset is not None:
-            specs.append({"steps": {"preset": model.preset, "base_dir": str(scenario.base_dir or ""),
-                                    "seq_len": model.seq_len, "dtype": model.dtype, "batch": b, "steps": h}})
+            spec = {"steps": {"preset": model.preset, "base_dir": str(scenario.base_dir or ""),
+                              "seq_len": model.seq_len, "dtype": model.dtype, "batch": b, "steps": before}}
+            specs.append(spec | ({"beside_steps": beside} if beside else {}))
         else:
-            specs.append({"busy_s": h * timing.step_s(b)})
+            spec = {"busy_s": before * timing.step_s(b)}
+            specs.append(spec | ({"beside_s": beside * timing.step_s(b)} if beside else {}))
     return specs
+
+
+def overlapped_steps(local_steps: int, fragments: int, delay_steps: int) -> tuple[int, int]:
+    """(steps before an average starts, steps run beside it) as a run's schedule has them: classic
+    DiLoCo (P = 1, τ = 0) H steps, then an average that blocks; Streaming DiLoCo one average per
+    fragment, ⌊H/P⌋ steps apart (the first fragment's period; real/streaming.py), begun τ steps
+    before its merge, so ⌊H/P⌋ − τ before and τ beside."""
+    if fragments == 1 and delay_steps == 0:
+        return local_steps, 0
+    period = local_steps // fragments
+    return period - delay_steps, delay_steps
 
 
 def measured_sizes(scenario, max_mib: int) -> list[int]:
@@ -214,9 +239,7 @@ def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) ->
     prog = "geodt calibrate --network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
     print(f"{prog}: between averages each node computes its round, as in a run: "
-          + ", ".join(f"{name} " + (f"{spec['steps']['steps']} inner steps at batch {spec['steps']['batch']}"
-                                    if "steps" in spec else f"{spec['busy_s']:.2f} s busy")
-                      for (name, _), spec in zip(nodes, between)), file=sys.stderr)
+          + ", ".join(f"{name} {_described(spec)}" for (name, _), spec in zip(nodes, between)), file=sys.stderr)
     try:
         with tqdm(total=len(sizes), desc="shaped WAN", unit="size", file=sys.stderr) as bar:
             rows, inner = measure_shaped(nodes, scenario.network.latency_ms, sizes, args.payload_dtypes,
@@ -238,11 +261,21 @@ def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) ->
     print(comparison(scenario, model, frame).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"wrote {out}")
     if args.profiles_out is not None:
-        size = nearest_size(sizes, 4 * scenario.model.param_count)
+        size = nearest_size(sizes, 4 * scenario.model.param_count / scenario.diloco.fragments)
         batches = [spec["steps"]["batch"] if "steps" in spec else None for spec in between]
         for line in write_profiles(Path(args.profiles_out), scenario, inner, size, batches):
             print(line)
     return 0
+
+
+def _described(spec: dict) -> str:
+    """What one node runs between averages (and beside them), in words."""
+    if "steps" in spec:
+        text = f"{spec['steps']['steps']} inner steps at batch {spec['steps']['batch']}"
+        beside = spec.get("beside_steps", 0)
+        return text + (f", then {beside} more beside each average" if beside else "")
+    beside_s = spec.get("beside_s", 0.0)
+    return f"{spec['busy_s']:.2f} s busy" + (f", then {beside_s:.2f} s beside each average" if beside_s else "")
 
 
 def comparison(scenario, model, frame):

@@ -138,7 +138,10 @@ class InnerSteps:
         train_step(self.cal.model, self.cal.optimizer, self.tokens, self.cal.dtype, self.cal.scaler)
 
     def __call__(self) -> None:
-        for _ in range(self.cal.repeats):
+        self.run(self.cal.repeats)
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
             start = time.perf_counter()
             self._step()
             self.times.append(time.perf_counter() - start)
@@ -159,6 +162,45 @@ def _between_averages(spec: dict):
     if "steps" in spec:
         return InnerSteps(**spec["steps"])
     return _computing(spec.get("busy_s", 0.0))
+
+
+def _beside_average(spec: dict, compute):
+    """What a node runs while an average is in flight (Streaming DiLoCo's τ steps): spec's
+    "beside_steps" more of its inner steps (`compute`, an InnerSteps) or "beside_s" busy; None
+    where it runs nothing beside (classic DiLoCo: the average blocks)."""
+    if spec.get("beside_steps", 0) > 0 and isinstance(compute, InnerSteps):
+        return lambda: compute.run(spec["beside_steps"])
+    return _computing(spec.get("beside_s", 0.0))
+
+
+def _time_overlapped(repeats: int, fn, mark_start, before, beside) -> list[float]:
+    """Seconds of fn() per repeat on this rank, fn on a communication thread as Streaming
+    DiLoCo's (real/streaming.py BackgroundSync): per repeat, before() (the steps up to the
+    average's start), then fn() begun on the thread, all ranks marked started by mark_start()
+    (the run's leaders' one-element all-reduce) and timed from there, while beside() (τ steps)
+    runs; the next repeat once both are done. No barrier between repeats: as in a run, only the
+    averages line the ranks up. After a warm-up average."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from real.streaming import threads_for_comm
+
+    def timed() -> float:
+        mark_start()
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    times = []
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-comm", initializer=threads_for_comm) as pool:
+        pool.submit(timed).result()
+        for _ in range(repeats):
+            if before is not None:
+                before()
+            future = pool.submit(timed)
+            if beside is not None:
+                beside()
+            times.append(future.result())
+    return times
 
 
 def _join_gloo(rank: int, world: int, store_path: str | None, threads: int | None):
@@ -335,7 +377,9 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
     barrier, slowest, every = _join_gloo(rank, world, store_path, args_dict["threads"])
 
     rows, gbps = [], [link.link_gbps for link in links]
-    compute = _between_averages(args_dict["between"][rank])
+    spec = args_dict["between"][rank]
+    compute = _between_averages(spec)
+    beside = _beside_average(spec, compute)
     steps_by_size = {}
     for size in args_dict["sizes"]:
         elements = size // 4
@@ -343,7 +387,9 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
         for dtype in args_dict["dtypes"]:
             for collective in args_dict["collectives"]:
                 sync = CrossNodeSync(None, world, rank, elements, dtype, collective, gbps)
-                times = _time_all(args_dict["repeats"], lambda: sync.average(delta, world), barrier, compute)
+                average = lambda: sync.average(delta, world)
+                times = (_time_all(args_dict["repeats"], average, barrier, compute) if beside is None
+                         else _time_overlapped(args_dict["repeats"], average, barrier, compute, beside))
                 rows.append(("all_reduce", size, slowest(times), dtype, collective))
                 # Each node's own times too: on unequal links the nodes end one average apart.
                 rows += [("all_reduce", size, own, dtype, collective, link.node)

@@ -154,6 +154,59 @@ def test_each_node_runs_its_round_between_averages(write_scenario):
     assert time.perf_counter() - start >= 0.05
 
 
+def test_a_streaming_scenario_runs_its_fragment_schedule_between_and_beside_averages(write_scenario):
+    """Streaming DiLoCo's averages are one fragment's, ⌊H/P⌋ steps apart, each begun τ steps
+    before its merge: H = 8, P = 2, τ = 1 gives 3 steps before an average and 1 beside it; a GPU
+    node planned here the same in busy seconds (0.1 s a step). Classic DiLoCo: H, then none."""
+    from geodt.netcal_wan import between_averages, overlapped_steps
+    from simulator.scenario import load_scenario
+
+    assert overlapped_steps(8, 1, 0) == (8, 0)
+    assert overlapped_steps(8, 2, 1) == (3, 1)
+    assert overlapped_steps(8, 2, 0) == (4, 0)   # blocking fragments: no step beside
+    assert overlapped_steps(9, 4, 1) == (1, 1)   # the first fragment's period, 9 // 4 = 2
+    text = (SCENARIO.replace("local_steps = 2", "local_steps = 8")
+            .replace('name = "b"\ngpus = { "cpu" = 1 }', 'name = "b"\ngpus = { "a100-80gb" = 1 }')
+            + "[diloco]\nfragments = 2\nsync_delay_steps = 1\n")
+    scenario = load_scenario(str(write_scenario(text)))
+    a, b = between_averages(scenario)
+    assert (a["steps"]["steps"], a["beside_steps"]) == (3, 1)
+    assert b == {"busy_s": pytest.approx(0.3), "beside_s": pytest.approx(0.1)}
+
+
+def test_an_overlapped_average_runs_on_its_own_thread_beside_the_steps():
+    """Per repeat: the steps before, then the average begun on a communication thread (its start
+    marked, as the run's leaders mark it) while the steps beside run; the average's own time is
+    kept. The average here cannot end until the steps beside it have begun: run one after the
+    other, it would time out."""
+    import threading
+
+    from real.netcal import _time_overlapped
+
+    calls, beside_started = [], threading.Event()
+
+    def average():
+        calls.append(("average", threading.current_thread().name.startswith("geodt-comm")))
+        if "before" in calls:  # not the warm-up: it waits for the steps beside it
+            assert beside_started.wait(5)
+
+    def beside():
+        calls.append("beside")
+        beside_started.set()
+
+    def before():
+        beside_started.clear()
+        calls.append("before")
+
+    times = _time_overlapped(2, average, lambda: calls.append("start"), before, beside)
+    assert len(times) == 2 and all(0 <= t < 5 for t in times)
+    assert calls[:2] == ["start", ("average", True)]  # the warm-up, on the thread
+    repeats = calls[2:]
+    assert [c for c in repeats if c == "before"] == ["before"] * 2
+    assert repeats.count("start") == 2 and repeats.count(("average", True)) == 2 and repeats.count("beside") == 2
+    assert repeats[0] == "before" and repeats[4] == "before"  # the next repeat after both are done
+
+
 def test_inner_steps_train_the_model_and_time_each_step():
     """Real training steps (the weights move), each timed; the construction's warm-up untimed."""
     import torch
