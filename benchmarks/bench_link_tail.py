@@ -7,8 +7,8 @@ two; each node records its own seconds per average and, from its namespace's
 /proc/thread-self/net/snmp and netstat, the segments it sent and retransmitted and its
 retransmission timeouts. `--busy NODE` keeps that node computing real inner steps (the tiny
 model at batch 4) for as long as each average runs, as a node does through its τ steps.
-`--queue-s S` replaces the depth of each peer's queue on a link (real/wan.py QUEUE_S) by S
-seconds at the link's rate, to compare depths.
+`--queue-s S` replaces the links' tbf queue depth (real/wan.py _token_bucket) by S seconds at
+each link's rate, to compare depths.
 
 A mean of N averages whose tail is a rare multi-second stall (a retransmission timeout) moves
 by that stall over N when one falls among them or not: this prints the median beside the mean,
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--pause-s", type=float, default=0.3)
     p.add_argument("--busy", default="", help="a node computing inner steps through each average")
-    p.add_argument("--queue-s", type=float, help="each peer's queue on a link, seconds at its rate (default geodt's)")
+    p.add_argument("--queue-s", type=float, help="the links' tbf queue in seconds at their rate (default geodt's)")
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     nodes = [(name, float(gbps)) for name, gbps in (item.split("=") for item in args.links.split(","))]
     quotas = [float(q) for q in args.quotas.split(",")]
     if args.queue_s is not None:
-        wan.QUEUE_S = args.queue_s
+        default = wan._token_bucket  # the depth only; rate and burst stay geodt's
+        wan._token_bucket = lambda rate_bps: {**default(rate_bps), "limit": int(rate_bps / 8 * args.queue_s)}
     spec = {"fp32_bytes": args.fp32_bytes, "collective": args.collective, "repeats": args.repeats,
             "pause_s": args.pause_s, "busy": args.busy, "parent_pid": os.getpid()}
     queue = mp.get_context("spawn").Queue()

@@ -16,17 +16,12 @@ leaves through wan0 and arrives through the bridge.
 
 Shaping: a token bucket (tbf) of rate link_gbps on each node's wan0 (its egress) and on its
 bridge-side end n<i> (whose egress is the node's ingress), so each node's uplink and
-downlink are its link, as the simulator models them. Under each bucket an htb orders what
-leaves, as a host's default fair queue (fq_codel) would, which this kernel lacks: packets
-under SMALL_PACKET_BYTES first (TCP's ACKs and handshakes), then each peer's traffic in a
-queue of its own, served in turn. Without it, a node that sends and receives at once held the
-ACKs of what it received behind what it sent, 128 KiB of it at a few Mbit/s: TCP then saw
-losses in bursts and timeouts, and one average in a few took twice its median
-(results/fidelity-wan/README.md). What is real: bandwidth, queueing, TCP's congestion
-control and retransmission, the CPU cost of the kernel's network stack. What is not:
-latency, unless the kernel has the netem qdisc; then each of those queues is a netem delay
-of latency_ms / 2 (a packet crosses two shaped interfaces, so the one-way delay is
-latency_ms). This module probes for netem and says which in describe().
+downlink are its link, as the simulator models them. What is real: bandwidth, queueing in
+the bucket's queue, TCP's congestion control and retransmission, the CPU cost of the
+kernel's network stack. What is not: latency, unless the kernel has the netem qdisc; then
+each direction also gets netem delay latency_ms / 2 under the bucket (a packet crosses two
+shaped interfaces, so the one-way delay is latency_ms). This module probes for netem and
+says which in describe().
 
 Lifecycle: ShapedWan is a context manager; leaving it (normal exit, error, Ctrl-C) deletes
 its namespaces, which takes the veth pairs, the bridge and every qdisc with them once no
@@ -121,62 +116,20 @@ def _step(what: str, fn, *args, **kwargs):
 
 
 def _token_bucket(rate_bps: float) -> dict:
-    """tbf settings for a rate: a burst of 2 ms (at least 32 KiB: a TSO segment must fit); its own
-    queue (20 ms, at least 4 bursts) is unused, the htb under it holds the queues (_shape)."""
+    """tbf settings for a rate: a burst of 2 ms (at least 32 KiB: a TSO segment must fit) and a
+    queue of 20 ms (at least 4 bursts), like a modest router's buffer."""
     rate_bytes = rate_bps / 8
     burst = max(32 * 1024, int(rate_bytes * 0.002))
     return {"rate": f"{int(rate_bps)}bit", "burst": burst, "limit": max(4 * burst, int(rate_bytes * 0.02))}
 
 
-SMALL_PACKET_BYTES = 128   # IP packets shorter than this go first: TCP's ACKs and handshakes
-# Each peer's queue holds a second of the link: loss-based TCP grows its window until the queue
-# overflows, and without latency (no netem) its whole window sits in the queue; at 128 KiB a
-# node lost 7-83% of its segments in a partitioned average, at a second under 1% and no
-# timeouts (benchmarks/bench_link_tail.py). ACKs do not wait in it (they go first).
-QUEUE_S = 1.0
-MAX_QUEUE_PACKETS = 10_000  # a second of 120 Mbit/s: TCP's receive buffers bound a flow's window below it
-_SCHEDULER = 0x100000       # 10:, the htb under the bucket
-_SMALL, _OTHER, _PEER = 0x10, 0x11, 0x20
-
-
-def queue_packets(rate_bps: float, queue_s: float | None = None) -> int:
-    """Packets of a full-size frame (1514 bytes) in queue_s (default QUEUE_S) at the rate."""
-    seconds = QUEUE_S if queue_s is None else queue_s
-    return max(8, min(MAX_QUEUE_PACKETS, int(rate_bps / 8 * seconds / 1514)))
-
-
-def _shape(ns, ifname: str, rate_bps: float, delay_ms: float, peers: list[str], field_offset: int) -> None:
-    """The bucket at the link's rate and, under it, the order packets leave in: small packets
-    first, then the bulk fair between peers (by the IPv4 address at `field_offset` of the
-    header: 16, the destination, on a node's egress; 12, the source, on its ingress), each in a
-    queue of queue_packets(). An htb does the ordering only: its rates are far above the
-    bucket's, so the bucket alone sets the link's rate."""
+def _shape(ns, ifname: str, rate_bps: float, delay_ms: float) -> None:
     index = ns.link_lookup(ifname=ifname)[0]
-    bucket = _token_bucket(rate_bps)
-    _step(f"add a tbf qdisc on {ifname} (tc tbf)", ns.tc, "add", "tbf", index=index, handle="1:", **bucket)
-    _step(f"add an htb qdisc under tbf on {ifname} (tc htb)", ns.tc, "add", "htb", index=index,
-          handle=_SCHEDULER, parent=0x10001, default=_OTHER)
-    unbounded = f"{int(rate_bps * 100)}bit"
-    packets = queue_packets(rate_bps)
-    classes = [(_SMALL, 0), (_OTHER, 1)] + [(_PEER + j, 1) for j in range(len(peers))]
-    for minor, prio in classes:
-        _step(f"add an htb class on {ifname} (tc htb)", ns.tc, "add-class", "htb", index=index,
-              handle=_SCHEDULER | minor, parent=_SCHEDULER, rate=unbounded, ceil=unbounded, prio=prio,
-              quantum=1514)
-        leaf = (0x100 + minor) << 16
-        if delay_ms > 0:
-            _step(f"add a netem qdisc under htb on {ifname}", ns.tc, "add", "netem", index=index,
-                  parent=_SCHEDULER | minor, handle=leaf, delay=int(round(delay_ms * 1000)), limit=packets)
-        else:
-            _step(f"add a pfifo qdisc under htb on {ifname} (tc pfifo)", ns.tc, "add", "pfifo", index=index,
-                  parent=_SCHEDULER | minor, handle=leaf, limit=packets)
-    # IPv4 total length (bytes 2-3 of the first word) below SMALL_PACKET_BYTES
-    small = f"0x00000000/0x{0xFFFF & ~(SMALL_PACKET_BYTES - 1):08x}+0"  # 8 digits: pyroute2 pads on the right
-    filters = [(small, _SMALL)] + [(f"0x{int(ipaddress.ip_address(a)):08x}/0xffffffff+{field_offset}", _PEER + j)
-                                   for j, a in enumerate(peers)]
-    for prio, (key, minor) in enumerate(filters, start=1):
-        _step(f"add a u32 filter on {ifname} (tc u32)", ns.tc, "add-filter", "u32", index=index,
-              parent=_SCHEDULER, prio=prio, protocol=0x0800, target=_SCHEDULER | minor, keys=[key])
+    _step(f"add a tbf qdisc on {ifname} (tc tbf)", ns.tc, "add", "tbf", index=index, handle="1:",
+          **_token_bucket(rate_bps))
+    if delay_ms > 0:
+        _step(f"add a netem qdisc under tbf on {ifname}", ns.tc, "add", "netem", index=index, parent="1:1",
+              handle="10:", delay=int(round(delay_ms * 1000)))
 
 
 class ShapedWan:
@@ -225,7 +178,7 @@ class ShapedWan:
         delay_ms = self.latency_ms / 2 if self.netem else 0.0
         _in_thread(_inside, self.bridge_ns, _build_bridge, self.links, delay_ms)
         for link in self.links:
-            _in_thread(_inside, link.netns, _build_node, link, delay_ms, self.links)
+            _in_thread(_inside, link.netns, _build_node, link, delay_ms)
 
     def close(self) -> None:
         """Delete every namespace this WAN created (idempotent)."""
@@ -250,7 +203,7 @@ class ShapedWan:
 
     def describe(self) -> str:
         links = ", ".join(f"{link.node} {link.link_gbps * 1e3:g} Mbit/s" for link in self.links)
-        return f"shaped WAN (tbf each way, small packets first, fair between peers): {links}; {self.latency_note}"
+        return f"shaped WAN (tbf each way): {links}; {self.latency_note}"
 
 
 def _in_thread(fn, *args):
@@ -305,17 +258,15 @@ def _build_bridge(br, links, delay_ms: float) -> None:
         index = br.link_lookup(ifname=end)[0]
         br.link("set", index=index, master=bridge)
         br.link("set", index=index, state="up")
-        peers = [other.address for other in links if other is not link]
-        _shape(br, end, link.link_gbps * 1e9, delay_ms, peers, 12)  # the node's ingress, by sender
+        _shape(br, end, link.link_gbps * 1e9, delay_ms)  # the node's ingress
 
 
-def _build_node(ns, link, delay_ms: float, links) -> None:
+def _build_node(ns, link, delay_ms: float) -> None:
     ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
     index = ns.link_lookup(ifname=link.ifname)[0]
     ns.addr("add", index=index, address=link.address, prefixlen=SUBNET.prefixlen)
     ns.link("set", index=index, state="up")
-    peers = [other.address for other in links if other is not link]
-    _shape(ns, link.ifname, link.link_gbps * 1e9, delay_ms, peers, 16)  # the node's egress, by receiver
+    _shape(ns, link.ifname, link.link_gbps * 1e9, delay_ms)  # the node's egress
 
 
 def _has_netem(ns) -> bool:
@@ -456,7 +407,7 @@ def write_description(wan: ShapedWan, path) -> None:
         writer = csv.writer(f)
         writer.writerow(WAN_COLUMNS)
         for link in wan.links:
-            writer.writerow([link.node, link.address, f"{link.link_gbps:g}", "tbf+htb egress+ingress",
+            writer.writerow([link.node, link.address, f"{link.link_gbps:g}", "tbf egress+ingress",
                              f"{wan.latency_ms:g}", str(wan.netem).lower()])
     os.replace(tmp, path)
 

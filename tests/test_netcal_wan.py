@@ -76,7 +76,7 @@ def test_shaped_calibration_measures_each_dtype_on_the_scenario_links(tmp_path, 
     assert model.ring is None and model.codec_measured  # shaped rows are compared with, not fitted
     printed = capsys.readouterr()
     assert "measured_s" in printed.out and "predicted_s" in printed.out and "error_pct" in printed.out
-    assert "shaped WAN (tbf each way, small packets first, fair between peers)" in printed.err
+    assert "shaped WAN (tbf each way)" in printed.err
     assert not wan.owned_namespaces(__import__("os").getpid())  # the WAN is gone
 
 
