@@ -21,9 +21,10 @@ byte count; the ratio f the simulator prices each size at once the profile is th
 sizes' rows alone (a held-out check of the interpolation).
 
 `--profiles-out DIR`: the inner steps each CPU node ran between the averages of the size
-nearest its model's fp32 payload, timed one by one, written as its profile DIR/<node>-0.csv
-(one row, its batch): its device measured beside the others as they run in the job. `--plan
-PLAN.csv`: each node runs the plan's b_i and H_i between averages instead of the scenario's.
+nearest the payload of one of its syncs (the model's fp32 payload, or one fragment's), timed one
+by one, written as its profile DIR/<node>-0.csv (one row, its batch): its device measured beside
+the others as they run in the job. `--plan PLAN.csv`: each node runs the plan's b_i and H_i
+(and the plan's P and τ) between averages instead of the scenario's.
 
 Lives in geodt/ because it needs both the scenario's links (simulator) and the executor's
 sync (real). Needs root (namespaces, veth, tc): without, one line naming what is missing, exit 2.
@@ -71,8 +72,8 @@ def parser() -> OneLineParser:
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
     p.add_argument("--plan", metavar="PLAN.csv",
-                   help="between averages each node runs this plan's batch and local steps (default: the "
-                        "scenario's): a plan's own neighbourhood for --profiles-out")
+                   help="between averages each node runs this plan's batch, local steps and fragment schedule "
+                        "(default: the scenario's): a plan's own neighbourhood for --profiles-out")
     p.add_argument("--profiles-out", metavar="DIR",
                    help="also write each CPU node's inner steps, timed between the averages of the size "
                         "nearest its model's payload, as a profile DIR/<node>-0.csv at its batch")
