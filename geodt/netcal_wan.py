@@ -180,9 +180,11 @@ def overlapped_steps(local_steps: int, fragments: int, delay_steps: int) -> tupl
     DiLoCo (P = 1, τ = 0) H steps, then an average that blocks; Streaming DiLoCo one average per
     fragment, ⌊H/P⌋ steps apart (the first fragment's period; real/streaming.py), begun τ steps
     before its merge, so ⌊H/P⌋ − τ before and τ beside."""
+    from formats.plan import merge_steps
+
     if fragments == 1 and delay_steps == 0:
         return local_steps, 0
-    period = local_steps // fragments
+    period = merge_steps(local_steps, fragments)[0]
     return period - delay_steps, delay_steps
 
 
@@ -194,8 +196,13 @@ def measured_sizes(scenario, max_mib: int) -> list[int]:
 
     sizes = sizes_bytes(max_mib)
     if scenario.diloco.fragments > 1:
-        sizes.append(4 * round(scenario.model.param_count / scenario.diloco.fragments))
+        sizes.append(sync_bytes(scenario))
     return sorted(set(sizes))
+
+
+def sync_bytes(scenario) -> int:
+    """The fp32 bytes one of the scenario's averages carries: the model's, or one fragment's."""
+    return 4 * round(scenario.model.param_count / scenario.diloco.fragments)
 
 
 def nearest_size(sizes, fp32_bytes: float) -> int:
@@ -262,7 +269,7 @@ def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) ->
     print(comparison(scenario, model, frame).to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"wrote {out}")
     if args.profiles_out is not None:
-        size = nearest_size(sizes, 4 * scenario.model.param_count / scenario.diloco.fragments)
+        size = nearest_size(sizes, sync_bytes(scenario))
         batches = [spec["steps"]["batch"] if "steps" in spec else None for spec in between]
         for line in write_profiles(Path(args.profiles_out), scenario, inner, size, batches):
             print(line)

@@ -168,7 +168,7 @@ def _beside_average(spec: dict, compute):
     """What a node runs while an average is in flight (Streaming DiLoCo's τ steps): spec's
     "beside_steps" more of its inner steps (`compute`, an InnerSteps) or "beside_s" busy; None
     where it runs nothing beside (classic DiLoCo: the average blocks)."""
-    if spec.get("beside_steps", 0) > 0 and isinstance(compute, InnerSteps):
+    if spec.get("beside_steps", 0) > 0:
         return lambda: compute.run(spec["beside_steps"])
     return _computing(spec.get("beside_s", 0.0))
 
