@@ -34,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from calibrate.harness import Calibrator
-    from calibrate.presets import load_arch
-    from calibrate.step import random_batch, train_step
+    from facts.presets import load_arch
+    from train.step import random_batch, train_step
 
     if args.threads:
         torch.set_num_threads(args.threads)

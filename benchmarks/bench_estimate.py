@@ -3,7 +3,7 @@
 Reads benchmarks/estimate/published_throughput.csv (one published measurement per row, with
 its model configuration, GPU, per-GPU micro-batch, gradient accumulation, parallelism, GPUs per
 node, the nodes' network where published, and source) and compares each row's measured
-tokens/s per GPU with calibrate.estimate's:
+tokens/s per GPU with simulator.estimate's:
 
     tokens/s = accum · b · s / (accum · overlapped(t_weights + t_launch + b · t_sample, t_fsdp) + t_optimizer / shards)
 
@@ -13,7 +13,7 @@ and reduce-scatters the gradients every micro-step, t_fsdp (`fsdp_collective_s`,
 and fp32 reduce-scatter), over the GPU's NVLink or, when the row spans nodes, the node's
 uplink (`uplink_gbps`) if slower; where a source does not publish its network the link is taken
 as no slower than NVLink. The collectives run behind the compute and slow it (`overlapped_s`).
-A row's `recompute` is one of calibrate.estimate.RECOMPUTE. Nothing is fitted to the rows: the
+A row's `recompute` is one of simulator.estimate.RECOMPUTE. Nothing is fitted to the rows: the
 estimate's constants are datasheet figures, published kernel efficiencies and op counts.
 
     python benchmarks/bench_estimate.py [--csv PATH]
@@ -31,8 +31,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calibrate.catalog import get_gpu  # noqa: E402
-from calibrate.estimate import Shape, estimate_step, fsdp_collective_s  # noqa: E402
+from facts.catalog import get_gpu  # noqa: E402
+from simulator.estimate import Shape, estimate_step, fsdp_collective_s  # noqa: E402
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
 MEDIAN_GOAL, WORST_GOAL = 0.10, 0.20

@@ -22,15 +22,15 @@ model on a shaped WAN (`geodt validate --wan shaped`, root: every node in a netw
 of its own, tbf at its link both ways; real/wan.py), with links slow enough that the sync is
 at least half the round: ring and partitioned, equal and unequal uplinks, fp32/fp16/int8, 3
 and 4 nodes, baseline and the balancing strategies. Their host costs (outer step, checkpoint,
-encode/decode) come from `geodt calibrate --network` run once at the start, its all-reduce
-rows dropped; their links are calibrated right before each run: `geodt calibrate --network
+encode/decode) come from `geodt calibrate network` run once at the start, its all-reduce
+rows dropped; their links are calibrated right before each run: `geodt calibrate network
 --wan shaped` on the case's own links, dtype and collective (LINK_REPEATS averaged per size,
 sizes up to LINK_MAX_MIB), whose all-reduce rows the simulator prices, at their mean, against
 its byte count (simulator/network.py WireCost; each node's own end of the average too, each
-node running its real inner steps between averages as in a run: geodt/netcal_wan.py). A case
+node running its real inner steps between averages as in a run: geodt/calibration/wan_links.py). A case
 whose plan runs at the scenario's batch (baseline, measured-steps) takes its devices' step
 times from those inner steps (`--profiles-out`); hybrid cases calibrate their devices at every
-batch after the links (`geodt calibrate --scenario`).
+batch after the links (`geodt calibrate scenario --scenario`).
 Each WAN run is WAN_ROUNDS rounds of WAN_LOCAL_STEPS inner steps. Writes
 results/fidelity/{fidelity.csv, table.md, fidelity.png}, links/runK.csv (the network profile
 WAN run K ran with) and prints the table.
@@ -109,8 +109,8 @@ CAL_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # Strategies whose plans run every node at the scenario's batch: on the WAN their devices are
 # timed in the links' calibration, between its averages (run_case).
 STEPS_BETWEEN_AVERAGES = ("baseline", "measured-steps")
-# Profiles: geodt calibrate --scenario benchmarks/fidelity/S.toml --batch 1,2,4,8,16 --repeats 20
-#           --out-dir profiles/fidelity/S; network: geodt calibrate --network --processes 2,3 ...
+# Profiles: geodt calibrate scenario --scenario benchmarks/fidelity/S.toml --batch 1,2,4,8,16 --repeats 20
+#           --out-dir profiles/fidelity/S; network: geodt calibrate network --processes 2,3 ...
 
 
 def _run(cmd: list[str], attempts: int = 1) -> None:
@@ -130,7 +130,7 @@ def calibration_order(scenario_batch: int) -> str:
 
 
 def fresh_profiles(scenario: str, work: Path) -> Path:
-    """The scenario with its device profiles measured again just now (geodt calibrate --scenario).
+    """The scenario with its device profiles measured again just now (geodt calibrate scenario --scenario).
 
     A device's speed here moves by 10-30% between calibrations (five back to back put one at
     48-69 ms a step: the scenario's processes share two cores as the scheduler places them;
@@ -143,7 +143,7 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     cal.mkdir()
     source = SCENARIOS / f"{scenario}.toml"
     batch = load_scenario(str(source), without_profiles=True).training.batch_size
-    _run([sys.executable, "-m", "geodt", "calibrate", "--scenario", str(source), "--batch", calibration_order(batch),
+    _run([sys.executable, "-m", "geodt", "calibrate", "scenario", "--scenario", str(source), "--batch", calibration_order(batch),
           "--repeats", str(CAL_REPEATS), "--out-dir", str(cal)])
     return with_profiles(scenario, cal, work)
 
@@ -159,13 +159,13 @@ def with_profiles(scenario: str, cal: Path, work: Path) -> Path:
 
 
 def host_network_profile(work: Path) -> Path:
-    """`geodt calibrate --network` among 3 processes, without its all-reduce rows: the host's
+    """`geodt calibrate network` among 3 processes, without its all-reduce rows: the host's
     outer step, checkpoint and encode/decode costs, for the WAN cases (whose links are theirs)."""
     full, host = work / "net-full.csv", work / "net-host.csv"
     # Three attempts: on this 2-core VM a loopback all-reduce among 3 processes can be noisy enough
     # that the ring fit finds no growth with the size and the command exits 2 (seen here once, on
     # 2026-11-24); those rows are dropped here anyway.
-    _run([sys.executable, "-m", "geodt", "calibrate", "--network", "--processes", "3", "--max-mib", "4",
+    _run([sys.executable, "-m", "geodt", "calibrate", "network", "--processes", "3", "--max-mib", "4",
           "--repeats", "5", "--threads", "1", "--out", str(full)], attempts=3)
     frame = pd.read_csv(full)
     frame[frame.kind != "all_reduce"].to_csv(host, index=False)
@@ -191,7 +191,7 @@ def links_profile(path: Path, sets: list[str], dtype: str, collective: str, host
     all-reduce rows for the case's dtype and collective): the network profile of a WAN run.
     profiles_out: each node's inner steps, run between the averages, written there as its profile."""
     shaped, merged = work / "links.csv", work / "net-case.csv"
-    cmd = [sys.executable, "-m", "geodt", "calibrate", "--network", "--wan", "shaped", "--scenario", str(path),
+    cmd = [sys.executable, "-m", "geodt", "calibrate", "network", "--wan", "shaped", "--scenario", str(path),
            "--payload-dtypes", dtype, "--collectives", collective, "--max-mib", str(LINK_MAX_MIB),
            "--repeats", str(repeats), "--threads", "1", "--out", str(shaped)]
     if profiles_out is not None:
@@ -223,10 +223,10 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
     links calibrated first (the network profile it ran with copied to `keep`).
 
     A WAN case whose plan runs at the scenario's batch (STEPS_BETWEEN_AVERAGES) is predicted
-    from the inner steps its nodes ran between the links' averages (geodt calibrate --network
+    from the inner steps its nodes ran between the links' averages (geodt calibrate network
     --wan shaped --profiles-out: each device timed beside the others as in the run; with the
     strategy's plan from the committed profiles, --plan, where it is not the baseline); any other
-    calibrates its devices at every batch after the links (geodt calibrate --scenario)."""
+    calibrates its devices at every batch after the links (geodt calibrate scenario --scenario)."""
     wan = wan_case is not None
     committed = SCENARIOS / f"{scenario}.toml"
     work.mkdir(parents=True)
@@ -423,7 +423,7 @@ def main() -> int:
 
     md = markdown(table)
     how = ("committed profiles (profiles/fidelity/)" if args.committed_profiles else
-           f"profiles measured right before each run (geodt calibrate --scenario, batches "
+           f"profiles measured right before each run (geodt calibrate scenario --scenario, batches "
            f"{','.join(map(str, CAL_BATCHES))} largest first and the scenario's own last, {CAL_REPEATS} "
            f"repeats; a WAN case's links before its devices; a WAN case at the scenario's batch, "
            f"{'/'.join(STEPS_BETWEEN_AVERAGES)}: its devices' steps timed between the links' averages, "

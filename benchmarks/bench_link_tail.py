@@ -45,7 +45,7 @@ def tcp_counters() -> dict[str, int]:
 
 
 def _node(rank: int, world: int, store: str, links, quotas, args: dict, queue) -> None:
-    from real.netcal import wan_node
+    from geodt.calibration.links import wan_node
 
     with wan_node(links[rank], None, quotas[rank], args["parent_pid"], f"geodt-tail-{rank}"):
         queue.put(("node", _averages(rank, world, store, links, args)))
@@ -57,7 +57,7 @@ def _averages(rank: int, world: int, store: str, links, args: dict) -> tuple:
     import torch
     import torch.distributed as dist
 
-    from real.netcal import InnerSteps, _join_gloo
+    from geodt.calibration.links import InnerSteps, _join_gloo
     from real.streaming import threads_for_comm
     from real.sync import CrossNodeSync
 

@@ -2,7 +2,7 @@
 
 1. Overhead per inner step: the executor's round loop (LR schedule, data position, timers,
    loss accumulation) against a plain training loop of the same model on the same batches,
-   both calling calibrate.step.train_step. Goal: at most 3 %. Measured interleaved
+   both calling train.step.train_step. Goal: at most 3 %. Measured interleaved
    (A, B, A, B, ...) so drift on a shared machine hits both; medians reported.
 2. Sync: the all-reduce inside the executor's outer sync against a bare dist.all_reduce of
    the same number of fp32 values, two gloo processes on this machine. Goal: at least 0.8
@@ -45,7 +45,7 @@ def bench_inner_step(preset: str, seq_len: int, batch: int, steps: int, repeats:
     import torch
     import torch.distributed as dist
 
-    from calibrate.step import train_step
+    from train.step import train_step
     from real.config import load_plan, load_run_spec
     from real.worker import ExecOptions, Node
 
@@ -94,8 +94,8 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
     import torch
     import torch.distributed as dist
 
-    from calibrate.models import build_model
-    from calibrate.presets import load_arch
+    from train.models import build_model
+    from facts.presets import load_arch
     from formats.scenario import DilocoConfig
     from real.diloco import OuterState, outer_sync
 

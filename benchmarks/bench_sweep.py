@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def main() -> None:
-    from calibrate.catalog import gpu_keys
+    from facts.catalog import gpu_keys
     from simulator.strategies import STRATEGIES
     from simulator.sweep_cli import main as sweep
 

@@ -1,11 +1,11 @@
 """Memory traffic of a training step's forward + backward per token, counted op by op on geodt's own step.
 
-calibrate/estimate.py prices the memory-bound part of a step (norms, rotary, SwiGLU, residual
+simulator/estimate.py prices the memory-bound part of a step (norms, rotary, SwiGLU, residual
 adds, casts, the loss, and the activation operands every GEMM reads and writes) as bytes per
 token through the GPU's memory bandwidth, from an op-by-op count of a lean training stack
 (ACT_BYTES_*: 58h + 12kv + 16f forward bytes per token per layer, ×3 with backward). This script
 counts the same traffic on geodt's own step (transformers' LlamaForCausalLM under torch autocast,
-SDPA attention: calibrate.step's forward and backward) under a TorchDispatchMode that sees every
+SDPA attention: train.step's forward and backward) under a TorchDispatchMode that sees every
 aten op: per op, the bytes of every tensor it reads and writes (views move nothing). Tensors
 shaped like a weight (casts, weight gradients, their accumulation) are per-step traffic and are
 left out, as are 0-d tensors. Matmul FLOPs are not bytes and are not counted.
@@ -37,8 +37,8 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: 
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from calibrate.models import build_model
-    from calibrate.step import random_batch, torch_dtype
+    from train.models import build_model
+    from train.step import random_batch, torch_dtype
 
     model = build_model(arch, seq_len)
     weight_shapes = set()
@@ -82,7 +82,7 @@ def main() -> int:
     import numpy as np
     from dataclasses import replace
 
-    from calibrate.presets import ModelArch
+    from facts.presets import ModelArch
 
     base = ModelArch("count", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=512, vocab_size=1536)
     variants = [base, replace(base, hidden_size=384, num_heads=6, num_kv_heads=6), replace(base, num_kv_heads=2),

@@ -1,9 +1,9 @@
-"""Memory traffic of the per-step fixed cost of calibrate/step.py's training step, counted op by op.
+"""Memory traffic of the per-step fixed cost of train/step.py's training step, counted op by op.
 
 simulator/timing.py prices the part of a step that does not grow with the batch (gradient
 unscaling, clipping, the AdamW update) as OPTIMIZER_BYTES_PER_PARAM bytes of memory traffic per
 parameter through the GPU's memory bandwidth. This script counts those bytes on the exact code
-path: it runs calibrate.step.train_step (forward, backward, GradScaler.unscale_ under fp16,
+path: it runs train.step.train_step (forward, backward, GradScaler.unscale_ under fp16,
 clip_grad_norm_, AdamW, zero_grad) under a TorchDispatchMode that sees every aten op, and from
 the first foreach op on (the first op after backward) adds up, per op, the bytes of every
 tensor it reads and of every tensor it writes (in-place arguments and fresh outputs; views move
@@ -43,9 +43,9 @@ def count(preset: str = "tiny", dtype: str = "fp16", seq_len: int = 32, batch: i
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from calibrate.models import build_model
-    from calibrate.presets import load_arch
-    from calibrate.step import make_optimizer, make_scaler, random_batch, train_step
+    from train.models import build_model
+    from facts.presets import load_arch
+    from train.step import make_optimizer, make_scaler, random_batch, train_step
 
     arch = load_arch(preset)
     model = build_model(arch, seq_len)

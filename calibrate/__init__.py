@@ -1,5 +1,6 @@
-"""calibrate: devices -> profiles (step time and memory per batch size), and the GPU catalog.
+"""calibrate: the measuring stage: a device -> a profile (step time and memory per batch size).
 
-Torch-free modules (`presets`, `catalog`, `profiles`) may be imported by the simulator;
-anything that touches torch imports it inside functions or lives in its own module.
+It times train/'s step (the one the executor runs) and writes profiles through formats/; it
+imports no other stage. Link and scenario calibration, which need the executor or a scenario,
+are in geodt/calibration/.
 """

@@ -1,22 +1,19 @@
-"""Entry points: `geodt calibrate` (measure a device into a profile) and `geodt profile check`.
+"""Entry point of `geodt calibrate device`: measure a device into a profile.
 
-Both return an exit code. Bad input is one line on stderr and exit 2, before anything is
-measured or written. torch is imported only once `calibrate` has checked its arguments, and
-`profile check` never imports it.
+It returns an exit code. Bad input is one line on stderr and exit 2, before anything is
+measured or written. torch is imported only once `calibrate` has checked its arguments.
 """
 from __future__ import annotations
 
 import argparse
 import atexit
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from calibrate.presets import PresetError, load_arch
-from calibrate.profiles import ProfileModel, leave_one_out
-from formats.cli import OneLineParser
-from formats.profile import ProfileError, read_profile_frame
+from facts.presets import PresetError, load_arch
+from formats.cli import DIGITS, OneLineParser, non_negative_int, positive_int
+from formats.profile import ProfileError
 from formats.wire import MODEL_DTYPES
 
 DEFAULT_CPU_MAX_BATCH = 64
@@ -28,36 +25,15 @@ class UsageError(ValueError):
     """A bad command-line option (printed as one line, exit 2)."""
 
 
-_DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() accepts '²', which int() refuses
-
-
-def _int_at_least(text: str, minimum: int, expected: str) -> int:
-    stripped = text.strip()
-    value = int(stripped) if re.fullmatch(r"[+-]?[0-9]{1,18}", stripped) else minimum - 1
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer > 0 (torch-free; the simulator's sweep command uses it too)."""
-    return _int_at_least(text, 1, "a positive integer")
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    return _int_at_least(text, 0, "an integer >= 0")
-
-
 def parse_batches(text: str) -> list[int] | tuple[str, int]:
     """'1,2,4,8' -> [1, 2, 4, 8] (sorted, unique); 'auto' / 'auto:N' -> ('auto', start N, default 1)."""
     if text == "auto" or text.startswith("auto:"):
         start = text.partition(":")[2] or "1"
-        if not _DIGITS.fullmatch(start) or int(start) <= 0:
+        if not DIGITS.fullmatch(start) or int(start) <= 0:
             raise UsageError(f"--batch {text!r}: expected auto or auto:N with N a positive integer")
         return ("auto", int(start))
     parts = [p.strip() for p in text.split(",")]
-    if not all(_DIGITS.fullmatch(p) and int(p) > 0 for p in parts):
+    if not all(DIGITS.fullmatch(p) and int(p) > 0 for p in parts):
         raise UsageError(f"--batch {text!r}: expected a comma-separated list of positive integers "
                          "(e.g. 1,2,4,8) or auto")
     return sorted({int(p) for p in parts})
@@ -84,7 +60,7 @@ def _core_list(text: str) -> list[int]:
 
 
 def calibrate_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="geodt calibrate", description="Measure training-step time and peak memory per "
+    p = OneLineParser(prog="geodt calibrate device", description="Measure training-step time and peak memory per "
                 "batch size on a device, into a profile CSV (docs/DESIGN.md, 'Profiles').")
     p.add_argument("--device", default="cpu", help="cpu, cuda:N, or all (every CUDA device: one "
                    "file per device, OUT-cudaN.csv) [cpu]")
@@ -233,7 +209,7 @@ def _apply_cpu_limits(args, cpu: bool) -> str:
         return ""
     if not cpu:
         raise HarnessError("--cpu-quota/--cpu-cores: expected --device cpu (they limit a CPU device)")
-    from calibrate.cpulimit import CpuLimitError, apply_cpu_limits, describe_limits
+    from train.cpulimit import CpuLimitError, apply_cpu_limits, describe_limits
 
     try:
         atexit.register(apply_cpu_limits(args.cpu_cores, args.cpu_quota, "geodt-calibrate"))
@@ -292,35 +268,3 @@ def _report(args, arch, dtype: str, batches, max_batch: int, info, writer, large
     if isinstance(batches, tuple):
         print(f"largest batch that fits: {largest if largest else 'none'}"
               + (f" (capped by --max-batch {max_batch})" if largest == max_batch else ""))
-
-
-def profile_main(argv: list[str] | None = None) -> int:
-    """`geodt profile check PROFILE.csv`: leave-one-out error of the t(b) model."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = OneLineParser(prog="geodt profile", description="Inspect calibration profiles.")
-    sub = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
-    check = sub.add_parser("check", help="leave-one-out error of the step-time model at each batch")
-    check.add_argument("profile", type=Path)
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # a usage error, already printed as one line (2), or --help (0)
-        return exc.code
-    try:
-        model = ProfileModel(read_profile_frame(args.profile), source=str(args.profile))
-        table = leave_one_out(model)
-    except (UsageError, ProfileError) as exc:
-        print(f"geodt profile: {exc}", file=sys.stderr)
-        return 2
-    t0_s, per_sample_s = model.fit()
-    print(f"{args.profile}: {model.device_name} [{model.gpu_key}], {model.model}, seq_len {model.seq_len}, "
-          f"{model.dtype}; fit t(b) = {t0_s * 1e3:.3f} ms + {per_sample_s * 1e3:.3f} ms x b")
-    shown = table.assign(measured_ms=table["measured_s"] * 1e3, predicted_ms=table["predicted_s"] * 1e3)
-    print(shown[["batch_size", "measured_ms", "predicted_ms", "error_pct"]].to_string(
-        index=False, float_format=lambda v: f"{v:.3f}"))
-    abs_err = table["error_pct"].abs()
-    worst = table.loc[abs_err.idxmax()]
-    print(f"leave-one-out |error|: median {abs_err.median():.2f}%, worst {abs_err.max():.2f}% "
-          f"(batch {int(worst['batch_size'])})")
-    if model.max_batch() is not None:
-        print(f"largest batch that fits: {model.max_batch()}")
-    return 0

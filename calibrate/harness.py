@@ -1,7 +1,7 @@
 """Measuring one device: step time and peak memory per batch size, OOM search, profile rows.
 
 `Calibrator.measure(b)` runs `warmup` untimed steps then `repeats` timed ones of
-`calibrate.step.train_step` (the executor's step) on random tokens. CUDA steps are timed with
+`train.step.train_step` (the executor's step) on random tokens. CUDA steps are timed with
 CUDA events (one pair per step, read after a single synchronize, so timing adds no sync
 points); CPU steps with `time.perf_counter`. Peak memory is torch's peak allocated bytes on
 CUDA, reset before each batch; on CPU it is not recorded (empty cells): torch's CPU
@@ -17,16 +17,15 @@ import socket
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
 
-import calibrate
-from calibrate.models import build_model
-from calibrate.presets import ModelArch
-from calibrate.step import make_optimizer, make_scaler, random_batch, train_step
+from train.models import build_model
+from facts.catalog import CATALOG_PATH
+from facts.presets import ModelArch
+from train.step import make_optimizer, make_scaler, random_batch, train_step
 from calibrate.telemetry import NvmlSampler, nvml_info
 
 # Doubling never goes past this on CUDA without --max-batch (OOM comes long before).
@@ -80,7 +79,7 @@ def resolve_devices(spec: str) -> list[str]:
 def _catalog_keys() -> list[str]:
     import pandas as pd
 
-    path = Path(calibrate.__file__).with_name("gpu_catalog.csv")
+    path = CATALOG_PATH
     try:
         return [str(k) for k in pd.read_csv(path, usecols=["key"])["key"]]
     except (OSError, ValueError):

@@ -6,6 +6,7 @@ is one line naming what was wrong, on stderr, and status 2, the same for every c
 from __future__ import annotations
 
 import argparse
+import re
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -13,3 +14,24 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message}\n")
+
+
+DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() accepts '²', which int() refuses
+
+
+def _int_at_least(text: str, minimum: int, expected: str) -> int:
+    stripped = text.strip()
+    value = int(stripped) if re.fullmatch(r"[+-]?[0-9]{1,18}", stripped) else minimum - 1
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer > 0."""
+    return _int_at_least(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0, "an integer >= 0")

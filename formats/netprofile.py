@@ -1,4 +1,4 @@
-"""Network profiles on disk: the columns `geodt calibrate --network` writes and the checked reader.
+"""Network profiles on disk: the columns `geodt calibrate network` writes and the checked reader.
 
 One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV (docs/DESIGN.md,
 "Outputs"); kinds: `all_reduce` (a SUM all-reduce of `size` bytes among `processes` ranks),
@@ -12,7 +12,7 @@ links end the same average at different times). And `seconds_mean`: a row's time
 where the profile has one, else its median; a run sums its syncs, outer steps and checkpoints,
 so the mean is what predicts them (on the shaped links a few slow repeats of an average are
 part of what a run pays; the median leaves them out).
-real/netcal.py writes it; calibrate/netprofile.py fits the simulator's models to it. Torch-free.
+geodt/calibration/links.py writes it; simulator/netfit.py fits the simulator's models to it. Torch-free.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def read_network_rows(path: str | Path) -> pd.DataFrame:
     """The profile's rows as kind, processes, size, seconds (the mean, else the median), payload_dtype,
     collective, node, each checked; NetProfileError naming the file, line and column otherwise."""
     path = Path(path)
-    data = read_regular_file(path, "a network profile CSV (geodt calibrate --network)", MAX_BYTES, NetProfileError)
+    data = read_regular_file(path, "a network profile CSV (geodt calibrate network)", MAX_BYTES, NetProfileError)
     try:
         frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:

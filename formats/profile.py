@@ -1,7 +1,7 @@
 """Calibration profiles on disk: the columns `geodt calibrate` writes and the checked reader.
 
 docs/DESIGN.md, "Profiles": tidy CSV, one row per batch size tried (out-of-memory rows
-included). calibrate/profile_writer.py writes it; calibrate/profiles.py turns it into the
+included). calibrate/profile_writer.py writes it; simulator/profile_fit.py turns it into the
 timing and memory model t(b), m(b) the simulator uses. Torch-free.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ COLUMNS: tuple[str, ...] = (
     "oom", "tokens_per_s", "sm_util_pct", "mem_util_pct", "power_w", "torch_version",
     "cuda_version", "driver_version", "host", "measured_at",
 )
-# Columns a profile written before them lacks: read as empty (calibrate/profiles.py then uses
+# Columns a profile written before them lacks: read as empty (simulator/profile_fit.py then uses
 # the median where the mean is missing).
 ADDED_COLUMNS: tuple[str, ...] = ("step_s_mean",)
 # Columns that must hold one value across the file: one profile = one device, model, shape.

@@ -13,9 +13,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("simulator.cli", "simulate_main", "simulate DiLoCo rounds for each strategy"),
     "plan": ("simulator.cli", "plan_main", "print and write one strategy's plan"),
     "sweep": ("simulator.sweep_cli", "main", "what-if sweeps over node mixes"),
-    "calibrate": ("calibrate.cli", "calibrate_main", "measure step time and memory per batch "
-                  "(--network: the all-reduce, outer step and checkpoint between processes)"),
-    "profile": ("calibrate.cli", "profile_main", "inspect a calibration profile (profile check)"),
+    "calibrate": ("geodt.calibration.cli", "main", "measure a device, the links between processes, or a "
+                  "scenario's devices (modes: device, network, scenario)"),
+    "profile": ("simulator.profile_check", "profile_main", "inspect a calibration profile (profile check)"),
     "run": ("geodt.run_cmd", "run_main", "real DiLoCo training with a strategy's plan"),
     "validate": ("geodt.run_cmd", "validate_main", "simulate and run a plan, compare them"),
     "paper": ("geodt.paper", "main", "regenerate the papers' tables and figures"),
@@ -42,13 +42,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
-    if name == "calibrate" and "--network" in rest:  # the executor's sync, between real processes
-        module_name, function_name = "real.netcal", "main"
-    if name == "calibrate" and "--network" not in rest and any(a == "--scenario" or a.startswith("--scenario=")
-                                                                for a in rest):
-        module_name, function_name = "geodt.calibrate_scenario", "main"  # every device at once
-    if name == "calibrate" and "--network" in rest and any(a == "--wan" or a.startswith("--wan=") for a in rest):
-        module_name, function_name = "geodt.netcal_wan", "main"  # the sync on a scenario's shaped links
     missing = [p for p in ("torch", "transformers") if name in NEEDS_TORCH and importlib.util.find_spec(p) is None]
     if missing:
         extra = NEEDS_TORCH[name]

@@ -62,7 +62,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     """Load and cross-check plan, scenario and data; raises ConfigError / LaunchError.
 
     Returns the run spec (rounds from the plan) and the plan with every default resolved."""
-    from calibrate.presets import PresetError, load_arch
+    from facts.presets import PresetError, load_arch
 
     spec = load_run_spec(scenario_path)
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
@@ -102,7 +102,7 @@ def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
     """Local runs: every node's cores exist here, and a quota can be set where one is asked."""
-    from calibrate.cpulimit import cpu_quota_supported
+    from train.cpulimit import cpu_quota_supported
 
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     for i, node in enumerate(plan.nodes, start=2):
@@ -167,7 +167,7 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
 
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
                  links: tuple | None, parent_pid: int) -> None:
-    from calibrate.children import die_with_parent
+    from train.children import die_with_parent
 
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
     # children), so no child prints a traceback or a lost-peer message on the way down. That

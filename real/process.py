@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from calibrate.cpulimit import CpuLimitError
+from train.cpulimit import CpuLimitError
 from formats.plan import Plan
 from real.config import RunSpec
 from real.data import make_chain
@@ -57,12 +57,12 @@ def _say_lost(links: tuple, me: int, store) -> str | None:
 
 
 def _apply_limits(plan: Plan, rank: int):
-    """The node's CPU limits for this process (calibrate/cpulimit.py); returns (cleanup, cores)."""
+    """The node's CPU limits for this process (train/cpulimit.py); returns (cleanup, cores)."""
     index = plan.node_of_rank(rank)
     node = plan.nodes[index]
     if node.cpu_cores is None and node.cpu_quota is None:
         return (lambda: None), None
-    from calibrate.cpulimit import apply_cpu_limits, device_cores
+    from train.cpulimit import apply_cpu_limits, device_cores
 
     local = rank - plan.first_rank(index)
     cores = device_cores(node.cpu_cores, node.gpus, local)

@@ -42,9 +42,9 @@ from dataclasses import dataclass
 
 import torch
 
-from calibrate.models import build_model
-from calibrate.presets import load_arch
-from calibrate.step import make_optimizer, make_scaler, train_step
+from train.models import build_model
+from facts.presets import load_arch
+from train.step import make_optimizer, make_scaler, train_step
 from formats.plan import Plan
 from real import checkpoint
 from real.config import RunSpec

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calibrate.catalog import get_gpu
+from facts.catalog import get_gpu
 from formats.errors import FieldError
 from formats.plan import CHECKPOINTING, SHARDINGS
 

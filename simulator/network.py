@@ -32,14 +32,14 @@ decodes its payload on the CPU (or GPU): node i with segment L_i of the P parame
 its n segments (P elements), decodes the n received versions of its own segment (n·L_i),
 encodes the sum (L_i) and decodes the n gathered segments (P). With a network profile's
 affine fits per payload dtype, enc(x) = a_e + c_e·4x and dec(x) = a_d + c_d·4x (per fp32
-byte, calibrate/netprofile.py), the slowest node's time is
+byte, simulator/netfit.py), the slowest node's time is
 
     t_codec = (n + 1)·a_e + 2n·a_d + 4P·(c_e + c_d) + 4·max_i L_i·(c_e + n·c_d)
 
 which the all-reduce's time includes. Without encode/decode rows in the profile it is 0
 (codec_note says so).
 
-Measured links. A network profile with shaped-WAN all-reduce rows (`geodt calibrate --network
+Measured links. A network profile with shaped-WAN all-reduce rows (`geodt calibrate network
 --wan shaped --scenario S`, on the scenario's own links) replaces the byte count above by what
 those links delivered: per payload dtype and collective, the ratio f = (measured − t_codec) /
 t_bytes at each measured size, interpolated in log t_bytes between them and held beyond
@@ -119,7 +119,7 @@ def node_outer_step_s(scenario: Scenario, node, layout) -> float:
     outer_state = "device": on the GPU, OUTER_STEP_DEVICE_BYTES_PER_PARAM per parameter of the
     device's shard (all of Ψ unsharded) through its memory, the slowest GPU's bandwidth; CPU
     devices keep the host figure."""
-    from calibrate.catalog import get_gpu
+    from facts.catalog import get_gpu
 
     n = scenario.model.param_count
     shard = n / layout.devices if layout.sharded else n
@@ -135,7 +135,7 @@ def node_outer_step_s(scenario: Scenario, node, layout) -> float:
 
 @dataclass(frozen=True)
 class CodecCost:
-    """encode / decode fits (calibrate.netprofile.AffineFit, per fp32 byte) per payload dtype."""
+    """encode / decode fits (simulator.netfit.AffineFit, per fp32 byte) per payload dtype."""
 
     fits: tuple[tuple[tuple[str, str], object], ...] = ()
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import tomli_w
 
-from calibrate.catalog import CatalogError, get_gpu
-from calibrate.presets import ModelArch, PresetError, load_arch
+from facts.catalog import CatalogError, get_gpu
+from facts.presets import ModelArch, PresetError, load_arch
 from formats.config import as_table, build, coerce, require_choice, require_positive
 from formats.errors import FieldError, InputError
 from formats.files import read_regular_file
@@ -83,7 +83,7 @@ class NetworkConfig:
     latency_ms: float = 1.0
     collective: str = "ring"
     payload_dtype: str = "fp32"
-    # A network profile (geodt calibrate --network): its fit replaces bandwidth_gbps and
+    # A network profile (geodt calibrate network): its fit replaces bandwidth_gbps and
     # latency_ms, and times the outer step and the checkpoint from measurements.
     profile: str | None = None
 
@@ -287,7 +287,7 @@ def apply_override(table: dict, path: list[str], value: Any, text: str) -> str:
 def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = (), without_profiles: bool = False) -> Scenario:
     """A validated Scenario from a file or built-in name, with `key=value` overrides applied.
 
-    without_profiles: the nodes' profiles left out (`geodt calibrate --scenario` makes them)."""
+    without_profiles: the nodes' profiles left out (`geodt calibrate scenario --scenario` makes them)."""
     table, resolved = _read_source(source)
     if without_profiles and isinstance(table.get("nodes"), list):
         table["nodes"] = [{k: v for k, v in node.items() if k != "profile"} if isinstance(node, dict) else node
@@ -379,7 +379,7 @@ def _with_network_profile(scenario: Scenario) -> Scenario:
     """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
     if scenario.network.profile is None:
         return scenario
-    from calibrate.netprofile import read_network_profile  # pandas: only when used
+    from simulator.netfit import read_network_profile  # pandas: only when used
     from formats.netprofile import NetProfileError
 
     try:

@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from calibrate.cli import non_negative_int, positive_int
+from formats.cli import non_negative_int, positive_int
 
 CHUNK = 500
 MAX_NODES = 1000
@@ -125,7 +125,7 @@ def _run_chunk(job) -> tuple[int, int]:
 
 
 def _spec_from_args(args, strategies):
-    from calibrate.catalog import CatalogError, get_gpu
+    from facts.catalog import CatalogError, get_gpu
     from formats.errors import InputError
     from simulator.sweep import SweepSpec
 

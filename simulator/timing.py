@@ -1,6 +1,6 @@
 """Per-node step-time models t_i(b) and memory limits: catalog estimate, given constant, profile.
 
-Catalog estimate (affine, per GPU type g, per-GPU batch b), `calibrate.estimate`:
+Catalog estimate (affine, per GPU type g, per-GPU batch b), `simulator.estimate`:
 
     t_g(b) = t0_g + c_g · b
 
@@ -9,8 +9,8 @@ t0 is the per-step cost that does not grow with the batch: the optimizer's memor
 weights' per-step traffic (autocast cast, GEMM reads, fp32 gradient accumulation) and kernel
 launches. c is the per-sample cost: the matmul FLOPs at the GPU's measured maximum achievable
 matmul rate, attention at FlashAttention-2's published efficiency, and the activations' memory
-traffic at the GPU's bandwidth (`calibrate.estimate`'s docstring has the terms and sources; the
-peak is `calibrate.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
+traffic at the GPU's bandwidth (`simulator.estimate`'s docstring has the terms and sources; the
+peak is `facts.catalog.peak_tflops`: FP16 with FP32 accumulate on GeForce cards, not the
 datasheet headline).
 
 A node with several GPUs runs data-parallel inside: each step waits for its slowest GPU and
@@ -24,9 +24,9 @@ catalog `intra_node_gbps` (NVLink for SXM parts, PCIe for the rest).
 
 That is the unsharded node. Under a sharded layout or recomputation (simulator/memory.py's
 Layout, chosen per node by `NodeTiming.layout`) t0's optimizer work is per shard (N/G), c grows
-by a third (one more forward, `calibrate.estimate`) under full recomputation, and the collectives are `intra_node_comm_s`'s: the
+by a third (one more forward, `simulator.estimate`) under full recomputation, and the collectives are `intra_node_comm_s`'s: the
 all-reduce's volume after backward for zero1/zero2, and for fsdp two all-gathers and a
-reduce-scatter run behind the compute, which they slow (`calibrate.estimate.overlapped_s`), except
+reduce-scatter run behind the compute, which they slow (`simulator.estimate.overlapped_s`), except
 the first unit's gather and the last's reduce-scatter: t_opt + overlapped(t_w + c·b, comm) + exposed.
 
 Precedence (docs/DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
@@ -39,8 +39,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from calibrate.catalog import get_gpu
-from calibrate.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step,  # noqa: F401  (re-exported)
+from facts.catalog import get_gpu
+from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step,  # noqa: F401  (re-exported)
                                 fsdp_payload_bytes)
 from formats.errors import FieldError
 from formats.wire import ring_allreduce_s
@@ -56,7 +56,7 @@ MAX_SEARCH_BATCH = 1 << 16
 
 
 def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, comm_s: float = 0.0) -> StepEstimate:
-    """The catalog estimate of one GPU of type gpu_key under a layout (`calibrate.estimate`).
+    """The catalog estimate of one GPU of type gpu_key under a layout (`simulator.estimate`).
 
     A preset or config.json gives the model's shape; a bare `params` model has none (its work is
     `flops_per_token`, else 6·params, at the matmul rate). A given `flops_per_token` replaces the
@@ -103,7 +103,7 @@ _PROFILE_CACHE: dict = {}
 
 def _load_profile(path, seq_len, dtype, model):
     """A ProfileModel read once per file version (10,000 nodes may share one profile)."""
-    from calibrate.profiles import ProfileModel
+    from simulator.profile_fit import ProfileModel
 
     try:
         st = os.stat(path)

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import calibrate.harness as harness
-from calibrate.cli import calibrate_main, profile_main
-from calibrate.profiles import ProfileModel
+from calibrate.cli import calibrate_main
+from simulator.profile_check import profile_main
+from simulator.profile_fit import ProfileModel
 from formats.profile import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,7 +341,7 @@ def test_noisy_batches_are_flagged():
 
 
 def test_fp16_scaler_survives_an_oom_mid_step(monkeypatch):
-    from calibrate.presets import PRESETS
+    from facts.presets import PRESETS
 
     real_step = harness.train_step
 
@@ -361,12 +362,12 @@ def test_fp16_scaler_survives_an_oom_mid_step(monkeypatch):
 
 @pytest.mark.parametrize("extra", [["--cpu-cores", "0"], ["--cpu-quota", "0.5", "--cpu-cores", "0"]])
 def test_cpu_limits_are_applied_and_named_in_the_profile(tmp_path, extra):
-    from calibrate.cpulimit import cpu_quota_supported
+    from train.cpulimit import cpu_quota_supported
 
     if "--cpu-quota" in extra and not cpu_quota_supported():
         pytest.skip("needs root and a cgroup cpu controller")
     out = tmp_path / "p.csv"
-    proc = subprocess.run([sys.executable, "-m", "geodt", "calibrate", "--device", "cpu", "--model", "tiny",
+    proc = subprocess.run([sys.executable, "-m", "geodt", "calibrate", "device", "--device", "cpu", "--model", "tiny",
                            "--seq-len", "16", "--batch", "1", "--repeats", "2", "--warmup", "0", "--threads", "1",
                            *extra, "--out", str(out)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -387,3 +388,27 @@ def test_bad_cpu_limits_are_one_line(tmp_path, capsys, extra, expected):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and (expected is None or expected in err)
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_calibrate_help_lists_every_mode_and_its_options(capsys):
+    from geodt.cli import main
+
+    assert main(["calibrate", "--help"]) == 0
+    out = capsys.readouterr().out
+    for mode in ("device", "network", "scenario"):
+        assert f"\n  {mode} " in out, mode
+    for usage in ("geodt calibrate device [-h]", "geodt calibrate network [-h]",
+                  "geodt calibrate network --wan shaped [-h]", "geodt calibrate scenario [-h]"):
+        assert usage in out, usage
+
+
+def test_old_spelling_runs_its_mode_with_a_note(tmp_path, capsys):
+    from geodt.cli import main
+
+    # --model nope fails in the device mode's own check: the old spelling reached `device`
+    assert main(["calibrate", "--model", "nope", "--out", str(tmp_path / "p.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("geodt calibrate: note: this spelling is now `geodt calibrate device ...`")
+    assert len(err) == 2 and "nope" in err[1]
+    assert main(["calibrate", "frobnicate"]) == 2
+    assert "unknown mode 'frobnicate'" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from calibrate.profile_writer import ProfileWriter
-from calibrate.profiles import ProfileModel, leave_one_out
+from simulator.profile_fit import ProfileModel, leave_one_out
 from formats.profile import COLUMNS, ProfileError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +209,7 @@ def test_bad_profiles(tmp_path, edit, message):
 
 
 def test_profiles_module_is_torch_free():
-    code = "import sys, calibrate.profiles, calibrate.profile_writer; sys.exit('torch' in sys.modules)"
+    code = "import sys, simulator.profile_fit, calibrate.profile_writer; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

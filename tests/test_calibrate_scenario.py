@@ -1,4 +1,4 @@
-"""geodt calibrate --scenario: every CPU device of a scenario measured at once, one profile each,
+"""geodt calibrate scenario --scenario: every CPU device of a scenario measured at once, one profile each,
 which the scenario's nodes then use."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ profile = ["cal/b-0.csv", "cal/b-1.csv"]
 
 
 def test_every_device_gets_a_profile_the_scenario_then_uses(tmp_path, capsys):
-    from geodt.calibrate_scenario import main
+    from geodt.calibration.scenario import main
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -59,7 +59,7 @@ def test_every_device_gets_a_profile_the_scenario_then_uses(tmp_path, capsys):
 
 
 def test_gpu_nodes_and_bad_arguments_are_one_line(tmp_path, capsys):
-    from geodt.calibrate_scenario import main
+    from geodt.calibration.scenario import main
 
     assert main(["--scenario", "paper", "--out-dir", str(tmp_path)]) == 2
     assert "expected CPU devices only" in capsys.readouterr().err
@@ -78,7 +78,7 @@ def test_a_killed_calibration_takes_its_device_processes_with_it(tmp_path):
     """SIGKILL (or SIGTERM) gives the parent no chance to stop its device processes. torch's
     start_processes asks for SIGINT to them when it goes, but a command started with SIGINT
     ignored (a background job of a script, nohup) passes that on to them: before
-    calibrate/children.py they kept stepping, for good. Nothing is written."""
+    train/children.py they kept stepping, for good. Nothing is written."""
     import signal
     import subprocess
 
@@ -87,7 +87,7 @@ def test_a_killed_calibration_takes_its_device_processes_with_it(tmp_path):
     path = tmp_path / "pair.toml"
     path.write_text(textwrap.dedent(SCENARIO))
     (tmp_path / "cal").mkdir()
-    parent = subprocess.Popen([sys.executable, "-m", "geodt", "calibrate", "--scenario", str(path), "--batch", "1",
+    parent = subprocess.Popen([sys.executable, "-m", "geodt", "calibrate", "scenario", "--scenario", str(path), "--batch", "1",
                                "--repeats", "1000000", "--out-dir", str(tmp_path / "cal")],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))

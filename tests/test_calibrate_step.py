@@ -1,12 +1,12 @@
-"""The shared training step (calibrate.step): what it does to the model and optimizer."""
+"""The shared training step (train.step): what it does to the model and optimizer."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from calibrate.models import build_model
-from calibrate.presets import PRESETS
-from calibrate.step import CLIP_NORM, make_optimizer, make_scaler, random_batch, torch_dtype, train_step
+from train.models import build_model
+from facts.presets import PRESETS
+from train.step import CLIP_NORM, make_optimizer, make_scaler, random_batch, torch_dtype, train_step
 
 ARCH = PRESETS["tiny"]
 

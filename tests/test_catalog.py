@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.catalog import (
+from facts.catalog import (
     CATALOG_PATH,
     CatalogError,
     GpuSpec,
@@ -172,12 +172,12 @@ def test_spec_is_frozen_and_memory_bytes():
 
 def test_import_does_not_pull_in_torch():
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    code = "import calibrate.catalog, sys; calibrate.catalog.load_catalog(); assert 'torch' not in sys.modules"
+    code = "import facts.catalog, sys; facts.catalog.load_catalog(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, check=True)
 
 
 def test_csv_ships_next_to_the_module():
-    assert CATALOG_PATH.parent == Path(sys.modules["calibrate.catalog"].__file__).parent
+    assert CATALOG_PATH.parent == Path(sys.modules["facts.catalog"].__file__).parent
     assert CATALOG_PATH.name.endswith(".csv")  # covered by package-data calibrate = ["*.csv"]
 
 

@@ -1,4 +1,4 @@
-"""The catalog step-time estimate (calibrate/estimate.py): exact values, monotonicity, the published rows."""
+"""The catalog step-time estimate (simulator/estimate.py): exact values, monotonicity, the published rows."""
 from __future__ import annotations
 
 import importlib.util
@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.estimate import (ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, ATTENTION_EFFICIENCY,
+from simulator.estimate import (ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, ATTENTION_EFFICIENCY,
                                 LOSS_BYTES_PER_VOCAB, MATMUL_EFFICIENCY, OVERLAP_SLOWDOWN, EstimateError, Shape,
                                 estimate_step, fsdp_collective_s, overlapped_s)
-from calibrate.presets import PRESETS
+from facts.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_1B = Shape.of(PRESETS["llama-1b"])

@@ -189,7 +189,7 @@ def test_arguments(command, option, value):
                     else f"training.rounds={value}", "--out", str(out)]
         elif command == "calibrate":
             # --device tpu: refused before anything is measured, whatever the batch
-            argv = ["calibrate", "--device", "tpu", "--batch", value, "--out", str(out / "p.csv")]
+            argv = ["calibrate", "device", "--device", "tpu", "--batch", value, "--out", str(out / "p.csv")]
         else:
             os.mkfifo(tmp / "fifo.toml")
             target = {"--nodes": "/dev/zero", "--gpus-per-node": str(tmp / "fifo.toml"),

@@ -1,11 +1,13 @@
 """The dependency rule, checked on the source: no module imports across a forbidden arrow.
 
-calibrate -> profile file -> simulator -> plan file -> real, with the contracts in formats/:
-simulator never imports real, real never imports simulator, calibrate imports neither,
-formats imports none of calibrate, simulator, real and geodt, and neither simulator nor formats
-imports torch; and no module imports another's private (`_name`) names. Every import statement
-counts, at module level or inside a function (a lazy import is still an arrow); `ast` reads them
-without importing anything.
+calibrate -> profile file -> simulator -> plan file -> real. The contracts live in formats/, the
+shared facts (GPU catalog, presets) in facts/, the one training step in train/. No stage
+imports another stage (calibrate, simulator and real import none of each other); formats
+imports nothing of the project, facts only formats, train only formats and facts; formats,
+facts and simulator never import torch; only geodt/ composes stages. No module imports
+another's private (`_name`) names, and no import cycle exists between modules. Every import
+statement counts, at module level or inside a function (a lazy import is still an arrow); `ast`
+reads them without importing anything.
 """
 from __future__ import annotations
 
@@ -15,12 +17,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("formats", "calibrate", "simulator", "real", "geodt")
+PACKAGES = ("formats", "facts", "train", "calibrate", "simulator", "real", "geodt")
+STAGES = {"calibrate", "simulator", "real", "geodt"}
 FORBIDDEN = {
-    "simulator": {"real", "torch"},
-    "real": {"simulator"},
-    "calibrate": {"simulator", "real"},
-    "formats": {"calibrate", "simulator", "real", "geodt", "torch"},
+    "formats": STAGES | {"facts", "train", "torch"},
+    "facts": STAGES | {"train", "torch"},
+    "train": STAGES,
+    "calibrate": STAGES - {"calibrate"},
+    "simulator": STAGES - {"simulator"} | {"train", "torch"},
+    "real": STAGES - {"real"},
 }
 
 
@@ -83,9 +88,15 @@ def test_every_package_is_walked():
     ("simulator", "    from real.plan import Plan", "real"),  # inside a function: still an arrow
     ("real", "from simulator import network", "simulator"),
     ("calibrate", "import simulator.scenario", "simulator"),
-    ("formats", "from calibrate.catalog import get_gpu", "calibrate"),
+    ("formats", "from facts.catalog import get_gpu", "facts"),
+    ("formats", "from calibrate.harness import Calibrator", "calibrate"),
     ("formats", "import torch", "torch"),
     ("simulator", "import torch.distributed as dist", "torch"),
+    ("simulator", "from calibrate.harness import Calibrator", "calibrate"),
+    ("real", "    from calibrate.harness import describe_device", "calibrate"),
+    ("facts", "import torch", "torch"),
+    ("train", "from real.sync import encode", "real"),
+    ("calibrate", "from geodt.calibration import links", "geodt"),
 ])
 def test_an_inserted_import_is_caught(tmp_path, package, statement, name):
     # A copy of the package with one module that holds the forbidden import.
@@ -97,3 +108,74 @@ def test_an_inserted_import_is_caught(tmp_path, package, statement, name):
         (tmp_path / other).mkdir(exist_ok=True)
     assert violations(tmp_path) == [f"{package}/bad.py:{2 if statement.startswith(' ') else 1}: "
                                     f"{package} imports {name}"]
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the project modules it imports (absolute and relative, anywhere in the file)."""
+    paths = {module_name(p, root): p for package in PACKAGES for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                # `from package import module` depends on the module; `from module import name` on the module
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in paths else base for a in node.names}
+        graph[name] = {t for t in targets if t in paths and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_an_import_cycle_is_caught(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "real" / "a.py").write_text("from real import b\n")
+    (tmp_path / "real" / "b.py").write_text("def f():\n    from .c import g\n")
+    (tmp_path / "real" / "c.py").write_text("import real.a\n")
+    (tmp_path / "real" / "d.py").write_text("import real.a\n")
+    assert cycles(import_graph(tmp_path)) == [["real.a", "real.b", "real.c"]]

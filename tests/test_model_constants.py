@@ -1,6 +1,6 @@
 """The simulator's two calibrated constants against what they were calibrated from.
 
-OPTIMIZER_BYTES_PER_PARAM must equal the bytes counted op by op on calibrate/step.py's exact
+OPTIMIZER_BYTES_PER_PARAM must equal the bytes counted op by op on train/step.py's exact
 step (benchmarks/count_optimizer_bytes.py); OUTER_STEP_NS_PER_PARAM is a measured figure, so
 only its use (linear in the parameter count, independent of GPUs) is checked here.
 """

@@ -1,4 +1,4 @@
-"""`geodt calibrate --network --wan shaped --scenario S`: the sync timed on the scenario's own
+"""`geodt calibrate network --wan shaped --scenario S`: the sync timed on the scenario's own
 shaped links (real/wan.py), written as network-profile rows the simulator loads.
 
 Needs root and the kernel's netns, veth, bridge and tbf (skips with real.wan.missing_support()'s
@@ -43,12 +43,12 @@ step_time_s = 0.1
 @pytest.mark.wan
 @pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 def test_shaped_calibration_measures_each_dtype_on_the_scenario_links(tmp_path, write_scenario, capsys):
-    from calibrate.netprofile import read_network_profile
+    from simulator.netfit import read_network_profile
     from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, SHAPED_BACKEND
     from geodt.cli import main
 
     out = tmp_path / "net.csv"
-    assert main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
+    assert main(["calibrate", "network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
                  "--payload-dtypes", "fp32,int8", "--collectives", "ring", "--max-mib", "1", "--repeats", "1",
                  "--threads", "1", "--out", str(out), "--profiles-out", str(tmp_path)]) == 0
     frame = pd.read_csv(out)
@@ -86,16 +86,16 @@ def test_without_root_or_support_it_is_one_line_and_exit_2(tmp_path, write_scena
 
     monkeypatch.setattr(wan.os, "geteuid", lambda: 1000)
     out = tmp_path / "net.csv"
-    code = main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
+    code = main(["calibrate", "network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
                  "--max-mib", "1", "--out", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and not out.exists()
-    assert err[-1] == ("geodt calibrate --network --wan shaped: --wan shaped: needs root (network namespaces, veth, "
+    assert err[-1] == ("geodt calibrate network --wan shaped: --wan shaped: needs root (network namespaces, veth, "
                        "bridge and tc); run as root or use --wan loopback")
 
 
 def test_each_node_leader_is_measured_under_its_cpu_limits(write_scenario):
-    from geodt.netcal_wan import leader_limits
+    from geodt.calibration.wan_links import leader_limits
     from simulator.scenario import load_scenario
 
     text = SCENARIO.replace('name = "b"\ngpus = { "cpu" = 1 }', 'name = "b"\ngpus = { "cpu" = 2 }\ncpu_cores = [0, 1]\ncpu_quota = 0.5')
@@ -113,7 +113,7 @@ def test_a_node_with_a_cpu_quota_syncs_at_that_quota(tmp_path, write_scenario):
 
     def sync_s(text: str, name: str) -> float:
         out = tmp_path / f"{name}.csv"
-        assert main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(write_scenario(text, name=f"{name}.toml")),
+        assert main(["calibrate", "network", "--wan", "shaped", "--scenario", str(write_scenario(text, name=f"{name}.toml")),
                      "--payload-dtypes", "int8", "--collectives", "ring", "--max-mib", "4", "--repeats", "3",
                      "--threads", "1", "--out", str(out)]) == 0
         frame = pd.read_csv(out)
@@ -130,8 +130,8 @@ def test_each_node_runs_its_round_between_averages(write_scenario):
     """As in a run, each node computes between two syncs: a CPU node its real inner steps (the
     scenario's model at its batch, H of them), a GPU node planned here a busy loop for H × its
     step time (2 × 0.1 s here), run untimed between timed averages."""
-    from geodt.netcal_wan import between_averages
-    from real.netcal import _computing, _time_all
+    from geodt.calibration.wan_links import between_averages
+    from geodt.calibration.links import _computing, _time_all
     from simulator.scenario import load_scenario
 
     gpu = SCENARIO.replace('name = "b"\ngpus = { "cpu" = 1 }', 'name = "b"\ngpus = { "a100-80gb" = 1 }')
@@ -158,7 +158,7 @@ def test_a_streaming_scenario_runs_its_fragment_schedule_between_and_beside_aver
     """Streaming DiLoCo's averages are one fragment's, ⌊H/P⌋ steps apart, each begun τ steps
     before its merge: H = 8, P = 2, τ = 1 gives 3 steps before an average and 1 beside it; a GPU
     node planned here the same in busy seconds (0.1 s a step). Classic DiLoCo: H, then none."""
-    from geodt.netcal_wan import between_averages, overlapped_steps
+    from geodt.calibration.wan_links import between_averages, overlapped_steps
     from simulator.scenario import load_scenario
 
     assert overlapped_steps(8, 1, 0) == (8, 0)
@@ -181,7 +181,7 @@ def test_an_overlapped_average_runs_on_its_own_thread_beside_the_steps():
     other, it would time out."""
     import threading
 
-    from real.netcal import _time_overlapped
+    from geodt.calibration.links import _time_overlapped
 
     calls, beside_started = [], threading.Event()
 
@@ -211,7 +211,7 @@ def test_inner_steps_train_the_model_and_time_each_step():
     """Real training steps (the weights move), each timed; the construction's warm-up untimed."""
     import torch
 
-    from real.netcal import InnerSteps
+    from geodt.calibration.links import InnerSteps
 
     inner = InnerSteps("tiny", None, 16, "fp32", 1, 3)
     before = [p.detach().clone() for p in inner.cal.model.parameters()]
@@ -223,7 +223,7 @@ def test_inner_steps_train_the_model_and_time_each_step():
 
 
 def test_the_steps_kept_are_those_beside_the_run_payload_size():
-    from geodt.netcal_wan import nearest_size
+    from geodt.calibration.wan_links import nearest_size
 
     sizes = [64 << 10, 256 << 10, 1 << 20]
     assert nearest_size(sizes, 1.0012 * (1 << 20)) == 1 << 20   # the tiny model's fp32 payload
@@ -235,7 +235,7 @@ def test_the_steps_kept_are_those_beside_the_run_payload_size():
 def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_batch(tmp_path, write_scenario):
     """One row per node at the scenario's batch, from the steps beside the chosen size only, in a
     profile the simulator loads (the scenario pointed at it plans and simulates)."""
-    from geodt.netcal_wan import write_profiles
+    from geodt.calibration.wan_links import write_profiles
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(str(write_scenario(SCENARIO)))
@@ -261,7 +261,7 @@ def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_ba
 def test_a_streaming_scenario_also_measures_one_fragment_payload(write_scenario):
     """Streaming DiLoCo averages one fragment at a time: that size (here the tiny model's
     262,464 parameters / 2, 4 bytes each) is measured beside the ×4 ladder, not interpolated."""
-    from geodt.netcal_wan import measured_sizes
+    from geodt.calibration.wan_links import measured_sizes
     from simulator.scenario import load_scenario
 
     classic = load_scenario(str(write_scenario(SCENARIO)))
@@ -277,7 +277,7 @@ def test_with_a_plan_each_node_runs_its_plan_round_between_averages(tmp_path, wr
 
     from formats.plan import load_plan
     from geodt.cli import main
-    from geodt.netcal_wan import between_averages
+    from geodt.calibration.wan_links import between_averages
     from simulator.scenario import load_scenario
 
     scenario_path = write_scenario(SCENARIO)
@@ -289,9 +289,9 @@ def test_with_a_plan_each_node_runs_its_plan_round_between_averages(tmp_path, wr
     other = (tmp_path / "plan.csv").read_text().replace("\nbaseline,b,", "\nbaseline,z,")
     (tmp_path / "other.csv").write_text(other)
     capsys.readouterr()
-    code = main(["calibrate", "--network", "--wan", "shaped", "--scenario", str(scenario_path), "--plan",
+    code = main(["calibrate", "network", "--wan", "shaped", "--scenario", str(scenario_path), "--plan",
                  str(tmp_path / "other.csv"), "--out", str(tmp_path / "net.csv")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and not (tmp_path / "net.csv").exists()
-    assert err == [f"geodt calibrate --network --wan shaped: {tmp_path}/other.csv: node: expected the scenario's "
+    assert err == [f"geodt calibrate network --wan shaped: {tmp_path}/other.csv: node: expected the scenario's "
                    "nodes ['a', 'b'], got ['a', 'z']"]

@@ -1,15 +1,15 @@
 """Network profiles: the fits recover the model they assume; bad files are one-line errors;
-`geodt calibrate --network` measures real gloo processes into a profile that loads."""
+`geodt calibrate network` measures real gloo processes into a profile that loads."""
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from calibrate.netprofile import fit_affine, fit_ring, read_network_profile
+from simulator.netfit import fit_affine, fit_ring, read_network_profile
 from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, NetProfileError
 
 # Encode / decode cost per fp32 byte (fixed, per byte) by payload dtype: about what
-# `geodt calibrate --network` measured on the 2-core VM (int8 quantisation costs the most).
+# `geodt calibrate network` measured on the 2-core VM (int8 quantisation costs the most).
 CODEC = {("encode", "fp32"): (1e-5, 0.0), ("decode", "fp32"): (1e-5, 0.1e-9),
          ("encode", "fp16"): (1e-5, 0.15e-9), ("decode", "fp16"): (1e-5, 0.7e-9),
          ("encode", "int8"): (2e-5, 1.3e-9), ("decode", "int8"): (2e-5, 1.4e-9)}
@@ -95,7 +95,7 @@ def test_missing_or_special_file(tmp_path):
 @pytest.mark.slow
 def test_calibrate_network_measures_real_processes(tmp_path):
     pytest.importorskip("torch")
-    from real.netcal import main
+    from geodt.calibration.links import main
 
     out = tmp_path / "net.csv"
     assert main(["--network", "--processes", "2", "--max-mib", "16", "--repeats", "2", "--threads", "1",
@@ -209,7 +209,7 @@ def test_measured_checkpoint_delays_every_round_in_both_engines(tmp_path, write_
 def test_profile_variability_drives_per_node_jitter(write_scenario):
     from pathlib import Path
 
-    from calibrate.profiles import ProfileModel
+    from simulator.profile_fit import ProfileModel
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
     from simulator.workload import compute_matrix, node_cvs

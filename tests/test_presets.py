@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from calibrate.presets import PRESETS, load_arch
+from facts.presets import PRESETS, load_arch
 
 # Parameter counts as published: the safetensors totals of meta-llama/Llama-3.2-1B (1.24B),
 # Llama-3.2-3B (3.21B), Llama-3.1-8B (8.03B), TinyLlama-1.1B (OpenDiLoCo's 1B), and INTELLECT-1's
@@ -60,7 +60,7 @@ def test_a_config_json_gives_the_same_architecture(tmp_path):
 
 def test_rope_theta_reaches_the_transformers_config():
     pytest.importorskip("transformers")
-    from calibrate.models import llama_config
+    from train.models import llama_config
 
     def theta(cfg):  # transformers 5 keeps it in rope_parameters, 4.x as an attribute
         params = getattr(cfg, "rope_parameters", None)

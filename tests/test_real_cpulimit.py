@@ -1,4 +1,4 @@
-"""calibrate.cpulimit: pinning and a cgroup CPU quota, applied in a child process and undone.
+"""train.cpulimit: pinning and a cgroup CPU quota, applied in a child process and undone.
 
 The quota test checks the kernel's own accounting (cpu.cfs_quota_us / cpu.max written, the
 process listed in the group, the group gone after cleanup), not speed: timing depends on load.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from calibrate.cpulimit import CpuLimitError, apply_cpu_limits, cpu_quota_supported
+from train.cpulimit import CpuLimitError, apply_cpu_limits, cpu_quota_supported
 
 
 def _child(queue, cores, quota, tag):
@@ -66,7 +66,7 @@ def test_quota_sets_the_cgroup_and_removes_it():
 
 
 def test_unsupported_quota_is_one_line(monkeypatch):
-    import calibrate.cpulimit as cl
+    import train.cpulimit as cl
 
     monkeypatch.setattr(cl, "_base", lambda: None)
     with pytest.raises(CpuLimitError, match="^cpu_quota: this machine offers no writable cgroup"):

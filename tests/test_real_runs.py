@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from calibrate.models import build_model
-from calibrate.presets import load_arch
-from calibrate.step import make_optimizer, train_step
+from train.models import build_model
+from facts.presets import load_arch
+from train.step import make_optimizer, train_step
 from real.config import load_plan, load_run_spec
 from real.data import make_shard
 from real.diloco import inner_lr

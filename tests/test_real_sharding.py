@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 import torch
 
-from calibrate.models import build_model
-from calibrate.presets import load_arch
+from train.models import build_model
+from facts.presets import load_arch
 from real.launch import launch
 from real.options import ExecOptions
 from formats.plan import NodePlan, Plan

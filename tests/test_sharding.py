@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from calibrate.catalog import get_gpu
-from calibrate.estimate import OVERLAP_SLOWDOWN
+from facts.catalog import get_gpu
+from simulator.estimate import OVERLAP_SLOWDOWN
 from simulator.cli import plan_main, simulate_main
 from simulator.memory import LAYOUT_ORDER, Layout, activation_bytes_per_sample, state_bytes, step_memory_bytes, transient_bytes
 from simulator.network import HOST_LINK_GBPS, node_outer_step_s, sync_s
@@ -19,7 +19,7 @@ from simulator.strategies import STRATEGIES, make_plan
 from simulator.timing import gpu_estimate, gpu_step_coefficients, intra_node_comm_s, node_timings
 
 ROOT = Path(__file__).resolve().parents[1]
-LLAMA_8B = "llama-3.1-8b"  # calibrate/presets.py: Meta's Llama-3.1-8B config
+LLAMA_8B = "llama-3.1-8b"  # facts/presets.py: Meta's Llama-3.1-8B config
 # A model with round sizes: h 1024, 4 layers, 8 heads (no GQA), ffn 4096, vocabulary 1000, untied.
 # Per layer 2·1024² (q, o) + 2·1024² (k, v) + 3·1024·4096 + 2·1024 = 16,779,264; embedding and head
 # 1,024,000 each; final norm 1024: Ψ = 4·16,779,264 + 2·1,024,000 + 1024 = 69,166,080.

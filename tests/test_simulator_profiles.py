@@ -114,7 +114,7 @@ def test_max_batch_reaches_the_limit_when_everything_fits(profiled, tmp_path, wr
 
 
 def test_shipped_cpu_profiles_measured_steps_beats_baseline():
-    # profiles/ holds real profiles of one CPU at 1 and 2 threads (geodt calibrate --threads 1|2)
+    # profiles/ holds real profiles of one CPU at 1 and 2 threads (geodt calibrate device --threads 1|2)
     from pathlib import Path
     scenario = load_scenario(str(Path(__file__).parents[1] / "profiles" / "two-cpus.toml"))
     idle = {}

@@ -80,7 +80,7 @@ def test_sync_ddp_splits_the_global_batch_by_speed():
     scenario = load_scenario("hetero-cpu", ["model.seq_len=128"])  # step times 0.06, 0.08, 0.11, 0.15 s at b = 4; G = 16
     plan = make_plan(scenario, "sync-ddp")
     # the split follows each node's t(b) shape (given step time × the catalog estimate's t(b)/t(4));
-    # the physics estimate (calibrate.estimate) gives the nominal cpu device a larger fixed share than
+    # the physics estimate (simulator.estimate) gives the nominal cpu device a larger fixed share than
     # the old 40%-of-peak one did ([8, 5, 2, 1] then)
     assert [n.batch_size for n in plan.nodes] == [7, 4, 3, 2]
     assert [n.local_steps for n in plan.nodes] == [1, 1, 1, 1]

@@ -158,8 +158,8 @@ def test_fragments_travel_in_every_payload_and_collective(tmp_path, collective, 
     with the same θ_g bits, and each fragment's bytes are the schema's formula for its size."""
     d = _run(tmp_path, "run", _plan(HETERO, collective, payload, streaming=(2, 0, 0.5, pattern)))
     assert torch.equal(_global(d, 0), _global(d, 1))
-    from calibrate.models import build_model
-    from calibrate.presets import load_arch
+    from train.models import build_model
+    from facts.presets import load_arch
 
     names = [n for n, _ in build_model(load_arch("tiny"), 32, seed=0).named_parameters()]
     sizes = [p.numel() for p in build_model(load_arch("tiny"), 32, seed=0).parameters()]

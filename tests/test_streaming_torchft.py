@@ -6,7 +6,7 @@ torchft's DiLoCo talks to the cluster only through its Manager. The harness belo
 for it on a plain gloo process group of two processes (one per node): allreduce = an async
 SUM all-reduce whose wait divides by the replicas (what Manager.allreduce does), quorum and
 commit always succeed, and the step counts commits (it picks the fragment to sync). Both
-sides use geodt's inner step (calibrate/step.py) and learning-rate schedule, so what is
+sides use geodt's inner step (train/step.py) and learning-rate schedule, so what is
 compared is the outer loop: fragments, delay, background average, outer Nesterov step, merge.
 """
 from __future__ import annotations
@@ -23,9 +23,9 @@ pytest.importorskip("torchft", reason="torchft (the test extra) is not installed
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from calibrate.models import build_model  # noqa: E402
-from calibrate.presets import load_arch  # noqa: E402
-from calibrate.step import make_optimizer, train_step  # noqa: E402
+from train.models import build_model  # noqa: E402
+from facts.presets import load_arch  # noqa: E402
+from train.step import make_optimizer, train_step  # noqa: E402
 from real.config import load_run_spec  # noqa: E402
 from real.data import make_shard  # noqa: E402
 from real.diloco import inner_lr  # noqa: E402

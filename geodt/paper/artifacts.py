@@ -9,7 +9,7 @@ from functools import cached_property
 
 import pandas as pd
 
-from calibrate.catalog import get_gpu, peak_tflops
+from facts.catalog import get_gpu, peak_tflops
 from geodt.paper import facts
 from geodt.paper.fmt import csv_text
 from geodt.paper.infer import c_row_checks

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from calibrate.catalog import get_gpu, peak_tflops
+from facts.catalog import get_gpu, peak_tflops
 from formats.wire import ring_allreduce_s
 from geodt.paper import facts
 from simulator.scenario import ModelConfig, NetworkConfig, NodeConfig, Scenario
@@ -39,7 +39,7 @@ RESNET18_CIFAR_PARAMS = 11_173_962
 RESNET18_CIFAR_FWD_FLOPS = 1.11e9      # 0.556 G multiply-adds per image, forward
 CIFAR10_TRAIN_SAMPLES = 50_000
 # A CNN's achieved fraction of the dense FP32 peak: geodt's earlier fixed catalog assumption, kept for
-# this one ResNet (calibrate.estimate models decoder transformers, not convolutions).
+# this one ResNet (simulator.estimate models decoder transformers, not convolutions).
 CNN_MFU = 0.40
 
 # minGPT chargpt defaults (projects/chargpt/chargpt.py, mingpt/model.py, mingpt/trainer.py).

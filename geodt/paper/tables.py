@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from calibrate.catalog import get_gpu, peak_tflops
+from facts.catalog import get_gpu, peak_tflops
 from formats.errors import FieldError, InputError
 from formats.plan import Plan
 from geodt.paper import facts

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from calibrate.catalog import get_gpu
+from facts.catalog import get_gpu
 from geodt.paper import facts
 from geodt.paper.tables import PAYLOADS, SOURCES, paper_scenarios, plan_for
 from simulator.engine import simulate, summary

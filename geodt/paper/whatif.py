@@ -88,7 +88,7 @@ def render_folder(frames: dict) -> str:
     lines = ["# results/what-if-1b/", "",
              "1B-8B what-ifs (issue 15), each one `geodt sweep --table` run into the folder of its name; this file is "
              "written from their CSVs by `python -m geodt.paper.whatif` (geodt/paper/whatif.py); do not edit by hand. "
-             "Step times are the catalog estimate (calibrate/estimate.py), sharding and recomputation are chosen by "
+             "Step times are the catalog estimate (simulator/estimate.py), sharding and recomputation are chosen by "
              "`auto` (the least that holds the baseline batch on each node; per strategy, the least that holds its "
              "batch), the outer state is on the CPU (OpenDiLoCo). Nothing here is measured. `modern.toml` and "
              "`modern-8b.toml` are the results-local scenarios (their comments say why the 8B case has no RTX 4090 "

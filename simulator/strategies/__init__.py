@@ -16,8 +16,6 @@ error naming the node, the GPU and the memory needed and available.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -25,31 +23,8 @@ from formats.errors import FieldError, InputError
 from formats.plan import NodePlan, Plan, PlanError
 from simulator.scenario import Scenario
 from simulator.timing import NodeTiming, node_timings
+from simulator.strategies.registry import STRATEGIES, Strategy, register  # noqa: F401 (the package's API)
 from simulator.strategies.tables import NetTables, NodeTables, from_scenario
-
-Decide = Callable[[NodeTables, NetTables], dict]
-Note = Callable[[dict, NodeTables], str]
-
-
-@dataclass(frozen=True)
-class Strategy:
-    name: str
-    decide: Decide
-    note: Note | None = None  # what the strategy decided, for row 0 (the printed report)
-
-    def __call__(self, tables: NodeTables, net: NetTables) -> dict:
-        return self.decide(tables, net)
-
-
-STRATEGIES: dict[str, Strategy] = {}
-
-
-def register(name: str, note: Note | None = None) -> Callable[[Decide], Decide]:
-    def add(fn: Decide) -> Decide:
-        STRATEGIES[name] = Strategy(name, fn, note)
-        return fn
-    return add
-
 
 def round_half_up(x: float) -> int:
     """Round to nearest, halves up (the paper's 4 × 1.45 = 5.8 → 6; Python's round() is banker's)."""

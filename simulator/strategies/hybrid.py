@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.strategies import register
+from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
 TOLERANCE = 0.01

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
-from simulator.strategies import register
+from simulator.strategies.registry import register
 from simulator.strategies.hybrid import hybrid_decide
 from simulator.strategies.tables import NetTables, NodeTables
 

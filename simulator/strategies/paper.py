@@ -1,7 +1,7 @@
 """The paper's strategies (docs/PAPERS.md 000, Table 2): baseline, A, B and C.
 
 A and C scale by F_i, the node's MEAN spec TFLOPS in the paper's convention
-(`calibrate.catalog.spec_tflops`: the figures the paper used for its GPUs), normalised by the
+(`facts.catalog.spec_tflops`: the figures the paper used for its GPUs), normalised by the
 smallest node mean. B doubles the batch while it fits in memory. Both batch rules stay within
 memory (`NodeTables.max_batch`): A's scaled batch is cut to the largest that fits, and B
 doubles at most up to MAX_BATCH_FACTOR × b (the bound of every batch search in geodt; it also
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.strategies import register
+from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables, batch_cap, node_spec_tflops
 
 

@@ -1,7 +1,7 @@
 """`C-slowest`: the paper's C with each node's speed taken from its SLOWEST GPU.
 
 Rule: H_i = round(H × S_i / min S), S_i = the smallest spec TFLOPS among node i's GPUs
-(`calibrate.catalog.spec_tflops`, the paper's convention, as C uses), rounding halves up.
+(`facts.catalog.spec_tflops`, the paper's convention, as C uses), rounding halves up.
 Why: the GPUs of a node run data-parallel and every inner step waits for the slowest of
 them, so a node with 3× RTX 2080 Ti and 1× TITAN RTX runs at the 2080 Ti's pace, not at the
 mean of the four (the paper's node 2 was its slowest node although its mean was not).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.strategies import register
+from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
 

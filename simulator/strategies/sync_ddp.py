@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.strategies import register
+from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
 

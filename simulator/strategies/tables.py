@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from calibrate.catalog import get_gpu, spec_tflops
+from facts.catalog import get_gpu, spec_tflops
 from formats.wire import PAYLOAD_BYTES
 from simulator.network import (CodecCost, WireCost, codec_cost, link_gbps, outer_step_s, wire_bytes_s_raw,
                                wire_cost)

@@ -1,4 +1,4 @@
-"""`geodt calibrate --network`: time the executor's outer sync between real processes.
+"""`geodt calibrate network`: time the executor's outer sync between real processes.
 
 For each process count n (default 2), n processes join a gloo group as the executor's nodes
 do (a FileStore on loopback locally; env:// under torchrun) and measure, after one warm-up
@@ -14,7 +14,7 @@ each, `--repeats` times:
   elements and decode() back, on every rank at once, as every node encodes in a real sync
   (rows `encode` / `decode`, size in elements, column payload_dtype).
 
-Rows go to a network profile CSV (calibrate/netprofile.py) that the simulator fits: ring
+Rows go to a network profile CSV (simulator/netfit.py) that the simulator fits: ring
 latency and bandwidth, outer-step cost per parameter, checkpoint write rate.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def bounded_int(low: int, high: int):
-    """argparse type: an integer in [low, high] (shared with geodt/netcal_wan.py)."""
+    """argparse type: an integer in [low, high] (shared with geodt/calibration/wan_links.py)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -60,8 +60,8 @@ def bounded_int(low: int, high: int):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="geodt calibrate --network", description=__doc__.splitlines()[0])
-    p.add_argument("--network", action="store_true", help="(the mode this command measures)")
+    p = OneLineParser(prog="geodt calibrate network", description=__doc__.splitlines()[0])
+    p.add_argument("--network", action="store_true", help=argparse.SUPPRESS)  # the spelling before subcommands
     p.add_argument("--processes", type=_int_list, default=[2], help="process counts, e.g. 2,3,4 (default 2)")
     p.add_argument("--max-mib", type=bounded_int(1, 4096), default=64, help="largest payload in MiB (default 64)")
     p.add_argument("--repeats", type=bounded_int(1, 1000), default=5, help="timed repeats per size (default 5)")
@@ -114,7 +114,7 @@ def _computing(seconds: float):
 
 class InnerSteps:
     """A node's real inner steps between two averages: `steps` training steps of the scenario's
-    model at `batch` (calibrate/step.py's train_step on a Calibrator's model, optimizer and
+    model at `batch` (train/step.py's train_step on a Calibrator's model, optimizer and
     scaler: the executor's inner step), each timed into `times`. Two untimed steps at
     construction warm the allocator and the kernels."""
 
@@ -122,8 +122,8 @@ class InnerSteps:
 
     def __init__(self, preset: str, base_dir: str | None, seq_len: int, dtype: str, batch: int, steps: int):
         from calibrate.harness import Calibrator
-        from calibrate.presets import load_arch
-        from calibrate.step import random_batch
+        from facts.presets import load_arch
+        from train.step import random_batch
 
         arch = load_arch(preset, Path(base_dir) if base_dir else None)
         self.cal = Calibrator(arch, seq_len, dtype, "cpu", repeats=steps, warmup=self.WARMUP)
@@ -133,7 +133,7 @@ class InnerSteps:
             self._step()
 
     def _step(self) -> None:
-        from calibrate.step import train_step
+        from train.step import train_step
 
         train_step(self.cal.model, self.cal.optimizer, self.tokens, self.cal.dtype, self.cal.scaler)
 
@@ -297,7 +297,7 @@ def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
 
 
 def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
-    from calibrate.children import die_with_parent
+    from train.children import die_with_parent
 
     die_with_parent(args_dict["parent_pid"])
     _measure(rank, world, store_path, args_dict, queue)
@@ -344,8 +344,8 @@ def wan_node(link, cores, quota, parent_pid: int, cgroup: str):
     """This spawned process as one node of a shaped WAN: it dies with `parent_pid`, enters the
     node's namespace (before any socket exists) and runs under the CPU limits (None, None: none)
     until the block ends."""
-    from calibrate.children import die_with_parent
-    from calibrate.cpulimit import apply_cpu_limits
+    from train.children import die_with_parent
+    from train.cpulimit import apply_cpu_limits
     from real.wan import enter
 
     die_with_parent(parent_pid)
@@ -461,11 +461,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = Path(args.out)
     if not out.parent.is_dir() or (out.exists() and not out.is_file()):
-        print(f"geodt calibrate --network: {out}: expected a file path in an existing directory", file=sys.stderr)
+        print(f"geodt calibrate network: {out}: expected a file path in an existing directory", file=sys.stderr)
         return 2
     from tqdm import tqdm
 
-    from calibrate.netprofile import read_network_profile
+    from simulator.netfit import read_network_profile
     from formats.netprofile import NetProfileError
 
     sizes = sizes_bytes(args.max_mib)
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in args.processes:
                 rows_by_n[n] = measure(n, sizes, args.repeats, args.threads, ckpt_dir, bar.update)
     except KeyboardInterrupt:
-        print("geodt calibrate --network: interrupted; nothing written", file=sys.stderr)
+        print("geodt calibrate network: interrupted; nothing written", file=sys.stderr)
         return 130
     frame = to_frame(rows_by_n, args.repeats)
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
@@ -485,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = read_network_profile(out)
     except NetProfileError as exc:  # measured and kept, but the noise hides the payload's cost
-        print(f"geodt calibrate --network: {exc}", file=sys.stderr)
+        print(f"geodt calibrate network: {exc}", file=sys.stderr)
         return 2
     ring, outer, ckpt = model.ring, model.outer_step, model.checkpoint
     print(f"all-reduce (ring fit over {', '.join(map(str, args.processes))} processes): latency "

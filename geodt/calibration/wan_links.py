@@ -1,4 +1,4 @@
-"""`geodt calibrate --network --wan shaped --scenario S`: the sync measured on the scenario's own links.
+"""`geodt calibrate network --wan shaped --scenario S`: the sync measured on the scenario's own links.
 
 One process per node of the scenario, each in its node's network namespace of a shaped WAN
 (real/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
@@ -14,7 +14,7 @@ encode() / decode() per dtype in the same processes. Rows (formats/netprofile.py
 kind all_reduce, backend `gloo+shaped`, size = the fp32 bytes averaged (4 per parameter,
 whatever the dtype on the wire), payload_dtype, collective, node (empty: each repeat's slowest
 process; a node's name: its own times); kinds encode / decode as plain
-`geodt calibrate --network` writes them. Then a table of the measured sync against the
+`geodt calibrate network` writes them. Then a table of the measured sync against the
 simulator's price for it (wire time + encode/decode from these very rows), signed: by the
 byte count; the ratio f the simulator prices each size at once the profile is the scenario's
 `network.profile` (simulator/network.py WireCost); and the price of each size from the other
@@ -31,6 +31,7 @@ sync (real). Needs root (namespaces, veth, tc): without, one line naming what is
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from dataclasses import replace
@@ -53,10 +54,10 @@ def _choices(allowed):
 
 
 def parser() -> OneLineParser:
-    from real.netcal import bounded_int
+    from geodt.calibration.links import bounded_int
 
-    p = OneLineParser(prog="geodt calibrate --network --wan shaped", description=__doc__.splitlines()[0])
-    p.add_argument("--network", action="store_true", help="(the mode this command measures)")
+    p = OneLineParser(prog="geodt calibrate network --wan shaped", description=__doc__.splitlines()[0])
+    p.add_argument("--network", action="store_true", help=argparse.SUPPRESS)  # the spelling before subcommands
     p.add_argument("--wan", choices=("shaped",), required=True, help="shaped: the scenario's links (root)")
     p.add_argument("--scenario", required=True, help="a scenario TOML file or a built-in name")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -92,7 +93,7 @@ def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float,
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    prog = "geodt calibrate --network --wan shaped"
+    prog = "geodt calibrate network --wan shaped"
     out = Path(args.out)
     if not out.parent.is_dir() or (out.exists() and not out.is_file()):
         print(f"{prog}: {out}: expected a file path in an existing directory", file=sys.stderr)
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def leader_limits(scenario) -> list[tuple]:
     """Per node, the CPU limits of its leader (device 0) as the executor applies them: (cores, quota)."""
-    from calibrate.cpulimit import device_cores
+    from train.cpulimit import device_cores
 
     return [(device_cores(n.cpu_cores, n.gpu_count, 0), n.cpu_quota) for n in scenario.nodes]
 
@@ -142,7 +143,7 @@ def leader_limits(scenario) -> list[tuple]:
 def between_averages(scenario, plan=None) -> list[dict]:
     """Per node, what its process runs between two averages of the calibration, as the node runs
     its round between two syncs: its real inner steps (the scenario's model at its batch, H steps,
-    or the plan's b_i and H_i; each timed: real/netcal.py InnerSteps) where the node's device is
+    or the plan's b_i and H_i; each timed: geodt/calibration/links.py InnerSteps) where the node's device is
     this machine's CPU, else a busy loop for H × its step time (a GPU node planned here).
 
     Why real steps: this machine emulates a scenario's devices on two shared cores, and a device's
@@ -192,7 +193,7 @@ def measured_sizes(scenario, max_mib: int) -> list[int]:
     """The fp32 sizes averaged: 64 KiB to max_mib (×4 per size) and, where the scenario syncs
     P > 1 fragments (Streaming DiLoCo), one fragment's payload, 4 × round(params / P) bytes: the
     size its averages carry, measured rather than interpolated between its neighbours."""
-    from real.netcal import sizes_bytes
+    from geodt.calibration.links import sizes_bytes
 
     sizes = sizes_bytes(max_mib)
     if scenario.diloco.fragments > 1:
@@ -217,7 +218,7 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     per node) from the steps run between the averages of `size` (replacing any earlier file);
     the lines to print."""
     from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
-    from calibrate.cpulimit import describe_limits
+    from train.cpulimit import describe_limits
     from calibrate.profile_writer import write_new_profile
 
     lines = []
@@ -239,12 +240,12 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
 def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) -> int:
     from tqdm import tqdm
 
-    from calibrate.netprofile import read_network_profile
+    from simulator.netfit import read_network_profile
     from formats.netprofile import SHAPED_BACKEND
-    from real.netcal import codec_summary, measure_shaped, to_frame
+    from geodt.calibration.links import codec_summary, measure_shaped, to_frame
     from real.wan import WanError
 
-    prog = "geodt calibrate --network --wan shaped"
+    prog = "geodt calibrate network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
     print(f"{prog}: between averages each node computes its round, as in a run: "
           + ", ".join(f"{name} {_described(spec)}" for (name, _), spec in zip(nodes, between)), file=sys.stderr)

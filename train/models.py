@@ -1,7 +1,7 @@
 """Build transformers' LlamaForCausalLM from a preset or config.json; nothing is downloaded."""
 from __future__ import annotations
 
-from calibrate.presets import ModelArch
+from facts.presets import ModelArch
 
 
 def llama_config(arch: ModelArch, seq_len: int):

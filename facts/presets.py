@@ -1,6 +1,6 @@
 """Model architectures by name, without torch: sizes, parameter counts, training FLOPs.
 
-The same presets build real models in `calibrate.models` (torch) and give the simulator its
+The same presets build real models in `train.models` (torch) and give the simulator its
 parameter count and FLOPs per token (no torch). A preset may also be a path to a Hugging Face
 `config.json` of a LLaMA-style model.
 """

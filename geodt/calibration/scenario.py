@@ -1,4 +1,4 @@
-"""`geodt calibrate --scenario S.toml`: every CPU device of a scenario, measured at once, as it runs.
+"""`geodt calibrate scenario --scenario S.toml`: every CPU device of a scenario, measured at once, as it runs.
 
 A device measured alone is not the device the executor runs: next to the scenario's other
 processes it shares the machine's caches, memory bandwidth and scheduler, and on a virtual
@@ -22,9 +22,9 @@ from formats.cli import OneLineParser
 
 
 def parser() -> argparse.ArgumentParser:
-    from calibrate.cli import positive_int
+    from formats.cli import positive_int
 
-    p = OneLineParser(prog="geodt calibrate --scenario", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="geodt calibrate scenario", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", required=True, help="a scenario TOML whose nodes are CPU devices")
     p.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8 [1,2,4,8]")
     p.add_argument("--repeats", type=positive_int, default=20, help="timed steps per batch [20]")
@@ -36,15 +36,15 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
-    from calibrate.children import die_with_parent
+    from train.children import die_with_parent
 
     die_with_parent(setup["parent_pid"])
     import torch
 
-    from calibrate.cpulimit import apply_cpu_limits, describe_limits, device_cores
+    from train.cpulimit import apply_cpu_limits, describe_limits, device_cores
     from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name
-    from calibrate.presets import load_arch
-    from calibrate.step import random_batch, train_step
+    from facts.presets import load_arch
+    from train.step import random_batch, train_step
 
     node, j, gpus, cores, quota = jobs[rank]
     cores = device_cores(cores, gpus, j)  # as real/process.py places a node's devices
@@ -69,7 +69,7 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
         cleanup()
 
 
-PROG = "geodt calibrate --scenario"
+PROG = "geodt calibrate scenario"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +102,7 @@ def _checked_scenario(args):
     bad = [n.name for n in scenario.nodes if set(n.gpus) != {"cpu"}]
     if bad:
         return (f"{args.scenario}: nodes {', '.join(bad)}: expected CPU devices only (gpus = {{ \"cpu\" = G }}); "
-                "calibrate GPUs with geodt calibrate --device cuda:N")
+                "calibrate GPUs with geodt calibrate device --device cuda:N")
     if not args.out_dir.is_dir():
         return f"--out-dir {args.out_dir}: expected an existing directory"
     return scenario

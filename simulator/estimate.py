@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calibrate.catalog import GpuSpec, get_gpu, peak_tflops
+from facts.catalog import GpuSpec, get_gpu, peak_tflops
 from formats.wire import ring_allreduce_s
 
 # Maximum Achievable Matmul FLOPS / dense peak, bf16, measured with mamf-finder.py (S. Bekman,
@@ -100,7 +100,7 @@ WEIGHT_BYTES_PER_PARAM = {"bf16": 18, "fp16": 18, "fp32": 16}
 # half-precision weights (2 + 2) and the reduce-scatter reads and writes the fp32 gradients (4 + 4).
 # The collectives' link time is taken as overlapped with compute (FSDP prefetches the next layer).
 FSDP_BYTES_PER_PARAM = 12
-# Bytes of memory traffic per parameter after backward, counted op by op on calibrate/step.py's step
+# Bytes of memory traffic per parameter after backward, counted op by op on train/step.py's step
 # (benchmarks/count_optimizer_bytes.py, torch 2.13): foreach AdamW 80 (weight decay 8, lerp m 12, v·β2 8,
 # addcmul v 12, sqrt 8, div 8, +eps 8, addcdiv θ 16), clip_grad_norm_ 12 (norm 4, scale 8), and under fp16
 # the GradScaler's unscale 8; zero_grad(set_to_none) moves nothing.
@@ -147,7 +147,7 @@ class Shape:
 
     @classmethod
     def of(cls, arch) -> "Shape":
-        """The shape of a `calibrate.presets.ModelArch`."""
+        """The shape of a `facts.presets.ModelArch`."""
         return cls(arch.hidden_size, arch.num_layers, arch.num_heads, arch.num_kv_heads, arch.ffn_size, arch.vocab_size)
 
     @property

@@ -1,6 +1,6 @@
 """Network profiles: the measured cost of an outer sync, and the fits the simulator uses (torch-free).
 
-`geodt calibrate --network` (real/netcal.py) times, between real processes of this machine
+`geodt calibrate network` (geodt/calibration/links.py) times, between real processes of this machine
 (or of a torchrun job), the three parts of a DiLoCo sync that the simulator must predict:
 
 - kind `all_reduce`: a SUM all-reduce of `size` bytes of fp32 among `processes` ranks;
@@ -24,7 +24,7 @@ One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV. `Net
   NetworkModel.codec_measured says so.
 
 The all-reduce fit takes the fp32 ring rows of backend gloo (all rows in older profiles).
-Rows measured over a shaped WAN (backend `gloo+shaped`, `geodt calibrate --network --wan
+Rows measured over a shaped WAN (backend `gloo+shaped`, `geodt calibrate network --wan
 shaped --scenario S`: the scenario's own links) are kept whole in NetworkModel.shaped; the
 simulator (simulator/network.py WireCost) fits them against its byte-count price on those
 links, per payload dtype and collective, so what TCP makes of the links is priced as measured;
@@ -136,7 +136,7 @@ def read_network_profile(path: str | Path) -> NetworkModel:
     outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
     codec = data[data.kind.isin(CODEC_KINDS)]
     if ring.empty and outer.empty and ckpt.empty and codec.empty and shaped_all.empty:
-        raise NetProfileError(f"{path}: no rows; expected measurements from geodt calibrate --network")
+        raise NetProfileError(f"{path}: no rows; expected measurements from geodt calibrate network")
     try:
         ring_fit = fit_ring(ring.processes, ring["size"], ring.seconds) if len(ring) >= 2 else None
     except ValueError as exc:

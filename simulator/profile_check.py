@@ -1,0 +1,45 @@
+"""`geodt profile check PROFILE.csv`: how well the simulator's t(b) fit predicts each measured batch.
+
+Leave-one-out: each measured step time predicted from the other rows (simulator/profile_fit.py).
+Torch-free; bad input is one line and exit status 2.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from formats.cli import OneLineParser
+from formats.profile import ProfileError, read_profile_frame
+from simulator.profile_fit import ProfileModel, leave_one_out
+
+
+def profile_main(argv: list[str] | None = None) -> int:
+    """`geodt profile check PROFILE.csv`: leave-one-out error of the t(b) model."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = OneLineParser(prog="geodt profile", description="Inspect calibration profiles.")
+    sub = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
+    check = sub.add_parser("check", help="leave-one-out error of the step-time model at each batch")
+    check.add_argument("profile", type=Path)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error, already printed as one line (2), or --help (0)
+        return exc.code
+    try:
+        model = ProfileModel(read_profile_frame(args.profile), source=str(args.profile))
+        table = leave_one_out(model)
+    except ProfileError as exc:
+        print(f"geodt profile: {exc}", file=sys.stderr)
+        return 2
+    t0_s, per_sample_s = model.fit()
+    print(f"{args.profile}: {model.device_name} [{model.gpu_key}], {model.model}, seq_len {model.seq_len}, "
+          f"{model.dtype}; fit t(b) = {t0_s * 1e3:.3f} ms + {per_sample_s * 1e3:.3f} ms x b")
+    shown = table.assign(measured_ms=table["measured_s"] * 1e3, predicted_ms=table["predicted_s"] * 1e3)
+    print(shown[["batch_size", "measured_ms", "predicted_ms", "error_pct"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3f}"))
+    abs_err = table["error_pct"].abs()
+    worst = table.loc[abs_err.idxmax()]
+    print(f"leave-one-out |error|: median {abs_err.median():.2f}%, worst {abs_err.max():.2f}% "
+          f"(batch {int(worst['batch_size'])})")
+    if model.max_batch() is not None:
+        print(f"largest batch that fits: {model.max_batch()}")
+    return 0

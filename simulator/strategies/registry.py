@@ -1,0 +1,34 @@
+"""The registry of strategies: each module registers its `decide` under its command-line name.
+
+Its own module so that a strategy's module imports the registry, not the package that imports
+every strategy (no import cycle).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from simulator.strategies.tables import NetTables, NodeTables
+
+Decide = Callable[[NodeTables, NetTables], dict]
+Note = Callable[[dict, NodeTables], str]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    decide: Decide
+    note: Note | None = None  # what the strategy decided, for row 0 (the printed report)
+
+    def __call__(self, tables: NodeTables, net: NetTables) -> dict:
+        return self.decide(tables, net)
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register(name: str, note: Note | None = None) -> Callable[[Decide], Decide]:
+    def add(fn: Decide) -> Decide:
+        STRATEGIES[name] = Strategy(name, fn, note)
+        return fn
+    return add
