@@ -1,4 +1,4 @@
-"""`python -m calibrate ...` is `geodt calibrate ...`."""
+"""`python -m calibrate ...` is `geodt calibrate device ...`."""
 from calibrate.cli import calibrate_main
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+"""`python -m geodt ...` is the `geodt` command."""
 from geodt.cli import main
 
 raise SystemExit(main())

@@ -11,7 +11,7 @@ of the predicted sync (both signed). `--emulate` pads every step
 and sync to the plan's times instead: that checks the schedule (the executor reproduces
 the predicted timeline), not the prediction, and the outputs say so (mode = emulated).
 
-This is the one place that imports both `simulator` and `real`.
+It composes the simulator (the plan and the prediction) with the executor, as geodt/calibration/wan_links.py does for link calibration.
 """
 from __future__ import annotations
 
