@@ -3,7 +3,7 @@ DiLoCo's pseudo-gradient, cross-node average and outer step per shard.
 
 What each plan value runs (a node of G > 1 devices; with G = 1 there is nothing to divide
 and the node runs unsharded whatever the plan says):
-- sharding "none": G full replicas, gradients all-reduced every step (real/worker.py).
+- sharding "none": G full replicas, gradients all-reduced every step (real/rounds.py).
 - "fsdp": `torch.distributed.fsdp.fully_shard` (FSDP2) on every decoder layer and on the
   root, over a DeviceMesh of the node's process group: weights, gradients and AdamW moments
   are DTensors sharded on dim 0 (1/G each); a layer's weights are all-gathered before its

@@ -35,26 +35,22 @@ on the node leader's clock plus bytes_sent:
 The round's trace row (trace.csv) keeps docs/DESIGN.md's accounting: idle_s = Σ idle_s,
 comm_s = Σ (exposed_s + outer_s), and compute_s the rest of the round, hidden comm included.
 Under --emulate each fragment's average is padded to the plan's comm_s (one fragment sync).
+
+This module holds the settings (StreamingSpec), the fragments (fragment_layout,
+FragmentedOuter) and syncs.csv (write_syncs); the round that runs them, with its
+communication thread, is real/round_streaming.py.
 """
 from __future__ import annotations
 
-from datetime import timedelta
-
 import re
-import time
-from contextlib import nullcontext
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
 from formats.plan import FRAGMENT_PATTERNS, fragment_problem, merge_steps
 from formats.timeline import SYNC_COLUMNS as SIM_SYNC_COLUMNS
 from real.diloco import OuterState
-from real.sharding import peak_memory_reset
-from real.trace import trace_row
 
 SYNC_COLUMNS = SIM_SYNC_COLUMNS + ["bytes_sent"]  # what a real run adds to the simulator's
 SYNC_NUMERIC = SYNC_COLUMNS[2:]
@@ -215,171 +211,6 @@ def threads_for_comm() -> None:
     """The communication thread's torch ops (encode, decode, sums) on one core: they are small,
     and the inner steps keep the process's other threads."""
     torch.set_num_threads(1)
-
-
-@dataclass
-class InFlight:
-    fragment: int
-    future: object
-    compute_start: float  # perf_counter seconds
-    sync_point: float
-    prepare_s: float
-
-
-class BackgroundSync:
-    """One fragment's cross-node average at a time, on a communication thread with its own
-    process groups (so it never interleaves with the main thread's collectives): the leaders
-    mark the moment all have started (one-element all-reduce), average by the plan's collective
-    and payload (real/sync.py), and broadcast in the node; other processes receive the
-    broadcast. On CUDA the thread runs on its own stream."""
-
-    def __init__(self, node, crosses: list | None, leaders_group, node_group):
-        self.node = node
-        self.crosses, self.leaders_group, self.node_group = crosses, leaders_group, node_group
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-comm", initializer=threads_for_comm)
-        self.stream = torch.cuda.Stream(node.device) if node.device.type == "cuda" else None
-        self.flag = torch.zeros(1, device=node.outer_device)
-
-    def start(self, k: int, delta: torch.Tensor) -> object:
-        event = None
-        if self.stream is not None:  # the pseudo-gradient is ready on the main stream first
-            event = torch.cuda.Event()
-            event.record()
-        return self.pool.submit(self._run, k, delta, event)
-
-    def _run(self, k: int, delta: torch.Tensor, event):
-        node, opts = self.node, self.node.opts
-        ctx = torch.cuda.stream(self.stream) if self.stream is not None else nullcontext()
-        with ctx:
-            if event is not None:
-                self.stream.wait_event(event)
-            sent = 0
-            if node.is_leader:
-                dist.all_reduce(self.flag, group=self.leaders_group)
-                if self.stream is not None:
-                    self.stream.synchronize()
-                ready = time.perf_counter()
-                average, sent = self.crosses[k].average(delta, node.divisor)
-            else:
-                ready = time.perf_counter()
-                average = delta
-            if node.me.gpus > 1:  # staged through the device when the outer state is on the CPU
-                staged = average if average.device == node.device else average.to(node.device)
-                dist.broadcast(staged, src=node.leader_rank, group=self.node_group)
-                if staged is not average:
-                    average.copy_(staged)
-            if self.stream is not None:
-                self.stream.synchronize()
-            if opts.emulate:  # the plan's comm_s is one fragment sync
-                remaining = ready + node.plan.comm_s * opts.time_scale - time.perf_counter()
-                if remaining > 0:
-                    time.sleep(remaining)
-            return average, sent, ready, time.perf_counter()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-
-class StreamingRound:
-    """A node's rounds under Streaming DiLoCo (the module doc), driven by real/worker.py's Node."""
-
-    def __init__(self, node, spec: StreamingSpec):
-        from real.sync import CrossNodeSync
-
-        self.node, self.spec = node, spec
-        plan = node.plan
-        names = [name for name, _ in node.model.named_parameters()]
-        self.fragmented = FragmentedOuter(node.outer, fragment_layout(names, spec.fragments, spec.fragment_pattern))
-        self.schedule = spec.schedule(node.me.local_steps)
-        # The communication thread's own groups, created by every process in the same order.
-        n = len(plan.nodes)
-        timeout = timedelta(seconds=node.opts.collective_timeout_s())  # new_group's own default is 30 minutes
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)), timeout=timeout)
-                       for i, nd in enumerate(plan.nodes)]
-        # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/worker.py)
-        leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout,
-                                 backend="gloo" if node.outer_device != node.device else None)
-        crosses = None
-        if node.is_leader:
-            links = [nd.link_gbps for nd in plan.nodes]
-            crosses = [CrossNodeSync(leaders, n, node.index, self.fragmented.numel(k), plan.payload_dtype,
-                                     plan.collective, links) for k in range(spec.fragments)]
-        self.background = BackgroundSync(node, crosses, leaders if node.is_leader else None,
-                                         node_groups[node.index])
-        self.rows: list[dict] = []  # the leader's per-fragment rows (syncs.csv)
-
-    def _sync(self, k: int, flight: InFlight, t0: float) -> tuple[dict, float]:
-        """Wait for fragment k's average and apply it: (the syncs.csv row, the resume time)."""
-        from real.options import run_collective  # real.options imports this module
-
-        node, d = self.node, self.node.spec.diloco
-        merge = time.perf_counter()
-        average, sent, start, end = run_collective(flight.future.result)
-        waited = time.perf_counter()
-        self.fragmented.apply(k, average, d.outer_lr, d.outer_momentum, self.spec.fragment_alpha)
-        node.groups.sync_device()
-        resume = time.perf_counter()
-        wait = waited - merge
-        idle = min(wait, max(start - merge, 0.0))
-        at = lambda t: node.time_offset_s + t - t0
-        row = {"fragment": k, "compute_start_s": at(flight.compute_start), "sync_point_s": at(flight.sync_point),
-               "start_s": at(start), "end_s": at(end), "merge_point_s": at(merge), "idle_s": idle,
-               "exposed_s": wait - idle, "outer_s": flight.prepare_s + resume - waited, "bytes_sent": sent}
-        return row, resume
-
-    def run_round(self, r: int, t0: float, bar=None) -> dict:
-        """Round r: the node's inner steps (real/worker.py's loop), fragment k's pseudo-gradient
-        handed to the communication thread after its prepare step, its average applied after its
-        merge step."""
-        from real.worker import RoundClock
-
-        node = self.node
-        prepare_at = {p: k for k, (p, _) in enumerate(self.schedule)}
-        sync_at = {s: k for k, (_, s) in enumerate(self.schedule)}
-        peak_memory_reset(node.device)
-        round_start = time.perf_counter()
-        clock = RoundClock(deadline=round_start)
-        rows, resume, flight = [], round_start, None
-
-        def after_step(step: int) -> None:
-            nonlocal resume, flight
-            if step in prepare_at:
-                k = prepare_at[step]
-                node.groups.sync_device()
-                begin = time.perf_counter()
-                delta = (self.fragmented.pseudo_gradient(k, node.coef) if node.is_leader
-                         else self.fragmented.buffer(k))
-                future = self.background.start(k, delta)
-                handed = time.perf_counter()
-                flight = InFlight(k, future, resume, begin, handed - begin)
-            if step in sync_at:
-                row, resume = self._sync(sync_at[step], flight, t0)
-                rows.append({"strategy": node.plan.strategy, "node": node.me.node, "round": r, **row})
-                flight = None
-
-        loss_sum = node.inner_steps(clock, node.node_grad_sync(), bar, after_step)
-        node.groups.sync_device()
-        end = time.perf_counter()
-        if node.is_leader:
-            self.rows.extend(rows)
-        idle = sum(row["idle_s"] for row in rows)
-        comm = sum(row["exposed_s"] + row["outer_s"] for row in rows)
-        return trace_row(node.plan.strategy, node.me, r, compute_s=end - round_start - idle - comm, idle_s=idle,
-                         comm_s=comm, start_s=node.time_offset_s + round_start - t0,
-                         end_s=node.time_offset_s + end - t0, loss=float(loss_sum.item()) / node.me.local_steps,
-                         tokens=node.tokens_per_round, overruns=clock.overruns,
-                         bytes_sent=sum(row["bytes_sent"] for row in rows), peak_mem_bytes=node.peak_memory())
-
-    # --- checkpoints: the model's own weights (they differ from θ_g) and the fragment rows ---
-    def state_dict(self) -> dict:
-        return {"model_flat": self.fragmented.model_flat(), "rows": [dict(row) for row in self.rows]}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.fragmented.load_model_flat(state["model_flat"])
-        self.rows = [dict(row) for row in state["rows"]] if self.node.is_leader else []
-
-    def close(self) -> None:
-        self.background.close()
 
 
 def write_syncs(plan, tables: list[list[list[float]]], path) -> None:

@@ -18,9 +18,12 @@ import os
 from pathlib import Path
 
 import pandas as pd
+import torch
+import torch.distributed as dist
 
 from formats.plan import NodePlan, Plan
 from formats.timeline import TRACE_COLUMNS
+from real.options import run_collective
 
 NUMERIC_COLUMNS = TRACE_COLUMNS[2:]  # what travels between nodes as a float64 tensor
 INT_COLUMNS = ("round", "tokens", "overrun_steps", "local_steps", "batch_size", "bytes_sent", "peak_mem_bytes")
@@ -62,11 +65,6 @@ def trace_rows(plan: Plan, tables: list[list[list[float]]]) -> list[dict]:
 
 def _gather_tables(groups, n: int, rows: list[dict], columns: list[str]) -> list[list[list[float]]]:
     """Leaders only: every leader's rows (the numeric columns, as float64) in plan order."""
-    import torch
-    import torch.distributed as dist
-
-    from real.options import run_collective
-
     device = groups.device
     mine = torch.tensor([[float(row[c]) for c in columns] for row in rows],
                         dtype=torch.float64, device=device).reshape(-1, len(columns))

@@ -1,0 +1,67 @@
+"""A DiLoCo round: H_i inner steps, the barrier, then the outer sync of the pseudo-gradients.
+
+Per round, on the leader's clock (one trace.csv row per node, real/trace.py):
+- compute_s: the H_i inner steps, intra-node gradient all-reduces included (synchronised on
+  CUDA); under --emulate each step is padded to the plan's step_s × time_scale
+  (real/rounds.py), and a step whose real compute overran its target is counted.
+- idle_s: time blocked in a one-element all-reduce of every process (the barrier) before
+  the sync: the wait for the slowest node.
+- comm_s: pseudo-gradient, cross-node average (leaders, real/sync.py), broadcast in the node,
+  outer step; under --emulate padded to the plan's comm_s × time_scale.
+- bytes_sent: what the leader put on the wire in the cross-node average.
+A sharded node (real/sharding.py) averages shard by shard, every process its own.
+"""
+from __future__ import annotations
+
+import time
+
+from real.options import run_collective, sleep_until
+from real.rounds import NodeParts, Origin, Round, RoundClock, node_grad_sync, round_row
+from real.sharding import peak_memory_reset, sharded_average
+
+
+class ClassicRound(Round):
+    """DiLoCo's round (the module doc)."""
+
+    def __init__(self, parts: NodeParts):
+        self.parts = parts
+
+    def run(self, r: int, origin: Origin, bar=None) -> dict:
+        p = self.parts
+        peak_memory_reset(p.device)
+        round_start = time.perf_counter()
+        clock = RoundClock(deadline=round_start)
+        loss_sum = p.steps.run(clock, node_grad_sync(p), bar)
+        p.groups.sync_device()
+        compute_end = time.perf_counter()
+        p.groups.barrier()
+        sync_start = time.perf_counter()
+        sent = self._outer_sync()
+        if p.opts.emulate:
+            sleep_until(sync_start + p.plan.comm_s * p.opts.time_scale)
+        sync_end = time.perf_counter()
+        return round_row(p, r, origin, loss_sum, clock, compute_s=compute_end - round_start,
+                         idle_s=sync_start - compute_end, comm_s=sync_end - sync_start, start=round_start,
+                         end=sync_end, bytes_sent=sent)
+
+    def _outer_sync(self) -> int:
+        """Pseudo-gradient, cross-node average (leaders), broadcast in the node, outer step;
+        returns the bytes this node sent."""
+        p = self.parts
+        groups, outer = p.groups, p.outer
+        sent = 0
+        if p.layout is not None:  # every process its own shard (real/sharding.py)
+            outer.params = p.layout.local_tensors()
+            delta = outer.pseudo_gradient(p.coef)
+            sent = run_collective(sharded_average, p.layout, delta, p.cross, p.divisor, p.outer_device)
+        else:
+            if groups.is_leader:
+                delta = outer.pseudo_gradient(p.coef)
+                average, sent = run_collective(p.cross.average, delta, p.divisor)
+                if average is not outer.delta:
+                    outer.delta.copy_(average)
+            groups.broadcast_in_node(outer.delta)
+        outer.outer_step(outer.delta, p.diloco.outer_lr, p.diloco.outer_momentum)
+        outer.load_into_model()
+        groups.sync_device()
+        return sent

@@ -1,0 +1,156 @@
+"""What every kind of round shares: the `Round` interface, the node's parts it works with, and
+the one inner-step loop.
+
+real/worker.py builds a process's `NodeParts` once (model, optimizer, data, process groups,
+outer state, averaging) and one round of the plan's kind, then calls `Round.run(r, origin,
+bar)` for every round; each returns the node's trace.csv row (real/trace.py). The kinds, each
+in its own module: DiLoCo (real/round_classic.py), synchronous data parallel
+(real/round_ddp.py) and Streaming DiLoCo (real/round_streaming.py). All three run their H_i
+inner steps through `InnerSteps.run`, which owns the node's step count and data position
+(checkpointed, real/checkpoint.py). Under --emulate a DiLoCo or streaming step is padded here
+to the plan's step_s × time_scale, deadlines accumulating so that sleep overshoot does not
+pile up; a sync-ddp step is padded inside its gradient hook instead, before the global average.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from formats.plan import NodePlan, Plan
+from formats.scenario import DilocoConfig
+from real.diloco import OuterState, inner_lr
+from real.groups import Groups
+from real.options import ExecOptions, sleep_until
+from real.sharding import ShardLayout, peak_memory_bytes
+from real.sync import CrossNodeSync
+from real.trace import trace_row
+from train.step import train_step
+
+
+@dataclass
+class RoundClock:
+    """What a round has measured so far, besides its start and end."""
+
+    idle_s: float = 0.0      # barrier waits before cross-node averages (gradient rounds)
+    comm_s: float = 0.0      # cross-node averages and broadcasts (gradient rounds)
+    bytes_sent: int = 0
+    overruns: int = 0        # emulated steps whose real compute overran step_s
+    step_start: float = 0.0  # when the current inner step began
+    deadline: float = 0.0    # when the current emulated step may end (DiLoCo and streaming rounds)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The run's time axis: t0 (time.perf_counter() at the common start, a barrier before the
+    first round run) and the offset a resumed run continues from."""
+
+    t0: float
+    offset_s: float = 0.0
+
+    def at(self, t: float) -> float:
+        """perf_counter time t on the run's axis (seconds)."""
+        return self.offset_s + t - self.t0
+
+
+class InnerSteps:
+    """The node's inner steps: learning-rate schedule, its batches of the data shard, the step."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler, shard, groups: Groups, *,
+                 diloco: DilocoConfig, dtype: str, batch: int, local_steps: int, total_steps: int,
+                 pad_step_s: float | None):
+        """batch: per device; pad_step_s: the emulated step (step_s × time_scale) to pad each
+        step to here, or None (no --emulate, or sync-ddp, which pads in its hook)."""
+        self.model, self.optimizer, self.scaler, self.shard, self.groups = model, optimizer, scaler, shard, groups
+        self.diloco, self.dtype, self.batch, self.local_steps = diloco, dtype, batch, local_steps
+        self.node_batch = batch * groups.me.gpus
+        self.total_steps, self.pad_step_s = total_steps, pad_step_s
+        self.inner_step = 0     # steps done in the run (the learning-rate schedule's position)
+        self.data_position = 0  # samples of the node's shard consumed (all its devices)
+
+    def run(self, clock: RoundClock, grad_sync, bar, after_step=None) -> torch.Tensor:
+        """The round's H_i inner steps; returns the node's loss (mean over its devices) summed
+        over them. after_step(step), step = 1..H_i, runs after each (streaming's fragment syncs)."""
+        loss_sum = torch.zeros((), device=self.groups.device)
+        for step in range(1, self.local_steps + 1):
+            loss_sum += self._step(clock, grad_sync)
+            if bar is not None:
+                bar.update(1)
+            if after_step is not None:
+                after_step(step)
+        self.groups.node_mean(loss_sum)
+        return loss_sum
+
+    def _step(self, clock: RoundClock, grad_sync) -> torch.Tensor:
+        """One inner step (its loss), padded to pad_step_s when given."""
+        clock.step_start = step_start = time.perf_counter()
+        lr = inner_lr(self.inner_step, self.diloco, self.total_steps)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        # Device j of the node reads samples j·b .. j·b + b − 1 of the node's next G·b.
+        start = self.data_position + self.groups.local * self.batch
+        batch = self.shard.batch(start, self.batch).to(self.groups.device, non_blocking=True)
+        loss = train_step(self.model, self.optimizer, batch, self.dtype, self.scaler, grad_sync=grad_sync)
+        self.data_position += self.node_batch
+        self.inner_step += 1
+        if self.pad_step_s is not None:
+            step_target = self.pad_step_s
+            self.groups.sync_device()
+            if time.perf_counter() - step_start > step_target:
+                clock.overruns += 1
+            clock.deadline = max(clock.deadline, step_start) + step_target
+            sleep_until(clock.deadline)
+        return loss
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """What a round works with, built once per process by real/worker.py."""
+
+    plan: Plan
+    me: NodePlan             # this node's row of the plan
+    opts: ExecOptions
+    diloco: DilocoConfig     # the outer step's lr and momentum
+    groups: Groups           # this process's place: its node's group, the leaders'
+    device: torch.device
+    outer_device: torch.device  # where θ_g and the momentum live (the CPU with outer_state cpu on GPUs)
+    model: torch.nn.Module
+    layout: ShardLayout | None  # the node's sharding (real/sharding.py), or None
+    outer: OuterState
+    steps: InnerSteps
+    cross: CrossNodeSync | None  # leaders: the cross-node average (real/sync.py)
+    coef: float              # this node's averaging weight and the average's divisor (real/diloco.py)
+    divisor: float
+    grad_scale: float        # sync-ddp: b / B, this device's share of the global batch
+    tokens_per_round: int
+
+
+def node_grad_sync(parts: NodeParts):
+    """The per-step gradient average of a DiLoCo or streaming round: in the node's group, when it
+    has several devices and is not sharded (FSDP2 reduce-scatters the gradients itself)."""
+    return parts.groups.average_gradients if parts.me.gpus > 1 and parts.layout is None else None
+
+
+def round_row(parts: NodeParts, r: int, origin: Origin, loss_sum: torch.Tensor, clock: RoundClock, *,
+              compute_s: float, idle_s: float, comm_s: float, start: float, end: float, bytes_sent: int) -> dict:
+    """The node's trace.csv row of round r (peak memory: the largest of the node's processes, a
+    collective of the node's group)."""
+    return trace_row(parts.plan.strategy, parts.me, r, compute_s=compute_s, idle_s=idle_s, comm_s=comm_s,
+                     start_s=origin.at(start), end_s=origin.at(end),
+                     loss=float(loss_sum.item()) / parts.me.local_steps, tokens=parts.tokens_per_round,
+                     overruns=clock.overruns, bytes_sent=bytes_sent,
+                     peak_mem_bytes=parts.groups.node_max(peak_memory_bytes(parts.device)))
+
+
+class Round(ABC):
+    """One kind of round; real/worker.py calls run() once per round, close() once at the end."""
+
+    @abstractmethod
+    def run(self, r: int, origin: Origin, bar=None) -> dict:
+        """Round r: the node's inner steps and its syncs; returns the node's trace row. `bar`:
+        a progress bar advanced once per inner step, or None."""
+
+    def close(self) -> None:
+        """Stop what the round runs beside the main thread (nothing, unless it says)."""
