@@ -1,8 +1,8 @@
 """docs/DESIGN.md's module map lists every module of the tree, once, and nothing else.
 
 The map is generated from each module's docstring (its first sentence):
-`python tests/test_design_map.py` prints it; paste it under "## Module map". The test checks the
-names, so a module added, moved or removed without the map fails here.
+`python tests/test_design_map.py` rewrites it in place. The test checks the names, so a module
+added, moved or removed without the map fails here.
 """
 from __future__ import annotations
 
@@ -61,5 +61,13 @@ def test_a_module_missing_from_the_map_is_caught(tmp_path):
     assert sorted(mapped(text)) != sorted(modules(tmp_path))
 
 
+def rewrite(path: Path = DESIGN) -> None:
+    """Replace the tables under "## Module map" (up to the next section) with render_map()."""
+    head, rest = path.read_text().split("## Module map", 1)
+    section, tail = rest.split("\n## ", 1)
+    intro = section.split("**formats/**", 1)[0]
+    path.write_text(head + "## Module map" + intro + render_map().rstrip() + "\n\n## " + tail)
+
+
 if __name__ == "__main__":
-    print(render_map())
+    rewrite()
