@@ -119,8 +119,9 @@ def test_a_newly_registered_strategy_sweeps_and_plans_alike(monkeypatch):
         batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)
         return {"batch": batch, "steps": np.maximum(1, batch * 0 + tables.local_steps // 2)}
 
-    monkeypatch.setattr(strategies, "STRATEGIES", dict(strategies.STRATEGIES))
-    monkeypatch.setitem(sys.modules["simulator.sweep"].__dict__, "STRATEGIES", strategies.STRATEGIES)
+    registry = dict(strategies.STRATEGIES)  # a copy: `half` is registered for this test only
+    for module in (strategies.registry, strategies, sys.modules["simulator.sweep"]):
+        monkeypatch.setattr(module, "STRATEGIES", registry)
     register("half")(half_steps)
     spec = SweepSpec(nodes=3, gpus_per_node=2, gpu_types=("a30", "v100"), mixed_nodes=True,
                      bandwidths_gbps=(1.0,), strategies=("baseline", "half"), samples=4, seed=0)
