@@ -15,7 +15,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=20 or nodes.node1.step_time_s=0.1")
-    parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, see default_out)")
+    parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, e.g. "
+                        "out/paper/simulate, out/paper/plan-hybrid)")
+    parser.add_argument("--large", action="store_true",
+                        help="allow work beyond the default limit (formats/limits.py: WORK_ROWS timeline rows) "
+                             "up to WORK_ROWS_LARGE")
 
 
 def default_out(scenario_name: str, command: str, strategy: str | None = None) -> Path:
@@ -23,6 +27,33 @@ def default_out(scenario_name: str, command: str, strategy: str | None = None) -
     out/<scenario>/simulate, out/<scenario>/plan-<S>, out/<scenario>/table, out/<scenario>/run-<S>,
     out/<scenario>/validate-<S> (docs/DESIGN.md, "Where outputs go")."""
     return Path("out") / scenario_name / (f"{command}-{strategy}" if strategy else command)
+
+
+def estimated_rows(scenario, strategies: list[str]) -> dict[str, int]:
+    """Timeline and sync rows each strategy would make, before planning (formats.limits.check_work):
+    one per node and round; sync-ddp's rounds are the inner steps; streaming picks up to
+    FRAGMENT_CHOICES' largest fragments, each a sync row per node and round."""
+    from simulator.strategies.streaming import FRAGMENT_CHOICES
+
+    rounds, nodes = scenario.training.rounds, len(scenario.nodes)
+    fragments = scenario.diloco.fragments
+    rows = {}
+    for name in strategies:
+        if name == "sync-ddp":
+            rows[name] = rounds * scenario.training.local_steps * nodes
+        else:
+            p = max(FRAGMENT_CHOICES) if name == "streaming" else fragments
+            rows[name] = rounds * nodes * (1 + (p if p > 1 else 0))
+    return rows
+
+
+def check_work(scenario, source: str, strategies: list[str], large: bool) -> None:
+    """InputError (one line) when the work estimated up front is beyond formats.limits' bounds."""
+    from formats.limits import check_work as refused
+
+    why = refused(estimated_rows(scenario, strategies), large)
+    if why is not None:
+        raise InputError(f"{source}: {why}")
 
 
 def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
@@ -73,6 +104,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
         strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
         if engine is not None and engine not in ENGINES:
             raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
+        check_work(scenario, args.scenario, strategies, args.large)
         results, sync_frames = _results(scenario, args.scenario, strategies, engine)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)

@@ -64,7 +64,25 @@ def parser():
     p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
     p.add_argument("--no-figures", action="store_true", help="write sweep.csv only")
     p.add_argument("--out", help="output directory (a sweep: required; --table: default out/<scenario name>/table)")
+    p.add_argument("--large", action="store_true",
+                   help="--table: allow work beyond the default limit (formats/limits.py), up to WORK_ROWS_LARGE")
     return p
+
+
+# Options of a sweep that a --table run does not use: given with --table, they are refused, not ignored.
+SWEEP_ONLY = ("base", "nodes", "gpus_per_node", "gpu_types", "mixed_nodes", "bandwidth_gbps", "samples", "seed",
+              "workers", "chunk", "no_figures")
+
+
+def check_table_options(args, p) -> None:
+    """--table with a sweep's option (e.g. --nodes 3): one line naming it, not a silently ignored option."""
+    from formats.errors import InputError
+
+    given = [name for name in SWEEP_ONLY if getattr(args, name) != p.get_default(name)]
+    if args.table and given:
+        flag = "--" + given[0].replace("_", "-")
+        raise InputError(f"{flag}: a sweep's option, not used by --table {args.table} (which takes the scenario's "
+                         "own nodes); expected --table with --set, --strategy, --out only")
 
 
 def _init_worker(spec) -> None:
@@ -129,9 +147,9 @@ def _spec_from_args(args, strategies):
     from formats.errors import InputError
     from simulator.sweep import SweepSpec
 
-    types = tuple(t.strip() for t in args.gpu_types.split(",") if t.strip())
-    if not types:
-        raise InputError("--gpu-types: expected catalog keys separated by commas")
+    types = tuple(t.strip() for t in args.gpu_types.split(","))
+    if not all(types):
+        raise InputError(f"--gpu-types {args.gpu_types}: expected catalog keys separated by commas, none empty")
     for key in types:
         try:
             get_gpu(key)
@@ -279,7 +297,10 @@ def _table(args, strategies, out: Path | None) -> int:
 
     from simulator.cli import default_out
 
+    from simulator.cli import check_work
+
     scenario = load_scenario(args.table, args.overrides)
+    check_work(scenario, args.table, list(dict.fromkeys(["baseline", *strategies])), args.large)
     out = out or default_out(scenario.name, "table")
     try:
         plans = [make_plan(scenario, s) for s in ["baseline", *[s for s in strategies if s != "baseline"]]]
@@ -305,12 +326,14 @@ def main(argv: list[str] | None = None) -> int:
     from formats.errors import InputError
     from simulator.strategies import STRATEGIES
 
+    p = parser()
     try:
-        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # usage errors (one line, status 2) and --help (0) become return codes
         return int(exc.code or 0)
     strategies = list(dict.fromkeys(args.strategy or list(STRATEGIES)))
     try:
+        check_table_options(args, p)
         for name in strategies:
             if name not in STRATEGIES:
                 raise InputError(f"--strategy {name}: unknown strategy; expected one of {', '.join(STRATEGIES)}")
