@@ -37,6 +37,8 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")
     add_exec_arguments(parser)
+    parser.add_argument("--large", action="store_true",
+                        help="allow a plan beyond the default work limit (formats/limits.py) up to WORK_ROWS_LARGE")
     if validate:
         parser.add_argument("--no-emulate", action="store_true",
                             help="run for real (the default; kept for older command lines)")
@@ -61,8 +63,12 @@ def _prepare(prog: str, args: argparse.Namespace):
 
     from simulator.cli import default_out
 
+    from geodt.preflight import PreflightError, check_host, check_machine, this_machine
+    from simulator.cli import check_work
+
     try:
         scenario = load_scenario(args.scenario, args.overrides)
+        check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
@@ -76,8 +82,13 @@ def _prepare(prog: str, args: argparse.Namespace):
         write_text(Path(tmp) / "scenario.toml", toml_text)
         try:
             check_inputs(Path(tmp) / "plan.csv", Path(tmp) / "scenario.toml", opts)
+            check_host(args.host)
+            warnings = check_machine(scenario, plan, opts.backend, this_machine())
         except (ConfigError, LaunchError) as exc:
             print(f"{prog}: the executor cannot run this scenario: {exc}", file=sys.stderr)
+            return 2
+        except PreflightError as exc:
+            print(f"{prog}: this machine cannot hold the run: {exc}", file=sys.stderr)
             return 2
     out = Path(args.out)
     try:
@@ -86,15 +97,19 @@ def _prepare(prog: str, args: argparse.Namespace):
     except OSError as exc:
         print(f"{prog}: {out}: cannot write the output directory ({exc})", file=sys.stderr)
         return 2
-    return scenario, plan, opts
+    return scenario, plan, opts, warnings
 
 
-def announcer(prog: str, scenario, plan, emulate: bool):
-    """launch()'s announce: the reproduction warnings, once the inputs are known to be good."""
+def announcer(prog: str, scenario, plan, emulate: bool, machine_warnings: list[str] = ()):
+    """launch()'s announce: the reproduction warnings, once the inputs are known to be good, and a
+    progress line (the processes build the model before the first round's bar appears)."""
 
     def announce() -> None:
-        for warning in reproduction_warnings(scenario, plan, emulate):
+        for warning in [*([] if emulate else machine_warnings), *reproduction_warnings(scenario, plan, emulate)]:
             print(f"{prog}: warning: {warning}", file=sys.stderr, flush=True)
+        print(f"{prog}: starting {plan.world_size} process{'es' if plan.world_size != 1 else ''} of "
+              f"{scenario.name}/{plan.strategy}, {plan.rounds or scenario.training.rounds} rounds "
+              f"({'emulated' if emulate else 'measured'}); each builds the model, then the rounds run", flush=True)
 
     return announce
 
@@ -163,7 +178,7 @@ def run_main(argv: list[str]) -> int:
     out = Path(args.out)
     opts = replace(prepared[2], summary=False)  # printed below, with what was measured and what emulated
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate))
+                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate, prepared[3]))
     if status == 0:
         import pandas as pd
 
@@ -322,7 +337,7 @@ def validate_main(argv: list[str]) -> int:
     prepared = _prepare("geodt validate", args)
     if isinstance(prepared, int):
         return prepared
-    scenario, plan, opts = prepared
+    scenario, plan, opts, machine_warnings = prepared
     from dataclasses import replace
 
     opts = replace(opts, summary=False)  # validate prints its own table
@@ -336,7 +351,7 @@ def validate_main(argv: list[str]) -> int:
     timeline = predicted_timeline(scenario, plan, args.engine)
     write_csv(timeline, out / "timeline.csv")
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt validate", scenario, plan, args.emulate))
+                    announce=announcer("geodt validate", scenario, plan, args.emulate, machine_warnings))
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")
