@@ -21,7 +21,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from formats.timeline import VALIDATION_COLUMNS
 
 MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
 
@@ -44,6 +43,12 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
                             help="run for real (the default; kept for older command lines)")
         parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
                             help="simulator engine for the prediction")
+        parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
+        parser.add_argument("--trace", metavar="RUN_DIR",
+                            help="instead of running: compare RUN_DIR/trace.csv of a finished run (geodt run, or "
+                                 "rank 0's --out under torchrun, across machines) with its plan's prediction "
+                                 "(geodt validate --trace RUN_DIR [--out DIR] [--engine E] [--emulate --time-scale X] "
+                                 "[--wide]); no SCENARIO or --strategy then")
     return parser
 
 
@@ -330,6 +335,10 @@ def _paired_bars(ax, x, width: float, predicted, measured, ticks: list[str]) -> 
 
 @_interruptible
 def validate_main(argv: list[str]) -> int:
+    from geodt.validate_trace import trace_main, wants_trace
+
+    if wants_trace(argv):  # an existing run's trace: nothing runs
+        return trace_main(argv)
     args = _parser("geodt validate", validate=True).parse_args(argv)
     if args.emulate and args.no_emulate:
         print("geodt validate: --emulate and --no-emulate: expected one of them", file=sys.stderr)
@@ -345,7 +354,6 @@ def validate_main(argv: list[str]) -> int:
 
     from real.launch import launch
     from simulator.outputs import write_csv
-    from simulator.perfetto import validation_trace, write_trace_json
 
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)
@@ -355,35 +363,11 @@ def validate_main(argv: list[str]) -> int:
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")
-    scale = args.time_scale if args.emulate else 1.0
+    from geodt.validate_trace import report
     from real.wan import network_note
 
-    network = network_note(out)
-    table = validation_table(timeline, trace, scale, emulated=args.emulate, network=network)
-    write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
-    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
-    mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
-            else "measured, not emulated") + f"; {network}"
-    plot_validation(table, out / "validation.png",
-                    f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
-                    device_kind(scenario))
-    shown = table[VALIDATION_COLUMNS + ["overrun_steps"]].copy()
-    with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    losses = trace.groupby("round")["loss"].mean()
-    print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
-    worst = table["error_pct_of_round"].abs().max()
-    label = "schedule check (emulated): " if args.emulate else "measured: "
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
               if reproduction_warnings(scenario, plan, args.emulate) else "")
-    sync_errors = table["comm_error_pct"].dropna()
-    sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
-    print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}; "
-          f"wrote {out / 'validation.csv'}, "
-          f"{out / 'validation.png'}, {out / 'trace.json'}")
-    overruns = int(table["overrun_steps"].sum())
-    if args.emulate and overruns:
-        print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "
-              f"measured compute exceeds the prediction there (raise step_time_s or lower the load)",
-              file=sys.stderr)
+    report("geodt validate", scenario, plan, timeline, trace, out, args.emulate, args.time_scale, network_note(out),
+           caveat, wide=args.wide)
     return 0
