@@ -55,10 +55,12 @@ def available_memory_bytes() -> float:
     return available
 
 
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def this_machine() -> Machine:
     import torch
-
-    from geodt.run_cmd import available_cores
 
     gpus = tuple(float(torch.cuda.get_device_properties(i).total_memory)
                  for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()

@@ -7,64 +7,13 @@ RUN_DIR/plan.csv (the one that ran) is simulated on RUN_DIR/scenario.toml and co
 RUN_DIR/trace.csv: the same validation.csv, validation.png, timeline.csv and trace.json as
 `geodt validate`, written into --out (default RUN_DIR/validation: the run's own
 files are left as they are). Nothing runs; nothing of the machine this runs on is measured.
-
-Also the shared tail of `geodt validate` (`report`): the table written, plotted and printed.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from formats.timeline import TRACE_COLUMNS, VALIDATION_COLUMNS
-
-# Printed by default (the CSV holds every column; --wide prints them all): ≤ 120 characters.
-SHOWN = {"node": "node", "predicted_idle_s": "idle_pred_s", "measured_idle_s": "idle_meas_s",
-         "error_pct_of_round": "idle_err_%round", "predicted_comm_s": "sync_pred_s", "measured_comm_s": "sync_meas_s",
-         "comm_error_pct": "sync_err_%", "predicted_round_s": "round_pred_s", "measured_round_s": "round_meas_s"}
-TABLE_WIDTH = 120
-
-
-def validation_text(table, wide: bool = False) -> str:
-    """validate's table: the idle, sync and round columns under short names (≤ TABLE_WIDTH wide),
-    or with --wide every column of validation.csv plus overrun_steps."""
-    if wide:
-        shown = table[VALIDATION_COLUMNS + ["overrun_steps"]]
-    else:
-        shown = table[list(SHOWN)].rename(columns=SHOWN)
-    return shown.to_string(index=False, float_format=lambda v: f"{v:.3f}", line_width=None if wide else TABLE_WIDTH)
-
-
-def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool, time_scale: float,
-           network: str, caveat: str, wide: bool = False) -> None:
-    """Write validation.csv, trace.json and validation.png into out; print the table and the verdict."""
-    from geodt.run_cmd import device_kind, plot_validation, validation_table
-    from simulator.outputs import write_csv
-    from simulator.perfetto import validation_trace, write_trace_json
-
-    scale = time_scale if emulated else 1.0
-    table = validation_table(timeline, trace, scale, emulated=emulated, network=network)
-    write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
-    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
-    mode = (f"schedule check (emulated, time scale {time_scale:g})" if emulated
-            else "measured, not emulated") + f"; {network}"
-    plot_validation(table, out / "validation.png",
-                    f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
-                    device_kind(scenario))
-    print(validation_text(table, wide))
-    losses = trace.groupby("round")["loss"].mean()
-    print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
-    worst = table["error_pct_of_round"].abs().max()
-    label = "schedule check (emulated): " if emulated else "measured: "
-    sync_errors = table["comm_error_pct"].dropna()
-    sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
-    print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}")
-    print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
-    overruns = int(table["overrun_steps"].sum())
-    if emulated and overruns:
-        print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "
-              f"measured compute exceeds the prediction there (raise step_time_s or lower the load)",
-              file=sys.stderr)
-
+from formats.timeline import TRACE_COLUMNS
 
 def wants_trace(argv: list[str]) -> bool:
     return any(a == "--trace" or a.startswith("--trace=") for a in argv)
@@ -125,7 +74,7 @@ def load_run(run_dir: Path):
 def trace_main(argv: list[str]) -> int:
     """Validate an existing run's trace; 0, or 2 with one line for bad input."""
     from formats.errors import InputError
-    from geodt.run_cmd import predicted_timeline
+    from geodt.validation import predicted_timeline, report
     from simulator.cli import check_work
     from simulator.outputs import write_csv
 

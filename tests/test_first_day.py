@@ -264,7 +264,7 @@ def test_validation_table_fits_120_columns_and_wide_shows_all():
 
     from formats.timeline import VALIDATION_COLUMNS
     from geodt.run_cmd import validation_table
-    from geodt.validate_trace import validation_text
+    from geodt.validation import validation_text
 
     timeline = pd.DataFrame({"strategy": "baseline", "node": ["a-long-node-name", "b"], "round": 0,
                              "compute_s": [1.0, 2.0], "idle_s": [1.0, 0.0], "comm_s": 0.5})
