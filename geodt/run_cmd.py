@@ -30,9 +30,16 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     from formats.cli import OneLineParser
     from real.cli import add_exec_arguments
 
-    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    from simulator.strategies.registry import STRATEGIES
+
+    description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
+                   "validation.png (or, with --trace RUN_DIR, compare a finished run)." if validate else
+                   "Run a strategy's plan for real: DiLoCo training on torch.distributed, one process per device "
+                   "of every node; writes plan.csv, scenario.toml, trace.csv and trace.json (geodt validate "
+                   "compares with the prediction).")
+    parser = OneLineParser(prog=prog, description=description)
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
-    parser.add_argument("--strategy", required=True, help="baseline, A, B, C, ...")
+    parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
     parser.add_argument("--out", help="output directory (default: out/<scenario name>/run-<S> or validate-<S>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")

@@ -57,7 +57,10 @@ def parser():
                    help="catalog keys, comma separated (default: the paper's five)")
     p.add_argument("--mixed-nodes", action="store_true", help="nodes may mix GPU types (default: one type per node)")
     p.add_argument("--bandwidth-gbps", type=_floats, default=(0.1, 1.0, 10.0), help="WAN bandwidths (default 0.1,1,10)")
-    p.add_argument("--strategy", nargs="+", action="extend", metavar="S", help="strategies (default: all)")
+    from simulator.strategies.registry import STRATEGIES
+
+    p.add_argument("--strategy", nargs="+", action="extend", metavar="S",
+                   help=f"strategies (default: all of {', '.join(STRATEGIES)})")
     p.add_argument("--samples", type=positive_int, default=1000, help="at most about this many scenarios (default 1000)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sample of mixes (default 0)")
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
