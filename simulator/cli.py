@@ -70,6 +70,29 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
+TABLE_WIDTH = 120
+PLAN_SHOWN = ["node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round", "comm_s", "link_gbps"]
+# Shown too where a node differs from the default (a value given): left out first when too wide.
+PLAN_OPTIONAL = {"sharding": "none", "activation_checkpointing": "none", "cpu_quota": "", "cpu_cores": "",
+                 "fragments": 1, "sync_delay_steps": 0}
+
+
+def plan_text(frame: pd.DataFrame, wide: bool = False) -> str:
+    """`geodt plan`'s table: the per-node columns that say what each node does, at most
+    TABLE_WIDTH characters; --wide: every column of plan.csv (which always holds them all)."""
+    if wide:
+        return frame.drop(columns=["strategy"]).to_string(index=False)
+    extra = [c for c, default in PLAN_OPTIONAL.items()
+             if c in frame and (frame[c].fillna("").astype(str) != str(default)).any()]
+    while True:
+        text = frame[PLAN_SHOWN + extra].to_string(index=False)
+        if not extra or max(map(len, text.splitlines())) <= TABLE_WIDTH:
+            break
+        extra.pop()
+    hidden = [c for c in frame.columns if c not in ["strategy", *PLAN_SHOWN, *extra]]
+    return text + f"\n(plan.csv also holds {', '.join(hidden)}; --wide prints them)"
+
+
 def _parser(prog: str, plan_only: bool) -> OneLineParser:
     from simulator.engine import ENGINES
     from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
@@ -79,6 +102,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
     _common(parser)
     if plan_only:
         parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
+        parser.add_argument("--wide", action="store_true", help="print every column of plan.csv")
     else:
         parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                             help=f"strategies to compare (default: all of {', '.join(STRATEGIES)})")
@@ -116,7 +140,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    _print_results(scenario, results, plan_only)
+    _print_results(scenario, results, plan_only, getattr(args, "wide", False))
     print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     if trace_kept is not None:
         from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
@@ -175,7 +199,7 @@ def _output_files(scenario, results: list[tuple], sync_frames: list, full_trace:
     return files, trace_kept
 
 
-def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
+def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool = False) -> None:
     """Per strategy: its plan (geodt plan) or its per-node table (geodt simulate)."""
     for plan, timeline, summ in results:
         frame = plan.to_frame(scenario)
@@ -185,7 +209,7 @@ def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
                  if plan.streaming else "round")
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
-            print(frame.drop(columns=["strategy"]).to_string(index=False))
+            print(plan_text(frame, wide))
         else:
             print(format_table(summ, frame))
     encoded = [p.strategy for p, _, _ in results

@@ -274,3 +274,30 @@ def test_validation_table_fits_120_columns_and_wide_shows_all():
     assert max(map(len, narrow.splitlines())) <= 120 and "idle_err_%round" in narrow
     wide = validation_text(table, wide=True)
     assert all(column in wide for column in VALIDATION_COLUMNS)
+
+
+@pytest.mark.parametrize("strategy", ["hybrid", "streaming", "sync-ddp", "network-aware"])
+def test_plan_table_fits_120_columns_and_wide_shows_all(tmp_path, capsys, strategy):
+    from formats.plan import PLAN_COLUMNS
+
+    assert plan_main(["paper", "--strategy", strategy, "--out", str(tmp_path / "a")]) == 0
+    narrow = capsys.readouterr().out
+    table = narrow[narrow.index(" node "):narrow.index("(plan.csv also holds")].splitlines()
+    assert len(table) == 5 and max(map(len, table)) <= 120, table
+    assert plan_main(["paper", "--strategy", strategy, "--out", str(tmp_path / "b"), "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert all(column in wide for column in PLAN_COLUMNS if column != "strategy")
+
+
+def test_simulate_says_its_token_ratio_is_the_whole_runs(tmp_path, capsys):
+    """sync-ddp does the baseline's work in 100 times as many rounds: 1.000 of the run's tokens (simulate)
+    and 0.010 of its tokens per round (sweep --table), each labelled for what it is."""
+    assert simulate_main(["paper", "--strategy", "baseline", "sync-ddp", "--engine", "analytic",
+                          "--out", str(tmp_path / "s")]) == 0
+    printed = capsys.readouterr().out
+    assert "run tokens/base" in printed and "tokens vs base" not in printed
+    row = next(line for line in printed.splitlines() if line.startswith("sync-ddp "))
+    assert row.split()[3] == "1.000"
+    assert sweep_main(["--table", "paper", "--strategy", "sync-ddp", "--out", str(tmp_path / "t")]) == 0
+    table = capsys.readouterr().out
+    assert "tokens/round vs baseline" in table and "| sync-ddp | 0.010 |" in table
