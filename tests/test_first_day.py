@@ -301,3 +301,19 @@ def test_simulate_says_its_token_ratio_is_the_whole_runs(tmp_path, capsys):
     assert sweep_main(["--table", "paper", "--strategy", "sync-ddp", "--out", str(tmp_path / "t")]) == 0
     table = capsys.readouterr().out
     assert "tokens/round vs baseline" in table and "| sync-ddp | 0.010 |" in table
+
+
+@pytest.mark.parametrize("content", ["profile of another seq_len", "not a profile"])
+def test_refused_calibrate_out_leaves_no_lock_file(tmp_path, capsys, content):
+    from geodt.cli import main
+
+    out = tmp_path / "p.csv"
+    if content == "not a profile":
+        out.write_text("a,b\n1,2\n")
+    else:
+        out.write_bytes((ROOT / "profiles" / "cpu-1thread.csv").read_bytes())  # tiny at seq_len 256
+    before = out.read_bytes()
+    code = main(["calibrate", "device", "--model", "tiny", "--seq-len", "16", "--batch", "1", "--repeats", "1",
+                 "--warmup", "0", "--out", str(out)])
+    one_line_exit_2(capsys, code, str(out))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"] and out.read_bytes() == before
