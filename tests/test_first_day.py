@@ -317,3 +317,22 @@ def test_refused_calibrate_out_leaves_no_lock_file(tmp_path, capsys, content):
                  "--warmup", "0", "--out", str(out)])
     one_line_exit_2(capsys, code, str(out))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"] and out.read_bytes() == before
+
+
+def test_profile_check_names_the_statistic_it_shows(tmp_path, capsys):
+    """The step-time model takes each row's mean (the median where there is none); calibrate prints
+    medians, so profile check says which it shows instead of "measured"."""
+    import pandas as pd
+
+    from simulator.profile_check import profile_main
+
+    source = ROOT / "profiles" / "cpu-1thread.csv"
+    assert profile_main(["check", str(source)]) == 0
+    assert " median_ms " in capsys.readouterr().out
+    frame = pd.read_csv(source)
+    frame["step_s_mean"] = 2 * frame["step_s_median"]
+    frame.to_csv(tmp_path / "p.csv", index=False)
+    assert profile_main(["check", str(tmp_path / "p.csv")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].split()[:2] == ["batch_size", "mean_ms"]
+    assert float(lines[2].split()[1]) == pytest.approx(2e3 * frame["step_s_median"].iloc[0], abs=1e-3)
