@@ -61,18 +61,18 @@ WORK_ROWS_LARGE = 20_000_000
 BYTES_PER_ROW = 240  # timeline.csv and syncs.csv, measured (335 MB / 1.44 M rows)
 
 
-def check_work(rows_by_strategy: dict[str, int], large: bool = False) -> str | None:
+def check_work(rows_by_strategy: dict[str, int], large: bool = False, unit: str = "timeline rows") -> str | None:
     """Why the estimated work is refused, or None. One line: the largest strategy's rows, the total,
-    the output it would write, the limit and what to do."""
+    the output it would write (for timeline rows), the limit and what to do."""
     total = sum(rows_by_strategy.values())
     limit_rows = WORK_ROWS_LARGE if large else WORK_ROWS
     if total <= limit_rows:
         return None
     worst = max(rows_by_strategy, key=rows_by_strategy.get)
-    what = (f"strategy {worst}: {rows_by_strategy[worst]:,} timeline rows"
+    what = (f"strategy {worst}: {rows_by_strategy[worst]:,} {unit}"
             + (f" ({total:,} over {len(rows_by_strategy)} strategies)" if len(rows_by_strategy) > 1 else "")
-            + f", about {total * BYTES_PER_ROW / 1e9:.1f} GB of output")
+            + (f", about {total * BYTES_PER_ROW / 1e9:.1f} GB of output" if unit == "timeline rows" else ""))
     if large or total > WORK_ROWS_LARGE:
-        return f"{what}; expected at most {WORK_ROWS_LARGE:,} rows (fewer training.rounds, local_steps, nodes or strategies)"
-    return (f"{what}; expected at most {WORK_ROWS:,} rows by default (about a minute); add --large to allow up to "
+        return f"{what}; expected at most {WORK_ROWS_LARGE:,} (fewer training.rounds, local_steps, nodes or strategies)"
+    return (f"{what}; expected at most {WORK_ROWS:,} by default (about a minute); add --large to allow up to "
             f"{WORK_ROWS_LARGE:,}, or use fewer training.rounds, local_steps, nodes or strategies")
