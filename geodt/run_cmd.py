@@ -97,8 +97,9 @@ def _prepare(prog: str, args: argparse.Namespace):
             check_inputs(Path(tmp) / "plan.csv", Path(tmp) / "scenario.toml", opts)
             check_host(args.host)
             warnings = check_machine(scenario, plan, opts.backend, this_machine())
-        except (ConfigError, LaunchError) as exc:
-            print(f"{prog}: the executor cannot run this scenario: {exc}", file=sys.stderr)
+        except (ConfigError, LaunchError) as exc:  # an option's own error names the option first
+            lead = "" if str(exc).startswith("--") else "the executor cannot run this scenario: "
+            print(f"{prog}: {lead}{exc}", file=sys.stderr)
             return 2
         except PreflightError as exc:
             print(f"{prog}: this machine cannot hold the run: {exc}", file=sys.stderr)
