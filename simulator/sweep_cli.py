@@ -72,9 +72,10 @@ def parser():
     return p
 
 
-# Options of a sweep that a --table run does not use: given with --table, they are refused, not ignored.
-SWEEP_ONLY = ("base", "nodes", "gpus_per_node", "gpu_types", "mixed_nodes", "bandwidth_gbps", "samples", "seed",
-              "workers", "chunk", "no_figures")
+# Options that say what a sweep computes, which a --table run does not use: given with --table they
+# are refused, not ignored (--nodes 3 would otherwise look applied). How it runs (--workers, --chunk,
+# --no-figures) changes no result and stays accepted.
+SWEEP_ONLY = ("base", "nodes", "gpus_per_node", "gpu_types", "mixed_nodes", "bandwidth_gbps", "samples", "seed")
 
 
 def check_table_options(args, p) -> None:
@@ -85,7 +86,7 @@ def check_table_options(args, p) -> None:
     if args.table and given:
         flag = "--" + given[0].replace("_", "-")
         raise InputError(f"{flag}: a sweep's option, not used by --table {args.table} (which takes the scenario's "
-                         "own nodes); expected --table with --set, --strategy, --out only")
+                         "own nodes); expected --table with --set, --strategy, --out")
 
 
 def _init_worker(spec) -> None:

@@ -338,3 +338,8 @@ def test_profile_check_names_the_statistic_it_shows(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].split()[:2] == ["batch_size", "mean_ms"]
     assert float(lines[2].split()[1]) == pytest.approx(2e3 * frame["step_s_median"].iloc[0], abs=1e-3)
+
+
+def test_table_accepts_how_a_sweep_runs(tmp_path):
+    """--workers changes no result: accepted with --table (the README's first hour passes it)."""
+    assert sweep_main(["--table", "paper", "--strategy", "A", "--workers", "1", "--out", str(tmp_path / "t")]) == 0
