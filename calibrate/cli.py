@@ -64,8 +64,9 @@ def calibrate_parser() -> argparse.ArgumentParser:
                 "batch size on a device, into a profile CSV (docs/DESIGN.md, 'Profiles').")
     p.add_argument("--device", default="cpu", help="cpu, cuda:N, or all (every CUDA device: one "
                    "file per device, OUT-cudaN.csv) [cpu]")
-    p.add_argument("--model", default="tiny", help="preset (tiny, llama-60m, llama-150m, llama-1b) "
-                   "or a LLaMA config.json [tiny]")
+    from facts.presets import PRESETS
+
+    p.add_argument("--model", default="tiny", help=f"preset ({', '.join(PRESETS)}) or a LLaMA config.json [tiny]")
     p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per sample [1024]")
     p.add_argument("--dtype", choices=MODEL_DTYPES, default=None,
                    help="autocast dtype [bf16 on CUDA, fp32 on CPU: CPUs without bf16 units run bf16 "

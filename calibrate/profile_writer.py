@@ -69,6 +69,14 @@ class ProfileWriter:
         self.identity = {k: format_cell(identity[k]) for k in IDENTITY}
         self.rows: list[dict[str, str]] = []
         self._lock = self._take_lock()
+        try:
+            self._read_existing()
+        except BaseException:  # a refused --out leaves no lock file behind
+            self.close()
+            raise
+
+    def _read_existing(self) -> None:
+        """The rows already in the file, which must be of this profile's identity."""
         if self.path.exists():
             frame = read_profile_frame(self.path, drop_truncated=True)
             if self._has_cut_row():

@@ -25,8 +25,22 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 NEEDS_TORCH: dict[str, str] = {"calibrate": "calibrate", "run": "real", "validate": "real"}
 
 
+def version() -> str:
+    """The installed distribution's version; from a checkout not installed, pyproject.toml's."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("geodt")
+    except PackageNotFoundError:
+        import tomllib
+        from pathlib import Path
+
+        return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+
+
 def usage() -> str:
-    lines = ["usage: geodt COMMAND [options]   (geodt COMMAND --help for each)", "", "commands:"]
+    lines = ["usage: geodt COMMAND [options]   (geodt COMMAND --help for each; geodt --version)", "", "commands:"]
     for name, (_, _, text) in COMMANDS.items():
         lines.append(f"  {name:<10} {text}")
     return "\n".join(lines)
@@ -37,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2
+    if argv[0] == "--version":
+        print(f"geodt {version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"geodt: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)

@@ -16,32 +16,47 @@ It composes the simulator (the plan and the prediction) with the executor, as ge
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
 
-from formats.timeline import VALIDATION_COLUMNS
+from geodt.preflight import available_cores  # noqa: F401 (reproduction_warnings' default; tests)
+from geodt.validation import (MODES, VARIABILITY_SAMPLES, device_kind, plot_validation,  # noqa: F401 (the API)
+                              predicted_timeline, validation_table)
 
-MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     from formats.cli import OneLineParser
     from real.cli import add_exec_arguments
 
-    parser = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
+    from simulator.strategies.registry import STRATEGIES
+
+    description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
+                   "validation.png (or, with --trace RUN_DIR, compare a finished run)." if validate else
+                   "Run a strategy's plan for real: DiLoCo training on torch.distributed, one process per device "
+                   "of every node; writes plan.csv, scenario.toml, trace.csv and trace.json (geodt validate "
+                   "compares with the prediction).")
+    parser = OneLineParser(prog=prog, description=description)
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
-    parser.add_argument("--strategy", required=True, help="baseline, A, B, C, ...")
+    parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
     parser.add_argument("--out", help="output directory (default: out/<scenario name>/run-<S> or validate-<S>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")
     add_exec_arguments(parser)
+    parser.add_argument("--large", action="store_true",
+                        help="allow a plan beyond the default work limit (formats/limits.py) up to WORK_ROWS_LARGE")
     if validate:
         parser.add_argument("--no-emulate", action="store_true",
                             help="run for real (the default; kept for older command lines)")
         parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
                             help="simulator engine for the prediction")
+        parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
+        parser.add_argument("--trace", metavar="RUN_DIR",
+                            help="instead of running: compare RUN_DIR/trace.csv of a finished run (geodt run, or "
+                                 "rank 0's --out under torchrun, across machines) with its plan's prediction "
+                                 "(geodt validate --trace RUN_DIR [--out DIR] [--engine E] [--emulate --time-scale X] "
+                                 "[--wide]); no SCENARIO or --strategy then")
     return parser
 
 
@@ -61,8 +76,12 @@ def _prepare(prog: str, args: argparse.Namespace):
 
     from simulator.cli import default_out
 
+    from geodt.preflight import PreflightError, check_host, check_machine, this_machine
+    from simulator.cli import check_work
+
     try:
         scenario = load_scenario(args.scenario, args.overrides)
+        check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
@@ -76,8 +95,14 @@ def _prepare(prog: str, args: argparse.Namespace):
         write_text(Path(tmp) / "scenario.toml", toml_text)
         try:
             check_inputs(Path(tmp) / "plan.csv", Path(tmp) / "scenario.toml", opts)
-        except (ConfigError, LaunchError) as exc:
-            print(f"{prog}: the executor cannot run this scenario: {exc}", file=sys.stderr)
+            check_host(args.host)
+            warnings = check_machine(scenario, plan, opts.backend, this_machine())
+        except (ConfigError, LaunchError) as exc:  # an option's own error names the option first
+            lead = "" if str(exc).startswith("--") else "the executor cannot run this scenario: "
+            print(f"{prog}: {lead}{exc}", file=sys.stderr)
+            return 2
+        except PreflightError as exc:
+            print(f"{prog}: this machine cannot hold the run: {exc}", file=sys.stderr)
             return 2
     out = Path(args.out)
     try:
@@ -86,21 +111,21 @@ def _prepare(prog: str, args: argparse.Namespace):
     except OSError as exc:
         print(f"{prog}: {out}: cannot write the output directory ({exc})", file=sys.stderr)
         return 2
-    return scenario, plan, opts
+    return scenario, plan, opts, warnings
 
 
-def announcer(prog: str, scenario, plan, emulate: bool):
-    """launch()'s announce: the reproduction warnings, once the inputs are known to be good."""
+def announcer(prog: str, scenario, plan, emulate: bool, machine_warnings: list[str] = ()):
+    """launch()'s announce: the reproduction warnings, once the inputs are known to be good, and a
+    progress line (the processes build the model before the first round's bar appears)."""
 
     def announce() -> None:
-        for warning in reproduction_warnings(scenario, plan, emulate):
+        for warning in [*([] if emulate else machine_warnings), *reproduction_warnings(scenario, plan, emulate)]:
             print(f"{prog}: warning: {warning}", file=sys.stderr, flush=True)
+        print(f"{prog}: starting {plan.world_size} process{'es' if plan.world_size != 1 else ''} of "
+              f"{scenario.name}/{plan.strategy}, {plan.rounds or scenario.training.rounds} rounds "
+              f"({'emulated' if emulate else 'measured'}); each builds the model, then the rounds run", flush=True)
 
     return announce
-
-
-def available_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def reproduction_warnings(scenario, plan, emulate: bool, cores: int | None = None) -> list[str]:
@@ -163,7 +188,7 @@ def run_main(argv: list[str]) -> int:
     out = Path(args.out)
     opts = replace(prepared[2], summary=False)  # printed below, with what was measured and what emulated
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate))
+                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate, prepared[3]))
     if status == 0:
         import pandas as pd
 
@@ -188,133 +213,12 @@ def run_heading(emulated: bool, time_scale: float) -> str:
             "each sync to its comm_s, so these times are the plan's, not this machine's):")
 
 
-VARIABILITY_SAMPLES = 32
-
-
-def predicted_timeline(scenario, plan, engine: str):
-    """The simulator's timeline; with per-step jitter on, the mean over VARIABILITY_SAMPLES seeds.
-
-    One measured run is one draw of the step times, but the prediction to compare it with is
-    the expectation: with jitter the slowest node varies from round to round, which adds idle
-    on average that a single seeded draw over or under-states."""
-    from dataclasses import replace
-
-    from simulator.engine import simulate
-    from simulator.workload import node_cvs
-
-    timeline = simulate(scenario, plan, engine=engine)
-    if not any(node_cvs(scenario, plan)):
-        return timeline
-    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
-    total = timeline[numeric].to_numpy(copy=True)
-    for k in range(1, VARIABILITY_SAMPLES):
-        total += simulate(replace(scenario, seed=scenario.seed + k), plan, engine=engine)[numeric].to_numpy()
-    timeline[numeric] = total / VARIABILITY_SAMPLES
-    return timeline
-
-
-def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback"):
-    """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
-
-    Measured times are divided by time_scale so that both are in the scenario's seconds.
-    error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time;
-    comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
-    is predicted). Both are signed, so a bias shows.
-    network: what the run's processes talked over (real.wan.network_note).
-    """
-    import pandas as pd
-
-    rounds = sorted(set(trace["round"]))
-    pred = timeline[timeline["round"].isin(rounds)].copy()
-    pred["round_s"] = pred["compute_s"] + pred["idle_s"] + pred["comm_s"]
-    meas = trace.copy()
-    for column in ("compute_s", "idle_s", "comm_s"):
-        meas[column] = meas[column] / time_scale
-    meas["round_s"] = meas["compute_s"] + meas["idle_s"] + meas["comm_s"]
-    p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s"]].sum()
-    m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps"]].sum()
-    nodes = list(dict.fromkeys(timeline["node"]))
-    rows = []
-    for node in nodes:
-        rows.append({
-            "strategy": timeline["strategy"].iloc[0], "node": node,
-            "predicted_idle_s": p.at[node, "idle_s"], "measured_idle_s": m.at[node, "idle_s"],
-            "predicted_round_s": p.at[node, "round_s"], "measured_round_s": m.at[node, "round_s"],
-            "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
-            "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
-            "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
-            "mode": MODES[emulated], "network": network,
-            "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
-            "overrun_steps": int(m.at[node, "overrun_steps"]),
-        })
-    return pd.DataFrame(rows)
-
-
-def _pct(difference: float, reference: float) -> float:
-    return 100.0 * difference / reference if reference > 0 else float("nan")
-
-
-def device_kind(scenario) -> str:
-    """What the nodes' devices are, for labels: CPU, GPU, or device when the scenario mixes them."""
-    kinds = {"CPU" if key == "cpu" else "GPU" for node in scenario.nodes for key in node.gpus}
-    return kinds.pop() if len(kinds) == 1 else "device"
-
-
-def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
-    """Three panels per node: idle and sync (predicted vs measured, signed errors under the
-    nodes), and the round split into its parts.
-
-    `device` names what idles (device_kind: CPU, GPU or device)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from simulator.outputs import save_figure
-
-    nodes = list(table["node"])
-    x = np.arange(len(nodes))
-    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
-    w = 0.38
-    _paired_bars(ax1, x, w, table["predicted_idle_s"], table["measured_idle_s"],
-                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])])
-    ax1.set_xlabel("node  (idle error: measured − predicted, % of round time)")
-    ax1.set_ylabel("idle time, summed over rounds (s)")
-    ax1.set_title(f"{device} idle time per node")
-    _paired_bars(ax3, x, w, table["predicted_comm_s"], table["measured_comm_s"],
-                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["comm_error_pct"])])
-    ax3.set_xlabel("node  (sync error: measured − predicted, % of predicted sync)")
-    ax3.set_ylabel("sync time, summed over rounds (s)")
-    ax3.set_title("sync (outer all-reduce + step) per node")
-    parts = [("compute_s", "compute", "#74c476"), ("idle_s", "idle", "#fd8d3c"), ("comm_s", "sync", "#9e9ac8")]
-    for offset, kind, hatch in ((-w / 2, "predicted", ""), (w / 2, "measured", "//")):
-        bottom = np.zeros(len(nodes))
-        for col, label, color in parts:
-            values = table[f"{kind}_{col}"].to_numpy(float)
-            ax2.bar(x + offset, values, w, bottom=bottom, color=color, hatch=hatch, edgecolor="white",
-                    label=f"{label}" if kind == "predicted" else None)
-            bottom += values
-    ax2.set_xticks(x, nodes)
-    ax2.set_ylabel("time, summed over rounds (s)")
-    ax2.set_title("round time: predicted (plain) | measured (hatched)")
-    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False)
-    fig.suptitle(title)
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
-
-
-def _paired_bars(ax, x, width: float, predicted, measured, ticks: list[str]) -> None:
-    b1 = ax.bar(x - width / 2, predicted, width, label="predicted", color="#9ecae1", edgecolor="#3182bd")
-    b2 = ax.bar(x + width / 2, measured, width, label="measured", color="#fdae6b", edgecolor="#e6550d")
-    ax.bar_label(b1, fmt="%.2f", fontsize=8)
-    ax.bar_label(b2, fmt="%.2f", fontsize=8)
-    ax.set_xticks(x, ticks)
-    ax.legend()
-
-
 @_interruptible
 def validate_main(argv: list[str]) -> int:
+    from geodt.validate_trace import trace_main, wants_trace
+
+    if wants_trace(argv):  # an existing run's trace: nothing runs
+        return trace_main(argv)
     args = _parser("geodt validate", validate=True).parse_args(argv)
     if args.emulate and args.no_emulate:
         print("geodt validate: --emulate and --no-emulate: expected one of them", file=sys.stderr)
@@ -322,7 +226,7 @@ def validate_main(argv: list[str]) -> int:
     prepared = _prepare("geodt validate", args)
     if isinstance(prepared, int):
         return prepared
-    scenario, plan, opts = prepared
+    scenario, plan, opts, machine_warnings = prepared
     from dataclasses import replace
 
     opts = replace(opts, summary=False)  # validate prints its own table
@@ -330,45 +234,20 @@ def validate_main(argv: list[str]) -> int:
 
     from real.launch import launch
     from simulator.outputs import write_csv
-    from simulator.perfetto import validation_trace, write_trace_json
 
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)
     write_csv(timeline, out / "timeline.csv")
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt validate", scenario, plan, args.emulate))
+                    announce=announcer("geodt validate", scenario, plan, args.emulate, machine_warnings))
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")
-    scale = args.time_scale if args.emulate else 1.0
+    from geodt.validation import report
     from real.wan import network_note
 
-    network = network_note(out)
-    table = validation_table(timeline, trace, scale, emulated=args.emulate, network=network)
-    write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
-    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
-    mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
-            else "measured, not emulated") + f"; {network}"
-    plot_validation(table, out / "validation.png",
-                    f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
-                    device_kind(scenario))
-    shown = table[VALIDATION_COLUMNS + ["overrun_steps"]].copy()
-    with pd.option_context("display.width", 160, "display.max_columns", 20):
-        print(shown.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    losses = trace.groupby("round")["loss"].mean()
-    print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
-    worst = table["error_pct_of_round"].abs().max()
-    label = "schedule check (emulated): " if args.emulate else "measured: "
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
               if reproduction_warnings(scenario, plan, args.emulate) else "")
-    sync_errors = table["comm_error_pct"].dropna()
-    sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
-    print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}; "
-          f"wrote {out / 'validation.csv'}, "
-          f"{out / 'validation.png'}, {out / 'trace.json'}")
-    overruns = int(table["overrun_steps"].sum())
-    if args.emulate and overruns:
-        print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "
-              f"measured compute exceeds the prediction there (raise step_time_s or lower the load)",
-              file=sys.stderr)
+    report("geodt validate", scenario, plan, timeline, trace, out, args.emulate, args.time_scale, network_note(out),
+           caveat, wide=args.wide)
     return 0

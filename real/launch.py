@@ -78,6 +78,8 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
     check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
+    check_data_file(opts.data_path)
+    check_resume(opts)
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
@@ -303,7 +305,7 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
             while not context.join(grace_period=grace_s):
                 pass
         except mp.ProcessExitedException as exc:
-            return _exited(plan, exc)
+            return _exited(plan, exc, opts.out_dir)
         except mp.ProcessRaisedException as exc:
             name = plan.nodes[plan.node_of_rank(exc.error_index)].node
             print(f"real: node {name} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
@@ -311,7 +313,7 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
         except KeyboardInterrupt:
             if context is not None:
                 _stop(context.processes)
-            print(INTERRUPTED, file=sys.stderr)
+            print(interrupted_note(opts.out_dir), file=sys.stderr)
             return 130
         finally:
             del store
@@ -321,13 +323,41 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
 
 
 INTERRUPTED = "real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)"
+INTERRUPTED_EARLY = "real: interrupted before any round was checkpointed; nothing to resume (rerun without --resume)"
 
 
-def _exited(plan: Plan, exc) -> int:
+def saved_checkpoints(out_dir) -> list[Path]:
+    """The node checkpoints a run in out_dir left (real/checkpoint.py: checkpoints/node<i>.pt)."""
+    folder = Path(out_dir) / "checkpoints"
+    return sorted(folder.glob("node*.pt")) if folder.is_dir() else []
+
+
+def interrupted_note(out_dir) -> str:
+    """Ctrl-C's one line: where the completed rounds are, or that none was saved yet."""
+    return INTERRUPTED if saved_checkpoints(out_dir) else INTERRUPTED_EARLY
+
+
+def check_data_file(data_path) -> None:
+    """--data: a regular file (a FIFO or a device would block or never end the read)."""
+    if data_path is None:
+        return
+    path = Path(data_path)
+    if path.exists() and not path.is_file():
+        raise LaunchError(f"--data {data_path}: not a regular file; expected a .npy token array or a text file")
+
+
+def check_resume(opts: ExecOptions) -> None:
+    """--resume: there is something to resume in --out (else say so instead of starting afresh silently)."""
+    if opts.resume and not saved_checkpoints(opts.out_dir):
+        raise LaunchError(f"--resume: {Path(opts.out_dir) / 'checkpoints'} holds no checkpoint; expected the --out of "
+                          "a run that stopped (--stop-after, Ctrl-C); drop --resume to start from the beginning")
+
+
+def _exited(plan: Plan, exc, out_dir) -> int:
     """One line for a process that exited early (the others were stopped); the run's status."""
     name = plan.nodes[plan.node_of_rank(exc.error_index)].node
     if exc.exit_code == 130:
-        print(INTERRUPTED, file=sys.stderr)
+        print(interrupted_note(out_dir), file=sys.stderr)
         return 130
     if exc.exit_code < 0:
         how = f"was killed by signal {-exc.exit_code}" + (

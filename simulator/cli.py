@@ -15,7 +15,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=20 or nodes.node1.step_time_s=0.1")
-    parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, see default_out)")
+    parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, e.g. "
+                        "out/paper/simulate, out/paper/plan-hybrid)")
+    parser.add_argument("--large", action="store_true",
+                        help="allow work beyond the default limit (formats/limits.py: WORK_ROWS timeline rows) "
+                             "up to WORK_ROWS_LARGE")
 
 
 def default_out(scenario_name: str, command: str, strategy: str | None = None) -> Path:
@@ -23,6 +27,33 @@ def default_out(scenario_name: str, command: str, strategy: str | None = None) -
     out/<scenario>/simulate, out/<scenario>/plan-<S>, out/<scenario>/table, out/<scenario>/run-<S>,
     out/<scenario>/validate-<S> (docs/DESIGN.md, "Where outputs go")."""
     return Path("out") / scenario_name / (f"{command}-{strategy}" if strategy else command)
+
+
+def estimated_rows(scenario, strategies: list[str]) -> dict[str, int]:
+    """Timeline and sync rows each strategy would make, before planning (formats.limits.check_work):
+    one per node and round; sync-ddp's rounds are the inner steps; streaming picks up to
+    FRAGMENT_CHOICES' largest fragments, each a sync row per node and round."""
+    from simulator.strategies.streaming import FRAGMENT_CHOICES
+
+    rounds, nodes = scenario.training.rounds, len(scenario.nodes)
+    fragments = scenario.diloco.fragments
+    rows = {}
+    for name in strategies:
+        if name == "sync-ddp":
+            rows[name] = rounds * scenario.training.local_steps * nodes
+        else:
+            p = max(FRAGMENT_CHOICES) if name == "streaming" else fragments
+            rows[name] = rounds * nodes * (1 + (p if p > 1 else 0))
+    return rows
+
+
+def check_work(scenario, source: str, strategies: list[str], large: bool) -> None:
+    """InputError (one line) when the work estimated up front is beyond formats.limits' bounds."""
+    from formats.limits import check_work as refused
+
+    why = refused(estimated_rows(scenario, strategies), large)
+    if why is not None:
+        raise InputError(f"{source}: {why}")
 
 
 def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
@@ -39,6 +70,29 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
+TABLE_WIDTH = 120
+PLAN_SHOWN = ["node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round", "comm_s", "link_gbps"]
+# Shown too where a node differs from the default (a value given): left out first when too wide.
+PLAN_OPTIONAL = {"sharding": "none", "activation_checkpointing": "none", "cpu_quota": "", "cpu_cores": "",
+                 "fragments": 1, "sync_delay_steps": 0}
+
+
+def plan_text(frame: pd.DataFrame, wide: bool = False) -> str:
+    """`geodt plan`'s table: the per-node columns that say what each node does, at most
+    TABLE_WIDTH characters; --wide: every column of plan.csv (which always holds them all)."""
+    if wide:
+        return frame.drop(columns=["strategy"]).to_string(index=False)
+    extra = [c for c, default in PLAN_OPTIONAL.items()
+             if c in frame and (frame[c].fillna("").astype(str) != str(default)).any()]
+    while True:
+        text = frame[PLAN_SHOWN + extra].to_string(index=False)
+        if not extra or max(map(len, text.splitlines())) <= TABLE_WIDTH:
+            break
+        extra.pop()
+    hidden = [c for c in frame.columns if c not in ["strategy", *PLAN_SHOWN, *extra]]
+    return text + f"\n(plan.csv also holds {', '.join(hidden)}; --wide prints them)"
+
+
 def _parser(prog: str, plan_only: bool) -> OneLineParser:
     from simulator.engine import ENGINES
     from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
@@ -48,6 +102,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
     _common(parser)
     if plan_only:
         parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
+        parser.add_argument("--wide", action="store_true", help="print every column of plan.csv")
     else:
         parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                             help=f"strategies to compare (default: all of {', '.join(STRATEGIES)})")
@@ -73,6 +128,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
         strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
         if engine is not None and engine not in ENGINES:
             raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
+        check_work(scenario, args.scenario, strategies, args.large)
         results, sync_frames = _results(scenario, args.scenario, strategies, engine)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
@@ -84,7 +140,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    _print_results(scenario, results, plan_only)
+    _print_results(scenario, results, plan_only, getattr(args, "wide", False))
     print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     if trace_kept is not None:
         from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
@@ -143,7 +199,7 @@ def _output_files(scenario, results: list[tuple], sync_frames: list, full_trace:
     return files, trace_kept
 
 
-def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
+def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool = False) -> None:
     """Per strategy: its plan (geodt plan) or its per-node table (geodt simulate)."""
     for plan, timeline, summ in results:
         frame = plan.to_frame(scenario)
@@ -153,7 +209,7 @@ def _print_results(scenario, results: list[tuple], plan_only: bool) -> None:
                  if plan.streaming else "round")
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
-            print(frame.drop(columns=["strategy"]).to_string(index=False))
+            print(plan_text(frame, wide))
         else:
             print(format_table(summ, frame))
     encoded = [p.strategy for p, _, _ in results

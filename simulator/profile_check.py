@@ -25,7 +25,8 @@ def profile_main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # a usage error, already printed as one line (2), or --help (0)
         return exc.code
     try:
-        model = ProfileModel(read_profile_frame(args.profile), source=str(args.profile))
+        frame = read_profile_frame(args.profile)
+        model = ProfileModel(frame, source=str(args.profile))
         table = leave_one_out(model)
     except ProfileError as exc:
         print(f"geodt profile: {exc}", file=sys.stderr)
@@ -33,8 +34,13 @@ def profile_main(argv: list[str] | None = None) -> int:
     t0_s, per_sample_s = model.fit()
     print(f"{args.profile}: {model.device_name} [{model.gpu_key}], {model.model}, seq_len {model.seq_len}, "
           f"{model.dtype}; fit t(b) = {t0_s * 1e3:.3f} ms + {per_sample_s * 1e3:.3f} ms x b")
-    shown = table.assign(measured_ms=table["measured_s"] * 1e3, predicted_ms=table["predicted_s"] * 1e3)
-    print(shown[["batch_size", "measured_ms", "predicted_ms", "error_pct"]].to_string(
+    # The model times a batch by its mean step (rounds sum steps), the median where a profile has no
+    # mean; calibrate prints medians, so the column says which this is.
+    means = (frame["step_s_mean"].fillna("").astype(str).str.strip() != "") if "step_s_mean" in frame else None
+    statistic = "median" if means is None or not means.any() else "mean" if means.all() else "mean_or_median"
+    measured = f"{statistic}_ms"
+    shown = table.assign(**{measured: table["measured_s"] * 1e3}, predicted_ms=table["predicted_s"] * 1e3)
+    print(shown[["batch_size", measured, "predicted_ms", "error_pct"]].to_string(
         index=False, float_format=lambda v: f"{v:.3f}"))
     abs_err = table["error_pct"].abs()
     worst = table.loc[abs_err.idxmax()]

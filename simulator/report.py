@@ -79,18 +79,18 @@ def recommend(table: pd.DataFrame, base: dict) -> Recommendation:
 def format_table(table: pd.DataFrame) -> str:
     """The compact per-strategy table (one line each)."""
     width = max(8, *(len(s) for s in table["strategy"]))
-    head = (f"{'strategy':<{width}}  {'round_s':>9}  {'tokens/round':>12}  {'tokens vs base':>14}  "
+    head = (f"{'strategy':<{width}}  {'round_s':>9}  {'tokens/round':>12}  {'run tokens/base':>15} "
             f"{'tokens/s':>11}  {'speed-up':>8}  {'idle_s':>10}")
     lines = [head]
     for r in table.itertuples():
         lines.append(f"{r.strategy:<{width}}  {r.round_s:>9.2f}  {r.tokens_per_round:>12,}  "
-                     f"{r.tokens_vs_baseline:>13.3f}{' ' if r.comparable else '*'} {r.tokens_per_s:>11,.0f}  "
+                     f"{r.tokens_vs_baseline:>14.3f}{' ' if r.comparable else '*'} {r.tokens_per_s:>11,.0f}  "
                      f"{r.speedup:>7.2f}×  {r.idle_s:>10.2f}")
     return "\n".join(lines)
 
 
 def format_answer(table: pd.DataFrame, base: dict) -> str:
-    notes = [f"round_s: wall time / rounds; tokens vs base: the run's tokens / the baseline's (*: beyond "
+    notes = [f"round_s: wall time / rounds; run tokens/base: the whole run's tokens / the baseline's (*: beyond "
              f"±{TOKENS_BAND:.0%}, other work);", "idle_s: barrier idle summed over nodes and rounds"]
     if base["strategy"] not in set(table["strategy"]):
         notes.append(f"baseline (for the ratios): {base['tokens_per_s']:,.0f} tokens/s, idle {base['idle_s']:.2f} s")

@@ -108,7 +108,11 @@ def test_a_node_with_a_cpu_quota_syncs_at_that_quota(tmp_path, write_scenario):
     """In a run the leader of a node with cpu_quota does its share of the sync (copies, sums,
     int8 encoding) at that quota; the calibration measures it so. On a fast link (1 Gbit/s) the
     4 MiB int8 sync is CPU work: at a tenth of a core it took 10× as long as unlimited here
-    (0.221 s against 0.022 s); asserted: at least 3× (a busy machine narrows the ratio)."""
+    (0.221 s against 0.022 s) on an idle machine, and 2.8× with the machine loaded (a 3× bound
+    failed there). Load slows the unlimited sync by the load factor L (its share of a core),
+    while the limited one runs at most 0.1 core whatever the load: the ratio is about 10 / L.
+    Asserted: at least 1.5×, which holds while L < 6.7 (seven busy processes per core), so it
+    tests that the quota binds without timing the machine's load."""
     from geodt.cli import main
 
     def sync_s(text: str, name: str) -> float:
@@ -123,7 +127,7 @@ def test_a_node_with_a_cpu_quota_syncs_at_that_quota(tmp_path, write_scenario):
     fast = SCENARIO.replace("bandwidth_gbps = 0.05", "bandwidth_gbps = 1.0")
     limited = fast.replace('name = "b"\ngpus = { "cpu" = 1 }', 'name = "b"\ngpus = { "cpu" = 1 }\ncpu_quota = 0.1')
     assert limited != fast
-    assert sync_s(limited, "limited") >= 3 * sync_s(fast, "free")
+    assert sync_s(limited, "limited") >= 1.5 * sync_s(fast, "free")
 
 
 def test_each_node_runs_its_round_between_averages(write_scenario):

@@ -1,0 +1,143 @@
+"""Can this machine hold the run? `geodt run` / `geodt validate` ask before anything is written.
+
+What a plan needs, against what the machine offers:
+- processes: one per device of every node (under torchrun: LOCAL_WORLD_SIZE of them here);
+- devices: a GPU per process when the backend is nccl (or auto finds one per process); without,
+  every process trains on the CPU, whatever GPU the scenario names;
+- memory per process: simulator/memory.py's peak of one training step at the node's batch and
+  layout. On a GPU that peak is compared with the GPU's memory; on the CPU the CUDA reserve of
+  the model (RESERVE_BYTES) is replaced by what a torch process itself holds (HOST_PROCESS_BYTES,
+  measured: `import torch, torch.distributed` alone is 0.22 GB of resident memory here), and the
+  processes' sum is compared with the memory available now (MemAvailable, and the cgroup's limit).
+A plan that does not fit is refused with one line saying why and what to do (PreflightError).
+`--emulate` still computes every inner step (it pads each to the plan's time), so it needs the
+same memory; the remedy for a large model is a smaller one.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST_PROCESS_BYTES = 0.4e9  # torch, gloo, the data shard and the trace: beside the model's bytes
+GB = 1e9
+
+
+class PreflightError(ValueError):
+    """The machine cannot hold the plan; str() is the one-line report."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    cores: int
+    memory_bytes: float               # available now
+    gpu_memory_bytes: tuple[float, ...]  # one entry per visible GPU
+
+
+def available_memory_bytes() -> float:
+    """MemAvailable, or the cgroup's remaining limit when that is smaller."""
+    available = float("inf")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = float(Path("/sys/fs/cgroup/memory.current").read_text())
+            available = min(available, float(limit) - used)
+    except (OSError, ValueError):
+        pass
+    if available == float("inf"):
+        available = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return available
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def this_machine() -> Machine:
+    import torch
+
+    gpus = tuple(float(torch.cuda.get_device_properties(i).total_memory)
+                 for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
+    return Machine(available_cores(), available_memory_bytes(), gpus)
+
+
+def process_bytes(scenario, node) -> float:
+    """simulator/memory.py's peak of one of the node's processes (its layout, its per-device batch)."""
+    from simulator.memory import Layout, memory_need_bytes
+
+    layout = Layout(node.sharding or "none", node.activation_checkpointing or "none", node.gpus,
+                    scenario.diloco.outer_state)
+    return memory_need_bytes(scenario, node.batch_size, layout)
+
+
+def local_nodes(plan) -> list:
+    """The plan's nodes whose processes run here: all of them, or under torchrun this machine's."""
+    if "LOCAL_WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return list(plan.nodes)
+    first = int(os.environ["RANK"]) - int(os.environ.get("LOCAL_RANK", "0"))
+    names = {plan.nodes[plan.node_of_rank(r)].node
+             for r in range(first, min(first + int(os.environ["LOCAL_WORLD_SIZE"]), plan.world_size))}
+    return [node for node in plan.nodes if node.node in names]
+
+
+def check_machine(scenario, plan, backend: str, machine: Machine) -> list[str]:
+    """PreflightError if the plan cannot run here; else the warnings to print before it starts."""
+    from simulator.memory import RESERVE_BYTES
+
+    nodes = local_nodes(plan)
+    processes = sum(node.gpus for node in nodes)
+    what = f"{scenario.name}/{plan.strategy}: {processes} process{'es' if processes != 1 else ''} " \
+           f"of {scenario.model.preset or 'the model'}"
+    gpu_nodes = [n.name for n in scenario.nodes if set(n.gpus) != {"cpu"} and n.name in {p.node for p in nodes}]
+    on_gpu = backend == "nccl" or (backend == "auto" and gpu_nodes and len(machine.gpu_memory_bytes) >= processes)
+    if backend == "nccl" and len(machine.gpu_memory_bytes) < processes:
+        raise PreflightError(f"--backend nccl: {what} need a GPU each and this machine has "
+                             f"{len(machine.gpu_memory_bytes) or 'no'} GPU{'s' if len(machine.gpu_memory_bytes) != 1 else ''}"
+                             f"; expected --backend auto or gloo (processes then train on the CPU)")
+    needs = [(node, process_bytes(scenario, node)) for node in nodes]
+    if on_gpu:
+        smallest = min(machine.gpu_memory_bytes[:processes])
+        node, need = max(needs, key=lambda item: item[1])
+        if need > smallest:
+            raise PreflightError(f"{what}: node {node.node} needs {need / GB:.1f} GB per GPU (simulator/memory.py) and "
+                                 f"this machine's smallest GPU holds {smallest / GB:.1f} GB; use a smaller model or "
+                                 "batch (--set model.preset=..., --set training.batch_size=...) or another scenario")
+        return []
+    host = sum(node.gpus * (need - RESERVE_BYTES + HOST_PROCESS_BYTES) for node, need in needs)
+    if host > machine.memory_bytes:
+        where = "no GPU" if not machine.gpu_memory_bytes else f"{len(machine.gpu_memory_bytes)} GPUs for {processes} processes"
+        raise PreflightError(f"{what} need about {host / GB:.1f} GB of memory on the CPU (simulator/memory.py) and this "
+                             f"machine has {where} and {machine.memory_bytes / GB:.1f} GB available; run a smaller "
+                             f"model (--set model.preset=tiny), fewer devices, or the scenario hetero-cpu "
+                             f"(--emulate computes every step too)")
+    if gpu_nodes:
+        return [f"node{'s' if len(gpu_nodes) > 1 else ''} {', '.join(gpu_nodes)}: the scenario names GPUs and this "
+                f"machine runs {'their' if len(gpu_nodes) > 1 else 'its'} processes on the CPU, so measured times "
+                "say nothing about those GPUs (--emulate pads each step to the plan's time: a schedule check)"]
+    return []
+
+
+def check_host(host: str) -> None:
+    """--host: resolves, and this machine can bind to it (LaunchError, one line, otherwise)."""
+    import ipaddress
+    import socket
+
+    from real.launch import LaunchError, resolve_host, under_torchrun
+
+    if under_torchrun():
+        return
+    ip = resolve_host(host)
+    if ipaddress.ip_address(ip).is_loopback:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((ip, 0))
+        except OSError as exc:
+            raise LaunchError(f"--host: cannot bind to {host} ({ip}): {exc.strerror}; expected an address of this "
+                              "machine") from None

@@ -1,0 +1,188 @@
+"""The comparison of a prediction with a real run: `geodt validate`'s table, figure and printout.
+
+predicted_timeline: the simulator's timeline for a plan (with per-step jitter, the mean over
+VARIABILITY_SAMPLES seeds); validation_table: per node, predicted against measured idle, sync and
+round time (validation.csv, docs/DESIGN.md); plot_validation: validation.png; report: write,
+plot and print them. Shared by `geodt validate` (geodt/run_cmd.py), which runs the plan, and
+`geodt validate --trace` (geodt/validate_trace.py), which reads a finished run.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from formats.timeline import VALIDATION_COLUMNS
+
+MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
+
+VARIABILITY_SAMPLES = 32
+
+
+def predicted_timeline(scenario, plan, engine: str):
+    """The simulator's timeline; with per-step jitter on, the mean over VARIABILITY_SAMPLES seeds.
+
+    One measured run is one draw of the step times, but the prediction to compare it with is
+    the expectation: with jitter the slowest node varies from round to round, which adds idle
+    on average that a single seeded draw over or under-states."""
+    from dataclasses import replace
+
+    from simulator.engine import simulate
+    from simulator.workload import node_cvs
+
+    timeline = simulate(scenario, plan, engine=engine)
+    if not any(node_cvs(scenario, plan)):
+        return timeline
+    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
+    total = timeline[numeric].to_numpy(copy=True)
+    for k in range(1, VARIABILITY_SAMPLES):
+        total += simulate(replace(scenario, seed=scenario.seed + k), plan, engine=engine)[numeric].to_numpy()
+    timeline[numeric] = total / VARIABILITY_SAMPLES
+    return timeline
+
+
+def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback"):
+    """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
+
+    Measured times are divided by time_scale so that both are in the scenario's seconds.
+    error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time;
+    comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
+    is predicted). Both are signed, so a bias shows.
+    network: what the run's processes talked over (real.wan.network_note).
+    """
+    import pandas as pd
+
+    rounds = sorted(set(trace["round"]))
+    pred = timeline[timeline["round"].isin(rounds)].copy()
+    pred["round_s"] = pred["compute_s"] + pred["idle_s"] + pred["comm_s"]
+    meas = trace.copy()
+    for column in ("compute_s", "idle_s", "comm_s"):
+        meas[column] = meas[column] / time_scale
+    meas["round_s"] = meas["compute_s"] + meas["idle_s"] + meas["comm_s"]
+    p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s"]].sum()
+    m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps"]].sum()
+    nodes = list(dict.fromkeys(timeline["node"]))
+    rows = []
+    for node in nodes:
+        rows.append({
+            "strategy": timeline["strategy"].iloc[0], "node": node,
+            "predicted_idle_s": p.at[node, "idle_s"], "measured_idle_s": m.at[node, "idle_s"],
+            "predicted_round_s": p.at[node, "round_s"], "measured_round_s": m.at[node, "round_s"],
+            "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
+            "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
+            "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
+            "mode": MODES[emulated], "network": network,
+            "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
+            "overrun_steps": int(m.at[node, "overrun_steps"]),
+        })
+    return pd.DataFrame(rows)
+
+
+def _pct(difference: float, reference: float) -> float:
+    return 100.0 * difference / reference if reference > 0 else float("nan")
+
+
+def device_kind(scenario) -> str:
+    """What the nodes' devices are, for labels: CPU, GPU, or device when the scenario mixes them."""
+    kinds = {"CPU" if key == "cpu" else "GPU" for node in scenario.nodes for key in node.gpus}
+    return kinds.pop() if len(kinds) == 1 else "device"
+
+
+def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
+    """Three panels per node: idle and sync (predicted vs measured, signed errors under the
+    nodes), and the round split into its parts.
+
+    `device` names what idles (device_kind: CPU, GPU or device)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from simulator.outputs import save_figure
+
+    nodes = list(table["node"])
+    x = np.arange(len(nodes))
+    fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
+    w = 0.38
+    _paired_bars(ax1, x, w, table["predicted_idle_s"], table["measured_idle_s"],
+                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])])
+    ax1.set_xlabel("node  (idle error: measured − predicted, % of round time)")
+    ax1.set_ylabel("idle time, summed over rounds (s)")
+    ax1.set_title(f"{device} idle time per node")
+    _paired_bars(ax3, x, w, table["predicted_comm_s"], table["measured_comm_s"],
+                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["comm_error_pct"])])
+    ax3.set_xlabel("node  (sync error: measured − predicted, % of predicted sync)")
+    ax3.set_ylabel("sync time, summed over rounds (s)")
+    ax3.set_title("sync (outer all-reduce + step) per node")
+    parts = [("compute_s", "compute", "#74c476"), ("idle_s", "idle", "#fd8d3c"), ("comm_s", "sync", "#9e9ac8")]
+    for offset, kind, hatch in ((-w / 2, "predicted", ""), (w / 2, "measured", "//")):
+        bottom = np.zeros(len(nodes))
+        for col, label, color in parts:
+            values = table[f"{kind}_{col}"].to_numpy(float)
+            ax2.bar(x + offset, values, w, bottom=bottom, color=color, hatch=hatch, edgecolor="white",
+                    label=f"{label}" if kind == "predicted" else None)
+            bottom += values
+    ax2.set_xticks(x, nodes)
+    ax2.set_ylabel("time, summed over rounds (s)")
+    ax2.set_title("round time: predicted (plain) | measured (hatched)")
+    ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False)
+    fig.suptitle(title)
+    save_figure(fig, path, dpi=120)
+    plt.close(fig)
+
+
+def _paired_bars(ax, x, width: float, predicted, measured, ticks: list[str]) -> None:
+    b1 = ax.bar(x - width / 2, predicted, width, label="predicted", color="#9ecae1", edgecolor="#3182bd")
+    b2 = ax.bar(x + width / 2, measured, width, label="measured", color="#fdae6b", edgecolor="#e6550d")
+    ax.bar_label(b1, fmt="%.2f", fontsize=8)
+    ax.bar_label(b2, fmt="%.2f", fontsize=8)
+    ax.set_xticks(x, ticks)
+    ax.legend()
+
+
+# Printed by default (the CSV holds every column; --wide prints them all): ≤ 120 characters.
+SHOWN = {"node": "node", "predicted_idle_s": "idle_pred_s", "measured_idle_s": "idle_meas_s",
+         "error_pct_of_round": "idle_err_%round", "predicted_comm_s": "sync_pred_s", "measured_comm_s": "sync_meas_s",
+         "comm_error_pct": "sync_err_%", "predicted_round_s": "round_pred_s", "measured_round_s": "round_meas_s"}
+TABLE_WIDTH = 120
+
+
+def validation_text(table, wide: bool = False) -> str:
+    """validate's table: the idle, sync and round columns under short names (≤ TABLE_WIDTH wide),
+    or with --wide every column of validation.csv plus overrun_steps."""
+    if wide:
+        shown = table[VALIDATION_COLUMNS + ["overrun_steps"]]
+    else:
+        shown = table[list(SHOWN)].rename(columns=SHOWN)
+    return shown.to_string(index=False, float_format=lambda v: f"{v:.3f}", line_width=None if wide else TABLE_WIDTH)
+
+
+def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool, time_scale: float,
+           network: str, caveat: str, wide: bool = False) -> None:
+    """Write validation.csv, trace.json and validation.png into out; print the table and the verdict."""
+    from simulator.outputs import write_csv
+    from simulator.perfetto import validation_trace, write_trace_json
+
+    scale = time_scale if emulated else 1.0
+    table = validation_table(timeline, trace, scale, emulated=emulated, network=network)
+    write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
+    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
+    mode = (f"schedule check (emulated, time scale {time_scale:g})" if emulated
+            else "measured, not emulated") + f"; {network}"
+    plot_validation(table, out / "validation.png",
+                    f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
+                    device_kind(scenario))
+    print(validation_text(table, wide))
+    losses = trace.groupby("round")["loss"].mean()
+    print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
+    worst = table["error_pct_of_round"].abs().max()
+    label = "schedule check (emulated): " if emulated else "measured: "
+    sync_errors = table["comm_error_pct"].dropna()
+    sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
+    print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}")
+    print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
+    overruns = int(table["overrun_steps"].sum())
+    if emulated and overruns:
+        print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "
+              f"measured compute exceeds the prediction there (raise step_time_s or lower the load)",
+              file=sys.stderr)
