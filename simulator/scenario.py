@@ -27,6 +27,7 @@ from formats.plan import CHECKPOINTING, SHARDINGS
 from formats.scenario import DilocoConfig, ModelSection
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+from simulator.drift import DriftEvent
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 
@@ -125,6 +126,8 @@ class NodeConfig:
     # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/memory.py).
     sharding: str | None = None
     activation_checkpointing: str | None = None
+    # How the node's speed changes over the run (simulator/drift.py): step-time multipliers per round.
+    drift: tuple[DriftEvent, ...] | None = None
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)
@@ -300,7 +303,7 @@ def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = (), with
         return _build_scenario(table, resolved)
     except FieldError as exc:
         key = exc.key
-        origin = "--set" if any(key == k or key.startswith(k + ".") for k in overridden) else source
+        origin = "--set" if any(key == k or key.startswith((k + ".", k + "[")) for k in overridden) else source
         raise InputError(f"{origin}: {key}: {exc.expected}") from None
 
 
