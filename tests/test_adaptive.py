@@ -170,3 +170,41 @@ def test_adaptive_strategies_refuse_streaming(write_scenario):
     scenario = load_scenario(str(write_scenario(THREE)), ["diloco.fragments=2"])
     with pytest.raises(FieldError, match="diloco.fragments: strategy rebalance re-plans whole rounds"):
         make_plan(scenario, "rebalance")
+
+
+@pytest.mark.parametrize("strategy", ["baseline", "measured-steps", "hybrid", "rebalance", "deadline", "streaming"])
+def test_sweep_under_drift_matches_the_simulated_timeline(strategy):
+    from dataclasses import replace
+
+    from simulator.network import outer_step_s
+    from simulator.sweep import KindTables, SweepSpec, decide, node_kinds, scenario_grid
+    from simulator.sweep_drift import drifted_metrics, parse_drift, sweep_factors
+    from simulator.sweep_table import timeline_metrics
+
+    spec = SweepSpec(nodes=3, gpus_per_node=2, gpu_types=("a30", "v100", "t4"), mixed_nodes=True,
+                     bandwidths_gbps=(1.0,), strategies=(strategy,), samples=6, seed=1)
+    kinds = node_kinds(spec)
+    grid, bw = scenario_grid(spec, len(kinds))
+    kt = KindTables(load_scenario("paper"), kinds)
+    events = parse_drift('[{kind="step", round=4, factor=1.2}, {kind="window", from_round=6, to_round=8, factor=0.9}]')
+    d = decide(kt, grid, bw, strategy)
+    factors = sweep_factors(events, kt.base.training.rounds, np.arange(len(grid)), 3, 0)
+    fast = drifted_metrics(d, kt.gpus[grid], kt.base.model.seq_len, factors, outer_step_s(kt.base))
+    for r in range(len(grid)):
+        scenario = kt.scenario(grid[r], bw[r])
+        scenario = replace(scenario, nodes=tuple(replace(n, drift=events) for n in scenario.nodes))
+        plan = make_plan(scenario, strategy)
+        ref = timeline_metrics(plan, simulate(scenario, plan, "analytic"))
+        for key in ("round_s", "wall_s", "idle_s", "tokens", "tokens_per_s"):
+            assert fast[key][r] == pytest.approx(ref[key], rel=1e-9, abs=1e-9), key
+
+
+def test_sweep_drift_is_sampled_per_scenario_and_bad_drift_is_one_line():
+    from simulator.sweep_drift import parse_drift, sweep_factors
+
+    f = sweep_factors(parse_drift('[{kind="walk", spread=0.1}]'), 10, np.arange(4), 2, 0)
+    assert len({tuple(np.round(f[:, s, 0], 12)) for s in range(4)}) == 4
+    with pytest.raises(InputError, match=r"^--drift: drift\[0\].spread: missing; a walk drift needs spread$"):
+        parse_drift('[{kind="walk"}]')
+    with pytest.raises(InputError, match="^--drift x: expected a TOML list of drift events"):
+        parse_drift("x")
