@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -47,6 +47,7 @@ from facts.presets import load_arch
 from train.step import make_optimizer, make_scaler, train_step
 from formats.plan import Plan
 from real import checkpoint
+from real.adaptive import AdaptiveRounds
 from real.config import RunSpec
 from real.data import make_shard
 from real.diloco import OuterState, averaging_weights, inner_lr
@@ -110,6 +111,11 @@ class Node:
         # Streaming DiLoCo (real/streaming.py) when the plan asks for it, or when forced by
         # ExecOptions.streaming (P = 1, τ = 0 then checks the streaming loop against this one).
         self.streaming = StreamingRound(self, streaming) if streams else None
+        # adapt = rebalance | deadline (real/adaptive.py): the next round agreed at each barrier
+        self.adaptive = AdaptiveRounds(plan, self.index) if plan.adaptive else None
+        if self.adaptive is not None and opts.emulate:
+            self.adaptive.scale = opts.time_scale
+        self.round_steps = self.me.local_steps  # the steps this node took in the current round
 
     def _build_training(self, data_tokens) -> None:
         """The model (the same initial weights everywhere; sharded as the plan says), inner and
@@ -163,7 +169,10 @@ class Node:
         loss_sum = self.inner_steps(self.clock, self.node_grad_sync(), bar)
         self.groups.sync_device()
         compute_end = time.perf_counter()
-        self.groups.barrier()
+        if self.adaptive is None:
+            self.groups.barrier()
+        else:  # the barrier carries every node's step time and steps (real/adaptive.py)
+            self._adapt_at_barrier(compute_end - round_start)
         sync_start = time.perf_counter()
         sent = self._outer_sync()
         if self.opts.emulate:
@@ -171,6 +180,16 @@ class Node:
         sync_end = time.perf_counter()
         return self._row(r, t0, loss_sum, compute_s=compute_end - round_start, idle_s=sync_start - compute_end,
                          comm_s=sync_end - sync_start, start=round_start, end=sync_end, bytes_sent=sent)
+
+    def _adapt_at_barrier(self, compute_s: float) -> None:
+        """The adaptive barrier: agree on the next round, and weigh this round's pseudo-gradients
+        by the tokens each node did (the plan's averaging, on this round's steps)."""
+        steps = self.adaptive.exchange(self.device, compute_s, self.round_steps)
+        self.groups.sync_device()
+        units = [node.batch_size * node.gpus * self.spec.model.seq_len for node in self.plan.nodes]
+        coefs, self.divisor = averaging_weights(self.spec.diloco.averaging, [int(h) * u for h, u in zip(steps, units)],
+                                                [int(h) for h in steps])
+        self.coef = coefs[self.index]
 
     def _gradient_round(self, r: int, t0: float, bar) -> dict:
         """Synchronous data parallel: H steps, each ending in a global gradient average (the hook)."""
@@ -198,14 +217,26 @@ class Node:
         """The round's H_i inner steps; returns the node's loss (mean over its devices) summed
         over them. after_step(step), step = 1..H_i, runs after each (streaming's fragment syncs)."""
         loss_sum = torch.zeros((), device=self.device)
-        for step in range(1, self.me.local_steps + 1):
+        step, round_start = 0, time.perf_counter()
+        while self._wants_step(step, round_start):
+            step += 1
             loss_sum += self._inner_step(clock, grad_sync)
             if bar is not None:
                 bar.update(1)
             if after_step is not None:
                 after_step(step)
         self.groups.node_mean(loss_sum)
+        self.round_steps = step
         return loss_sum
+
+    def _wants_step(self, done: int, round_start: float) -> bool:
+        """Another inner step this round? The plan's H_i, or an adaptive plan's rule (real/adaptive.py)."""
+        if self.adaptive is None:
+            return done < self.me.local_steps
+        elapsed = time.perf_counter() - round_start
+        if self.me.gpus > 1 and self.adaptive.mode == "deadline":  # a node's devices decide together
+            elapsed = self.groups.node_max(round(elapsed * 1e9)) / 1e9
+        return self.adaptive.wants_step(done, elapsed)
 
     def _inner_step(self, clock: RoundClock, grad_sync) -> torch.Tensor:
         """One inner step (its loss). Under --emulate a DiLoCo or streaming step is padded here to
@@ -286,9 +317,11 @@ class Node:
 
     def _row(self, r: int, t0: float, loss_sum: torch.Tensor, *, compute_s: float, idle_s: float, comm_s: float,
              start: float, end: float, bytes_sent: int) -> dict:
-        return trace_row(self.plan.strategy, self.me, r, compute_s=compute_s, idle_s=idle_s, comm_s=comm_s,
+        steps = self.round_steps  # an adaptive round's own; the plan's otherwise
+        me = self.me if steps == self.me.local_steps else replace(self.me, local_steps=steps)
+        return trace_row(self.plan.strategy, me, r, compute_s=compute_s, idle_s=idle_s, comm_s=comm_s,
                          start_s=self.time_offset_s + start - t0, end_s=self.time_offset_s + end - t0,
-                         loss=float(loss_sum.item()) / self.me.local_steps, tokens=self.tokens_per_round,
+                         loss=float(loss_sum.item()) / steps, tokens=me.tokens_per_round(self.spec.model.seq_len),
                          overruns=self.clock.overruns, bytes_sent=bytes_sent, peak_mem_bytes=self.peak_memory())
 
     # --- the run -------------------------------------------------------------------------
