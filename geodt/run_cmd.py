@@ -66,7 +66,7 @@ def _prepare(prog: str, args: argparse.Namespace):
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
-        opts = exec_options(args, args.out)
+        opts = injected_drift(scenario, plan, exec_options(args, args.out))
     except (InputError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -87,6 +87,24 @@ def _prepare(prog: str, args: argparse.Namespace):
         print(f"{prog}: {out}: cannot write the output directory ({exc})", file=sys.stderr)
         return 2
     return scenario, plan, opts
+
+
+def injected_drift(scenario, plan, opts):
+    """opts with the scenario's drift (simulator/drift.py) for the executor to inject, per plan node
+    and round: padded steps under --emulate, else a node's CPU quota, so a drifting node needs one."""
+    from dataclasses import replace
+
+    from formats.errors import InputError
+    from simulator.drift import drift_factors
+
+    factors = drift_factors(scenario, plan)
+    if factors is None:
+        return opts
+    for i, node in enumerate(plan.nodes):
+        if not opts.emulate and node.cpu_quota is None and (factors[:, i] != 1).any():
+            raise InputError(f"nodes.{node.node}.drift: a real run injects drift through the node's CPU quota; "
+                             "expected cpu_quota on the node, or --emulate")
+    return replace(opts, drift=tuple(tuple(float(f) for f in factors[:, i]) for i in range(len(plan.nodes))))
 
 
 def announcer(prog: str, scenario, plan, emulate: bool):
@@ -205,7 +223,8 @@ def predicted_timeline(scenario, plan, engine: str):
     timeline = simulate(scenario, plan, engine=engine)
     if not any(node_cvs(scenario, plan)):
         return timeline
-    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
+    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s", "tokens"]
+    timeline["tokens"] = timeline["tokens"].astype(float)  # an adaptive plan's mean over the draws
     total = timeline[numeric].to_numpy(copy=True)
     for k in range(1, VARIABILITY_SAMPLES):
         total += simulate(replace(scenario, seed=scenario.seed + k), plan, engine=engine)[numeric].to_numpy()
@@ -231,8 +250,8 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     for column in ("compute_s", "idle_s", "comm_s"):
         meas[column] = meas[column] / time_scale
     meas["round_s"] = meas["compute_s"] + meas["idle_s"] + meas["comm_s"]
-    p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s"]].sum()
-    m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps"]].sum()
+    p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "tokens"]].sum()
+    m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps", "tokens"]].sum()
     nodes = list(dict.fromkeys(timeline["node"]))
     rows = []
     for node in nodes:
@@ -245,6 +264,7 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
             "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
+            "predicted_tokens": int(p.at[node, "tokens"]), "measured_tokens": int(m.at[node, "tokens"]),
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
     return pd.DataFrame(rows)

@@ -116,6 +116,7 @@ class Node:
         if self.adaptive is not None and opts.emulate:
             self.adaptive.scale = opts.time_scale
         self.round_steps = self.me.local_steps  # the steps this node took in the current round
+        self.drift_factor = 1.0  # this round's injected step-time multiplier (ExecOptions.drift)
 
     def _build_training(self, data_tokens) -> None:
         """The model (the same initial weights everywhere; sharded as the plan says), inner and
@@ -253,7 +254,7 @@ class Node:
         self.data_position += self.node_batch
         self.inner_step += 1
         if self.opts.emulate and not self.gradient_sync:
-            step_target = self.me.step_s * self.opts.time_scale
+            step_target = self.me.step_s * self.opts.time_scale * self.drift_factor
             self.groups.sync_device()
             if time.perf_counter() - step_start > step_target:
                 clock.overruns += 1
@@ -293,9 +294,10 @@ class Node:
         groups.node_sum(flat)
         if opts.emulate:
             groups.sync_device()
-            if time.perf_counter() - clock.step_start > self.me.step_s * opts.time_scale:
+            target = self.me.step_s * opts.time_scale * self.drift_factor
+            if time.perf_counter() - clock.step_start > target:
                 clock.overruns += 1
-            sleep_until(clock.step_start + self.me.step_s * opts.time_scale)
+            sleep_until(clock.step_start + target)
         groups.sync_device()
         wait_start = time.perf_counter()
         groups.barrier()
@@ -347,6 +349,7 @@ class Node:
         t0 = time.perf_counter()
         try:
             for r in range(self.rounds_done, last):
+                self._inject_drift(r)
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1
                 ckpt_start = time.perf_counter()
@@ -364,6 +367,19 @@ class Node:
             if bar is not None:
                 bar.close()
         self.finish()
+
+    def _inject_drift(self, r: int) -> None:
+        """Round r's injected drift (ExecOptions.drift): the node's steps take drift × longer, padded
+        under --emulate, else through its CPU quota (train/cpulimit.py), set before the round starts."""
+        if self.opts.drift is None:
+            return
+        factors = self.opts.drift[self.index]
+        factor = factors[min(r, len(factors) - 1)]
+        if factor != self.drift_factor and not self.opts.emulate:
+            from train.cpulimit import set_own_quota
+
+            set_own_quota(self.me.cpu_quota / factor)
+        self.drift_factor = factor
 
     def _progress_bar(self):
         """Rank 0's progress bar over the run's inner steps, or None."""

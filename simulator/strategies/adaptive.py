@@ -1,8 +1,11 @@
 """`rebalance` and `deadline`: plans whose rounds re-plan themselves while they run.
 
-Both start from hybrid's batches (b_i chosen where memory allows, at the baseline's samples
-per round) and round 0's H_i from formats/adaptive.py's rule on the planned step times, so the
-plan file is round 0 exactly. Later rounds follow the plan's `adapt` (formats/adaptive.py):
+Both keep the baseline batch b on every node (it fits: the baseline needs it) and take round 0's
+H_i from formats/adaptive.py's rule on the planned step times, so the plan file is round 0
+exactly. Why not hybrid's batches: an adaptive round balances by whole steps, so it needs many
+of them; hybrid trades steps for batch (on CPU nodes with a large fixed cost per step down to
+one step a round), which leaves a round nothing to re-plan. b_i is not re-planned while running:
+the executor would have to measure a new batch's step time before it could plan with it. Later rounds follow the plan's `adapt` (formats/adaptive.py):
 rebalance re-plans H_i before each round from the step times measured so far; deadline runs
 every node until a shared deadline. Without drift or jitter every round is round 0 (the sweep's
 closed form holds); simulator/adaptive.py simulates them under drift and jitter. Classic DiLoCo
@@ -14,7 +17,6 @@ import numpy as np
 
 from formats.adaptive import rebalance_steps
 from formats.errors import FieldError
-from simulator.strategies.hybrid import hybrid_decide
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
@@ -23,7 +25,7 @@ def _adaptive(name: str, tables: NodeTables, net: NetTables) -> dict:
     if net.fragments > 1 or net.sync_delay_steps > 0:
         raise FieldError("diloco.fragments", f"strategy {name} re-plans whole rounds; expected classic DiLoCo "
                          f"(fragments 1, sync_delay_steps 0), got {net.fragments} and {net.sync_delay_steps}")
-    batch, _ = hybrid_decide(tables)
+    batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)
     units = batch * tables.gpus
     steps = rebalance_steps(tables.step_at(batch), units, tables.baseline_samples())
     return {"batch": batch, "steps": steps, "adapt": name}
@@ -37,11 +39,11 @@ def _note(d: dict, tables: NodeTables) -> str:
 
 @register("rebalance", note=_note)
 def strategy_rebalance(tables: NodeTables, net: NetTables) -> dict:
-    """hybrid's b_i; H_i = ⌊T / t̂_i⌋ before every round, t̂ measured (formats/adaptive.py)."""
+    """b; H_i = ⌊T / t̂_i⌋ before every round, t̂ measured (formats/adaptive.py)."""
     return _adaptive("rebalance", tables, net)
 
 
 @register("deadline", note=_note)
 def strategy_deadline(tables: NodeTables, net: NetTables) -> dict:
-    """hybrid's b_i; every node steps until the round's deadline T(t̂), then syncs."""
+    """b; every node steps until the round's deadline T(t̂), then syncs."""
     return _adaptive("deadline", tables, net)
