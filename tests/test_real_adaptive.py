@@ -96,3 +96,33 @@ def test_adaptive_rounds_follow_their_rule_and_train_as_diloco(tmp_path, mode):
     assert _distance(got, want) < 1e-4 * travelled  # the tolerance of test_real_runs' reference check
     fixed = reference(d, np.broadcast_to(plan_steps, steps.shape))
     assert _distance(got, fixed) > 1e-2 * travelled  # the check can fail: the plan's steps train elsewhere
+
+
+def test_injected_drift_pads_emulated_steps_from_its_round(tmp_path):
+    d = tmp_path / "drift"
+    d.mkdir()
+    rows = ["strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s",
+            f"baseline,a,1,2,4,0.08,{2 * 4 * SEQ_LEN},0.0", f"baseline,b,1,2,4,0.08,{2 * 4 * SEQ_LEN},0.0"]
+    (d / "plan.csv").write_text("\n".join(rows) + "\n")
+    (d / "scenario.toml").write_text(scenario_text(4))
+    drift = ((1.0, 1.0, 1.5, 1.5), (1.0, 1.0, 1.0, 1.0))
+    options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, emulate=True, drift=drift)
+    assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
+    trace = pd.read_csv(d / "out" / "trace.csv")
+    a = trace[trace["node"] == "a"]["compute_s"].to_numpy()
+    # padding makes 4 steps last at least 4 × 0.08 × factor (more where a step overran on a loaded machine)
+    assert (a >= 4 * 0.08 * np.array(drift[0]) * (1 - 1e-3)).all()
+    assert a[2:].min() > 1.3 * a[:2].max() or trace["overrun_steps"].sum() > 0
+    idle_b = trace[trace["node"] == "b"]["idle_s"].to_numpy()
+    assert idle_b[2:].min() > 0.1  # b waits for a's slower rounds: ~0.16 s each
+
+
+def test_a_real_run_injects_drift_only_through_a_cpu_quota(tmp_path, capsys):
+    from geodt.run_cmd import run_main
+
+    status = run_main(["hetero-cpu", "--strategy", "rebalance", "--out", str(tmp_path / "x"),
+                       "--set", 'nodes.medium.drift=[{kind="step", round=1, factor=1.2}]'])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err == ("geodt run: nodes.medium.drift: a real run injects drift through the node's CPU "
+                                   "quota; expected cpu_quota on the node, or --emulate")
+    assert not (tmp_path / "x").exists()
