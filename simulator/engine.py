@@ -14,6 +14,7 @@ import pandas as pd
 from formats.errors import InputError
 from formats.plan import Plan
 from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
+from simulator import outage
 from simulator.adaptive import adaptive_rounds
 from simulator.engine_analytic import run_analytic, run_streaming_analytic, wait_split
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
@@ -67,9 +68,11 @@ def _classic_timeline(scenario: Scenario, plan: Plan, engine: str) -> pd.DataFra
     _check(scenario, plan, engine)
     # An adaptive plan's rounds depend on what the rounds before measured (simulator/adaptive.py).
     compute, steps = adaptive_rounds(scenario, plan) if plan.adaptive else (compute_matrix(scenario, plan), None)
-    arrays = (run_simpy if engine == "simpy" else run_analytic)(compute, node_comm_s(scenario, plan),
-                                                                 checkpoint_s(scenario))
-    return _frame(plan, {**arrays, "tokens": round_tokens(plan, steps)}, TIMELINE_COLUMNS)
+    comm = node_comm_s(scenario, plan)
+    compute, fixups = outage.prepare(scenario, plan, compute, comm)  # a node lost for a while
+    arrays = (run_simpy if engine == "simpy" else run_analytic)(compute, comm, checkpoint_s(scenario))
+    arrays, tokens = outage.settle(arrays, fixups, round_tokens(plan, steps))
+    return _frame(plan, {**arrays, "tokens": tokens}, TIMELINE_COLUMNS)
 
 
 def round_tokens(plan: Plan, steps: np.ndarray | None = None) -> np.ndarray:
@@ -92,6 +95,7 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
         timeline = _classic_timeline(scenario, plan, engine)
         return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
     _check(scenario, plan, engine)
+    outage.prepare(scenario, plan, np.zeros((1, len(plan.nodes))), 0.0)  # refuses an outage here
     pre, delay = segment_matrices(scenario, plan)
     outer = outer_share_s(scenario, plan)
     allreduce = max(plan.comm_s - outer, 0.0)

@@ -28,6 +28,7 @@ from formats.scenario import DilocoConfig, ModelSection
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from simulator.drift import DriftEvent
+from simulator.outage import POLICIES, Outage
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 
@@ -104,9 +105,17 @@ class SimulationConfig:
 
     jitter_cv: float = 0.0
     variability: str = "given"
+    # A node's outage (simulator/outage.py): the others go on without it, or the run stops and restarts.
+    on_node_loss: str = "stop"
+    detect_s: float = 0.0   # how long the others wait at the barrier before they notice the loss
+    restart_s: float = 0.0  # stop: relaunching every node and reloading the checkpoints
 
     def __post_init__(self) -> None:
         require_choice(self, "variability", ("given", "profile"))
+        require_choice(self, "on_node_loss", POLICIES)
+        for name in ("detect_s", "restart_s"):
+            if not 0 <= getattr(self, name) <= 1e7:
+                raise FieldError(name, f"expected seconds from 0 to 1e7, got {getattr(self, name)!r}")
         if not (0 <= self.jitter_cv < 10):
             raise FieldError("jitter_cv", f"expected a number in [0, 10), got {self.jitter_cv!r}")
 
@@ -128,6 +137,7 @@ class NodeConfig:
     activation_checkpointing: str | None = None
     # How the node's speed changes over the run (simulator/drift.py): step-time multipliers per round.
     drift: tuple[DriftEvent, ...] | None = None
+    outage: Outage | None = None  # lost for a while (simulator/outage.py)
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)

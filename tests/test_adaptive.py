@@ -208,3 +208,54 @@ def test_sweep_drift_is_sampled_per_scenario_and_bad_drift_is_one_line():
         parse_drift('[{kind="walk"}]')
     with pytest.raises(InputError, match="^--drift x: expected a TOML list of drift events"):
         parse_drift("x")
+
+
+# --- a node that leaves and comes back (simulator/outage.py) -------------------------------
+
+def _outage(write_scenario, policy, strategy="baseline", sets=()):
+    scenario = load_scenario(str(write_scenario(THREE)), [
+        "training.rounds=6", "network.bandwidth_gbps=0.01", 'nodes.a.outage={round=2, rounds=2}',
+        f'simulation.on_node_loss="{policy}"', "simulation.detect_s=1.5", "simulation.restart_s=20.0", *sets])
+    plan = make_plan(scenario, strategy)
+    a, s = simulate(scenario, plan, "analytic"), simulate(scenario, plan, "simpy")
+    numbers = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s", "tokens"]
+    np.testing.assert_allclose(a[numbers].to_numpy(float), s[numbers].to_numpy(float), rtol=1e-12, atol=1e-9)
+    return scenario, plan, a
+
+
+def test_continue_leaves_the_others_training_and_rejoins_from_a_peer(write_scenario):
+    from simulator.outage import fetch_s
+
+    scenario, plan, t = _outage(write_scenario, "continue")
+    by = lambda node, col: t[t["node"] == node][col].to_numpy()
+    tokens = plan.nodes[0].tokens_per_round(plan.seq_len)
+    assert by("a", "tokens").tolist() == [tokens, tokens, 0, 0, tokens, tokens]  # rounds 2, 3 lost: a's own
+    assert by("a", "compute_s")[2:4].tolist() == [0, 0] and by("a", "idle_s")[2:4].tolist() == [0, 0]
+    # b (13 s of compute at 0.13 s a step... 40 steps: 5.2 s) waits only for the loss to be noticed
+    np.testing.assert_allclose(by("b", "idle_s")[:4], [0, 0, 1.5, 0], atol=1e-12)
+    assert (by("c", "tokens") == plan.nodes[2].tokens_per_round(plan.seq_len)).all()  # the others lose nothing
+    # round 4: a first fetches the weights and outer momentum (8 bytes a parameter at 10 Mbit/s)
+    fetch = fetch_s(scenario, plan, 0)
+    np.testing.assert_allclose(by("a", "comm_s")[4], plan.comm_s + fetch, rtol=1e-12)
+    assert fetch > 1.2  # so that b waits for a: a's 4 s and the fetch against b's 5.2 s
+    np.testing.assert_allclose(by("b", "idle_s")[4], 4.0 + fetch - 5.2, rtol=1e-9)
+
+
+def test_stop_pauses_everyone_and_reruns_the_round(write_scenario):
+    scenario, plan, t = _outage(write_scenario, "stop")
+    round_s = 5.2 + plan.comm_s  # b is the slowest: 40 steps of 0.13 s
+    pause = 5.2 + 1.5 + 2 * round_s + 20.0  # lost pass, detection, downtime of 2 rounds, restart
+    idle = t.pivot(index="round", columns="node", values="idle_s")
+    np.testing.assert_allclose(idle.loc[2].to_numpy(), pause + np.array([1.2, 0.0, 2.4]), rtol=1e-12)
+    assert (t["tokens"] == t["tokens"].iloc[0]).all()  # every round is run: no tokens lost, time is
+    np.testing.assert_allclose(t["round_end_s"].max(), 6 * round_s + pause, rtol=1e-12)
+
+
+def test_outage_is_validated_and_refused_where_not_modelled(write_scenario):
+    with pytest.raises(InputError, match=r"--set: nodes\[0\].outage.rounds: expected at least 1 round, got 0"):
+        load_scenario(str(write_scenario(THREE)), ["nodes.a.outage={round=2, rounds=0}"])
+    with pytest.raises(InputError, match=r"--set: simulation.on_node_loss: expected one of stop, continue"):
+        load_scenario(str(write_scenario(THREE)), ['simulation.on_node_loss="wait"'])
+    scenario = load_scenario(str(write_scenario(THREE)), ["nodes.a.outage={round=2}"])
+    with pytest.raises(InputError, match="strategy deadline: nodes\\[\\].outage is modelled for classic DiLoCo"):
+        simulate(scenario, make_plan(scenario, "deadline"), "analytic")
