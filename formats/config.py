@@ -25,12 +25,14 @@ def _type_name(tp: Any) -> str:
 
 
 def coerce(value: Any, tp: Any, key: str) -> Any:
-    """value as type tp (int, float, str, bool, Optional[...], tuple[str, ...], dict[str, int])."""
+    """value as type tp (int, float, str, bool, Optional[...], tuple[str, ...], dict[str, int], a config dataclass)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if value is None:
             return None
+        if len(args) == 1:  # Optional[X]: X's own error, with its own key (a list's index)
+            return coerce(value, args[0], key)
         errors = []
         for arg in args:
             try:
@@ -48,6 +50,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise FieldError(key, f"expected a table like {{ \"name\" = 1 }}, got {value!r}")
         return {coerce(k, key_tp, key): coerce(v, value_tp, f"{key}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):  # a table of its own (a list of them: tuple[cls, ...])
+        return build(tp, value, key)
     if tp is bool:
         if isinstance(value, bool):
             return value

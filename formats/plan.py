@@ -37,12 +37,14 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     sync_delay_steps  τ, inner steps a fragment's all-reduce overlaps (0 = blocking; same on every row)
     fragment_alpha    α, the merge θ = (1 − α)·θ_global + α·θ_local (same on every row)
     fragment_pattern  sequential | strided: how layers are grouped into fragments (same on every row)
+    adapt             none | rebalance | deadline: rounds that re-plan themselves while they run
+                      (formats/adaptive.py; the row's local_steps are round 0's; same on every row)
 
 The first eight columns are required; for the others a missing column or an empty cell means
 the scenario's value (rounds; [network] collective and payload_dtype, else ring and fp32),
 equal links, no CPU limits, sharding none, activation_checkpointing none, outer_state cpu
 (the scenario's [diloco] outer_state), and classic DiLoCo (fragments 1, sync_delay_steps 0,
-fragment_alpha 0.0, fragment_pattern sequential). `geodt run` and `geodt plan` write every column.
+fragment_alpha 0.0, fragment_pattern sequential), adapt none. `geodt run` and `geodt plan` write every column.
 
 Streaming DiLoCo (arXiv 2501.18512; torchft.local_sgd.DiLoCo, whose semantics these are;
 real/streaming.py runs it): the model's layers form P fragments (`sequential`: consecutive
@@ -71,7 +73,7 @@ REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "st
                     "comm_s")
 OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota",
                     "sharding", "activation_checkpointing", "outer_state", "fragments", "sync_delay_steps",
-                    "fragment_alpha", "fragment_pattern")
+                    "fragment_alpha", "fragment_pattern", "adapt")
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 STREAMING_COLUMNS = ("fragments", "sync_delay_steps", "fragment_alpha", "fragment_pattern")
 FRAGMENT_PATTERNS = ("sequential", "strided")
@@ -79,6 +81,7 @@ SYNC_MODES = ("diloco", "gradients")
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")  # least to most sharded
 CHECKPOINTING = ("none", "full")
 OUTER_STATES = ("cpu", "device")
+ADAPT_MODES = ("none", "rebalance", "deadline")
 
 
 class PlanError(ValueError):
@@ -171,6 +174,7 @@ class Plan:
     sync_delay_steps: int = 0
     fragment_alpha: float = 0.0
     fragment_pattern: str = "sequential"
+    adapt: str | None = None  # None = "none": every round runs the plan's H_i (formats/adaptive.py)
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -192,6 +196,12 @@ class Plan:
         if self.sync is not None and self.sync not in SYNC_MODES:
             raise PlanError("sync", f"expected one of {', '.join(SYNC_MODES)}, got {self.sync!r}")
         _choice("outer_state", self.outer_state, OUTER_STATES)
+        _choice("adapt", self.adapt, ADAPT_MODES)
+        if self.adapt == "none":  # plan.csv spells None so (one value per plan, however read)
+            object.__setattr__(self, "adapt", None)
+        if self.adaptive and (self.streaming or self.sync == "gradients"):
+            raise PlanError("adapt", f"adapt = {self.adapt} re-plans whole DiLoCo rounds; expected classic DiLoCo "
+                            f"(fragments 1, sync_delay_steps 0, sync diloco)")
         self._check_fragments()
 
     def _check_fragments(self) -> None:
@@ -217,6 +227,11 @@ class Plan:
     def streaming(self) -> bool:
         """Whether syncs overlap compute or split the model: anything but classic DiLoCo."""
         return self.fragments > 1 or self.sync_delay_steps > 0
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether rounds re-plan themselves while they run (adapt rebalance or deadline)."""
+        return self.adapt not in (None, "none")
 
     def index(self, name: str) -> int:
         return self._index[name]
@@ -283,7 +298,7 @@ class Plan:
                  "activation_checkpointing": blank(n.activation_checkpointing),
                  "outer_state": blank(self.outer_state), "fragments": self.fragments,
                  "sync_delay_steps": self.sync_delay_steps, "fragment_alpha": self.fragment_alpha,
-                 "fragment_pattern": self.fragment_pattern} for n in self.nodes]
+                 "fragment_pattern": self.fragment_pattern, "adapt": self.adapt or "none"} for n in self.nodes]
 
     def to_frame(self, scenario=None):
         """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
@@ -362,9 +377,9 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
              "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float, "fragments": int,
              "sync_delay_steps": int, "fragment_alpha": float}
     shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync", "outer_state",
-                      *STREAMING_COLUMNS)
+                      "adapt", *STREAMING_COLUMNS)
     words = ("strategy", "node", "collective", "payload_dtype", "sync", "sharding", "activation_checkpointing",
-             "outer_state", "fragment_pattern")
+             "outer_state", "fragment_pattern", "adapt")
     nodes, shared, seq_lens = [], {k: set() for k in shared_columns}, set()
     for line, row in enumerate(rows, start=2):  # line 1 is the header
         values = {}
@@ -408,6 +423,6 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
         streaming = {k: one[k] for k in STREAMING_COLUMNS if one[k] is not None}  # empty: classic DiLoCo
         return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
                     rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
-                    sync=one["sync"], outer_state=one["outer_state"], **streaming)
+                    sync=one["sync"], outer_state=one["outer_state"], adapt=one["adapt"], **streaming)
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.key}", exc.expected) from None

@@ -7,7 +7,9 @@ validation.csv. Lists, not tuples: pandas reads a list as a selection of columns
 """
 from __future__ import annotations
 
-TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
+# tokens: what the node trained on in the round (adaptive plans change it round by round).
+TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s",
+                    "tokens"]
 SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
 # syncs.csv (`geodt simulate`), one row per node and fragment sync: when its compute towards the sync
 # began, reached the sync point, the all-reduce's start and end (the same for every node), the merge
@@ -16,9 +18,10 @@ SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens"
 SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
                 "merge_point_s", "idle_s", "exposed_s", "outer_s"]
 # trace.csv: the timeline plus what a real run measures (real/trace.py's docstring).
-TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "tokens", "overrun_steps", "ckpt_s", "local_steps", "batch_size",
+TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "overrun_steps", "ckpt_s", "local_steps", "batch_size",
                                     "bytes_sent", "peak_mem_bytes"]
 # validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",
-                      "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s"]
+                      "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s",
+                      "predicted_tokens", "measured_tokens"]

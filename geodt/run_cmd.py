@@ -85,7 +85,7 @@ def _prepare(prog: str, args: argparse.Namespace):
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
-        opts = exec_options(args, args.out)
+        opts = injected_drift(scenario, plan, exec_options(args, args.out))
     except (InputError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -112,6 +112,24 @@ def _prepare(prog: str, args: argparse.Namespace):
         print(f"{prog}: {out}: cannot write the output directory ({exc})", file=sys.stderr)
         return 2
     return scenario, plan, opts, warnings
+
+
+def injected_drift(scenario, plan, opts):
+    """opts with the scenario's drift (simulator/drift.py) for the executor to inject, per plan node
+    and round: padded steps under --emulate, else a node's CPU quota, so a drifting node needs one."""
+    from dataclasses import replace
+
+    from formats.errors import InputError
+    from simulator.drift import drift_factors
+
+    factors = drift_factors(scenario, plan)
+    if factors is None:
+        return opts
+    for i, node in enumerate(plan.nodes):
+        if not opts.emulate and node.cpu_quota is None and (factors[:, i] != 1).any():
+            raise InputError(f"nodes.{node.node}.drift: a real run injects drift through the node's CPU quota; "
+                             "expected cpu_quota on the node, or --emulate")
+    return replace(opts, drift=tuple(tuple(float(f) for f in factors[:, i]) for i in range(len(plan.nodes))))
 
 
 def announcer(prog: str, scenario, plan, emulate: bool, machine_warnings: list[str] = ()):

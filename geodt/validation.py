@@ -32,7 +32,8 @@ def predicted_timeline(scenario, plan, engine: str):
     timeline = simulate(scenario, plan, engine=engine)
     if not any(node_cvs(scenario, plan)):
         return timeline
-    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"]
+    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s", "tokens"]
+    timeline["tokens"] = timeline["tokens"].astype(float)  # an adaptive plan's mean over the draws
     total = timeline[numeric].to_numpy(copy=True)
     for k in range(1, VARIABILITY_SAMPLES):
         total += simulate(replace(scenario, seed=scenario.seed + k), plan, engine=engine)[numeric].to_numpy()
@@ -58,8 +59,8 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     for column in ("compute_s", "idle_s", "comm_s"):
         meas[column] = meas[column] / time_scale
     meas["round_s"] = meas["compute_s"] + meas["idle_s"] + meas["comm_s"]
-    p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s"]].sum()
-    m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps"]].sum()
+    p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "tokens"]].sum()
+    m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps", "tokens"]].sum()
     nodes = list(dict.fromkeys(timeline["node"]))
     rows = []
     for node in nodes:
@@ -72,6 +73,7 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
             "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
+            "predicted_tokens": int(p.at[node, "tokens"]), "measured_tokens": int(m.at[node, "tokens"]),
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
     return pd.DataFrame(rows)

@@ -41,6 +41,10 @@ class ExecOptions:
     # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for
     # P = 1, τ = 0, α = 0 (which must then equal the classic loop bit for bit: a test's check).
     streaming: StreamingSpec | None = None
+    # Injected drift (geodt run/validate from the scenario's nodes' drift, simulator/drift.py): per
+    # plan node, per round, a step-time multiplier the node imposes on itself: under --emulate on the
+    # padded step, for real on its CPU quota (cpu_quota / factor; real/worker.py _inject_drift).
+    drift: tuple[tuple[float, ...], ...] | None = None
 
     def collective_timeout_s(self) -> float:
         """The process groups' timeout. On the shaped WAN a node that times out first knocks on
@@ -63,6 +67,8 @@ class ExecOptions:
             raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
         if self.wan not in WAN_MODES:
             raise ValueError(f"--wan: expected {' or '.join(WAN_MODES)}, got {self.wan!r}")
+        if self.drift is not None and not all(f > 0 for row in self.drift for f in row):
+            raise ValueError("drift: expected positive step-time multipliers")
         if self.threads < 0:
             raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 

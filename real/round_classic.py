@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 
+from real.diloco import averaging_weights
 from real.options import run_collective, sleep_until
 from real.rounds import NodeParts, Origin, Round, RoundClock, node_grad_sync, round_row
 from real.sharding import peak_memory_reset, sharded_average
@@ -25,6 +26,8 @@ class ClassicRound(Round):
 
     def __init__(self, parts: NodeParts):
         self.parts = parts
+        # This node's averaging weight and the divisor: the plan's, or an adaptive round's own
+        self.coef, self.divisor = parts.coef, parts.divisor
 
     def run(self, r: int, origin: Origin, bar=None) -> dict:
         p = self.parts
@@ -34,7 +37,10 @@ class ClassicRound(Round):
         loss_sum = p.steps.run(clock, node_grad_sync(p), bar)
         p.groups.sync_device()
         compute_end = time.perf_counter()
-        p.groups.barrier()
+        if p.steps.adaptive is None:
+            p.groups.barrier()
+        else:  # the barrier carries every node's step time and steps (real/adaptive.py)
+            self._adapt_at_barrier(compute_end - round_start)
         sync_start = time.perf_counter()
         sent = self._outer_sync()
         if p.opts.emulate:
@@ -44,6 +50,17 @@ class ClassicRound(Round):
                          idle_s=sync_start - compute_end, comm_s=sync_end - sync_start, start=round_start,
                          end=sync_end, bytes_sent=sent)
 
+    def _adapt_at_barrier(self, compute_s: float) -> None:
+        """The adaptive barrier: agree on the next round, and weigh this round's pseudo-gradients
+        by the tokens each node did (the plan's averaging, on this round's steps)."""
+        p = self.parts
+        steps = p.steps.adaptive.exchange(p.device, compute_s, p.steps.round_steps)
+        p.groups.sync_device()
+        units = [node.batch_size * node.gpus * p.plan.seq_len for node in p.plan.nodes]  # tokens per step
+        coefs, self.divisor = averaging_weights(p.diloco.averaging, [int(h) * u for h, u in zip(steps, units)],
+                                                [int(h) for h in steps])
+        self.coef = coefs[p.groups.index]
+
     def _outer_sync(self) -> int:
         """Pseudo-gradient, cross-node average (leaders), broadcast in the node, outer step;
         returns the bytes this node sent."""
@@ -52,12 +69,12 @@ class ClassicRound(Round):
         sent = 0
         if p.layout is not None:  # every process its own shard (real/sharding.py)
             outer.params = p.layout.local_tensors()
-            delta = outer.pseudo_gradient(p.coef)
-            sent = run_collective(sharded_average, p.layout, delta, p.cross, p.divisor, p.outer_device)
+            delta = outer.pseudo_gradient(self.coef)
+            sent = run_collective(sharded_average, p.layout, delta, p.cross, self.divisor, p.outer_device)
         else:
             if groups.is_leader:
-                delta = outer.pseudo_gradient(p.coef)
-                average, sent = run_collective(p.cross.average, delta, p.divisor)
+                delta = outer.pseudo_gradient(self.coef)
+                average, sent = run_collective(p.cross.average, delta, self.divisor)
                 if average is not outer.delta:
                     outer.delta.copy_(average)
             groups.broadcast_in_node(outer.delta)

@@ -51,9 +51,10 @@ class GradientRound(Round):
         groups.node_sum(flat)
         if opts.emulate:
             groups.sync_device()
-            if time.perf_counter() - clock.step_start > p.me.step_s * opts.time_scale:
+            target = p.me.step_s * opts.time_scale * p.steps.drift_factor
+            if time.perf_counter() - clock.step_start > target:
                 clock.overruns += 1
-            sleep_until(clock.step_start + p.me.step_s * opts.time_scale)
+            sleep_until(clock.step_start + target)
         groups.sync_device()
         wait_start = time.perf_counter()
         groups.barrier()

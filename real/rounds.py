@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -69,19 +69,34 @@ class InnerSteps:
         self.total_steps, self.pad_step_s = total_steps, pad_step_s
         self.inner_step = 0     # steps done in the run (the learning-rate schedule's position)
         self.data_position = 0  # samples of the node's shard consumed (all its devices)
+        self.adaptive = None    # an adaptive plan's rule (real/adaptive.py AdaptiveRounds), or None
+        self.drift_factor = 1.0  # this round's injected step-time multiplier (ExecOptions.drift)
+        self.round_steps = local_steps  # the steps of the current round: H_i, or an adaptive round's own
 
     def run(self, clock: RoundClock, grad_sync, bar, after_step=None) -> torch.Tensor:
         """The round's H_i inner steps; returns the node's loss (mean over its devices) summed
         over them. after_step(step), step = 1..H_i, runs after each (streaming's fragment syncs)."""
         loss_sum = torch.zeros((), device=self.groups.device)
-        for step in range(1, self.local_steps + 1):
+        step, round_start = 0, time.perf_counter()
+        while self._wants_step(step, round_start):
+            step += 1
             loss_sum += self._step(clock, grad_sync)
             if bar is not None:
                 bar.update(1)
             if after_step is not None:
                 after_step(step)
         self.groups.node_mean(loss_sum)
+        self.round_steps = step
         return loss_sum
+
+    def _wants_step(self, done: int, round_start: float) -> bool:
+        """Another inner step this round? The plan's H_i, or an adaptive plan's rule (real/adaptive.py)."""
+        if self.adaptive is None:
+            return done < self.local_steps
+        elapsed = time.perf_counter() - round_start
+        if self.groups.me.gpus > 1 and self.adaptive.mode == "deadline":  # a node's devices decide together
+            elapsed = self.groups.node_max(round(elapsed * 1e9)) / 1e9
+        return self.adaptive.wants_step(done, elapsed)
 
     def _step(self, clock: RoundClock, grad_sync) -> torch.Tensor:
         """One inner step (its loss), padded to pad_step_s when given."""
@@ -96,7 +111,7 @@ class InnerSteps:
         self.data_position += self.node_batch
         self.inner_step += 1
         if self.pad_step_s is not None:
-            step_target = self.pad_step_s
+            step_target = self.pad_step_s * self.drift_factor
             self.groups.sync_device()
             if time.perf_counter() - step_start > step_target:
                 clock.overruns += 1
@@ -137,9 +152,11 @@ def round_row(parts: NodeParts, r: int, origin: Origin, loss_sum: torch.Tensor, 
               compute_s: float, idle_s: float, comm_s: float, start: float, end: float, bytes_sent: int) -> dict:
     """The node's trace.csv row of round r (peak memory: the largest of the node's processes, a
     collective of the node's group)."""
-    return trace_row(parts.plan.strategy, parts.me, r, compute_s=compute_s, idle_s=idle_s, comm_s=comm_s,
+    steps = parts.steps.round_steps  # an adaptive round's own; the plan's otherwise
+    me = parts.me if steps == parts.me.local_steps else replace(parts.me, local_steps=steps)
+    return trace_row(parts.plan.strategy, me, r, compute_s=compute_s, idle_s=idle_s, comm_s=comm_s,
                      start_s=origin.at(start), end_s=origin.at(end),
-                     loss=float(loss_sum.item()) / parts.me.local_steps, tokens=parts.tokens_per_round,
+                     loss=float(loss_sum.item()) / steps, tokens=parts.tokens_per_round // parts.me.local_steps * steps,
                      overruns=clock.overruns, bytes_sent=bytes_sent,
                      peak_mem_bytes=parts.groups.node_max(peak_memory_bytes(parts.device)))
 

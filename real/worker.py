@@ -29,6 +29,7 @@ import torch
 from facts.presets import load_arch
 from formats.plan import Plan
 from real import checkpoint
+from real.adaptive import AdaptiveRounds
 from real.config import RunSpec
 from real.data import make_shard
 from real.diloco import OuterState, averaging_weights
@@ -42,6 +43,7 @@ from real.sharding import ShardingSpec, node_scaler, prepare_model
 from real.streaming import SYNC_NUMERIC, StreamingSpec, write_syncs
 from real.sync import CrossNodeSync
 from real.trace import NUMERIC_COLUMNS, gather_tables, summary, trace_rows, write_trace
+from train.cpulimit import set_own_quota
 from train.models import build_model
 from train.step import make_optimizer, make_scaler
 
@@ -130,6 +132,10 @@ class Node:
         self.time_offset_s = 0.0
         self.trace: list[dict] = []
         self.loaded_digest = None  # of the global weights a resume loaded (canonical layout; real/checkpoint.py)
+        if plan.adaptive:  # adapt = rebalance | deadline (real/adaptive.py): the next round agreed at each barrier
+            self.parts.steps.adaptive = AdaptiveRounds(plan, self.index)
+            if opts.emulate:
+                self.parts.steps.adaptive.scale = opts.time_scale
         self.round = make_round(self.parts, streaming)
         self.streaming = self.round if isinstance(self.round, StreamingRound) else None  # its state is checkpointed
 
@@ -177,6 +183,7 @@ class Node:
         t0 = time.perf_counter()
         try:
             for r in range(self.rounds_done, last):
+                self._inject_drift(r)
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1
                 ckpt_start = time.perf_counter()
@@ -194,6 +201,17 @@ class Node:
             if bar is not None:
                 bar.close()
         self.finish()
+
+    def _inject_drift(self, r: int) -> None:
+        """Round r's injected drift (ExecOptions.drift): the node's steps take drift × longer, padded
+        under --emulate, else through its CPU quota (train/cpulimit.py), set before the round starts."""
+        if self.opts.drift is None:
+            return
+        factors = self.opts.drift[self.index]
+        factor = factors[min(r, len(factors) - 1)]
+        if factor != self.parts.steps.drift_factor and not self.opts.emulate:
+            set_own_quota(self.me.cpu_quota / factor)
+        self.parts.steps.drift_factor = factor
 
     def _progress_bar(self):
         """Rank 0's progress bar over the run's inner steps, or None."""

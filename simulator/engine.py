@@ -14,6 +14,8 @@ import pandas as pd
 from formats.errors import InputError
 from formats.plan import Plan
 from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
+from simulator import outage
+from simulator.adaptive import adaptive_rounds
 from simulator.engine_analytic import run_analytic, run_streaming_analytic, wait_split
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import checkpoint_s, node_sync_offsets_s, outer_step_s
@@ -64,9 +66,21 @@ def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFr
 def _classic_timeline(scenario: Scenario, plan: Plan, engine: str) -> pd.DataFrame:
     """A classic plan's timeline on the engine asked for: every node, one sync a round."""
     _check(scenario, plan, engine)
-    arrays = (run_simpy if engine == "simpy" else run_analytic)(
-        compute_matrix(scenario, plan), node_comm_s(scenario, plan), checkpoint_s(scenario))
-    return _frame(plan, arrays, TIMELINE_COLUMNS)
+    # An adaptive plan's rounds depend on what the rounds before measured (simulator/adaptive.py).
+    compute, steps = adaptive_rounds(scenario, plan) if plan.adaptive else (compute_matrix(scenario, plan), None)
+    comm = node_comm_s(scenario, plan)
+    compute, fixups = outage.prepare(scenario, plan, compute, comm)  # a node lost for a while
+    arrays = (run_simpy if engine == "simpy" else run_analytic)(compute, comm, checkpoint_s(scenario))
+    arrays, tokens = outage.settle(arrays, fixups, round_tokens(plan, steps))
+    return _frame(plan, {**arrays, "tokens": tokens}, TIMELINE_COLUMNS)
+
+
+def round_tokens(plan: Plan, steps: np.ndarray | None = None) -> np.ndarray:
+    """Tokens per node and round: the plan's (1 × nodes), or of the steps each node took (rounds × nodes)."""
+    units = np.array([n.batch_size * n.gpus * plan.seq_len for n in plan.nodes], dtype=np.int64)
+    if steps is None:
+        steps = np.array([[n.local_steps for n in plan.nodes]], dtype=np.int64)
+    return steps * units
 
 
 def _check(scenario: Scenario, plan: Plan, engine: str) -> None:
@@ -81,6 +95,7 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
         timeline = _classic_timeline(scenario, plan, engine)
         return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
     _check(scenario, plan, engine)
+    outage.prepare(scenario, plan, np.zeros((1, len(plan.nodes))), 0.0)  # refuses an outage here
     pre, delay = segment_matrices(scenario, plan)
     outer = outer_share_s(scenario, plan)
     allreduce = max(plan.comm_s - outer, 0.0)
@@ -119,7 +134,7 @@ def outer_share_s(scenario: Scenario, plan: Plan) -> float:
 
 def _frame(plan: Plan, arrays: dict, columns: list[str], per_round: int = 1) -> pd.DataFrame:
     """A tidy frame from (rows × nodes) arrays; categorical strategy and node, rounds (and fragments)."""
-    rows, n = np.shape(arrays[columns[-1]])
+    rows, n = np.shape(arrays["compute_s" if "compute_s" in arrays else columns[-1]])
     names = [p.node for p in plan.nodes]
     # categorical columns: building 10^5 Python strings would cost more than the simulation
     frame = pd.DataFrame({
@@ -160,17 +175,21 @@ def streaming_frames(plan: Plan, rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]
     by_round = lambda a: np.asarray(a).reshape(k_total // p, p, n)
     arrays = {"compute_s": by_round(merge - rec["compute_start_s"]).sum(axis=1), "idle_s": by_round(idle).sum(axis=1),
               "comm_s": by_round(exposed + outer).sum(axis=1),
-              "round_start_s": by_round(rec["compute_start_s"])[:, 0], "round_end_s": by_round(rec["resume_s"])[:, -1]}
+              "round_start_s": by_round(rec["compute_start_s"])[:, 0], "round_end_s": by_round(rec["resume_s"])[:, -1],
+              "tokens": round_tokens(plan)}
     return _frame(plan, arrays, TIMELINE_COLUMNS), syncs
 
 
 def summary(timeline: pd.DataFrame, plan: Plan) -> pd.DataFrame:
     """Per node totals over all rounds; utilization = compute / (compute + idle + comm)."""
     totals = timeline.groupby("node", sort=False, observed=True)[["compute_s", "idle_s", "comm_s"]].sum().reset_index()
-    rounds = timeline["round"].nunique()
-    tokens = {n.node: n.tokens_per_round(plan.seq_len) * rounds for n in plan.nodes}
     totals["node"] = totals["node"].astype(str)
-    totals["tokens"] = totals["node"].map(tokens)
+    if "tokens" in timeline:  # what each round trained on (adaptive plans vary it)
+        tokens = timeline.groupby("node", sort=False, observed=True)["tokens"].sum()
+        totals["tokens"] = totals["node"].map({str(k): int(v) for k, v in tokens.items()})
+    else:
+        rounds = timeline["round"].nunique()
+        totals["tokens"] = totals["node"].map({n.node: n.tokens_per_round(plan.seq_len) * rounds for n in plan.nodes})
     totals["utilization"] = totals["compute_s"] / (totals["compute_s"] + totals["idle_s"] + totals["comm_s"])
     totals.insert(0, "strategy", plan.strategy)
     return totals[SUMMARY_COLUMNS]

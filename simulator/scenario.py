@@ -27,6 +27,8 @@ from formats.plan import CHECKPOINTING, SHARDINGS
 from formats.scenario import DilocoConfig, ModelSection
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+from simulator.drift import DriftEvent
+from simulator.outage import POLICIES, Outage
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 
@@ -103,9 +105,17 @@ class SimulationConfig:
 
     jitter_cv: float = 0.0
     variability: str = "given"
+    # A node's outage (simulator/outage.py): the others go on without it, or the run stops and restarts.
+    on_node_loss: str = "stop"
+    detect_s: float = 0.0   # how long the others wait at the barrier before they notice the loss
+    restart_s: float = 0.0  # stop: relaunching every node and reloading the checkpoints
 
     def __post_init__(self) -> None:
         require_choice(self, "variability", ("given", "profile"))
+        require_choice(self, "on_node_loss", POLICIES)
+        for name in ("detect_s", "restart_s"):
+            if not 0 <= getattr(self, name) <= 1e7:
+                raise FieldError(name, f"expected seconds from 0 to 1e7, got {getattr(self, name)!r}")
         if not (0 <= self.jitter_cv < 10):
             raise FieldError("jitter_cv", f"expected a number in [0, 10), got {self.jitter_cv!r}")
 
@@ -125,6 +135,9 @@ class NodeConfig:
     # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/memory.py).
     sharding: str | None = None
     activation_checkpointing: str | None = None
+    # How the node's speed changes over the run (simulator/drift.py): step-time multipliers per round.
+    drift: tuple[DriftEvent, ...] | None = None
+    outage: Outage | None = None  # lost for a while (simulator/outage.py)
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)
@@ -300,7 +313,7 @@ def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = (), with
         return _build_scenario(table, resolved)
     except FieldError as exc:
         key = exc.key
-        origin = "--set" if any(key == k or key.startswith(k + ".") for k in overridden) else source
+        origin = "--set" if any(key == k or key.startswith((k + ".", k + "[")) for k in overridden) else source
         raise InputError(f"{origin}: {key}: {exc.expected}") from None
 
 

@@ -64,6 +64,7 @@ class SweepSpec:
     seed: int
     base: str = "paper"
     overrides: tuple[str, ...] = ()
+    drift: str = ""  # --drift: a TOML list of drift events for every node (simulator/sweep_drift.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -252,9 +253,15 @@ def _streaming_rounds(d: dict, idx: np.ndarray, fragments: int, delay: np.ndarra
     return out["wall_s"] / rounds, out["idle_s"].sum(axis=1)
 
 
-def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, first_id: int) -> pd.DataFrame:
-    """Tidy rows (scenario × strategy) for one chunk of scenarios."""
+def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, first_id: int,
+                drift: tuple = (), seed: int = 0) -> pd.DataFrame:
+    """Tidy rows (scenario × strategy) for one chunk of scenarios; drift: every node's events."""
     base = kt.base
+    factors = None
+    if drift:
+        from simulator.sweep_drift import drifted_metrics, sweep_factors
+        factors = sweep_factors(drift, base.training.rounds, np.arange(first_id, first_id + len(kinds)),
+                                kinds.shape[1], seed)
     b = base.training.batch_size
     gpus = kt.gpus[kinds]
     at_b = kt.step_of(kinds, np.full(kinds.shape, b, dtype=np.int64))
@@ -266,7 +273,8 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
     frames, results = [], {}
     for strategy in ["baseline", *[s for s in strategies if s != "baseline"]]:
         d = decide(kt, kinds, bw, strategy)
-        m = metrics(d, gpus, base.model.seq_len, outer_step_s(base))
+        m = (metrics(d, gpus, base.model.seq_len, outer_step_s(base)) if factors is None else
+             drifted_metrics(d, gpus, base.model.seq_len, factors, outer_step_s(base)))
         results[strategy] = m
         if strategy not in strategies:
             continue

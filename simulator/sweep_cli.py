@@ -62,6 +62,8 @@ def parser():
     p.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                    help=f"strategies (default: all of {', '.join(STRATEGIES)})")
     p.add_argument("--samples", type=positive_int, default=1000, help="at most about this many scenarios (default 1000)")
+    p.add_argument("--drift", default="", metavar="TOML",
+                   help='every node drifts by these events, e.g. \'[{kind="walk", spread=0.05}]\' (docs/DESIGN.md)')
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sample of mixes (default 0)")
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
@@ -95,6 +97,9 @@ def _init_worker(spec) -> None:
 
     _WORKER["kt"] = KindTables(load_scenario(spec.base, spec.overrides), node_kinds(spec))
     _WORKER["spec"] = spec
+    from simulator.sweep_drift import parse_drift
+
+    _WORKER["drift"] = parse_drift(spec.drift) if spec.drift else ()
 
 
 def _quiet_worker() -> None:
@@ -142,7 +147,7 @@ def _run_chunk(job) -> tuple[int, int]:
 
     index, first, kinds, bw, path = job
     spec = _WORKER["spec"]
-    write_csv(chunk_frame(_WORKER["kt"], kinds, bw, spec.strategies, first), Path(path))
+    write_csv(chunk_frame(_WORKER["kt"], kinds, bw, spec.strategies, first, _WORKER["drift"], spec.seed), Path(path))
     return index, len(kinds)
 
 
@@ -179,7 +184,7 @@ def _spec_from_args(args, strategies):
     return SweepSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpu_types=types,
                      mixed_nodes=args.mixed_nodes, bandwidths_gbps=tuple(args.bandwidth_gbps),
                      strategies=tuple(strategies), samples=args.samples, seed=args.seed,
-                     base=args.base, overrides=tuple(args.overrides))
+                     base=args.base, overrides=tuple(args.overrides), drift=args.drift)
 
 
 def _sweep(args, strategies, out: Path) -> int:

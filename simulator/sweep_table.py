@@ -17,8 +17,9 @@ def timeline_metrics(plan, timeline: pd.DataFrame) -> dict:
     rounds = timeline["round"].nunique()
     compute, idle, comm = (float(timeline[c].sum()) for c in ("compute_s", "idle_s", "comm_s"))
     wall = float(timeline["round_end_s"].max())
-    tokens = plan.tokens_per_round * rounds
-    return {"strategy": plan.strategy, "tokens_per_round": plan.tokens_per_round, "tokens": tokens,
+    # the tokens the rounds trained on (an adaptive plan's vary round by round), else the plan's
+    tokens = int(timeline["tokens"].sum()) if "tokens" in timeline else plan.tokens_per_round * rounds
+    return {"strategy": plan.strategy, "tokens_per_round": round(tokens / rounds), "tokens": tokens,
             "round_s": wall / rounds, "wall_s": wall, "comm_s": plan.comm_s, "idle_s": idle,
             # the one-step bound (CSV name kept): see format_markdown and simulator.sweep
             "idle_floor_s": rounds * sum(n.step_s for n in plan.nodes),

@@ -8,6 +8,9 @@ coefficient from their measured p10/p90 spread at its planned batch (the largest
 A node of G devices draws each device's step and waits for the slowest (then its intra-node
 all-reduce), as data-parallel devices do.
 
+Drift (simulator/drift.py) multiplies every step of a round by the node's factor for that round,
+after the draws, so a drifting run keeps the same draws as a steady one.
+
 Streaming DiLoCo splits each round at its fragments' sync and merge points (`segment_matrices`):
 the same draws, summed per segment of steps instead of per round.
 """
@@ -16,11 +19,22 @@ from __future__ import annotations
 import numpy as np
 
 from formats.plan import Plan, merge_steps
+from simulator.drift import drift_factors
 from simulator.scenario import Scenario
 
 
 def compute_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
-    """compute_s[r, i]: node i's time for its H_i inner steps in round r (rounds × nodes)."""
+    """compute_s[r, i]: node i's time for its H_i inner steps in round r (rounds × nodes), drift applied."""
+    return with_drift(scenario, plan, _steady_matrix(scenario, plan))
+
+
+def with_drift(scenario: Scenario, plan: Plan, compute: np.ndarray, per_round: int = 1) -> np.ndarray:
+    """compute (rounds·per_round × nodes) times each round's drift multiplier (simulator/drift.py)."""
+    factors = drift_factors(scenario, plan)
+    return compute if factors is None else compute * np.repeat(factors, per_round, axis=0)
+
+
+def _steady_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
     rounds = plan.rounds or scenario.training.rounds  # a plan may sync more often (sync-ddp)
     base = np.array([n.compute_s for n in plan.nodes], dtype=float)
     cvs = node_cvs(scenario, plan)
@@ -71,6 +85,11 @@ def segment_matrices(scenario: Scenario, plan: Plan) -> tuple[np.ndarray, np.nda
     """(pre_s, delay_s), each (rounds × P, n): the compute of every segment of `segment_steps`, in
     the order the fragment syncs happen (round-major). With jitter, the draws of compute_matrix
     (same generator, same order), summed per segment."""
+    pre, delay = _steady_segments(scenario, plan)
+    return with_drift(scenario, plan, pre, plan.fragments), with_drift(scenario, plan, delay, plan.fragments)
+
+
+def _steady_segments(scenario: Scenario, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
     rounds = plan.rounds or scenario.training.rounds
     pre_steps, delay_steps = segment_steps(plan)
     step = np.array([n.step_s for n in plan.nodes], dtype=float)

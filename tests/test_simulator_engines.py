@@ -40,7 +40,7 @@ def test_timeline_columns_and_order(write_scenario):
     scenario = load_scenario(str(write_scenario()))
     timeline = simulate(scenario, make_plan(scenario, "baseline"), "simpy")
     assert list(timeline.columns) == ["strategy", "node", "round", "compute_s", "idle_s", "comm_s",
-                                      "round_start_s", "round_end_s"]
+                                      "round_start_s", "round_end_s", "tokens"]
     assert list(timeline["node"].astype(str)) == ["a", "b", "c"] * 2
     assert list(timeline["round"]) == [0, 0, 0, 1, 1, 1]
 

@@ -21,13 +21,13 @@ def test_validation_table_sums_rounds_and_scales_measured_time():
     timeline = pd.DataFrame({
         "strategy": "C", "node": ["a", "b"] * 2, "round": [0, 0, 1, 1],
         "compute_s": [1.0, 2.0, 1.0, 2.0], "idle_s": [1.0, 0.0, 1.0, 0.0], "comm_s": [0.5] * 4,
-        "round_start_s": 0.0, "round_end_s": 0.0,
+        "round_start_s": 0.0, "round_end_s": 0.0, "tokens": [64, 128, 64, 128],
     })
     # Measured at time scale 0.5: halves of the scenario's seconds.
     trace = pd.DataFrame({
         "strategy": "C", "node": ["a", "b"] * 2, "round": [0, 0, 1, 1],
         "compute_s": [0.5, 1.0, 0.5, 1.0], "idle_s": [0.6, 0.0, 0.55, 0.05], "comm_s": [0.25] * 4,
-        "overrun_steps": [0, 1, 0, 0],
+        "overrun_steps": [0, 1, 0, 0], "tokens": [64, 128, 32, 128],
     })
     table = validation_table(timeline, trace, time_scale=0.5, emulated=True)
     a, b = table.iloc[0], table.iloc[1]
@@ -41,6 +41,7 @@ def test_validation_table_sums_rounds_and_scales_measured_time():
     assert list(table.columns[:len(VALIDATION_COLUMNS)]) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert set(validation_table(timeline, trace, 1.0)["mode"]) == {"measured"}
     assert set(table["network"]) == {"loopback"}
+    assert (a["predicted_tokens"], a["measured_tokens"], b["measured_tokens"]) == (128, 96, 256)  # summed per node
     shaped = validation_table(timeline, trace, 1.0, network="shaped WAN (latency not emulated)")
     assert set(shaped["network"]) == {"shaped WAN (latency not emulated)"}
 
@@ -51,11 +52,11 @@ def test_validation_table_reports_signed_sync_errors():
     timeline = pd.DataFrame({
         "strategy": "baseline", "node": ["a", "b", "c"] * 2, "round": [0, 0, 0, 1, 1, 1],
         "compute_s": 1.0, "idle_s": 0.0, "comm_s": [2.0, 4.0, 0.0] * 2,
-        "round_start_s": 0.0, "round_end_s": 0.0,
+        "round_start_s": 0.0, "round_end_s": 0.0, "tokens": 64,
     })
     trace = pd.DataFrame({
         "strategy": "baseline", "node": ["a", "b", "c"] * 2, "round": [0, 0, 0, 1, 1, 1],
-        "compute_s": 1.0, "idle_s": 0.0, "comm_s": [2.5, 3.0, 0.1, 2.3, 3.4, 0.1], "overrun_steps": 0,
+        "compute_s": 1.0, "idle_s": 0.0, "comm_s": [2.5, 3.0, 0.1, 2.3, 3.4, 0.1], "overrun_steps": 0, "tokens": 64,
     })
     table = validation_table(timeline, trace, time_scale=1.0).set_index("node")
     assert table.at["a", "predicted_comm_s"] == 4.0 and table.at["a", "measured_comm_s"] == pytest.approx(4.8)

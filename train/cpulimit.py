@@ -128,6 +128,22 @@ def _set_quota(quota: float, tag: str) -> Callable[[], None]:
     return cleanup
 
 
+def set_own_quota(quota: float) -> None:
+    """Change the quota of the cgroup apply_cpu_limits made for this process (a drift injected
+    mid-run: real/worker.py). CpuLimitError where this process is not in a group of its own."""
+    group = _own_cgroup_v2() if _v2() else _own_cgroup_v1()
+    if not group.name.endswith(f".{os.getpid()}"):  # never a parent group shared with others
+        raise CpuLimitError(f"cpu_quota: this process has no cgroup of its own ({group}); expected a node with cpu_quota")
+    quota_us = max(1000, int(round(quota * PERIOD_US)))
+    try:
+        if _v2():
+            (group / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")
+        else:
+            (group / "cpu.cfs_quota_us").write_text(str(quota_us))
+    except OSError as exc:
+        raise CpuLimitError(f"cpu_quota: cannot change the quota in {group} ({exc})") from None
+
+
 def device_cores(cores: list[int] | tuple[int, ...] | None, devices: int, index: int) -> list[int] | None:
     """The cores device `index` of a node of `devices` devices runs on: with at least one core per
     device each takes cores[index::devices], else all of them share every core (None: unpinned)."""

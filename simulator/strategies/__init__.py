@@ -114,10 +114,10 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
                     sync=raw.get("sync"), outer_state=scenario.diloco.outer_state,
                     fragments=int(first(d["fragments"])),
                     sync_delay_steps=int(first(d["delay"])), fragment_alpha=scenario.diloco.fragment_alpha,
-                    fragment_pattern=scenario.diloco.fragment_pattern)
+                    fragment_pattern=scenario.diloco.fragment_pattern, adapt=raw.get("adapt"))
     except PlanError as exc:  # the scenario's fragments do not fit this strategy's local steps
         raise FieldError(f"diloco.{exc.key}", f"strategy {strategy}: {exc.expected}") from None
 
 
 # Registration happens on import; keep this list in the order strategies are printed.
-from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware, streaming  # noqa: E402,F401,E501
+from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware, streaming, adaptive  # noqa: E402,F401,E501

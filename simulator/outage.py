@@ -1,0 +1,117 @@
+"""A node that leaves and comes back: `[[nodes]] outage`, under `[simulation] on_node_loss`.
+
+    outage = { round = 5, rounds = 3 }   the node is lost at round 5's start, gone for 3 rounds
+
+With on_node_loss = "continue" the others notice at round 5's barrier (after detect_s), average
+among themselves for rounds 5..7 (the node's rows: no compute, idle, sync or tokens), and the
+node rejoins at round 8's boundary, first fetching the global weights and outer momentum from a
+live peer (2 × 4 bytes per parameter over its link: that round's comm_s carries it, the others
+wait for it at the barrier). With "stop" (the executor's behaviour before this issue) the whole
+run stops at round 5's barrier: after detect_s, the node's downtime (as long as `rounds` of the
+rounds before) and restart_s (relaunch and reload), every node re-runs round 5 from the
+checkpoint of round 4: its first pass is lost work, and all of it is the round's idle_s.
+
+Both are made from the compute matrix the engines run (so both engines agree exactly) and a
+settlement of their arrays afterwards: `prepare` returns the matrix with the outage's time in
+it, `settle` moves that time where it belongs. Classic DiLoCo plans only (not adaptive, not
+streaming, not sync-ddp: their rounds do not stand still for a lost node here).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from formats.errors import FieldError, InputError
+
+POLICIES = ("stop", "continue")
+FETCH_BYTES_PER_PARAM = 8  # global weights and outer momentum, fp32
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A node's loss: at the start of `round`, for `rounds` rounds (module docstring)."""
+
+    round: int
+    rounds: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.round <= 10**9:
+            raise FieldError("round", f"expected a round index from 0 to 1e9, got {self.round!r}")
+        if not 1 <= self.rounds <= 10**9:
+            raise FieldError("rounds", f"expected at least 1 round, got {self.rounds!r}")
+
+
+@dataclass(frozen=True)
+class Fixups:
+    """What `settle` moves: per (round, node) time out of compute into idle or comm, and rows to blank."""
+
+    to_idle: np.ndarray
+    to_comm: np.ndarray
+    gone: np.ndarray  # bool: the node took no part in that round
+
+
+def outages(scenario, plan) -> list[tuple[int, Outage]]:
+    by_name = {n.name: n for n in scenario.nodes}
+    return [(i, by_name[p.node].outage) for i, p in enumerate(plan.nodes) if by_name[p.node].outage is not None]
+
+
+def prepare(scenario, plan, compute: np.ndarray, comm_s) -> tuple[np.ndarray, Fixups | None]:
+    """(compute with the outages' time in it, the fixups for settle), or (compute, None) without outages."""
+    lost = outages(scenario, plan)
+    if not lost:
+        return compute, None
+    if plan.adaptive or plan.streaming or plan.sync == "gradients":
+        raise InputError(f"strategy {plan.strategy}: nodes[].outage is modelled for classic DiLoCo plans; expected "
+                         "a strategy other than rebalance, deadline, streaming or sync-ddp (or no outage)")
+    rounds, n = compute.shape
+    sim = scenario.simulation
+    compute = compute.copy()
+    fix = Fixups(np.zeros((rounds, n)), np.zeros((rounds, n)), np.zeros((rounds, n), dtype=bool))
+    comm = np.broadcast_to(np.asarray(comm_s, dtype=float), (n,))
+    for i, outage in lost:
+        f = outage.round
+        if f >= rounds:
+            continue
+        if sim.on_node_loss == "continue":
+            others = np.delete(compute[f], i).max() if n > 1 else 0.0
+            gone = slice(f, min(f + outage.rounds, rounds))
+            compute[gone, i] = 0.0
+            compute[f, i] = others + sim.detect_s  # the others' barrier opens once they notice (row blanked)
+            fix.gone[gone, i] = True
+            back = f + outage.rounds
+            if back < rounds:
+                fetch = fetch_s(scenario, plan, i)
+                compute[back, i] += fetch
+                fix.to_comm[back, i] += fetch
+        else:
+            before = compute[max(f - 1, 0)].max() + comm.max()  # one round's length before the loss
+            pause = compute[f].max() + sim.detect_s + outage.rounds * before + sim.restart_s
+            compute[f] += pause  # the lost first pass, the wait, the downtime, the relaunch
+            fix.to_idle[f] += pause
+    return compute, fix
+
+
+def fetch_s(scenario, plan, i: int) -> float:
+    """A rejoining node's download of the global weights and outer momentum from a live peer."""
+    link = plan.nodes[i].link_gbps or scenario.network.bandwidth_gbps
+    return FETCH_BYTES_PER_PARAM * scenario.model.param_count * 8 / (link * 1e9) + scenario.network.latency_ms / 1e3
+
+
+def settle(arrays: dict, fix: Fixups | None, tokens: np.ndarray) -> tuple[dict, np.ndarray]:
+    """The engines' arrays with the outages' time moved out of compute; the gone rows blanked."""
+    if fix is None:
+        return arrays, tokens
+    out = {k: np.array(np.broadcast_to(v, fix.gone.shape), dtype=float) for k, v in arrays.items()}
+    out["compute_s"] -= fix.to_idle + fix.to_comm
+    out["idle_s"] += fix.to_idle
+    out["comm_s"] += fix.to_comm
+    for column in ("compute_s", "idle_s", "comm_s"):
+        out[column][fix.gone] = 0.0
+    tokens = np.where(fix.gone, 0, np.broadcast_to(tokens, fix.gone.shape))
+    return out, tokens
+
+
+def check_policy(sim) -> None:
+    if sim.on_node_loss not in POLICIES:
+        raise FieldError("on_node_loss", f"expected one of {', '.join(POLICIES)}, got {sim.on_node_loss!r}")
