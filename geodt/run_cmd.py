@@ -46,16 +46,18 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
 
 
 def _prepare(prog: str, args: argparse.Namespace):
-    """Scenario + plan (simulator), checked by the executor, then written into DIR.
+    """Scenario + plan (simulator), checked by the executor, then written into DIR under DIR's
+    run lock.
 
-    Returns (scenario, plan, exec options) or an exit status. Nothing is written unless
-    every input is good.
+    Returns (scenario, plan, exec options, the lock: the caller releases it) or an exit status.
+    Nothing is written unless every input is good and the directory is this run's.
     """
     from formats.errors import InputError
     from real.cli import exec_options
     from real.config import ConfigError
     from real.launch import LaunchError, check_inputs
-    from simulator.outputs import write_csv, write_text
+    from real.outdir import OutDirError, take_lock
+    from simulator.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -80,13 +82,19 @@ def _prepare(prog: str, args: argparse.Namespace):
             print(f"{prog}: the executor cannot run this scenario: {exc}", file=sys.stderr)
             return 2
     out = Path(args.out)
-    try:
-        write_csv(frame, out / "plan.csv")
-        write_text(out / "scenario.toml", toml_text)
-    except OSError as exc:
-        print(f"{prog}: {out}: cannot write the output directory ({exc})", file=sys.stderr)
+    try:  # one run per directory (real/outdir.py): a second is refused naming the first's pid
+        out.mkdir(parents=True, exist_ok=True)
+        lock = take_lock(out)
+    except (OSError, OutDirError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    return scenario, plan, opts
+    try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs.py)
+        write_output_set(out, {"plan.csv": csv_bytes(frame), "scenario.toml": toml_text.encode()}, owned=())
+    except OutputError as exc:
+        lock.release()
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    return scenario, plan, opts, lock
 
 
 def announcer(prog: str, scenario, plan, emulate: bool):
@@ -137,7 +145,8 @@ def reproduction_warnings(scenario, plan, emulate: bool, cores: int | None = Non
 
 
 def _interruptible(main):
-    """Ctrl-C: one line and exit 130 (outputs are written whole or not at all)."""
+    """Ctrl-C: one line and exit 130 (outputs are written whole or not at all); an output that
+    cannot be written (a full disk): one line naming it, exit 1."""
 
     def wrapped(argv: list[str]) -> int:
         try:
@@ -145,6 +154,13 @@ def _interruptible(main):
         except KeyboardInterrupt:
             print("geodt: interrupted", file=sys.stderr)
             return 130
+        except OSError as exc:
+            import errno
+
+            reason = "no space left on device" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
+            print(f"geodt: {exc.filename or 'an output'}: {reason or exc}; the run's trace.csv and checkpoints are "
+                  f"intact, the outputs after them were not written", file=sys.stderr)
+            return 1
 
     wrapped.__doc__ = main.__doc__
     return wrapped
@@ -156,6 +172,13 @@ def run_main(argv: list[str]) -> int:
     prepared = _prepare("geodt run", args)
     if isinstance(prepared, int):
         return prepared
+    try:
+        return _run(args, prepared)
+    finally:
+        prepared[3].release()
+
+
+def _run(args, prepared) -> int:
     from dataclasses import replace
 
     from real.launch import launch
@@ -163,7 +186,7 @@ def run_main(argv: list[str]) -> int:
     out = Path(args.out)
     opts = replace(prepared[2], summary=False)  # printed below, with what was measured and what emulated
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate))
+                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate), lock=False)
     if status == 0:
         import pandas as pd
 
@@ -322,7 +345,13 @@ def validate_main(argv: list[str]) -> int:
     prepared = _prepare("geodt validate", args)
     if isinstance(prepared, int):
         return prepared
-    scenario, plan, opts = prepared
+    try:
+        return _validate(args, *prepared[:3])
+    finally:
+        prepared[3].release()
+
+
+def _validate(args, scenario, plan, opts) -> int:
     from dataclasses import replace
 
     opts = replace(opts, summary=False)  # validate prints its own table
@@ -336,7 +365,7 @@ def validate_main(argv: list[str]) -> int:
     timeline = predicted_timeline(scenario, plan, args.engine)
     write_csv(timeline, out / "timeline.csv")
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt validate", scenario, plan, args.emulate))
+                    announce=announcer("geodt validate", scenario, plan, args.emulate), lock=False)
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")

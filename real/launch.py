@@ -370,7 +370,7 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                 # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it
                 # stops: the others get that long to say so themselves before they are stopped.
                 grace_s = HUNG_GRACE_S if links is None else LIVENESS_GRACE_S
-                return supervise(context, plan, grace_s, opts.timeout_s)
+                return supervise(context, plan, grace_s, opts.timeout_s, settle_on_death=links is not None)
             except KeyboardInterrupt as exc:
                 if context is not None:
                     stop(context.processes)

@@ -58,9 +58,11 @@ def process_state(pid: int) -> str:
             "S": "sleeping", "D": "in uninterruptible I/O", "Z": "exited"}.get(code, f"in state {code}")
 
 
-def supervise(context, plan, grace_s: float, timeout_s: float) -> int:
+def supervise(context, plan, grace_s: float, timeout_s: float, settle_on_death: bool = False) -> int:
     """Wait for every worker; the run's exit status (module docstring), with one line when a
-    worker failed and had not said why itself."""
+    worker failed and had not said why itself. settle_on_death: after a worker died of a
+    signal, the others get grace_s to stop on their own (on the shaped WAN they name whom they
+    lost, real/wan.py) before they are killed."""
     procs = context.processes
     while True:
         running = {p.sentinel: i for i, p in enumerate(procs) if p.exitcode is None}
@@ -70,14 +72,14 @@ def supervise(context, plan, grace_s: float, timeout_s: float) -> int:
             procs[running[sentinel]].join()
         failed = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if failed:
-            return _failure(context, plan, failed[0], grace_s, timeout_s)
+            return _failure(context, plan, failed[0], grace_s, timeout_s, settle_on_death)
 
 
 def _node(plan, index: int) -> str:
     return plan.nodes[plan.node_of_rank(index)].node
 
 
-def _failure(context, plan, first: int, grace_s: float, timeout_s: float) -> int:
+def _failure(context, plan, first: int, grace_s: float, timeout_s: float, settle_on_death: bool) -> int:
     procs = context.processes
     code = procs[first].exitcode
     if code == 130:
@@ -85,6 +87,8 @@ def _failure(context, plan, first: int, grace_s: float, timeout_s: float) -> int
         print(INTERRUPTED, file=sys.stderr)
         return 130
     if code < 0:
+        if settle_on_death:
+            _settle(procs, grace_s)
         stop(procs)
         print(f"real: node {_node(plan, first)} (rank {first}) was killed by {signal_name(-code)}; the other "
               f"processes were stopped", file=sys.stderr)
@@ -107,10 +111,7 @@ def _failure(context, plan, first: int, grace_s: float, timeout_s: float) -> int
 
 def _lost(procs, plan, first: int, grace_s: float, timeout_s: float) -> int:
     """A worker lost contact: those still running after `grace_s` stopped answering; name them."""
-    deadline = time.monotonic() + grace_s
-    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
-        multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None],
-                                        timeout=max(0.0, deadline - time.monotonic()))
+    _settle(procs, grace_s)
     hung = [i for i, p in enumerate(procs) if p.exitcode is None]
     states = {i: process_state(procs[i].pid) for i in hung}
     stop(procs)
@@ -124,6 +125,15 @@ def _lost(procs, plan, first: int, grace_s: float, timeout_s: float) -> int:
         print(f"real: node {_node(plan, i)} (rank {i}) was killed by {signal_name(-procs[i].exitcode)}; the other "
               f"processes were stopped", file=sys.stderr)
     return 1
+
+
+def _settle(procs, grace_s: float) -> None:
+    """Wait up to grace_s for every process to exit on its own."""
+    deadline = time.monotonic() + grace_s
+    while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
+        for sentinel in multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None],
+                                                        timeout=max(0.0, deadline - time.monotonic())):
+            next(p for p in procs if p.sentinel == sentinel).join()
 
 
 def _raised(context, index: int) -> str | None:
