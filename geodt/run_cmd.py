@@ -144,7 +144,7 @@ def reproduction_warnings(scenario, plan, emulate: bool, cores: int | None = Non
     return warnings
 
 
-def _interruptible(main):
+def interruptible(main):
     """Ctrl-C: one line and exit 130 (outputs are written whole or not at all); an output that
     cannot be written (a full disk): one line naming it, exit 1."""
 
@@ -158,15 +158,15 @@ def _interruptible(main):
             import errno
 
             reason = "no space left on device" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-            print(f"geodt: {exc.filename or 'an output'}: {reason or exc}; the run's trace.csv and checkpoints are "
-                  f"intact, the outputs after them were not written", file=sys.stderr)
+            print(f"geodt: {exc.filename or 'an output'}: {reason or exc}; nothing half-written is left (the "
+                  f"outputs written before it and the checkpoints are intact)", file=sys.stderr)
             return 1
 
     wrapped.__doc__ = main.__doc__
     return wrapped
 
 
-@_interruptible
+@interruptible
 def run_main(argv: list[str]) -> int:
     args = _parser("geodt run", validate=False).parse_args(argv)
     prepared = _prepare("geodt run", args)
@@ -195,11 +195,19 @@ def _run(args, prepared) -> int:
 
         print(run_heading(args.emulate, args.time_scale))
         print(summary(pd.read_csv(out / "trace.csv")))
-        trace_csv_to_json(out / "trace.csv", out / "trace.json")  # opens in ui.perfetto.dev
+        naming(out / "trace.json", trace_csv_to_json, out / "trace.csv", out / "trace.json")  # ui.perfetto.dev
         from real.wan import network_note
 
         print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}; network: {network_note(out)}")
     return status
+
+
+def naming(path: Path, fn, *args):
+    """fn(*args), whose OSError (a full disk) names `path` (a failed write() does not say where)."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(exc.filename or path)) from None
 
 
 def run_heading(emulated: bool, time_scale: float) -> str:
@@ -336,7 +344,7 @@ def _paired_bars(ax, x, width: float, predicted, measured, ticks: list[str]) -> 
     ax.legend()
 
 
-@_interruptible
+@interruptible
 def validate_main(argv: list[str]) -> int:
     args = _parser("geodt validate", validate=True).parse_args(argv)
     if args.emulate and args.no_emulate:
@@ -363,7 +371,7 @@ def _validate(args, scenario, plan, opts) -> int:
 
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)
-    write_csv(timeline, out / "timeline.csv")
+    naming(out / "timeline.csv", write_csv, timeline, out / "timeline.csv")
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
                     announce=announcer("geodt validate", scenario, plan, args.emulate), lock=False)
     if status != 0:
@@ -374,8 +382,9 @@ def _validate(args, scenario, plan, opts) -> int:
 
     network = network_note(out)
     table = validation_table(timeline, trace, scale, emulated=args.emulate, network=network)
-    write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
-    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
+    naming(out / "validation.csv", write_csv, table[VALIDATION_COLUMNS], out / "validation.csv")
+    naming(out / "trace.json", write_trace_json, validation_trace(timeline, trace, scale, plan.to_frame(scenario)),
+           out / "trace.json")
     mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
             else "measured, not emulated") + f"; {network}"
     plot_validation(table, out / "validation.png",

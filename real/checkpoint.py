@@ -291,6 +291,10 @@ def resume(node) -> None:
     """Load the newest round whose sets verify on every node, then check that every node
     loaded the same global weights, outer momentum and round."""
     mine = verified_sets(node.opts.out_dir, node.groups.index, report=node.groups.is_leader)
+    legacy = Path(node.opts.out_dir) / "checkpoints" / f"node{node.groups.index}.pt"
+    if not mine and legacy.exists():
+        raise ValueError(f"{legacy}: a checkpoint of an earlier geodt (one file per node, without digests); "
+                         f"this version resumes only checkpoint sets (format {ckpt_set.FORMAT}): rerun the run")
     round_ = _common_round(node, mine)
     if round_ is None:
         return  # nothing saved yet: start from the beginning

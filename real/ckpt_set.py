@@ -68,8 +68,8 @@ def set_rounds(out_dir: str | Path, index: int) -> dict[int, Path]:
 
 
 def remove_stale(out_dir: str | Path, index: int) -> list[Path]:
-    """Delete what killed writers of this node left: temporary set directories and files
-    (`*.tmp*`), and the checkpoint files of the format before sets (node{i}.pt, .prev.pt)."""
+    """Delete what killed writers of this node left: temporary set directories (`.round-*.tmp*`,
+    `.round-*.old*`), and temporary files of the format before sets (node{i}.tmp*)."""
     root = node_dir(out_dir, index)
     stale = sorted(root.glob(".*.tmp*")) + sorted(root.glob(".*.old*")) if root.is_dir() else []
     legacy = Path(out_dir) / "checkpoints"

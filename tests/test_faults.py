@@ -313,3 +313,17 @@ def test_rendezvous_folders_of_live_launchers_are_kept(tmp_path):
     orphan = Path(tempfile.mkdtemp(prefix=f"geodt-rdzv-{gone.pid}-", dir=tmp_path))
     assert remove_orphan_rendezvous(str(tmp_path)) == [orphan]
     assert mine.exists() and not orphan.exists()
+
+
+def test_an_output_that_cannot_be_written_is_one_line(capsys):
+    """A full disk while `geodt run` writes trace.json (a write() error names no file)."""
+    import errno
+
+    from geodt.run_cmd import interruptible, naming
+
+    def fill(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    assert interruptible(lambda argv: naming(Path("out/trace.json"), fill))([]) == 1
+    assert capsys.readouterr().err == ("geodt: out/trace.json: no space left on device; nothing half-written is left "
+                                       "(the outputs written before it and the checkpoints are intact)\n")
