@@ -8,8 +8,8 @@ launcher does not guess).
 
 A hung peer (stopped by SIGSTOP, spinning, or unreachable) does not exit: its peers time out
 in their collectives after --timeout-s and exit with 1. The launcher then gives the others
-`grace_s` to exit on their own; the processes still running after that are the ones that
-stopped answering: they are named (with their state from /proc: stopped, running, sleeping),
+`grace_s` to exit on their own (less when all those left are stopped: they cannot); the
+processes still running after that are the ones that stopped answering: they are named (with their state from /proc: stopped, running, sleeping),
 killed (SIGKILL, which also ends a stopped process), and the run ends within --timeout-s plus
 the grace. This is the launcher watching its children rather than heartbeats through the
 store: it needs no extra traffic, and a spinning process, whose threads would go on beating,
@@ -111,7 +111,7 @@ def _failure(context, plan, first: int, grace_s: float, timeout_s: float, settle
 
 def _lost(procs, plan, first: int, grace_s: float, timeout_s: float) -> int:
     """A worker lost contact: those still running after `grace_s` stopped answering; name them."""
-    _settle(procs, grace_s)
+    _settle(procs, grace_s, until_stopped=True)
     hung = [i for i, p in enumerate(procs) if p.exitcode is None]
     states = {i: process_state(procs[i].pid) for i in hung}
     stop(procs)
@@ -127,12 +127,16 @@ def _lost(procs, plan, first: int, grace_s: float, timeout_s: float) -> int:
     return 1
 
 
-def _settle(procs, grace_s: float) -> None:
-    """Wait up to grace_s for every process to exit on its own."""
+def _settle(procs, grace_s: float, until_stopped: bool = False) -> None:
+    """Wait up to grace_s for every process to exit on its own (until_stopped: no longer than
+    until every one left is stopped, SIGSTOP: those cannot exit)."""
     deadline = time.monotonic() + grace_s
     while any(p.exitcode is None for p in procs) and time.monotonic() < deadline:
-        for sentinel in multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None],
-                                                        timeout=max(0.0, deadline - time.monotonic())):
+        left = [p for p in procs if p.exitcode is None]
+        if until_stopped and all(process_state(p.pid).startswith("stopped") for p in left):
+            return
+        for sentinel in multiprocessing.connection.wait([p.sentinel for p in left],
+                                                        timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
             next(p for p in procs if p.sentinel == sentinel).join()
 
 
