@@ -5,7 +5,9 @@ schemas live in `formats/` (torch-free, shared with the simulator); importing `r
 import torch. Modules: config (scenario sections), launch (processes and rendezvous), process
 (one process's life), worker (a node's rounds, one inner-step loop for every kind), groups
 (process groups and a node's collectives), sync (cross-node average by payload and collective),
-streaming (Streaming DiLoCo's fragments), diloco (arithmetic), data, checkpoint (files and
-resuming), trace (rows, gathering, trace.csv). Run it as
+streaming (Streaming DiLoCo's fragments), diloco (arithmetic), data, checkpoint (a node's state,
+saving in the background, resuming), ckpt_set (checkpoint sets on disk: digests, manifest),
+outdir (the --out lock, stale files, disk space), supervise (the launcher watching its workers),
+trace (rows, gathering, trace.csv). Run it as
 `python -m real --plan plan.csv --scenario scenario.toml --out DIR`.
 """

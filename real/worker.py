@@ -302,7 +302,7 @@ class Node:
         self.groups.sync_device()
 
     def run(self) -> None:
-        """Resume if asked, then the rounds (each leader checkpoints after each), then finish()."""
+        """Resume if asked, then the rounds (checkpoints every checkpoint_every rounds), then finish()."""
         if self.groups.is_leader:
             checkpoint.remove_stale(self.opts.out_dir, self.index)
         if self.opts.resume:
