@@ -78,3 +78,18 @@ class DilocoConfig:
         if not 0 <= self.outer_momentum < 1:
             raise FieldError("outer_momentum", f"expected 0 <= momentum < 1, got {self.outer_momentum!r}")
         require_choice(self, "averaging", AVERAGING_MODES)
+
+
+# [training] checkpoint_every: a checkpoint after every k-th round (and after the run's last round,
+# so that the end and --stop-after are resumable). 1, every round, is the default: it loses at
+# most one round to a crash, and since checkpoints are written in the background (real/checkpoint.py)
+# training blocks only for the snapshot to host memory.
+CHECKPOINT_EVERY_DEFAULT = 1
+
+
+def check_checkpoint_every(value, key: str = "training.checkpoint_every") -> int:
+    """`value` as rounds between checkpoints (a positive integer); FieldError naming `key` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise FieldError(key, f"expected a positive integer (rounds between checkpoints), got {value!r}")
+    return value
+

@@ -18,7 +18,8 @@ SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens"
 SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
                 "merge_point_s", "idle_s", "exposed_s", "outer_s"]
 # trace.csv: the timeline plus what a real run measures (real/trace.py's docstring).
-TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "overrun_steps", "ckpt_s", "local_steps", "batch_size",
+TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "overrun_steps", "ckpt_block_s", "ckpt_background_s",
+                                    "local_steps", "batch_size",
                                     "bytes_sent", "peak_mem_bytes"]
 # validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",

@@ -61,16 +61,18 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
 
 
 def _prepare(prog: str, args: argparse.Namespace):
-    """Scenario + plan (simulator), checked by the executor, then written into DIR.
+    """Scenario + plan (simulator), checked by the executor and against this machine, then written
+    into DIR under DIR's run lock.
 
-    Returns (scenario, plan, exec options) or an exit status. Nothing is written unless
-    every input is good.
+    Returns (scenario, plan, exec options, machine warnings, the lock: the caller releases it) or
+    an exit status. Nothing is written unless every input is good and the directory is this run's.
     """
     from formats.errors import InputError
     from real.cli import exec_options
     from real.config import ConfigError
     from real.launch import LaunchError, check_inputs
-    from simulator.outputs import write_csv, write_text
+    from real.outdir import OutDirError, take_lock
+    from simulator.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -105,13 +107,19 @@ def _prepare(prog: str, args: argparse.Namespace):
             print(f"{prog}: this machine cannot hold the run: {exc}", file=sys.stderr)
             return 2
     out = Path(args.out)
-    try:
-        write_csv(frame, out / "plan.csv")
-        write_text(out / "scenario.toml", toml_text)
-    except OSError as exc:
-        print(f"{prog}: {out}: cannot write the output directory ({exc})", file=sys.stderr)
+    try:  # one run per directory (real/outdir.py): a second is refused naming the first's pid
+        out.mkdir(parents=True, exist_ok=True)
+        lock = take_lock(out)
+    except (OSError, OutDirError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    return scenario, plan, opts, warnings
+    try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs.py)
+        write_output_set(out, {"plan.csv": csv_bytes(frame), "scenario.toml": toml_text.encode()}, owned=())
+    except OutputError as exc:
+        lock.release()
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    return scenario, plan, opts, warnings, lock
 
 
 def injected_drift(scenario, plan, opts):
@@ -179,8 +187,9 @@ def reproduction_warnings(scenario, plan, emulate: bool, cores: int | None = Non
     return warnings
 
 
-def _interruptible(main):
-    """Ctrl-C: one line and exit 130 (outputs are written whole or not at all)."""
+def interruptible(main):
+    """Ctrl-C: one line and exit 130 (outputs are written whole or not at all); an output that
+    cannot be written (a full disk): one line naming it, exit 1."""
 
     def wrapped(argv: list[str]) -> int:
         try:
@@ -188,17 +197,31 @@ def _interruptible(main):
         except KeyboardInterrupt:
             print("geodt: interrupted", file=sys.stderr)
             return 130
+        except OSError as exc:
+            import errno
+
+            reason = "no space left on device" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
+            print(f"geodt: {exc.filename or 'an output'}: {reason or exc}; nothing half-written is left (the "
+                  f"outputs written before it and the checkpoints are intact)", file=sys.stderr)
+            return 1
 
     wrapped.__doc__ = main.__doc__
     return wrapped
 
 
-@_interruptible
+@interruptible
 def run_main(argv: list[str]) -> int:
     args = _parser("geodt run", validate=False).parse_args(argv)
     prepared = _prepare("geodt run", args)
     if isinstance(prepared, int):
         return prepared
+    try:
+        return _run(args, prepared)
+    finally:
+        prepared[4].release()
+
+
+def _run(args, prepared) -> int:
     from dataclasses import replace
 
     from real.launch import launch
@@ -206,7 +229,7 @@ def run_main(argv: list[str]) -> int:
     out = Path(args.out)
     opts = replace(prepared[2], summary=False)  # printed below, with what was measured and what emulated
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate, prepared[3]))
+                    announce=announcer("geodt run", prepared[0], prepared[1], args.emulate, prepared[3]), lock=False)
     if status == 0:
         import pandas as pd
 
@@ -215,11 +238,19 @@ def run_main(argv: list[str]) -> int:
 
         print(run_heading(args.emulate, args.time_scale))
         print(summary(pd.read_csv(out / "trace.csv")))
-        trace_csv_to_json(out / "trace.csv", out / "trace.json")  # opens in ui.perfetto.dev
+        naming(out / "trace.json", trace_csv_to_json, out / "trace.csv", out / "trace.json")  # ui.perfetto.dev
         from real.wan import network_note
 
         print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}; network: {network_note(out)}")
     return status
+
+
+def naming(path: Path, fn, *args):
+    """fn(*args), whose OSError (a full disk) names `path` (a failed write() does not say where)."""
+    try:
+        return fn(*args)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(exc.filename or path)) from None
 
 
 def run_heading(emulated: bool, time_scale: float) -> str:
@@ -231,7 +262,7 @@ def run_heading(emulated: bool, time_scale: float) -> str:
             "each sync to its comm_s, so these times are the plan's, not this machine's):")
 
 
-@_interruptible
+@interruptible
 def validate_main(argv: list[str]) -> int:
     from geodt.validate_trace import trace_main, wants_trace
 
@@ -244,7 +275,13 @@ def validate_main(argv: list[str]) -> int:
     prepared = _prepare("geodt validate", args)
     if isinstance(prepared, int):
         return prepared
-    scenario, plan, opts, machine_warnings = prepared
+    try:
+        return _validate(args, *prepared[:4])
+    finally:
+        prepared[4].release()
+
+
+def _validate(args, scenario, plan, opts, machine_warnings) -> int:
     from dataclasses import replace
 
     opts = replace(opts, summary=False)  # validate prints its own table
@@ -255,9 +292,9 @@ def validate_main(argv: list[str]) -> int:
 
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)
-    write_csv(timeline, out / "timeline.csv")
+    naming(out / "timeline.csv", write_csv, timeline, out / "timeline.csv")
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
-                    announce=announcer("geodt validate", scenario, plan, args.emulate, machine_warnings))
+                    announce=announcer("geodt validate", scenario, plan, args.emulate, machine_warnings), lock=False)
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")

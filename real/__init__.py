@@ -8,7 +8,9 @@ rounds (the Round interface, the parts a round is handed, the one inner-step loo
 round_classic (DiLoCo), round_ddp (sync-ddp), round_streaming (Streaming DiLoCo's round and
 communication thread), streaming (Streaming DiLoCo's settings, fragments, syncs.csv), groups
 (process groups and a node's collectives), sync (cross-node average by payload and collective),
-sharding (inside a node), diloco (arithmetic), data, checkpoint (files and resuming), trace
-(rows, gathering, trace.csv), wan (the shaped WAN). Run it as
+sharding (inside a node), diloco (arithmetic), data, checkpoint (a node's state, saving
+in the background, resuming), ckpt_set (checkpoint sets on disk: digests, manifest), outdir (the
+--out lock, stale files, disk space), supervise (the launcher watching its workers), trace (rows,
+gathering, trace.csv), wan (the shaped WAN). Run it as
 `python -m real --plan plan.csv --scenario scenario.toml --out DIR`.
 """

@@ -1,5 +1,13 @@
 """`python -m real`: the executor's command line (see real.cli)."""
+import os
+import sys
+
 from real.cli import main
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    # Leave without the interpreter's teardown of torch (seconds on a loaded machine, after the
+    # run has ended and said so): every output is written and every child joined by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

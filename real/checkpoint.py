@@ -1,109 +1,105 @@
-"""Checkpoints at every outer sync: one self-contained file per node, written atomically.
+"""Checkpoints of a DiLoCo node: every `checkpoint_every` rounds, snapshotted to host memory and
+written in the background as a set whose files prove themselves (real/ckpt_set.py).
 
 Each node's leader saves what the node alone knows (its inner AdamW state, data position,
 RNG states, trace rows) plus the global weights and outer momentum, which are identical on
 every node; the node's other processes hold the same state (their gradients are averaged
-every step) and resume from the leader's file, on the same machine. So a node resumes from
-its own disk, as it must across machines. The previous file is kept as `.prev`: a crash
-between two nodes' writes, or a file that no longer loads, sends the nodes back to the
-latest round that every node still holds intact. Everything stored is a tensor or plain
-Python data, so files load with `torch.load(weights_only=True)`.
+every step) and resume from the leader's files, on the same machine. So a node resumes from
+its own disk, as it must across machines. Everything stored is a tensor or plain Python data,
+so files load with `torch.load(weights_only=True)`, and only after their digests verify.
 
-Each file also records the run's settings (`run_config`); resuming with other values is
-refused naming the key, as are global weights that differ between nodes. `node_state` and
-`restore_node_state` turn a running node (real/worker.py's Node) into such a file's contents
-and back; `resume` agrees with the other nodes on the round to resume from and loads it.
+Saving (`save`) blocks training only for the snapshot (a copy of the state into host memory;
+a sharded node's gather) and for the previous set's write if it has not finished; the write
+itself (torch.save, sha256, fsync, rename) runs in a thread while the next rounds train. The
+trace's `ckpt_block_s` is the blocking part, `ckpt_background_s` the write (filled in when it
+has finished; real/trace.py). A round's set is due every `checkpoint_every` rounds and after the
+last round the run makes (so --stop-after and the end of the run are always resumable).
+
+Resuming (`resume`): each node verifies its sets (every digest, its manifest), the nodes
+agree on the newest round every node holds intact (an all-gather), and each node says which
+newer sets it skipped and why; rank 0 names the nodes that lacked a newer round. The DiLoCo
+state that must agree across nodes (θ_g, outer momentum, round) is compared by digest after
+loading, and the run's settings (`run_config`) key by key: resuming with other values is
+refused naming the key.
 """
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-FORMAT = 3  # 3: trace rows carry peak_mem_bytes; a sharded node saves the canonical (gathered) form
+from real import ckpt_set
+from real.ckpt_set import CheckpointWriteError, set_bytes  # noqa: F401 - re-exported for the launcher
+
+__all__ = ["CheckpointWriteError", "set_bytes", "due", "save", "wait_writes", "resume", "start_afresh",
+           "latest_state", "verified_sets", "weights_digest"]
 
 
-def node_path(out_dir: str | Path, index: int) -> Path:
-    return Path(out_dir) / "checkpoints" / f"node{index}.pt"
+def due(rounds_done: int, every: int, last: int) -> bool:
+    """Whether the set after `rounds_done` rounds is written: every `every`, and the run's last."""
+    return rounds_done % every == 0 or rounds_done == last
 
 
-def _prev(path: Path) -> Path:
-    return path.with_suffix(".prev.pt")
+def every(node) -> int:
+    """Rounds between checkpoints: --checkpoint-every, else [training] checkpoint_every (default 1)."""
+    return node.opts.checkpoint_every or node.spec.checkpoint_every
 
 
-def remove_stale_temps(out_dir: str | Path, index: int) -> list[Path]:
-    """Delete node{index}.tmp<PID> files a killed run left behind; returns them."""
-    path = node_path(out_dir, index)
-    stale = sorted(path.parent.glob(f"{path.stem}.tmp*")) if path.parent.exists() else []
-    for tmp in stale:
+def due_here(node, last: int) -> bool:
+    """Whether this round (node.rounds_done rounds done) ends in a checkpoint."""
+    return node.opts.checkpoint and due(node.rounds_done, every(node), last)
+
+
+def remove_stale(out_dir, index: int) -> list[Path]:
+    """What killed writers of node `index` left behind (real/ckpt_set.py's remove_stale)."""
+    return ckpt_set.remove_stale(out_dir, index)
+
+
+def save_whole(obj, path) -> None:
+    """torch.save `obj` to `path` whole or not at all (temp name, fsync, rename); the temp file
+    is removed when the write fails (a full disk), and the OSError names `path`."""
+    import os
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        ckpt_set.save_file(obj, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
         tmp.unlink(missing_ok=True)
-    return stale
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
 
 
-def save_node(out_dir: str | Path, index: int, state: dict) -> None:
-    """Write temp, keep the last file as .prev, move the new one in (each step atomic)."""
-    path = node_path(out_dir, index)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save({"format": FORMAT, **state}, tmp)
-    if path.exists():
-        os.replace(path, _prev(path))
-    os.replace(tmp, path)
-
-
-def load_node_candidates(out_dir: str | Path, index: int, report: bool = True) -> dict[int, Path]:
-    """{rounds_done: file} of this node's readable checkpoints (latest and previous).
-
-    A file that does not load is skipped with a one-line message naming it (when `report`)."""
-    found = {}
-    path = node_path(out_dir, index)
-    for candidate in (path, _prev(path)):
-        if not candidate.exists():
-            continue
-        try:
-            state = torch.load(candidate, map_location="cpu", weights_only=True)
-            rounds = int(state["rounds_done"]) if state.get("format") == FORMAT else None
-        except Exception as exc:  # noqa: BLE001 - any unreadable file: zip, pickle, truncation
-            if report:
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                print(f"real: {candidate}: unreadable checkpoint ({reason[:160]}); trying the previous round's copy",
-                      file=sys.stderr, flush=True)
-            continue
-        if rounds is None:
-            if report:
-                print(f"real: {candidate}: checkpoint of another format (expected {FORMAT}); ignored",
-                      file=sys.stderr, flush=True)
-            continue
-        found.setdefault(rounds, candidate)
-    return found
-
-
-def load_node(path: str | Path) -> dict:
-    return torch.load(path, map_location="cpu", weights_only=True)
-
-
-def weights_digest(*tensors: torch.Tensor) -> int:
-    """A 63-bit digest of the tensors' bytes (to check that every node holds the same weights)."""
+def weights_digest(*tensors: torch.Tensor, round_: int | None = None) -> int:
+    """A 63-bit digest of the tensors' bytes (and the round), to check that every node holds the same state."""
     h = hashlib.sha256()
     for t in tensors:
         h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    if round_ is not None:
+        h.update(round_.to_bytes(8, "little"))
     return int.from_bytes(h.digest()[:8], "little") >> 1
 
 
-# --- a node's state, and resuming --------------------------------------------------------
+def identity(node) -> str:
+    nodes = [(n.node, n.gpus, n.batch_size, n.local_steps) for n in node.plan.nodes]
+    return ckpt_set.run_identity(node.config, nodes)
+
+
+# --- a node's state ---------------------------------------------------------------------------
 
 def node_state(node) -> dict:
     """What a Node's checkpoint holds (module docstring); a sharded node's gathered whole (a
-    collective of the node's processes)."""
+    collective of the node's processes). Tensors may be the live ones: `snapshot` copies."""
     if node.layout is not None:
         outer = {key: node.layout.gather(value) for key, value in node.outer.state_dict().items()}
         inner = node.layout.full_optimizer_state(node.optimizer)
     else:
         outer, inner = node.outer.state_dict(), node.optimizer.state_dict()
     return {
+        "format": ckpt_set.FORMAT,
         "rounds_done": node.rounds_done, "node": node.me.node, "nodes": len(node.plan.nodes),
         "gpus": node.me.gpus, "local_steps": node.me.local_steps, "batch_size": node.batch,
         "run_config": node.config,
@@ -117,7 +113,77 @@ def node_state(node) -> dict:
     }
 
 
-def restore_node_state(node, state: dict, source: str) -> None:
+def _host_copy(value):
+    """A deep copy of `value` whose tensors are fresh CPU tensors (training goes on changing the originals)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return {key: _host_copy(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_host_copy(item) for item in value)
+    return value
+
+
+def snapshot(node) -> dict[str, dict]:
+    """The set's parts in host memory: {"global.pt": {...}, "node.pt": {...}}."""
+    state = _host_copy(node_state(node))
+    outer = state.pop("outer")
+    return {"global.pt": {"format": ckpt_set.FORMAT, "rounds_done": node.rounds_done, "outer": outer},
+            "node.pt": state}
+
+
+def _writer(node) -> ckpt_set.BackgroundWriter:
+    if getattr(node, "ckpt_writer", None) is None:
+        node.ckpt_writer = ckpt_set.BackgroundWriter()
+    return node.ckpt_writer
+
+
+def _finished(node) -> None:
+    """Wait for the write in flight; put its duration in its round's trace row."""
+    outcome = _writer(node).wait()
+    if outcome is not None:
+        row, seconds = outcome
+        row["ckpt_background_s"] = seconds
+
+
+def save(node, row: dict | None) -> float:
+    """Snapshot the node's state (every process of a sharded node takes part) and, on the
+    leader, hand it to the background writer; returns the seconds training was blocked.
+    `row` (the leader's trace row of the round) gets the write's seconds once it has finished."""
+    start = time.perf_counter()
+    if node.is_leader:
+        _finished(node)  # one write in flight at a time; raises CheckpointWriteError if it failed
+    if not node.is_leader:
+        node_state(node)  # its part of the sharded node's gathers; the leader writes
+        return time.perf_counter() - start
+    parts = snapshot(node)
+    block_s = time.perf_counter() - start
+    out_dir, index, round_, ident = node.opts.out_dir, node.index, node.rounds_done, identity(node)
+    _writer(node).submit(lambda: ckpt_set.write_set(out_dir, index, round_, ident, parts, block_s), row)
+    return block_s
+
+
+def wait_writes(node) -> None:
+    """Before the run's outputs: the last set is on disk (or its failure raised)."""
+    if node.is_leader:
+        _finished(node)
+
+
+def start_afresh(node) -> None:
+    """A run without --resume: the node's sets from an earlier run in --out are removed (a later
+    --resume must never mix them with this run's), saying so."""
+    sets = ckpt_set.set_rounds(node.opts.out_dir, node.index)
+    if sets:
+        for path in sets.values():
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+        print(f"real: {ckpt_set.node_dir(node.opts.out_dir, node.index)}: removed an earlier run's checkpoints "
+              f"(rounds {', '.join(map(str, sorted(sets)))}); --resume continues a run instead",
+              file=sys.stderr, flush=True)
+
+
+def restore_node_state(node, state: dict, source: str, manifest: dict | None = None) -> None:
     """Load `state` into the Node; ValueError naming the key when it was made by another plan or settings."""
     for key, mine in (("nodes", len(node.plan.nodes)), ("node", node.me.node), ("gpus", node.me.gpus),
                       ("local_steps", node.me.local_steps), ("batch_size", node.batch)):
@@ -129,8 +195,11 @@ def restore_node_state(node, state: dict, source: str) -> None:
         if saved.get(key) != mine:
             raise ValueError(f"{source}: {key}: the checkpoints were made with {saved.get(key)!r}, this run "
                              f"has {mine!r}; resume with the same settings (or start afresh in another --out)")
+    if manifest is not None and manifest["run_identity"] != identity(node):
+        raise ValueError(f"{source}: run_identity: the checkpoints were made by another run "
+                         f"({manifest['run_identity']}, this run is {identity(node)}); refusing to resume")
     outer = state["outer"]
-    node.loaded_digest = weights_digest(outer["global_flat"], outer["momentum"])
+    node.loaded_digest = weights_digest(outer["global_flat"], outer["momentum"], round_=int(state["rounds_done"]))
     if node.layout is not None:
         node.outer.load_state_dict({key: node.layout.local_slice(value) for key, value in outer.items()})
         node.layout.load_optimizer_state(node.optimizer, state["inner_optimizer"])
@@ -148,29 +217,66 @@ def restore_node_state(node, state: dict, source: str) -> None:
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and node.device.type == "cuda":
         torch.cuda.set_rng_state(state["cuda_rng"], node.device)
-    node.trace = [dict(row) for row in state["trace"]] if node.groups.is_leader else []
-    node.time_offset_s = max((row["round_end_s"] + row["ckpt_s"] for row in state["trace"]), default=0.0)
+    trace = [dict(row) for row in state["trace"]]
+    if trace and manifest is not None:  # the set's own round: its times were known only after the snapshot
+        trace[-1]["ckpt_block_s"] = float(manifest["ckpt_block_s"])
+        trace[-1]["ckpt_background_s"] = float(manifest["ckpt_background_s"])
+    node.trace = trace if node.groups.is_leader else []
+    node.time_offset_s = max((row["round_end_s"] + row["ckpt_block_s"] for row in trace), default=0.0)
 
 
-def _common_round(node, mine: dict[int, Path]) -> int | None:
-    """The latest round every node can load (an all-gather of each node's two newest), or None
-    when no node has saved anything yet; ValueError when the nodes' checkpoints share none."""
+# --- resuming ---------------------------------------------------------------------------------
+
+def verified_sets(out_dir, index: int, report: bool = True) -> dict[int, tuple[Path, dict]]:
+    """{round: (directory, manifest)} of the node's sets that verify; each one that does not is
+    named with its reason in one line (when `report`)."""
+    good = {}
+    for round_, directory in sorted(ckpt_set.set_rounds(out_dir, index).items(), reverse=True):
+        try:
+            good[round_] = (directory, ckpt_set.verify(directory, round_, index))
+        except (ValueError, OSError, KeyError, TypeError) as exc:
+            if report:
+                print(f"real: {directory}: skipped: {exc}", file=sys.stderr, flush=True)
+    return good
+
+
+def latest_state(out_dir, index: int) -> dict:
+    """The newest verified set's state of node `index` (for tools and tests); FileNotFoundError if none."""
+    good = verified_sets(out_dir, index, report=False)
+    if not good:
+        raise FileNotFoundError(f"{ckpt_set.node_dir(out_dir, index)}: no checkpoint that verifies")
+    return ckpt_set.load_set(good[max(good)][0])
+
+
+def _common_round(node, mine: dict) -> int | None:
+    """The newest round every node holds intact (an all-gather of each node's newest KEEP + 1),
+    or None when no node has saved anything; ValueError when the nodes' sets share none. Rank 0
+    names the nodes that lacked a newer round."""
     groups, plan = node.groups, node.plan
-    rounds = sorted(mine, reverse=True)[:2]
-    everyone = groups.all_gather_ints(rounds + [-1] * (2 - len(rounds)))
+    width = ckpt_set.KEEP + 1
+    rounds = sorted(mine, reverse=True)[:width]
+    everyone = groups.all_gather_ints(rounds + [-1] * (width - len(rounds)))
     per_node = [set(r for r in everyone[plan.first_rank(i)] if r >= 0) for i in range(len(plan.nodes))]
     common = set.intersection(*per_node)
     if not common:
         if any(per_node):
-            raise ValueError(f"{node_path(node.opts.out_dir, groups.index).parent}: the nodes' "
-                             f"checkpoints share no round ({[sorted(s) for s in per_node]}); cannot resume")
+            raise ValueError(f"{ckpt_set.node_dir(node.opts.out_dir, groups.index).parent}: the nodes' "
+                             f"checkpoints share no round that verifies ({[sorted(s) for s in per_node]}); "
+                             f"cannot resume")
         return None
-    return max(common)
+    chosen = max(common)
+    newer = sorted(r for r in set().union(*per_node) if r > chosen)
+    if node.rank == 0 and newer:
+        lacking = [f"round {r}: node {', '.join(plan.nodes[i].node for i, s in enumerate(per_node) if r not in s)} "
+                   f"has none that verifies" for r in newer]
+        print(f"real: resuming from round {chosen}, the newest every node holds intact; skipped {'; '.join(lacking)}",
+              file=sys.stderr, flush=True)
+    return chosen
 
 
-def _check_same_weights(node, path: Path, round_: int) -> None:
-    """Every process must have loaded the same global weights and outer momentum (digests of
-    the canonical, gathered form)."""
+def _check_same_state(node, path: Path, round_: int) -> None:
+    """Every process must have loaded the same θ_g, outer momentum and round (digests of the
+    canonical, gathered form)."""
     groups, plan = node.groups, node.plan
     digests = [d[0] for d in groups.all_gather_ints([node.loaded_digest])]
     leaders = [digests[plan.first_rank(i)] for i in range(len(plan.nodes))]
@@ -182,14 +288,18 @@ def _check_same_weights(node, path: Path, round_: int) -> None:
 
 
 def resume(node) -> None:
-    """Load the latest round that every node holds intact (agreed by an all-gather of the
-    rounds each node can load), then check that every node loaded the same global weights."""
-    mine = load_node_candidates(node.opts.out_dir, node.groups.index, report=node.groups.is_leader)
+    """Load the newest round whose sets verify on every node, then check that every node
+    loaded the same global weights, outer momentum and round."""
+    mine = verified_sets(node.opts.out_dir, node.groups.index, report=node.groups.is_leader)
+    legacy = Path(node.opts.out_dir) / "checkpoints" / f"node{node.groups.index}.pt"
+    if not mine and legacy.exists():
+        raise ValueError(f"{legacy}: a checkpoint of an earlier geodt (one file per node, without digests); "
+                         f"this version resumes only checkpoint sets (format {ckpt_set.FORMAT}): rerun the run")
     round_ = _common_round(node, mine)
     if round_ is None:
         return  # nothing saved yet: start from the beginning
-    path = mine[round_]
-    restore_node_state(node, load_node(path), str(path))
-    _check_same_weights(node, path, round_)
+    directory, manifest = mine[round_]
+    restore_node_state(node, ckpt_set.load_set(directory), str(directory), manifest)
+    _check_same_state(node, directory, round_)
     # Every node's offset becomes the latest, so the resumed timeline stays common.
     node.time_offset_s = node.groups.max_float(node.time_offset_s)

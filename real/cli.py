@@ -21,6 +21,9 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
     parser.add_argument("--stop-after", type=int, default=None, metavar="R",
                         help="stop cleanly after R rounds (checkpointed; --resume continues)")
+    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
+                        help="a checkpoint every K rounds and after the last (default: the scenario's "
+                             "[training] checkpoint_every, else 1); written in the background")
     parser.add_argument("--data", default=None, metavar="FILE",
                         help="train on FILE: .npy token array, otherwise raw bytes (default: synthetic Markov corpus)")
     parser.add_argument("--replicate-data", action="store_true",
@@ -47,6 +50,7 @@ def exec_options(args: argparse.Namespace, out_dir: str):
     return ExecOptions(out_dir=out_dir, emulate=args.emulate, time_scale=args.time_scale, resume=args.resume,
                        data_path=args.data, replicate_data=args.replicate_data, timeout_s=args.timeout_s,
                        backend=args.backend, stop_after=args.stop_after, threads=args.threads,
+                       checkpoint_every=args.checkpoint_every,
                        progress=not args.no_progress, wan=args.wan)
 
 

@@ -2,7 +2,7 @@
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds), `[diloco]` and `[network]`'s collective and payload_dtype (the defaults for plan.csv
+(rounds, checkpoint_every), `[diloco]` and `[network]`'s collective and payload_dtype (the defaults for plan.csv
 cells left empty); the rest of `[network]`, `[[nodes]]` and `[simulation]` belong to the
 simulator and are ignored. Unknown keys in the sections read here are errors. Every error is a
 `ConfigError` whose message names the file, the key and what was expected.
@@ -16,7 +16,7 @@ from formats.config import build
 from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
-from formats.scenario import DilocoConfig, ModelSection
+from formats.scenario import CHECKPOINT_EVERY_DEFAULT, DilocoConfig, ModelSection, check_checkpoint_every
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
@@ -49,6 +49,7 @@ class RunSpec:
     # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
     collective: str = "ring"
     payload_dtype: str = "fp32"
+    checkpoint_every: int = 1  # [training].checkpoint_every (formats/scenario.py)
     latency_ms: float = 1.0  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
 
     def __post_init__(self) -> None:
@@ -87,7 +88,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
     [model] and [diloco] are built by the shared sections (formats/scenario.py)."""
     _check_keys(data, SCENARIO_TOP_KEYS, "")
     training = _table(data, "training")
-    _check_keys(training, {"rounds"} | IGNORED_TRAINING_KEYS, "training.")
+    _check_keys(training, {"rounds", "checkpoint_every"} | IGNORED_TRAINING_KEYS, "training.")
     if "rounds" not in training:
         raise FieldError("training.rounds", "missing; expected a positive integer")
     network = _table(data, "network")  # the rest of [network] is the simulator's
@@ -95,6 +96,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
         seed=data.get("seed", 0),
         model=build(ModelSection, _table(data, "model"), "model"),
         rounds=training["rounds"],
+        checkpoint_every=check_checkpoint_every(training.get("checkpoint_every", CHECKPOINT_EVERY_DEFAULT)),
         diloco=build(DilocoConfig, _table(data, "diloco"), "diloco"),
         collective=network.get("collective", "ring"),
         payload_dtype=network.get("payload_dtype", "fp32"),

@@ -38,7 +38,6 @@ import signal
 import socket
 import struct
 import sys
-import tempfile
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -47,11 +46,17 @@ from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
 from formats.plan import Plan
 from real.options import ExecOptions
+from real.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
 from real.process import worker_main
 from real.streaming import StreamingSpec
+from real.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
 
 
 LIVENESS_GRACE_S = 6.0  # > real.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
+# After a worker lost contact, how long its peers get to time out too before the processes still
+# running are named as the ones that stopped answering (peers wait in the same collective, so
+# they time out within a fraction of a second of each other; a loaded machine adds some).
+HUNG_GRACE_S = 3.0
 
 
 class LaunchError(ValueError):
@@ -158,13 +163,23 @@ def pin_gloo(ip: str) -> None:
 
 
 def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path) -> None:
-    """The output directory holds the plan and resolved scenario it was made from."""
-    for src, name in ((plan_path, "plan.csv"), (scenario_path, "scenario.toml")):
-        dst = out_dir / name
-        if not (dst.exists() and os.path.samefile(src, dst)):
-            tmp = out_dir / f".{name}.tmp{os.getpid()}"
+    """The output directory holds the plan and resolved scenario it was made from, as a set:
+    both copied to temporary names first, then both renamed (a full disk replaces neither)."""
+    copies = [(src, out_dir / name) for src, name in ((plan_path, "plan.csv"), (scenario_path, "scenario.toml"))
+              if not ((out_dir / name).exists() and os.path.samefile(src, out_dir / name))]
+    staged = []
+    try:
+        for src, dst in copies:
+            tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+            staged.append(tmp)
             shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
+    except OSError as exc:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+        raise LaunchError(f"{out_dir}: cannot write plan.csv and scenario.toml ({exc.strerror or exc}); "
+                          f"nothing was replaced") from None
+    for (_, dst), tmp in zip(copies, staged):
+        os.replace(tmp, dst)
 
 
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
@@ -176,6 +191,8 @@ def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_
     # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
     # ran on until their collectives timed out (--timeout-s, 300 s); now the kernel kills them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM to the whole group (a scheduler, systemd) likewise: the launcher ends the run (real/supervise.py).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent(parent_pid)
     if links is not None:  # --wan shaped: into the node's namespace before any socket exists
         from real.wan import enter
@@ -213,12 +230,27 @@ def check_wan(plan: Plan, plan_path, opts: ExecOptions, host: str) -> None:
                               f"expected a value on every row")
 
 
+def check_disk_space(spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> None:
+    """Room in DIR for the checkpoints of the nodes this machine runs (real/outdir.py); OutDirError otherwise."""
+    from facts.presets import load_arch
+
+    if under_torchrun():
+        local = [plan.node_of_rank(int(os.environ["RANK"]))]
+    else:
+        local = list(range(len(plan.nodes)))
+    streams = opts.streaming is not None or not StreamingSpec.from_plan(plan).classic
+    check_space(out_dir, local, load_arch(spec.model.preset).params, streams, opts.checkpoint)
+
+
 def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
-           announce=None) -> int:
+           announce=None, lock: bool = True) -> int:
     """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
-    input, 130 when interrupted). Rank 0 prints the per-node summary (opts.summary).
-    announce(), if given, is called once every input is checked, right before the processes start
-    (warnings about the run go there, so that bad input stays one line)."""
+    input or a busy or too small --out, 130 when interrupted, 143 on SIGTERM). Rank 0 prints the
+    per-node summary (opts.summary). announce(), if given, is called once every input is
+    checked, right before the processes start (warnings about the run go there, so that bad
+    input stays one line). `lock`: take DIR's run lock (real/outdir.py); False when the caller
+    (geodt run) holds it already."""
+    ip = None
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
         check_wan(plan, plan_path, opts, host)
@@ -229,7 +261,35 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
         print(f"real: {exc}", file=sys.stderr)
         return 2
     out_dir = Path(opts.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        held = take_lock(out_dir) if lock and _first_on_machine() else None
+    except (OSError, OutDirError) as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _launch(plan_path, scenario_path, spec, plan, opts, out_dir, ip, host, announce,
+                       lock_held=held is not None or not lock)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _first_on_machine() -> bool:
+    """The local launcher, or under torchrun the machine's first process (LOCAL_RANK 0)."""
+    return not under_torchrun() or os.environ.get("LOCAL_RANK") == "0"
+
+
+def _launch(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip, host,
+            announce, lock_held: bool) -> int:
+    """launch() once DIR is this run's: stale temporaries out, room checked, the processes run."""
+    try:
+        if lock_held:
+            remove_stale_outputs(out_dir)
+        check_disk_space(spec, plan, opts, out_dir)
+    except OutDirError as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
     if under_torchrun():
         return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
     if opts.wan == "shaped":
@@ -256,7 +316,11 @@ def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOp
         pin_gloo(ip)
     if announce is not None:
         announce()
-    _copy_inputs(plan_path, scenario_path, out_dir)
+    try:
+        _copy_inputs(plan_path, scenario_path, out_dir)
+    except LaunchError as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
     return _run_spawned(spec, plan, opts, ip, listener, links)
 
 
@@ -276,7 +340,7 @@ def _listen(ip: str, host: str) -> socket.socket | None:
 
 def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener: socket.socket | None,
                  links: tuple | None) -> int:
-    """Spawn every process of the plan and wait for them; returns the exit status."""
+    """Spawn every process of the plan and watch them (real/supervise.py); returns the exit status."""
     import logging
 
     import torch.distributed as dist
@@ -286,50 +350,50 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     store = None
     context = None
-    with tempfile.TemporaryDirectory(prefix="geodt-rdzv-") as rdzv:
-        try:
-            if listener is not None:
-                # The store counts this process as a client too (world + 1): it serves, children join.
-                store = dist.TCPStore(ip, listener.getsockname()[1], plan.world_size + 1, True,
-                                      timedelta(seconds=opts.timeout_s), wait_for_workers=False,
-                                      master_listen_fd=listener.fileno())
-                store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
-                listener.detach()  # the store owns (and closes) the socket now
-            else:
-                store_spec = ("file", os.path.join(rdzv, "store"))
-            context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
-                                         nprocs=plan.world_size, join=False, start_method="spawn")
-            # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it
-            # stops: the others get that long to say so themselves before they are stopped.
-            grace_s = None if links is None else LIVENESS_GRACE_S
-            while not context.join(grace_period=grace_s):
-                pass
-        except mp.ProcessExitedException as exc:
-            return _exited(plan, exc, opts.out_dir)
-        except mp.ProcessRaisedException as exc:
-            name = plan.nodes[plan.node_of_rank(exc.error_index)].node
-            print(f"real: node {name} failed: {str(exc).strip().splitlines()[-1]}", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            if context is not None:
-                _stop(context.processes)
-            print(interrupted_note(opts.out_dir), file=sys.stderr)
-            return 130
-        finally:
-            del store
-            if listener is not None:
-                listener.close()
-    return 0
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM ends the run as Ctrl-C does (only the main thread may set a handler)
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+    try:
+        with rendezvous_dir() as rdzv:
+            try:
+                if listener is not None:
+                    # The store counts this process as a client too (world + 1): it serves, children join.
+                    store = dist.TCPStore(ip, listener.getsockname()[1], plan.world_size + 1, True,
+                                          timedelta(seconds=opts.timeout_s), wait_for_workers=False,
+                                          master_listen_fd=listener.fileno())
+                    store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
+                    listener.detach()  # the store owns (and closes) the socket now
+                else:
+                    store_spec = ("file", os.path.join(rdzv, "store"))
+                context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
+                                             nprocs=plan.world_size, join=False, start_method="spawn")
+                # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it
+                # stops: the others get that long to say so themselves before they are stopped.
+                grace_s = HUNG_GRACE_S if links is None else LIVENESS_GRACE_S
+                return supervise(context, plan, grace_s, opts.timeout_s, settle_on_death=links is not None)
+            except KeyboardInterrupt as exc:
+                if context is not None:
+                    stop(context.processes)
+                print(interrupted_note(opts.out_dir), file=sys.stderr)
+                return SIGNALLED + signal.SIGTERM if isinstance(exc, Terminated) else 130
+            finally:
+                del store
+                if listener is not None:
+                    listener.close()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
-INTERRUPTED = "real: interrupted; outputs of completed rounds are in the checkpoints (--resume continues)"
 INTERRUPTED_EARLY = "real: interrupted before any round was checkpointed; nothing to resume (rerun without --resume)"
 
 
 def saved_checkpoints(out_dir) -> list[Path]:
-    """The node checkpoints a run in out_dir left (real/checkpoint.py: checkpoints/node<i>.pt)."""
+    """The checkpoint sets a run in out_dir left (real/ckpt_set.py: checkpoints/node<i>/round-<R>/)."""
     folder = Path(out_dir) / "checkpoints"
-    return sorted(folder.glob("node*.pt")) if folder.is_dir() else []
+    return sorted(folder.glob("node*/round-*/manifest.json")) if folder.is_dir() else []
 
 
 def interrupted_note(out_dir) -> str:
@@ -351,27 +415,3 @@ def check_resume(opts: ExecOptions) -> None:
     if opts.resume and not saved_checkpoints(opts.out_dir):
         raise LaunchError(f"--resume: {Path(opts.out_dir) / 'checkpoints'} holds no checkpoint; expected the --out of "
                           "a run that stopped (--stop-after, Ctrl-C); drop --resume to start from the beginning")
-
-
-def _exited(plan: Plan, exc, out_dir) -> int:
-    """One line for a process that exited early (the others were stopped); the run's status."""
-    name = plan.nodes[plan.node_of_rank(exc.error_index)].node
-    if exc.exit_code == 130:
-        print(interrupted_note(out_dir), file=sys.stderr)
-        return 130
-    if exc.exit_code < 0:
-        how = f"was killed by signal {-exc.exit_code}" + (
-            " (SIGKILL: often the out-of-memory killer; is the batch too large?)" if exc.exit_code == -9 else "")
-    else:
-        how = f"exited with status {exc.exit_code}"
-    print(f"real: node {name} {how}; the other processes were stopped", file=sys.stderr)
-    return 2 if exc.exit_code == 2 else 1
-
-
-def _stop(processes) -> None:
-    """Terminate the processes still alive and wait for each (10 s at most)."""
-    for proc in processes:
-        if proc.is_alive():
-            proc.terminate()
-    for proc in processes:
-        proc.join(timeout=10)

@@ -36,6 +36,7 @@ class ExecOptions:
     threads: int = 0               # torch threads per process; 0 = cores / local processes
     progress: bool = True
     checkpoint: bool = True
+    checkpoint_every: int | None = None  # rounds between checkpoints; None: the scenario's [training] value
     summary: bool = True           # rank 0 prints per-node totals at the end
     wan: str = "loopback"          # loopback | shaped (real/wan.py: node namespaces, shaped links)
     # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for
@@ -69,6 +70,8 @@ class ExecOptions:
             raise ValueError(f"--wan: expected {' or '.join(WAN_MODES)}, got {self.wan!r}")
         if self.drift is not None and not all(f > 0 for row in self.drift for f in row):
             raise ValueError("drift: expected positive step-time multipliers")
+        if self.checkpoint_every is not None and (isinstance(self.checkpoint_every, bool) or self.checkpoint_every <= 0):
+            raise ValueError(f"--checkpoint-every: expected a positive number of rounds, got {self.checkpoint_every}")
         if self.threads < 0:
             raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 

@@ -1,5 +1,6 @@
 """One process's life: CPU limits, threads, joining the process group, running its node, and
-the exit status (0 done, 1 lost peer, 2 bad input, 130 interrupted)."""
+the exit status (0 done, 1 lost peer, 2 bad input, 3 a failure it has named in one line, such
+as a full disk; 130 interrupted). The launcher adds nothing to the line of a 2 or a 3."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ from real.options import ExecOptions, PeerLost, resolve_backend
 from real.worker import Node
 
 STOPPED_KEY = "geodt/stopped-on-its-own/"
+SAID = 3  # exit status of a process that stopped for a failure it has named (real/launch.py adds nothing)
 
 
 def init_process_group(backend: str, rank: int, world: int, timeout_s: float, store_spec: tuple | None):
@@ -54,6 +56,20 @@ def _say_lost(links: tuple, me: int, store) -> str | None:
         except (RuntimeError, OSError):
             pass  # the store is gone with the launcher: nobody is left to ask
     return whom
+
+
+def write_failure(exc: OSError) -> str:
+    """One line for a file this process could not write (CheckpointWriteError says it all)."""
+    import errno
+
+    from real.checkpoint import CheckpointWriteError
+
+    if isinstance(exc, CheckpointWriteError):
+        return exc.strerror
+    full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    reason = "no space left on device" if full else (exc.strerror or str(exc))
+    return (f"{exc.filename or 'an output file'}: {reason}; its temporary file was removed and the checkpoints "
+            f"are intact ({'free space, then ' if full else ''}--resume)")
 
 
 def _apply_limits(plan: Plan, rank: int):
@@ -107,6 +123,9 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
     except (ValueError, CpuLimitError) as exc:
         print(f"real: node {name} (rank {rank}): {str(exc).strip().splitlines()[0]}", file=sys.stderr, flush=True)
         status = 2
+    except OSError as exc:  # a checkpoint or output that could not be written: a full disk, say
+        print(f"real: node {name} (rank {rank}): {write_failure(exc)}", file=sys.stderr, flush=True)
+        status = SAID
     cleanup()
     if status == 0 and dist.is_initialized():
         dist.destroy_process_group()

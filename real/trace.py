@@ -1,8 +1,11 @@
 """trace.csv: docs/DESIGN.md's timeline columns plus loss and tokens, one row per node and round.
 
 Extra columns: `overrun_steps` (under --emulate, inner steps whose real compute took longer
-than the emulated step time, so the step could not be padded to it), `ckpt_s` (the
-checkpoint written after the sync, outside the round), `local_steps`, `batch_size` (per
+than the emulated step time, so the step could not be padded to it), `ckpt_block_s` (the
+part of the checkpoint after the sync that blocked training: the snapshot to host memory, and
+the wait for the previous write when it had not finished; 0 in rounds without a checkpoint),
+`ckpt_background_s` (the write itself, in a background thread while the next rounds trained;
+real/checkpoint.py), `local_steps`, `batch_size` (per
 device), `bytes_sent` (bytes this node put on the wire in that sync; real/sync.py) and
 `peak_mem_bytes` (the largest peak memory of the node's device processes during the round,
 compute and sync: CUDA torch.cuda.max_memory_allocated, CPU the peak resident set size;
@@ -32,11 +35,11 @@ INT_COLUMNS = ("round", "tokens", "overrun_steps", "local_steps", "batch_size", 
 def trace_row(strategy: str, node: NodePlan, r: int, *, compute_s: float, idle_s: float, comm_s: float,
               start_s: float, end_s: float, loss: float, tokens: int, overruns: int, bytes_sent: int,
               peak_mem_bytes: int) -> dict:
-    """One node's row of round r (ckpt_s is filled in once the checkpoint is written)."""
+    """One node's row of round r (the ckpt_ columns are filled in by real/checkpoint.py)."""
     return {
         "strategy": strategy, "node": node.node, "round": r,
         "compute_s": compute_s, "idle_s": idle_s, "comm_s": comm_s, "round_start_s": start_s, "round_end_s": end_s,
-        "loss": loss, "tokens": tokens, "overrun_steps": overruns, "ckpt_s": 0.0,
+        "loss": loss, "tokens": tokens, "overrun_steps": overruns, "ckpt_block_s": 0.0, "ckpt_background_s": 0.0,
         "local_steps": node.local_steps, "batch_size": node.batch_size, "bytes_sent": bytes_sent,
         "peak_mem_bytes": peak_mem_bytes,
     }

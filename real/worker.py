@@ -171,11 +171,13 @@ class Node:
         self.groups.sync_device()
 
     def run(self) -> None:
-        """Resume if asked, then the rounds (each leader checkpoints after each), then finish()."""
+        """Resume if asked, then the rounds (checkpoints every checkpoint_every rounds), then finish()."""
         if self.groups.is_leader:
-            checkpoint.remove_stale_temps(self.opts.out_dir, self.index)
+            checkpoint.remove_stale(self.opts.out_dir, self.index)
         if self.opts.resume:
             checkpoint.resume(self)
+        elif self.groups.is_leader:
+            checkpoint.start_afresh(self)
         self.warm_up()
         last = self.spec.rounds if self.opts.stop_after is None else min(self.spec.rounds, self.opts.stop_after)
         bar = self._progress_bar()
@@ -186,15 +188,11 @@ class Node:
                 self._inject_drift(r)
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1
-                ckpt_start = time.perf_counter()
-                # A sharded node's processes all take part in gathering its checkpoint.
-                state = (checkpoint.node_state(self) if self.opts.checkpoint and (self.is_leader or self.layout)
-                         else None)
                 if self.is_leader:
                     self.trace.append(row)
-                    if state is not None:
-                        checkpoint.save_node(self.opts.out_dir, self.index, state)
-                        row["ckpt_s"] = time.perf_counter() - ckpt_start
+                # A sharded node's processes all take part in gathering its checkpoint.
+                if checkpoint.due_here(self, last) and (self.is_leader or self.layout):
+                    row["ckpt_block_s"] = checkpoint.save(self, row if self.is_leader else None)
                 if bar is not None:
                     bar.set_postfix(round=r, loss=f"{row['loss']:.3f}")
         finally:
@@ -231,6 +229,7 @@ class Node:
         """Gather the leaders' rows to rank 0, which writes trace.csv (and syncs.csv when
         streaming) and the model's final weights."""
         self.round.close()
+        checkpoint.wait_writes(self)  # the last set on disk, its write time in the trace
         weights = None
         if self.index == 0:  # node 0's processes all take part when its weights are sharded
             weights = (self.layout.full_weights(self.model) if self.layout is not None else
@@ -244,9 +243,7 @@ class Node:
                 write_syncs(self.plan, sync_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
             frame = write_trace(trace_rows(self.plan, tables), [node.node for node in self.plan.nodes],
                                 os.path.join(self.opts.out_dir, "trace.csv"))
-            tmp = os.path.join(self.opts.out_dir, f".final_weights.pt.tmp{os.getpid()}")
-            torch.save(weights, tmp)
-            os.replace(tmp, os.path.join(self.opts.out_dir, "final_weights.pt"))
+            checkpoint.save_whole(weights, os.path.join(self.opts.out_dir, "final_weights.pt"))
             if self.opts.summary:
                 print(summary(frame), flush=True)
         # Nobody leaves before rank 0 has written: a peer closing its sockets early can abort

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from real.ckpt_set import set_rounds
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = """name = "dead-peer"
 seed = 0
@@ -53,9 +55,8 @@ def test_dead_peer_stops_the_others_with_a_message(tmp_path):
                "--timeout-s", "30", "--threads", "1", "--no-progress"]
         procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
     survivor, victim = procs
-    victim_ckpt = tmp_path / "out1" / "checkpoints" / "node1.pt"
     deadline = time.monotonic() + 120
-    while not victim_ckpt.exists():  # the run is under way: one round done
+    while not set_rounds(tmp_path / "out1", 1):  # the run is under way: one round done
         assert time.monotonic() < deadline and survivor.poll() is None and victim.poll() is None, \
             survivor.stderr.read() if survivor.poll() is not None else "no round finished in time"
         time.sleep(0.1)
@@ -93,7 +94,7 @@ def test_ctrl_c_exits_130_with_one_line_and_no_trace(tmp_path):
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=ctrl_c_reaches_it)
     deadline = time.monotonic() + 120
-    while not (out / "checkpoints" / "node1.pt").exists():
+    while not set_rounds(out, 1):
         assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
         time.sleep(0.1)
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
@@ -176,8 +177,7 @@ def test_torchrun_ranks_map_to_nodes_by_cumulative_devices(tmp_path):
     assert list(trace["node"]) == ["pair", "single", "pair", "single"]
     assert list(trace["tokens"][:2]) == [64, 32]
     assert "final_loss" in results[0][0]  # rank 0 prints the summary
-    assert (tmp_path / "out_a" / "checkpoints" / "node0.pt").exists()
-    assert (tmp_path / "out_b" / "checkpoints" / "node1.pt").exists()
+    assert set_rounds(tmp_path / "out_a", 0) and set_rounds(tmp_path / "out_b", 1)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux (/proc, prctl)")
@@ -190,6 +190,5 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path):
     cmd, env = _local_run(tmp_path, SCENARIO.replace("rounds = 50", "rounds = 500"), tmp_path / "out",
                           "--emulate", "--timeout-s", "300")
     parent = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    checkpoint = tmp_path / "out" / "checkpoints" / "node1.pt"
-    left = kill_parent_once_ready(parent, 2, lambda pids: checkpoint.exists())  # a round done: training
+    left = kill_parent_once_ready(parent, 2, lambda pids: bool(set_rounds(tmp_path / "out", 1)))  # a round done: training
     assert left == [], f"workers {left} outlived their killed launcher"

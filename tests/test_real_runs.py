@@ -5,6 +5,7 @@ are reproducible bit for bit between runs of the same arithmetic.
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -17,6 +18,8 @@ from train.step import make_optimizer, train_step
 from real.config import load_plan, load_run_spec
 from real.data import make_shard
 from real.diloco import inner_lr
+from real.checkpoint import latest_state
+from real.ckpt_set import load_set, read_manifest, write_set
 from real.launch import launch
 from real.worker import ExecOptions
 
@@ -177,9 +180,9 @@ def test_resume_after_stop_equals_uninterrupted(tmp_path):
 
     resume(stop_after=2)
     ckpts = part / "out" / "checkpoints"
-    # A crash between two nodes' checkpoint writes: node b lost its round-2 file and keeps
-    # only round 1 (.prev). Both nodes must go back to round 1, the last one they share.
-    (ckpts / "node1.pt").unlink()
+    # A crash between two nodes' checkpoint writes: node b lost its round-2 set and keeps
+    # only round 1. Both nodes must go back to round 1, the last one they share.
+    shutil.rmtree(ckpts / "node1" / "round-000002")
     resume()
     for w1, w2 in zip(final_weights(whole), final_weights(part)):
         assert torch.equal(w1, w2)
@@ -187,7 +190,7 @@ def test_resume_after_stop_equals_uninterrupted(tmp_path):
     assert list(trace["round"]) == [0, 0, 1, 1, 2, 2]
     for _, rows in trace.groupby("node"):  # the resumed timeline continues after the stop
         assert (rows["round_start_s"].to_numpy()[1:] >= rows["round_end_s"].to_numpy()[:-1]).all()
-    ckpt = torch.load(ckpts / "node1.pt", weights_only=True)
+    ckpt = latest_state(part / "out", 1)
     assert ckpt["rounds_done"] == 3 and ckpt["data_position"] == 3 * 3 * 1
 
 
@@ -199,7 +202,7 @@ def test_trains_on_a_text_file_as_byte_tokens(tmp_path):
     assert len(trace) == 4 and trace["loss"].notna().all()
     assert trace.groupby("round")["loss"].mean().is_monotonic_decreasing
     for rank in range(2):
-        ckpt = torch.load(d / "out" / "checkpoints" / f"node{rank}.pt", weights_only=True)
+        ckpt = latest_state(d / "out", rank)
         assert ckpt["data_position"] == 2 * 3 * 2
 
 
@@ -214,13 +217,15 @@ def test_resume_skips_a_corrupt_checkpoint_and_stale_temps(tmp_path, capfd):
     whole = run(tmp_path, "whole", nodes, scenario)
     part = run(tmp_path, "part", nodes, scenario, stop_after=2)
     ckpts = part / "out" / "checkpoints"
-    (ckpts / "node0.tmp4242").write_bytes(b"half a checkpoint")  # a run killed mid-write
-    (ckpts / "node1.pt").write_bytes(b"\x00" * 100)               # a file that no longer loads
+    (ckpts / "node0" / ".round-000003.tmp4242").mkdir()  # a run killed mid-write
+    (ckpts / "node0" / ".round-000003.tmp4242" / "node.pt").write_bytes(b"half a checkpoint")
+    (ckpts / "node1" / "round-000002" / "node.pt").write_bytes(b"\x00" * 100)  # a file that no longer loads
     capfd.readouterr()
     assert _resume(part) == 0
     err = capfd.readouterr().err
-    assert f"{ckpts / 'node1.pt'}: unreadable checkpoint" in err
-    assert not (ckpts / "node0.tmp4242").exists()
+    assert (f"{ckpts / 'node1' / 'round-000002'}: skipped: node.pt has 100 bytes, its manifest says" in err)
+    assert "real: resuming from round 1, the newest every node holds intact; skipped round 2: node b has none" in err
+    assert not (ckpts / "node0" / ".round-000003.tmp4242").exists()
     # Both nodes went back to round 1 (node b's intact previous copy) and redid round 2.
     for w1, w2 in zip(final_weights(whole), final_weights(part)):
         assert torch.equal(w1, w2)
@@ -243,11 +248,14 @@ def test_resume_refuses_other_settings(tmp_path, capfd, edit, key):
 
 def test_resume_refuses_global_weights_that_differ_between_nodes(tmp_path, capfd):
     part = run(tmp_path, "part", [("a", 2, 2), ("b", 1, 3)], scenario_text(rounds=3), stop_after=1)
-    path = part / "out" / "checkpoints" / "node1.pt"
-    state = torch.load(path, weights_only=True)
-    flat = state["outer"]["global_flat"]
-    flat.view(torch.int32)[123] ^= 1 << 20  # one flipped bit in one weight
-    torch.save(state, path)
+    # One flipped bit in one weight of node b's θ_g, the set re-written with matching digests
+    # (a set made by another run, or edited on purpose): the digests pass, the nodes disagree.
+    directory = part / "out" / "checkpoints" / "node1" / "round-000001"
+    state = load_set(directory)
+    state["outer"]["global_flat"].view(torch.int32)[123] ^= 1 << 20
+    outer = state.pop("outer")
+    parts = {"global.pt": {"format": 4, "rounds_done": 1, "outer": outer}, "node.pt": state}
+    write_set(part / "out", 1, 1, read_manifest(directory)["run_identity"], parts, 0.0)
     capfd.readouterr()
     assert _resume(part) == 2
     err = capfd.readouterr().err

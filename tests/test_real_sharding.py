@@ -21,6 +21,7 @@ import torch
 
 from train.models import build_model
 from facts.presets import load_arch
+from real.checkpoint import latest_state
 from real.launch import launch
 from real.options import ExecOptions
 from formats.plan import NodePlan, Plan
@@ -93,7 +94,7 @@ def test_recomputation_zero2_and_resume_change_no_bit(reference, tmp_path):
     for name in want:
         assert torch.equal(got[name], want[name]), name
     # The checkpoint holds the canonical form: full θ_g and full AdamW moments.
-    state = torch.load(resumed / "out" / "checkpoints" / "node0.pt", weights_only=True)
+    state = latest_state(resumed / "out", 0)
     assert state["outer"]["global_flat"].numel() == sum(v.numel() for v in want.values())
     assert state["inner_optimizer"]["state"][0]["exp_avg"].shape == next(iter(want.values())).shape
 

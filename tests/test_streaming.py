@@ -12,6 +12,7 @@ import torch
 
 from formats.plan import NodePlan, load_plan
 from formats.wire import bytes_sent_per_sync
+from real.checkpoint import latest_state
 from real.diloco import OuterState
 from real.launch import launch
 from real.options import ExecOptions
@@ -131,7 +132,7 @@ def _weights(d: Path) -> dict[str, torch.Tensor]:
 
 
 def _global(d: Path, node: int) -> torch.Tensor:
-    return torch.load(d / "out" / "checkpoints" / f"node{node}.pt", weights_only=True)["outer"]["global_flat"]
+    return latest_state(d / "out", node)["outer"]["global_flat"]
 
 
 HETERO = [("a", 2, 1, 3, 2.0), ("b", 1, 2, 2, 1.0)]  # a 2-device node, unequal H and links
@@ -189,7 +190,7 @@ def test_resume_mid_run_equals_uninterrupted(tmp_path):
     frags = pd.read_csv(part / "out" / "syncs.csv")
     assert list(frags["round"]) == [0] * 4 + [1] * 4 + [2] * 4
     # The model's weights differ from θ_g here, so a resume that reloaded only θ_g would differ.
-    state = torch.load(part / "out" / "checkpoints" / "node0.pt", weights_only=True)
+    state = latest_state(part / "out", 0)
     assert not torch.equal(state["streaming"]["model_flat"], state["outer"]["global_flat"])
 
 
