@@ -258,13 +258,16 @@ def trace_rounds(timeline: pd.DataFrame, max_node_rounds: int | None = TRACE_MAX
 
 def simulation_trace_text(timeline: pd.DataFrame, plan_frame: pd.DataFrame | None = None,
                           max_node_rounds: int | None = TRACE_MAX_NODE_ROUNDS,
-                          syncs: pd.DataFrame | None = None) -> tuple[str, int | None]:
+                          syncs: pd.DataFrame | None = None,
+                          total_rounds: int | None = None) -> tuple[str, int | None]:
     """trace.json of `geodt simulate` as text, and how many first rounds it holds (None: all of them).
-    With Streaming DiLoCo strategies among the syncs, the dict path (simulation_trace)."""
+    With Streaming DiLoCo strategies among the syncs, the dict path (simulation_trace).
+    total_rounds: the run's rounds where `timeline` holds only its first ones (every strategy's
+    rounds below max_node_rounds / its nodes + 2 at least, so that the rounds kept are the same)."""
     kept = trace_rounds(timeline, max_node_rounds)
     note = SIMULATION_NOTE
     if kept is not None:
-        total = int(timeline["round"].max()) + 1
+        total = int(timeline["round"].max()) + 1 if total_rounds is None else total_rounds
         timeline = timeline[timeline["round"].to_numpy() < kept]
         syncs = None if syncs is None else syncs[syncs["round"].to_numpy() < kept]
         note += (f"; rounds 0-{kept - 1} of {total} (at most {max_node_rounds:,} node-rounds; "
