@@ -2,9 +2,11 @@
 
 Each node process runs its inner steps (one timeout per round, of the round's compute time),
 arrives at the barrier, waits for the round's release event, then spends the sync time. The
-last node to arrive releases everyone. A recorder appends plain tuples; arrays are built once at
-the end, or, given `emit`, every `chunk_rounds` rounds as the run goes (records of rounds every
-node has finished are handed on and dropped: memory bounded by chunk × nodes, not the run).
+last node to arrive releases everyone. The barrier records its release times; the timeline is
+made from them (run_simpy's docstring) once at the end, or, given `emit`, every `chunk_rounds`
+rounds as the run goes (rounds every node has finished are handed on and dropped: memory
+bounded by chunk × nodes, not the run). The fragment-sync engine's recorder appends plain
+floats per node and sync, handed on the same way.
 """
 from __future__ import annotations
 
@@ -36,40 +38,19 @@ class Barrier:
 
 
 class Recorder:
-    """Plain records: per node, one (start, done, released, end) tuple of clock times per round.
-
-    Each node appends to its own list in round order, so no index or sort is needed; the
-    arrays are built once, at the end.
-    """
-
-    FIELDS = ("round_start_s", "done_s", "released_s", "round_end_s")
+    """Plain records: per node, its (begin, sync point, merge point, resume) clock times of every
+    fragment sync, one flat list of floats in order (no index or sort needed)."""
 
     def __init__(self, nodes: int) -> None:
-        self.per_node: list[list[tuple]] = [[] for _ in range(nodes)]
-
-    def arrays(self, rows: int | None = None) -> dict[str, np.ndarray]:
-        """Columns as rounds × nodes arrays: all records, or the first `rows` of every node's,
-        which are then dropped from the lists."""
-        if rows is None:
-            table = np.array(self.per_node, dtype=float)  # nodes × rounds × fields
-        else:
-            table = np.array([records[:rows] for records in self.per_node], dtype=float)
-            for records in self.per_node:
-                del records[:rows]
-        table = table.reshape(len(self.per_node), -1, len(self.FIELDS))
-        return {name: table[:, :, k].T for k, name in enumerate(self.FIELDS)}
+        self.per_node: list[list[float]] = [[] for _ in range(nodes)]
 
 
-def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, record, ckpt_s: float = 0.0):
+def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, ckpt_s: float = 0.0):
     timeout, wait = env.timeout, barrier.wait
     for busy_s in compute_s.tolist():
-        start = env.now
         yield timeout(busy_s)
-        done = env.now
         yield wait()
-        released = env.now
         yield timeout(comm_s)
-        record((start, done, released, env.now))
         if ckpt_s:  # the checkpoint after each sync, before the next round starts
             yield timeout(ckpt_s)
 
@@ -79,35 +60,52 @@ def run_simpy(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, emit=None,
     """Simulate rounds × nodes; arrays (rounds × nodes) of the timeline columns. comm_s: one
     number, or one per node (each node's own sync time; it starts its next round when it ends).
     emit(arrays, first_round): called with every chunk_rounds rounds as they finish (the last
-    chunk shorter); then nothing is returned."""
+    chunk shorter); then nothing is returned.
+
+    What is recorded is the one time the events decide, each round's barrier release (the same
+    for every node). A node's other times are the sums SimPy's clock made on the way, and are
+    made again from it (_replay): a timeout of d from t fires at exactly t + d."""
     env = simpy.Environment()
     rounds, n = compute.shape
-    comm = np.broadcast_to(np.asarray(comm_s, dtype=float), (n,)).tolist()
-    recorder = Recorder(n)
-    flushed = [0]
+    comm = np.broadcast_to(np.asarray(comm_s, dtype=float), (n,))
+    released: list[float] = []  # per round, the barrier's release time
+    state = {"flushed": 0, "start": np.zeros(n), "out": []}
 
-    def flush(upto: int) -> None:  # rounds < upto are recorded by every node
-        if upto > flushed[0]:
-            emit(_timeline_arrays(recorder.arrays(upto - flushed[0])), flushed[0])
-            flushed[0] = upto
+    def flush(upto: int) -> None:  # rounds < upto have ended on every node
+        first = state["flushed"]
+        if upto > first:
+            arrays = _replay(compute[first:upto], np.array(released[:upto - first]), comm, ckpt_s, state["start"])
+            del released[:upto - first]
+            state["flushed"], state["start"] = upto, arrays.pop("next_start_s")
+            (emit or (lambda a, _: state["out"].append(a)))(arrays, first)
 
-    # At round r's release every node has recorded rounds < r (each records a round before it
-    # starts the next, and the last to arrive releases): those records are complete.
-    on_release = (lambda r: flush(r) if r - flushed[0] >= chunk_rounds else None) if emit else None
+    def on_release(r: int) -> None:
+        released.append(env.now)  # and with it every time of rounds up to r
+        if emit is not None and r + 1 - state["flushed"] >= chunk_rounds:
+            flush(r + 1)
+
     barrier = Barrier(env, n, on_release)
     for i in range(n):
-        env.process(node_process(env, compute[:, i], comm[i], barrier, recorder.per_node[i].append, ckpt_s))
+        env.process(node_process(env, compute[:, i], float(comm[i]), barrier, ckpt_s))
     env.run()
-    if emit is None:
-        return _timeline_arrays(recorder.arrays())
     flush(rounds)
-    return None
+    if emit is not None:
+        return None
+    out = state["out"]
+    return out[0] if len(out) == 1 else {k: np.concatenate([a[k] for a in out]) for k in out[0]}
 
 
-def _timeline_arrays(rec: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {"compute_s": rec["done_s"] - rec["round_start_s"], "idle_s": rec["released_s"] - rec["done_s"],
-            "comm_s": rec["round_end_s"] - rec["released_s"], "round_start_s": rec["round_start_s"],
-            "round_end_s": rec["round_end_s"]}
+def _replay(compute: np.ndarray, released: np.ndarray, comm: np.ndarray, ckpt_s: float,
+            start_s: np.ndarray) -> dict[str, np.ndarray]:
+    """The timeline arrays of rounds whose barrier released at `released`, from each node's start
+    of the first (start_s): per round, done = start + compute, end = released + comm, the next
+    start = end (+ ckpt_s): the additions SimPy's clock made, so the same numbers bit for bit."""
+    end = released[:, None] + comm
+    after = end + ckpt_s if ckpt_s else end
+    start = np.vstack([start_s[None, :], after[:-1]])
+    done = start + compute
+    return {"compute_s": done - start, "idle_s": released[:, None] - done, "comm_s": end - released[:, None],
+            "round_start_s": start, "round_end_s": end, "next_start_s": after[-1]}
 
 
 # --- Streaming DiLoCo -------------------------------------------------------------------
