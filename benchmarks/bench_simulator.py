@@ -11,7 +11,9 @@ bare loop's (goal <= 3). Best of --repeats runs each, all measured in this one r
 whole process at fleet size, --big-nodes x --big-rounds (4096 x 2000) with default settings
 (engine auto, the timeline aggregated above 10^6 node-rounds): its wall time (goal < 60 s) and
 peak resident memory (goal < 1 GB), once, and the load average seen meanwhile (the machine may be
-shared).
+shared). Then (6) planning at --plan-rounds (10^5) rounds: make_plan of every strategy on the
+built-in `paper` scenario, per strategy, against the same at 100 rounds (goal: seconds, and the
+streaming planner's search no longer growing with the rounds).
 
 Then the same for Streaming DiLoCo (--fragments P, --delay τ): `simulate_syncs(..., "simpy")`
 (fragment-sync engine, segments, timeline and syncs DataFrames) against a bare loop of the same
@@ -129,6 +131,18 @@ def whole_process(scenario: Scenario, repeats: int, *options: str) -> tuple[floa
     return seconds, peak, written
 
 
+def planning(rounds: int) -> dict[str, tuple[float, float]]:
+    """Per strategy, make_plan's seconds on `paper` at `rounds` rounds and at 100."""
+    from simulator.scenario import load_scenario
+    from simulator.strategies import STRATEGIES
+
+    long, short = (load_scenario("paper", [f"training.rounds={r}"]) for r in (rounds, 100))
+    times = {}
+    for name in STRATEGIES:
+        times[name] = tuple(best_of(1, lambda sc=sc: make_plan(sc, name)) for sc in (long, short))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=1024)
@@ -138,6 +152,7 @@ def main() -> None:
     parser.add_argument("--delay", type=int, default=2)
     parser.add_argument("--big-nodes", type=int, default=4096)
     parser.add_argument("--big-rounds", type=int, default=2000)
+    parser.add_argument("--plan-rounds", type=int, default=100_000)
     args = parser.parse_args()
 
     scenario = bench_scenario(args.nodes, args.rounds)
@@ -167,6 +182,12 @@ def main() -> None:
     print(f"whole geodt simulate process  {big_s:.1f} s (goal < 60 s), peak memory {big_peak / 2**30:.2f} GiB "
           f"(goal < 1 GiB), {big_written / 1e6:.1f} MB written; load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
+
+    plan_times = planning(args.plan_rounds)
+    print(f"planning every strategy of `paper` at {args.plan_rounds:,} rounds (and at 100): "
+          f"{sum(t for t, _ in plan_times.values()):.2f} s in all (goal: seconds)")
+    for name, (long_s, short_s) in plan_times.items():
+        print(f"  {name:16s} {long_s:7.3f} s  ({short_s:.3f} s at 100 rounds)")
 
     from dataclasses import replace
 

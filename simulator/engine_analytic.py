@@ -105,7 +105,12 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     (simulator/network.py node_sync_offsets_s); the node waits for its own end, the group's next
     all-reduce for the last. The same operations in the same order as the SimPy engine's clock.
     syncs: K, when pre and delay hold fewer rows that repeat (row k % their length: one round's P
-    rows of a deterministic plan). state: (clock, link_free) after the rounds before these (whole
+    rows of a deterministic plan). With one round's rows and record False, the rounds are run
+    until the schedule repeats (every clock and the link's, less the latest clock, within
+    PERIODIC_TOL of the round before, in seconds of the run so far): the rounds after it repeat
+    that round (a max-plus recurrence moves by the same amount from states that differ by a
+    shift, and no further apart than they started), so they are added in closed form and the
+    cost no longer grows with the rounds. state: (clock, link_free) after the rounds before these (whole
     rounds), from stream_state of the previous chunk; None: the start of the run. record: per sync the arrays of STREAM_FIELDS and node_end_s
     (K, [S,] n), start_s and end_s (K, [S]); else only the totals compute_s, idle_s, comm_s ([S,] n)
     and wall_s. The wait at a merge point splits as wait_split says; comm = exposed + outer step
@@ -124,7 +129,16 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     fields = (*STREAM_FIELDS, "node_end_s")
     rec = {name: np.empty((k_total, *shape)) for name in fields} if record else None
     ends = np.empty((2, k_total, *shape[:-1])) if record else None
+    periodic = not record and period == fragments and k_total > period
+    seen = None  # at the end of the previous round: (normalised state, totals, latest clock)
     for k in range(k_total):
+        if periodic and k % period == 0 and k:
+            latest = clock.max(axis=-1)
+            state = (clock - latest[..., None], link_free - latest)
+            now = ({name: v.copy() for name, v in totals.items()}, latest, resume.max(axis=-1))
+            if seen is not None and _same_state(seen[0], state, latest):
+                return _repeat_rounds(seen[1:], now, totals, (k_total - k) // period)
+            seen = (state, *now)
         sync_point = clock + pre[k % period]
         start = np.maximum(sync_point.max(axis=-1), link_free)
         end = link_free = start + a
@@ -144,6 +158,22 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     if not record:
         return {**totals, "wall_s": resume.max(axis=-1)}
     return {**rec, "start_s": ends[0], "end_s": ends[1]}
+
+
+PERIODIC_TOL = 1e-12  # relative to the run's time so far: well above float64's rounding of the clocks
+
+
+def _same_state(before, after, latest) -> bool:
+    scale = PERIODIC_TOL * np.maximum(np.abs(latest), 1.0)
+    return all(np.all(np.abs(a - b) <= (scale[..., None] if a.ndim > scale.ndim else scale))
+               for a, b in zip(before, after))
+
+
+def _repeat_rounds(before, now, totals: dict, remaining: int) -> dict[str, np.ndarray]:
+    """The totals and wall_s after `remaining` more rounds like the last one (before -> now)."""
+    (totals_before, _, wall_before), (totals_now, _, wall_now) = before, now
+    out = {name: totals_now[name] + remaining * (totals_now[name] - totals_before[name]) for name in totals}
+    return {**out, "wall_s": wall_now + remaining * (wall_now - wall_before)}
 
 
 def stream_state(rec: dict[str, np.ndarray], ckpt_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:

@@ -45,10 +45,12 @@ from formats.timeline import TIMELINE_COLUMNS
 from simulator.outputs import write_text
 
 # `geodt simulate` writes the first rounds up to this many node-rounds (rows of the timeline) into
-# trace.json, about 3 slices (0.6 kB) each: for 1024 nodes x 200 rounds, rounds 0-47 in 29 MB,
-# written in about 0.4 s, where every round is 122 MB, past what ui.perfetto.dev opens comfortably.
-# Without jitter the rounds after them repeat the same pattern; --full-trace writes every round.
-TRACE_MAX_NODE_ROUNDS = 50_000
+# trace.json, about 3 slices (0.6 kB) each: for 1024 nodes x 200 rounds, rounds 0-18 in 12 MB,
+# written in about 0.4 s (three float reprs a slice bound it), where every round is 122 MB, past
+# what ui.perfetto.dev opens comfortably. Without jitter the rounds after them repeat the same
+# pattern; --full-trace writes every round. (50,000 until the whole `geodt simulate` process had
+# to stay within 3x its bare event loop: the trace was a fifth of it, issue 32.)
+TRACE_MAX_NODE_ROUNDS = 20_000
 # slice name, timeline column, catapult colour name (chrome://tracing; Perfetto colours by name)
 PARTS = (("compute", "compute_s", "thread_state_running"), ("idle", "idle_s", "terrible"),
          ("sync", "comm_s", "thread_state_iowait"))
