@@ -76,10 +76,9 @@ def parser():
 
 
 def _init_worker(spec) -> None:
-    from simulator.scenario import load_scenario
-    from simulator.sweep import KindTables, node_kinds
+    from simulator.sweep_dataset import kind_tables
 
-    _WORKER["kt"] = KindTables(load_scenario(spec.base, spec.overrides), node_kinds(spec))
+    kind_tables(spec)  # built here first: a GPU type that cannot hold the batch is refused in the parent
     _WORKER["spec"] = spec
 
 
@@ -125,19 +124,9 @@ def _finished(out: Path) -> list[Path] | None:
     return parts
 
 
-def chunk_bytes(spec, first: int, kinds, bw) -> bytes:
-    """One chunk of scenarios (from first), every strategy, as its Parquet part: the unit of work
-    on local processes and on a cluster alike (its node tables built once per process)."""
-    from simulator.sweep import chunk_frame
-    from simulator.sweep_dataset import part_bytes
-
-    if _WORKER.get("spec") != spec:
-        _init_worker(spec)
-    return part_bytes(chunk_frame(_WORKER["kt"], kinds, bw, spec.strategies, first))
-
-
 def _run_chunk(job) -> tuple[int, int]:
     from simulator.outputs import write_bytes
+    from simulator.sweep_dataset import chunk_bytes
 
     index, first, kinds, bw, path = job
     write_bytes(Path(path), chunk_bytes(_WORKER["spec"], first, kinds, bw))

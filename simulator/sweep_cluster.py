@@ -4,7 +4,7 @@ Dask (dask.distributed) rather than Ray: a pure-Python wheel on every platform a
 version geodt supports, a scheduler and workers started with one command each (`dask scheduler`,
 `dask worker tcp://host:8786`) or in-process for a test (LocalCluster), and futures that carry
 plain function calls, which is all a sweep needs; Ray brings a large native runtime and its own
-object store for the same map. Each task is `sweep_cli.chunk_bytes(spec, first, kinds, bw)`: the
+object store for the same map. Each task is `sweep_dataset.chunk_bytes(spec, first, kinds, bw)`: the
 chunk's Parquet part, the same bytes as on a local process (the workers compute, the client
 writes the parts into DIR, so the workers need no shared file system, only geodt installed at
 the same version). A rerun resumes from the parts written, as locally.
@@ -24,7 +24,7 @@ def run_on_cluster(address, spec, jobs, progress) -> None:
 
         raise InputError("--scheduler: needs Dask (pip install 'geodt[cluster]')") from None
     from simulator.outputs import write_bytes
-    from simulator.sweep_cli import chunk_bytes
+    from simulator.sweep_dataset import chunk_bytes
 
     client = address if isinstance(address, Client) else Client(address)
     try:

@@ -34,6 +34,28 @@ def part_bytes(frame: pd.DataFrame) -> bytes:
     return buffer.getvalue()
 
 
+_TABLES: dict = {}  # this process's node tables, for the spec they were built for
+
+
+def kind_tables(spec):
+    """The sweep's node tables (simulator/sweep.py KindTables), built once per process and spec."""
+    if _TABLES.get("spec") != spec:
+        from simulator.scenario import load_scenario
+        from simulator.sweep import KindTables, node_kinds
+
+        _TABLES.clear()
+        _TABLES.update(spec=spec, tables=KindTables(load_scenario(spec.base, spec.overrides), node_kinds(spec)))
+    return _TABLES["tables"]
+
+
+def chunk_bytes(spec, first: int, kinds, bw) -> bytes:
+    """One chunk of scenarios (ids from first), every strategy, as its Parquet part: the unit of
+    work on local processes and on a cluster alike."""
+    from simulator.sweep import chunk_frame
+
+    return part_bytes(chunk_frame(kind_tables(spec), kinds, bw, spec.strategies, first))
+
+
 def read_part(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
     import pyarrow.parquet as pq
 
