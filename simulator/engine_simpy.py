@@ -10,8 +10,27 @@ floats per node and sync, handed on the same way.
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
+
 import numpy as np
 import simpy
+
+
+@contextmanager
+def collector_paused():
+    """The cyclic garbage collector off while the events run. SimPy makes an event per timeout;
+    the collector's passes over millions of young objects that reference counting frees anyway
+    cost about 40% of the loop (py-spy, 4096 nodes; issue 32), and an event's cycle with its
+    process is cut when it is processed (its callbacks dropped), so garbage does not pile up
+    meanwhile (1024 x 200: 129 MB peak either way). Back on, as it was, after."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Barrier:
@@ -87,7 +106,8 @@ def run_simpy(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, emit=None,
     barrier = Barrier(env, n, on_release)
     for i in range(n):
         env.process(node_process(env, compute[:, i], float(comm[i]), barrier, ckpt_s))
-    env.run()
+    with collector_paused():
+        env.run()
     flush(rounds)
     if emit is not None:
         return None
@@ -219,7 +239,8 @@ def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, 
     for i in range(n):  # each node extends one flat list of floats
         env.process(stream_node_process(env, i, pre[:, i].tolist(), delay[:, i].tolist(), float(outer_s), sync,
                                         recorder.per_node[i].extend, fragments, ckpt_s))
-    env.run()
+    with collector_paused():
+        env.run()
     if emit is None:
         return _stream_arrays(recorder, sync, k_total, node_offsets_s is not None)
     flush(k_total)
