@@ -107,28 +107,28 @@ def bench_scenario(nodes: int, rounds: int) -> Scenario:
     return scenario
 
 
-def run_measured(command: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak resident bytes) of one child process (os.wait4's rusage: that child only)."""
+def run_measured(command: list[str]) -> tuple[float, int, float]:
+    """(wall seconds, peak resident bytes, CPU seconds) of one child process (os.wait4's rusage)."""
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{' '.join(command)}: exit status {os.waitstatus_to_exitcode(status)}")
-    return seconds, usage.ru_maxrss * 1024  # Linux: kilobytes
+    return seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # ru_maxrss: kilobytes on Linux
 
 
-def whole_process(scenario: Scenario, repeats: int, *options: str) -> tuple[float, int, int]:
+def whole_process(scenario: Scenario, repeats: int, *options: str) -> tuple[float, int, int, float]:
     """Best wall time of `geodt simulate` on the scenario (written as TOML), its peak memory then,
-    and the bytes it wrote."""
+    the bytes it wrote and its CPU seconds then."""
     with tempfile.TemporaryDirectory(prefix="bench-simulate-") as tmp:
         path = Path(tmp) / "bench.toml"
         path.write_text(scenario.to_toml())
         command = [sys.executable, "-m", "geodt", "simulate", str(path), "--strategy", "baseline",
                    "--out", str(Path(tmp) / "out"), *options]
-        seconds, peak = min(run_measured(command) for _ in range(repeats))
+        seconds, peak, cpu = min(run_measured(command) for _ in range(repeats))
         written = sum(p.stat().st_size for p in (Path(tmp) / "out").iterdir())
-    return seconds, peak, written
+    return seconds, peak, written, cpu
 
 
 def planning(rounds: int) -> dict[str, tuple[float, float]]:
@@ -163,7 +163,7 @@ def main() -> None:
     engine_s = best_of(args.repeats, lambda: simulate(scenario, plan, "simpy"))
     bare_s = best_of(args.repeats, lambda: bare_loop(compute, plan.comm_s))
     analytic_s = best_of(args.repeats, lambda: simulate(scenario, plan, "analytic"))
-    process_s, _, written = whole_process(scenario, args.repeats, "--engine", "simpy")
+    process_s, _, written, _ = whole_process(scenario, args.repeats, "--engine", "simpy")
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}, simpy {simpy.__version__}")
     print(f"{args.nodes} nodes x {args.rounds} rounds = {node_rounds} node-rounds, best of {args.repeats}")
     print(f"engine (simpy, recorded)   {node_rounds / engine_s:12,.0f} node-rounds/s  ({engine_s:.3f} s)")
@@ -176,10 +176,10 @@ def main() -> None:
 
     big = bench_scenario(args.big_nodes, args.big_rounds)
     load_before = os.getloadavg()[0]
-    big_s, big_peak, big_written = whole_process(big, 1)
+    big_s, big_peak, big_written, big_cpu = whole_process(big, 1)
     print(f"fleet size, default settings: {args.big_nodes} nodes x {args.big_rounds} rounds "
           f"= {args.big_nodes * args.big_rounds:,} node-rounds")
-    print(f"whole geodt simulate process  {big_s:.1f} s (goal < 60 s), peak memory {big_peak / 2**30:.2f} GiB "
+    print(f"whole geodt simulate process  {big_s:.1f} s (goal < 60 s; {big_cpu:.1f} CPU s), peak memory {big_peak / 2**30:.2f} GiB "
           f"(goal < 1 GiB), {big_written / 1e6:.1f} MB written; load average {load_before:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
 
