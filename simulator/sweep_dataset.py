@@ -107,17 +107,24 @@ class SweepStats:
         self.scenarios_with_idle += int(frame.loc[frame["idle_left"].notna(), "scenario_id"].nunique())
         self.baseline_no_idle += int(frame.loc[frame["strategy"] == "baseline", "idle_left"].isna().sum())
         for s, rows in frame.groupby("strategy", sort=False):
-            self.idle_left.setdefault(s, []).append(rows["idle_left"].to_numpy(float))
+            # copies: a column's array is a view of its frame's whole block, which it would keep alive
+            self.idle_left.setdefault(s, []).append(np.array(rows["idle_left"], dtype=float))
             for bw, at in rows.groupby("bandwidth_gbps", sort=False):
-                self.speedup.setdefault((s, bw), []).append(at["speedup"].to_numpy(float))
-        for column, best in CRITERIA:
-            won = winners(frame, column, best)[["strategy", "bandwidth_gbps", "speed_ratio"]]
-            self.wins.setdefault(column, []).append(won)
+                self.speedup.setdefault((s, bw), []).append(np.array(at["speedup"], dtype=float))
+        for column, best in CRITERIA:  # per scenario three numbers, not a frame (10^6 of them)
+            won = winners(frame, column, best)
+            codes = pd.Categorical(won["strategy"], categories=self.strategies).codes.astype(np.int16)
+            self.wins.setdefault(column, []).append((codes, np.array(won["bandwidth_gbps"], dtype=float),
+                                                     np.array(won["speed_ratio"], dtype=float)))
 
     def _done(self) -> "SweepStats":
         self.idle_left = {s: np.concatenate(v) for s, v in self.idle_left.items()}
         self.speedup = {k: np.concatenate(v) for k, v in self.speedup.items()}
-        self.wins = {c: pd.concat(v, ignore_index=True) for c, v in self.wins.items()}
+        self.wins = {c: pd.DataFrame({"strategy": pd.Categorical.from_codes(np.concatenate([w[0] for w in v]),
+                                                                           self.strategies),
+                                      "bandwidth_gbps": np.concatenate([w[1] for w in v]),
+                                      "speed_ratio": np.concatenate([w[2] for w in v])})
+                     for c, v in self.wins.items()}
         return self
 
 

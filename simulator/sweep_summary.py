@@ -37,7 +37,7 @@ def findings_text(data) -> str:
     lines += [f"{name:<{width}} {line}" for name, line in zip(["strategy", *strategies], numbers)]
     best = []
     for bw in bws:
-        counts = won.loc[won["bandwidth_gbps"] == bw, "strategy"].value_counts()
+        counts = won.loc[won["bandwidth_gbps"] == bw, "strategy"].astype(str).value_counts()
         best.append(f"at {bw:g} Gbit/s {counts.index[0]} ({100 * counts.iloc[0] / counts.sum():.0f}% of "
                     f"{counts.sum():,})")
     lines.append("Most tokens/s: " + "; ".join(best))
