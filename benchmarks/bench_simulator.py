@@ -4,10 +4,16 @@ Prints node-rounds per second at 1024 nodes × 200 rounds for (1) `simulate(...,
 (engine, recorder and timeline DataFrame included), (2) a bare loop of the same processes,
 timeouts and barrier events with no recording, and (3) `simulate(..., "analytic")`; then the
 ratios engine / bare (goal >= 0.7) and analytic / engine (goal >= 100). Then (4) the whole
-`geodt simulate SCENARIO --strategy baseline` process of the same scenario (interpreter start,
-imports, scenario, plan, simulation, report and every output: plan, timeline and summary CSVs,
-trace.json, scenario.toml), and its time over the bare loop's (goal <= 3). Best of --repeats
-runs each, all measured in this one run.
+`geodt simulate SCENARIO --strategy baseline --engine simpy` process of the same scenario
+(interpreter start, imports, scenario, plan, simulation, report and every output: plan.csv,
+timeline.parquet, summary.csv, syncs.parquet, trace.json, scenario.toml), and its time over the
+bare loop's (goal <= 3). Best of --repeats runs each, all measured in this one run. Then (5) the
+whole process at fleet size, --big-nodes x --big-rounds (4096 x 2000) with default settings
+(engine auto, the timeline aggregated above 10^6 node-rounds): its wall time (goal < 60 s) and
+peak resident memory (goal < 1 GB), once, and the load average seen meanwhile (the machine may be
+shared). Then (6) planning at --plan-rounds (10^5) rounds: make_plan of every strategy on the
+built-in `paper` scenario, per strategy, against the same at 100 rounds (goal: seconds, and the
+streaming planner's search no longer growing with the rounds).
 
 Then the same for Streaming DiLoCo (--fragments P, --delay τ): `simulate_syncs(..., "simpy")`
 (fragment-sync engine, segments, timeline and syncs DataFrames) against a bare loop of the same
@@ -19,6 +25,7 @@ all-reduce timeout that triggers the end), and its ratio bare / engine (goal: th
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import sys
@@ -89,16 +96,51 @@ def best_of(repeats: int, fn) -> float:
     return min(times)
 
 
-def whole_process(scenario: Scenario, repeats: int) -> tuple[float, int]:
-    """Best wall time of `geodt simulate` on the scenario (written as TOML), and the bytes it wrote."""
+def bench_scenario(nodes: int, rounds: int) -> Scenario:
+    """nodes of one A30 each, step times uniform in 0.1-0.5 s (seed 0), llama-150m, H = 100."""
+    rng = np.random.default_rng(0)
+    config = tuple(NodeConfig(name=f"n{i}", gpus={"a30": 1}, step_time_s=float(s))
+                   for i, s in enumerate(rng.uniform(0.1, 0.5, nodes)))
+    scenario = Scenario(name="bench", nodes=config, model=ModelConfig(preset="llama-150m"),
+                        training=TrainingConfig(rounds=rounds, local_steps=100, batch_size=4))
+    scenario.model.resolve(None)
+    return scenario
+
+
+def run_measured(command: list[str]) -> tuple[float, int, float]:
+    """(wall seconds, peak resident bytes, CPU seconds) of one child process (os.wait4's rusage)."""
+    start = time.perf_counter()
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"{' '.join(command)}: exit status {os.waitstatus_to_exitcode(status)}")
+    return seconds, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime  # ru_maxrss: kilobytes on Linux
+
+
+def whole_process(scenario: Scenario, repeats: int, *options: str) -> tuple[float, int, int, float]:
+    """Best wall time of `geodt simulate` on the scenario (written as TOML), its peak memory then,
+    the bytes it wrote and its CPU seconds then."""
     with tempfile.TemporaryDirectory(prefix="bench-simulate-") as tmp:
         path = Path(tmp) / "bench.toml"
         path.write_text(scenario.to_toml())
         command = [sys.executable, "-m", "geodt", "simulate", str(path), "--strategy", "baseline",
-                   "--out", str(Path(tmp) / "out")]
-        seconds = best_of(repeats, lambda: subprocess.run(command, check=True, stdout=subprocess.DEVNULL))
+                   "--out", str(Path(tmp) / "out"), *options]
+        seconds, peak, cpu = min(run_measured(command) for _ in range(repeats))
         written = sum(p.stat().st_size for p in (Path(tmp) / "out").iterdir())
-    return seconds, written
+    return seconds, peak, written, cpu
+
+
+def planning(rounds: int) -> dict[str, tuple[float, float]]:
+    """Per strategy, make_plan's seconds on `paper` at `rounds` rounds and at 100."""
+    from simulator.scenario import load_scenario
+    from simulator.strategies import STRATEGIES
+
+    long, short = (load_scenario("paper", [f"training.rounds={r}"]) for r in (rounds, 100))
+    times = {}
+    for name in STRATEGIES:
+        times[name] = tuple(best_of(1, lambda sc=sc: make_plan(sc, name)) for sc in (long, short))
+    return times
 
 
 def main() -> None:
@@ -108,14 +150,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--fragments", type=int, default=4)
     parser.add_argument("--delay", type=int, default=2)
+    parser.add_argument("--big-nodes", type=int, default=4096)
+    parser.add_argument("--big-rounds", type=int, default=2000)
+    parser.add_argument("--plan-rounds", type=int, default=100_000)
     args = parser.parse_args()
 
-    rng = np.random.default_rng(0)
-    nodes = tuple(NodeConfig(name=f"n{i}", gpus={"a30": 1}, step_time_s=float(s))
-                  for i, s in enumerate(rng.uniform(0.1, 0.5, args.nodes)))
-    scenario = Scenario(name="bench", nodes=nodes, model=ModelConfig(preset="llama-150m"),
-                        training=TrainingConfig(rounds=args.rounds, local_steps=100, batch_size=4))
-    scenario.model.resolve(None)
+    scenario = bench_scenario(args.nodes, args.rounds)
     plan = make_plan(scenario, "baseline")
     compute = np.broadcast_to([n.compute_s for n in plan.nodes], (args.rounds, args.nodes)).copy()
     node_rounds = args.nodes * args.rounds
@@ -123,7 +163,7 @@ def main() -> None:
     engine_s = best_of(args.repeats, lambda: simulate(scenario, plan, "simpy"))
     bare_s = best_of(args.repeats, lambda: bare_loop(compute, plan.comm_s))
     analytic_s = best_of(args.repeats, lambda: simulate(scenario, plan, "analytic"))
-    process_s, written = whole_process(scenario, args.repeats)
+    process_s, _, written, _ = whole_process(scenario, args.repeats, "--engine", "simpy")
     print(f"machine: {platform.processor() or platform.machine()}, python {platform.python_version()}, simpy {simpy.__version__}")
     print(f"{args.nodes} nodes x {args.rounds} rounds = {node_rounds} node-rounds, best of {args.repeats}")
     print(f"engine (simpy, recorded)   {node_rounds / engine_s:12,.0f} node-rounds/s  ({engine_s:.3f} s)")
@@ -131,8 +171,23 @@ def main() -> None:
     print(f"analytic path              {node_rounds / analytic_s:12,.0f} node-rounds/s  ({analytic_s:.4f} s)")
     print(f"engine / bare loop: {bare_s / engine_s:.2f}   (goal >= 0.7)")
     print(f"analytic / engine:  {engine_s / analytic_s:.0f}x  (goal >= 100x)")
-    print(f"whole geodt simulate process  {process_s:.3f} s, {written / 1e6:.1f} MB written")
+    print(f"whole geodt simulate --engine simpy process  {process_s:.3f} s, {written / 1e6:.1f} MB written")
     print(f"whole process / bare loop: {process_s / bare_s:.2f}   (goal <= 3)")
+
+    big = bench_scenario(args.big_nodes, args.big_rounds)
+    load_before = os.getloadavg()[0]
+    big_s, big_peak, big_written, big_cpu = whole_process(big, 1)
+    print(f"fleet size, default settings: {args.big_nodes} nodes x {args.big_rounds} rounds "
+          f"= {args.big_nodes * args.big_rounds:,} node-rounds")
+    print(f"whole geodt simulate process  {big_s:.1f} s (goal < 60 s; {big_cpu:.1f} CPU s), peak memory {big_peak / 2**30:.2f} GiB "
+          f"(goal < 1 GiB), {big_written / 1e6:.1f} MB written; load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
+
+    plan_times = planning(args.plan_rounds)
+    print(f"planning every strategy of `paper` at {args.plan_rounds:,} rounds (and at 100): "
+          f"{sum(t for t, _ in plan_times.values()):.2f} s in all (goal: seconds)")
+    for name, (long_s, short_s) in plan_times.items():
+        print(f"  {name:16s} {long_s:7.3f} s  ({short_s:.3f} s at 100 rounds)")
 
     from dataclasses import replace
 

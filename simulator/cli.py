@@ -1,4 +1,8 @@
-"""`geodt simulate` and `geodt plan`: load a scenario, make plans, simulate, print, write."""
+"""`geodt simulate` and `geodt plan`: load a scenario, make plans, simulate, print, write.
+
+`geodt simulate` writes its tables as the engine produces them (simulator/run_outputs.py) into a
+stage that replaces --out's files only once all are written (simulator/outputs.py StagedOutput).
+"""
 from __future__ import annotations
 
 import argparse
@@ -96,6 +100,7 @@ def plan_text(frame: pd.DataFrame, wide: bool = False) -> str:
 def _parser(prog: str, plan_only: bool) -> OneLineParser:
     from simulator.engine import ENGINES
     from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
+    from simulator.run_outputs import TIMELINE_FULL_MAX_ROWS
     from simulator.strategies import STRATEGIES
 
     parser = OneLineParser(prog=prog, description=__doc__)
@@ -106,10 +111,18 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
     else:
         parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                             help=f"strategies to compare (default: all of {', '.join(STRATEGIES)})")
-        parser.add_argument("--engine", default="simpy", help=f"one of {', '.join(ENGINES)} (default simpy)")
+        parser.add_argument("--engine", default="auto",
+                            help=f"one of {', '.join(ENGINES)} (default auto: the analytic path where it is "
+                                 "exact, which the output says; simpy simulates every event)")
         parser.add_argument("--full-trace", action="store_true",
                             help=f"trace.json with every round (default: the first rounds, up to "
                                  f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds: a file a trace viewer opens comfortably)")
+        parser.add_argument("--full-timeline", action="store_true",
+                            help=f"every node-round in the timeline and every sync (default: a strategy of "
+                                 f"more than {TIMELINE_FULL_MAX_ROWS:,} node-rounds has its rounds summed in "
+                                 "blocks and its first syncs only)")
+        parser.add_argument("--csv", action="store_true",
+                            help="timeline.csv and syncs.csv instead of timeline.parquet and syncs.parquet")
     return parser
 
 
@@ -129,12 +142,16 @@ def _run(argv: list[str], plan_only: bool) -> int:
         if engine is not None and engine not in ENGINES:
             raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
         check_work(scenario, args.scenario, strategies, args.large)
-        results, sync_frames = _results(scenario, args.scenario, strategies, engine)
+        plans = _plans(scenario, args.scenario, strategies)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
-        files, trace_kept = _output_files(scenario, results, sync_frames, getattr(args, "full_trace", False))
         try:
-            stale = write_output_set(out, files)
+            if plan_only:
+                results, notes = [(p, None, None) for p in plans], []
+                stale = write_output_set(out, {"plan.csv": _plan_csv(scenario, plans),
+                                               "scenario.toml": scenario.to_toml().encode()})
+            else:
+                results, notes, stale = _simulate(out, scenario, plans, args)
         except OutputError as exc:
             raise InputError(f"--out {out}: {exc}") from None
     except InputError as exc:
@@ -142,61 +159,117 @@ def _run(argv: list[str], plan_only: bool) -> int:
         return 2
     _print_results(scenario, results, plan_only, getattr(args, "wide", False))
     print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
-    if trace_kept is not None:
-        from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
-
-        rounds = max(int(t["round"].max()) for _, t, _ in results) + 1
-        print(f"trace.json holds rounds 0-{trace_kept - 1} of {rounds} (the first "
-              f"{TRACE_MAX_NODE_ROUNDS:,} node-rounds at most, a file a trace viewer opens comfortably); "
-              "--full-trace writes every round")
+    for note in notes:
+        print(note)
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
         from simulator.report import answer
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine))
     return 0
 
 
-def _results(scenario, source: str, strategies: list[str], engine: str | None) -> tuple[list[tuple], list]:
-    """(plan, timeline, summary) per strategy, timeline and summary None when only planning; and
-    the simulated fragment syncs per strategy (syncs.csv)."""
-    from simulator.engine import simulate_syncs, summary
+def _plans(scenario, source: str, strategies: list[str]) -> list:
     from simulator.strategies import make_plan
 
     try:
-        plans = [make_plan(scenario, s) for s in strategies]
+        return [make_plan(scenario, s) for s in strategies]
     except FieldError as exc:
         raise InputError(f"{source}: {exc.key}: {exc.expected}") from None
-    results, sync_frames = [], []
-    for plan in plans:
-        if engine is None:
-            results.append((plan, None, None))
-        else:
-            timeline, syncs = simulate_syncs(scenario, plan, engine)
-            results.append((plan, timeline, summary(timeline, plan)))
-            sync_frames.append(syncs)
-    return results, sync_frames
 
 
-def _output_files(scenario, results: list[tuple], sync_frames: list, full_trace: bool) -> tuple[dict, int | None]:
-    """The output set (plan.csv; for a simulation timeline.csv, summary.csv, syncs.csv and
-    trace.json; scenario.toml, resolved, always) and the rounds trace.json holds when it was
-    capped (else None)."""
+def _plan_csv(scenario, plans) -> bytes:
     from simulator.outputs import csv_bytes
-    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
 
-    plan_frame = pd.concat([p.to_frame(scenario) for p, _, _ in results], ignore_index=True)
-    files = {"plan.csv": csv_bytes(plan_frame)}
-    trace_kept = None
-    if sync_frames:  # a simulation
-        timeline = pd.concat([t for _, t, _ in results], ignore_index=True)
-        files["timeline.csv"] = csv_bytes(timeline)
-        files["summary.csv"] = csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True))
-        syncs = pd.concat(sync_frames, ignore_index=True)
-        files["syncs.csv"] = csv_bytes(syncs)
-        trace, trace_kept = simulation_trace_text(timeline, plan_frame,  # opens in ui.perfetto.dev
-                                                  None if full_trace else TRACE_MAX_NODE_ROUNDS, syncs)
-        files["trace.json"] = trace.encode()
-    files["scenario.toml"] = scenario.to_toml().encode()
-    return files, trace_kept
+    return csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True))
+
+
+def _simulate(out: Path, scenario, plans: list, args) -> tuple[list[tuple], list[str], list[str]]:
+    """Simulate every plan into --out's stage, the tables written chunk by chunk as the engine
+    produces them (simulator/run_outputs.py); then plan.csv, summary.csv, trace.json and
+    scenario.toml, and the whole set renamed into place. ((plan, totals, summary) per strategy,
+    the notes to print, the stale files removed)."""
+    from formats.timeline import SYNC_COLUMNS, TIMELINE_COLUMNS
+    from simulator.engine import check_size, pick_engine, summary
+    from simulator.outputs import StagedOutput, csv_bytes
+    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
+    from simulator.run_outputs import TableWriter, block_rounds
+
+    for plan in plans:  # every refusal before anything is written
+        check_size(scenario, plan)
+    fmt = "csv" if args.csv else "parquet"
+    rounds = [plan.rounds or scenario.training.rounds for plan in plans]
+    blocks = [block_rounds(r, len(p.nodes), args.full_timeline) for r, p in zip(rounds, plans)]
+    columns = TIMELINE_COLUMNS + (["rounds"] if max(blocks) > 1 else [])
+    names = ["plan.csv", f"timeline.{fmt}", "summary.csv", f"syncs.{fmt}", "trace.json", "scenario.toml"]
+    cap = None if args.full_trace else TRACE_MAX_NODE_ROUNDS
+    engines = [pick_engine(scenario, plan, args.engine) for plan in plans]
+    with StagedOutput(out, names) as stage:
+        with stage.open(f"timeline.{fmt}") as timeline_file, stage.open(f"syncs.{fmt}") as syncs_file:
+            tables = TableWriter(timeline_file, fmt, columns), TableWriter(syncs_file, fmt, SYNC_COLUMNS)
+            sinks = [_run_plan(scenario, plan, engine, r, block, tables, cap)
+                     for plan, (engine, _), r, block in zip(plans, engines, rounds, blocks)]
+            for table in tables:
+                table.close()
+        results = [(s.plan, s.totals, summary(s.totals, s.plan)) for s in sinks]
+        plan_frame = pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)
+        trace, kept = _trace(sinks, plan_frame, cap)
+        files = {"plan.csv": csv_bytes(plan_frame),
+                 "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
+                 "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode()}
+        for name, data in files.items():
+            with stage.open(name) as handle:
+                handle.write(data)
+        stale = stage.commit()
+    notes = _notes(sinks, engines, fmt, kept)
+    return results, notes, stale
+
+
+def _run_plan(scenario, plan, engine: str, rounds: int, block: int, tables, cap):
+    """One strategy simulated into the tables; its PlanSink (totals, the trace's first rounds)."""
+    from tqdm import tqdm
+
+    from simulator.engine import simulate_chunks
+    from simulator.run_outputs import PlanSink, chunk_rounds
+
+    n = len(plan.nodes)
+    sink = PlanSink(plan, rounds, *tables, block, None if cap is None else cap // n + 2)
+    chunk = chunk_rounds(n, block)
+    with tqdm(total=rounds, desc=plan.strategy, unit="round", leave=False,
+              disable=True if rounds <= 4 * chunk else None) as bar:
+        def add(timeline, syncs):
+            sink.add(timeline, syncs)
+            bar.update(len(timeline) // n)
+        simulate_chunks(scenario, plan, engine, add, chunk)
+    return sink
+
+
+def _trace(sinks, plan_frame: pd.DataFrame, cap) -> tuple[str, int | None]:
+    """trace.json (opens in ui.perfetto.dev) from every strategy's first rounds, and the rounds it
+    holds when capped (else None)."""
+    from simulator.perfetto import simulation_trace_text
+
+    heads = [head for sink in sinks for head in sink.heads]
+    timeline = pd.concat([t for t, _ in heads], ignore_index=True)
+    syncs = pd.concat([s for _, s in heads], ignore_index=True)
+    return simulation_trace_text(timeline, plan_frame, cap, syncs, max(s.rounds for s in sinks))
+
+
+def _notes(sinks, engines, fmt: str, kept: int | None) -> list[str]:
+    """What the run did that a reader must know: the engine, aggregated tables, a capped trace."""
+    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
+    from simulator.run_outputs import TIMELINE_FULL_MAX_ROWS
+
+    notes = [f"engine: {engine} ({why})" for engine, why in dict.fromkeys(engines)]
+    for sink in sinks:
+        if sink.block > 1:
+            notes.append(f"timeline.{fmt}: {sink.plan.strategy}'s {sink.rounds:,} rounds x {sink.n} nodes are "
+                         f"above {TIMELINE_FULL_MAX_ROWS:,} node-rounds: summed in blocks of {sink.block} rounds "
+                         f"(column rounds), syncs.{fmt} holds its rounds 0-{min(sink.sync_rounds, sink.rounds) - 1}; "
+                         "--full-timeline writes every round")
+    if kept is not None:
+        rounds = max(s.rounds for s in sinks)
+        notes.append(f"trace.json holds rounds 0-{kept - 1} of {rounds} (the first {TRACE_MAX_NODE_ROUNDS:,} "
+                     "node-rounds at most, a file a trace viewer opens comfortably); --full-trace writes every round")
+    return notes
 
 
 def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool = False) -> None:

@@ -3,6 +3,13 @@
 simulate_syncs also returns the fragment syncs (SYNC_COLUMNS, one row per node and sync). A
 classic plan (one fragment, no delay) runs the round engines, unchanged; a Streaming DiLoCo
 plan runs the fragment-sync engines (`run_streaming_*`), whose records both tables come from.
+
+simulate_chunks hands the same two tables on in chunks of whole rounds as they are produced
+(`geodt simulate` writes them as they come: memory bounded by a chunk, not the run); the
+chunks, concatenated, are simulate_syncs' tables (tests/test_simulate_chunks.py); an adaptive
+plan or one with an outage is simulated whole and handed on as one chunk (its rounds are made,
+or settled, over the whole run). Engine
+"auto" (pick_engine) is the analytic path wherever it is exact, else SimPy.
 """
 from __future__ import annotations
 
@@ -16,13 +23,30 @@ from formats.plan import Plan
 from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
 from simulator import outage
 from simulator.adaptive import adaptive_rounds
-from simulator.engine_analytic import run_analytic, run_streaming_analytic, wait_split
+from simulator.engine_analytic import (next_start_s, run_analytic, run_streaming_analytic, stream_state,
+                                       wait_split)
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import checkpoint_s, node_sync_offsets_s, outer_step_s
 from simulator.scenario import Scenario
+from simulator.totals import RunTotals
 from simulator.workload import compute_matrix, segment_matrices
 
-ENGINES = ("simpy", "analytic")
+ENGINES = ("auto", "simpy", "analytic")
+
+
+def pick_engine(scenario: Scenario, plan: Plan, engine: str = "auto") -> tuple[str, str]:
+    """(engine, why): "auto" is the analytic path where it is exact: every node's compute per
+    round (jitter included) is drawn from the seed before the run, and the sync is the barrier or
+    fragment-sync recurrence, so the analytic recurrences make SimPy's additions in SimPy's
+    order (tests/test_simulator_engines.py holds them equal). That is every plan today: an
+    adaptive plan's next round depends on the step times its nodes measured, not on the barrier,
+    so simulator/adaptive.py walks its rounds before the run and both engines run that matrix; an
+    outage is time put into the matrix before the run and moved afterwards (simulator/outage.py),
+    the same for both. A plan whose next round depends on the events of the run (none yet) needs
+    SimPy."""
+    if engine != "auto":
+        return engine, "asked for"
+    return "analytic", "exact here: rounds fixed before the run; --engine simpy simulates the events"
 
 
 # A timeline of more rows than this (or a jittered run drawing more step times) is refused up
@@ -65,14 +89,20 @@ def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFr
 
 def _classic_timeline(scenario: Scenario, plan: Plan, engine: str) -> pd.DataFrame:
     """A classic plan's timeline on the engine asked for: every node, one sync a round."""
-    _check(scenario, plan, engine)
-    # An adaptive plan's rounds depend on what the rounds before measured (simulator/adaptive.py).
+    engine = _check(scenario, plan, engine)
+    return _frame(plan, _whole_classic(scenario, plan, engine), TIMELINE_COLUMNS)
+
+
+def _whole_classic(scenario: Scenario, plan: Plan, engine: str) -> dict:
+    """A classic plan's arrays (tokens included), every round at once: an adaptive plan's rounds
+    depend on what the rounds before measured (simulator/adaptive.py), an outage is settled on the
+    whole arrays (simulator/outage.py)."""
     compute, steps = adaptive_rounds(scenario, plan) if plan.adaptive else (compute_matrix(scenario, plan), None)
     comm = node_comm_s(scenario, plan)
     compute, fixups = outage.prepare(scenario, plan, compute, comm)  # a node lost for a while
     arrays = (run_simpy if engine == "simpy" else run_analytic)(compute, comm, checkpoint_s(scenario))
     arrays, tokens = outage.settle(arrays, fixups, round_tokens(plan, steps))
-    return _frame(plan, {**arrays, "tokens": tokens}, TIMELINE_COLUMNS)
+    return {**arrays, "tokens": tokens}
 
 
 def round_tokens(plan: Plan, steps: np.ndarray | None = None) -> np.ndarray:
@@ -83,10 +113,12 @@ def round_tokens(plan: Plan, steps: np.ndarray | None = None) -> np.ndarray:
     return steps * units
 
 
-def _check(scenario: Scenario, plan: Plan, engine: str) -> None:
+def _check(scenario: Scenario, plan: Plan, engine: str) -> str:
+    """The engine that runs (auto resolved), after the size check."""
     if engine not in ENGINES:
         raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
     check_size(scenario, plan)
+    return pick_engine(scenario, plan, engine)[0]
 
 
 def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -94,7 +126,7 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
     if not plan.streaming:
         timeline = _classic_timeline(scenario, plan, engine)
         return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
-    _check(scenario, plan, engine)
+    engine = _check(scenario, plan, engine)
     outage.prepare(scenario, plan, np.zeros((1, len(plan.nodes))), 0.0)  # refuses an outage here
     pre, delay = segment_matrices(scenario, plan)
     outer = outer_share_s(scenario, plan)
@@ -103,6 +135,50 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
     rec = run(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario),
               node_offsets_s=node_offsets_s(scenario, plan))
     return streaming_frames(plan, rec)
+
+
+def simulate_chunks(scenario: Scenario, plan: Plan, engine: str, emit, chunk_rounds: int) -> None:
+    """simulate_syncs' (timeline, syncs), handed to emit(timeline, syncs) in chunks of
+    chunk_rounds whole rounds (the last shorter) as the engine produces them."""
+    engine = _check(scenario, plan, engine)
+    outer = outer_share_s(scenario, plan)
+    ckpt = checkpoint_s(scenario)
+    if not plan.streaming:
+        def classic(arrays, first_round):
+            timeline = _frame(plan, arrays, TIMELINE_COLUMNS, first_round=first_round)
+            emit(timeline, classic_syncs(timeline, plan, outer))
+        if plan.adaptive or outage.outages(scenario, plan):  # rounds made or settled on the whole run
+            return classic(_whole_classic(scenario, plan, engine), 0)
+        compute, comm = compute_matrix(scenario, plan), node_comm_s(scenario, plan)
+        tokens = round_tokens(plan)
+        if engine == "simpy":
+            return run_simpy(compute, comm, ckpt, chunk_rounds=chunk_rounds,
+                             emit=lambda arrays, first: classic({**arrays, "tokens": tokens}, first))
+        start = 0.0
+        for first in range(0, compute.shape[0], chunk_rounds):
+            arrays = run_analytic(compute[first:first + chunk_rounds], comm, ckpt, start)
+            start = next_start_s(arrays, ckpt)
+            classic({**arrays, "tokens": tokens}, first)
+        return None
+    outage.prepare(scenario, plan, np.zeros((1, len(plan.nodes))), 0.0)  # refuses an outage here
+    p = plan.fragments
+
+    def streaming(rec, first_sync):
+        emit(*streaming_frames(plan, rec, first_round=first_sync // p))
+    pre, delay = segment_matrices(scenario, plan)
+    allreduce = max(plan.comm_s - outer, 0.0)
+    offsets = node_offsets_s(scenario, plan)
+    if engine == "simpy":
+        return run_streaming_simpy(pre, delay, allreduce, outer, p, ckpt, node_offsets_s=offsets, emit=streaming,
+                                   chunk_syncs=chunk_rounds * p)
+    state = None
+    for first in range(0, pre.shape[0], chunk_rounds * p):
+        rows = slice(first, first + chunk_rounds * p)
+        rec = run_streaming_analytic(pre[rows], delay[rows], allreduce, outer, p, ckpt, node_offsets_s=offsets,
+                                     state=state)
+        state = stream_state(rec, ckpt)
+        streaming(rec, first)
+    return None
 
 
 def node_offsets_s(scenario: Scenario, plan: Plan) -> np.ndarray | None:
@@ -132,15 +208,16 @@ def outer_share_s(scenario: Scenario, plan: Plan) -> float:
     return 0.0 if plan.sync == "gradients" else outer_step_s(scenario) / plan.fragments
 
 
-def _frame(plan: Plan, arrays: dict, columns: list[str], per_round: int = 1) -> pd.DataFrame:
-    """A tidy frame from (rows × nodes) arrays; categorical strategy and node, rounds (and fragments)."""
+def _frame(plan: Plan, arrays: dict, columns: list[str], per_round: int = 1, first_round: int = 0) -> pd.DataFrame:
+    """A tidy frame from (rows × nodes) arrays; categorical strategy and node, rounds (from
+    first_round) and fragments. The rows come from compute_s where given (tokens may be 1 × nodes)."""
     rows, n = np.shape(arrays["compute_s" if "compute_s" in arrays else columns[-1]])
     names = [p.node for p in plan.nodes]
     # categorical columns: building 10^5 Python strings would cost more than the simulation
     frame = pd.DataFrame({
         "strategy": pd.Categorical.from_codes(np.zeros(rows * n, dtype=np.int8), [plan.strategy]),
         "node": pd.Categorical.from_codes(np.tile(np.arange(n), rows), names),
-        "round": np.repeat(np.arange(rows) // per_round, n),
+        "round": np.repeat(first_round + np.arange(rows) // per_round, n),
         **({"fragment": np.repeat(np.arange(rows) % per_round, n)} if "fragment" in columns else {}),
         **{k: np.ravel(np.broadcast_to(v, (rows, n))) for k, v in arrays.items() if k in columns}})
     return frame[columns]
@@ -160,8 +237,9 @@ def classic_syncs(timeline: pd.DataFrame, plan: Plan, outer_s: float) -> pd.Data
     return frame[SYNC_COLUMNS].reset_index(drop=True)
 
 
-def streaming_frames(plan: Plan, rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(timeline, syncs) from the fragment-sync records (K × nodes, K = rounds × P)."""
+def streaming_frames(plan: Plan, rec: dict, first_round: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(timeline, syncs) from the fragment-sync records (K × nodes, K = rounds × P), the first
+    of round first_round."""
     p = plan.fragments
     end = rec["node_end_s"]  # each node's own end of each all-reduce (K × nodes)
     start = np.asarray(rec["start_s"])[:, None]
@@ -170,26 +248,27 @@ def streaming_frames(plan: Plan, rec: dict) -> tuple[pd.DataFrame, pd.DataFrame]
     outer = rec["resume_s"] - waited
     per_sync = {"compute_start_s": rec["compute_start_s"], "sync_point_s": rec["sync_point_s"], "start_s": start,
                 "end_s": end, "merge_point_s": merge, "idle_s": idle, "exposed_s": exposed, "outer_s": outer}
-    syncs = _frame(plan, per_sync, SYNC_COLUMNS, per_round=p)
+    syncs = _frame(plan, per_sync, SYNC_COLUMNS, per_round=p, first_round=first_round)
     k_total, n = merge.shape
     by_round = lambda a: np.asarray(a).reshape(k_total // p, p, n)
     arrays = {"compute_s": by_round(merge - rec["compute_start_s"]).sum(axis=1), "idle_s": by_round(idle).sum(axis=1),
               "comm_s": by_round(exposed + outer).sum(axis=1),
               "round_start_s": by_round(rec["compute_start_s"])[:, 0], "round_end_s": by_round(rec["resume_s"])[:, -1],
               "tokens": round_tokens(plan)}
-    return _frame(plan, arrays, TIMELINE_COLUMNS), syncs
+    return _frame(plan, arrays, TIMELINE_COLUMNS, first_round=first_round), syncs
 
 
-def summary(timeline: pd.DataFrame, plan: Plan) -> pd.DataFrame:
-    """Per node totals over all rounds; utilization = compute / (compute + idle + comm)."""
-    totals = timeline.groupby("node", sort=False, observed=True)[["compute_s", "idle_s", "comm_s"]].sum().reset_index()
-    totals["node"] = totals["node"].astype(str)
-    if "tokens" in timeline:  # what each round trained on (adaptive plans vary it)
-        tokens = timeline.groupby("node", sort=False, observed=True)["tokens"].sum()
-        totals["tokens"] = totals["node"].map({str(k): int(v) for k, v in tokens.items()})
+def summary(timeline: pd.DataFrame | RunTotals, plan: Plan) -> pd.DataFrame:
+    """Per node totals over all rounds; utilization = compute / (compute + idle + comm). From the
+    timeline, or from its totals accumulated chunk by chunk (simulator/totals.py); tokens are
+    those the rounds trained on (an adaptive plan's vary, an outage's lost rounds train none)."""
+    run = timeline if isinstance(timeline, RunTotals) else RunTotals.of(timeline)
+    totals = run.node_frame()
+    if run.node_tokens is None:  # a timeline without the tokens column (written before it was one)
+        totals["tokens"] = totals["node"].map({n.node: n.tokens_per_round(plan.seq_len) * run.rounds
+                                               for n in plan.nodes})
     else:
-        rounds = timeline["round"].nunique()
-        totals["tokens"] = totals["node"].map({n.node: n.tokens_per_round(plan.seq_len) * rounds for n in plan.nodes})
+        totals["tokens"] = run.node_tokens
     totals["utilization"] = totals["compute_s"] / (totals["compute_s"] + totals["idle_s"] + totals["comm_s"])
     totals.insert(0, "strategy", plan.strategy)
     return totals[SUMMARY_COLUMNS]

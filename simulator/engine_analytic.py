@@ -19,17 +19,19 @@ from __future__ import annotations
 import numpy as np
 
 
-def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0) -> dict[str, np.ndarray]:
+def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, start_s=0.0) -> dict[str, np.ndarray]:
     """Arrays (rounds × nodes) of compute_s, idle_s, comm_s, round_start_s, round_end_s; comm_s
     one number, or one per node (nodes whose sync ends at different times, simulator/network.py
-    node_sync_offsets_s): a node that ends its sync early starts its next round early."""
+    node_sync_offsets_s): a node that ends its sync early starts its next round early. start_s:
+    when the first round starts (one number, or one per node with comm_s per node): the rounds
+    before them run as chunks, each from next_start_s of the previous (the same additions)."""
     rounds, n = compute.shape
     comm = np.asarray(comm_s, dtype=float)
     if comm.ndim == 0:
-        return _run_aligned(compute, float(comm), ckpt_s)
+        return _run_aligned(compute, float(comm), ckpt_s, float(np.max(start_s)))
     start = np.empty((rounds, n))
     barrier = np.empty(rounds)
-    now = np.zeros(n)
+    now = np.broadcast_to(np.asarray(start_s, dtype=float), (n,))
     for r in range(rounds):  # rounds is small next to nodes
         start[r] = now
         barrier[r] = (now + compute[r]).max()
@@ -42,11 +44,18 @@ def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0) -> dict[str, 
             "round_start_s": start, "round_end_s": end}
 
 
-def _run_aligned(compute: np.ndarray, comm_s: float, ckpt_s: float) -> dict[str, np.ndarray]:
+def next_start_s(out: dict[str, np.ndarray], ckpt_s: float = 0.0):
+    """When the round after a chunk of run_analytic's (or run_simpy's) rounds starts: each node's
+    end of the last sync, then the checkpoint (the additions the unchunked loop makes)."""
+    end = np.asarray(out["round_end_s"])[-1]
+    return end + ckpt_s if ckpt_s else end
+
+
+def _run_aligned(compute: np.ndarray, comm_s: float, ckpt_s: float, start_s: float = 0.0) -> dict[str, np.ndarray]:
     """run_analytic when every node syncs for comm_s: every round starts at one time for all."""
     rounds, n = compute.shape
     start = np.empty(rounds)
-    now = 0.0
+    now = start_s
     slowest = compute.max(axis=1)
     for r in range(rounds):  # a scalar recurrence: rounds is small next to nodes
         start[r] = now
@@ -79,7 +88,7 @@ def wait_split(merge_point, start, end, outer_s=0.0):
 
 def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, outer_s, fragments: int,
                            ckpt_s: float = 0.0, record: bool = True, syncs: int | None = None,
-                           node_offsets_s=None) -> dict[str, np.ndarray]:
+                           node_offsets_s=None, state=None) -> dict[str, np.ndarray]:
     """Streaming DiLoCo's fragment syncs as a max-plus recurrence over them, vectorised over nodes
     (and over scenarios: a leading axis S, as the `streaming` strategy and the sweep use it).
 
@@ -96,7 +105,13 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     (simulator/network.py node_sync_offsets_s); the node waits for its own end, the group's next
     all-reduce for the last. The same operations in the same order as the SimPy engine's clock.
     syncs: K, when pre and delay hold fewer rows that repeat (row k % their length: one round's P
-    rows of a deterministic plan). record: per sync the arrays of STREAM_FIELDS and node_end_s
+    rows of a deterministic plan). With one round's rows and record False, the rounds are run
+    until the schedule repeats (every clock and the link's, less the latest clock, within
+    PERIODIC_TOL of the round before, in seconds of the run so far): the rounds after it repeat
+    that round (a max-plus recurrence moves by the same amount from states that differ by a
+    shift, and no further apart than they started), so they are added in closed form and the
+    cost no longer grows with the rounds. state: (clock, link_free) after the rounds before these (whole
+    rounds), from stream_state of the previous chunk; None: the start of the run. record: per sync the arrays of STREAM_FIELDS and node_end_s
     (K, [S,] n), start_s and end_s (K, [S]); else only the totals compute_s, idle_s, comm_s ([S,] n)
     and wall_s. The wait at a merge point splits as wait_split says; comm = exposed + outer step
     (real/streaming.py measures the same split).
@@ -108,13 +123,22 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     o = np.asarray(outer_s, dtype=float)
     o_col = o[..., None] if o.ndim else o
     offsets = None if node_offsets_s is None else np.asarray(node_offsets_s, dtype=float)
-    clock = np.zeros(shape)
-    link_free = np.full(shape[:-1], -np.inf)
+    clock = np.zeros(shape) if state is None else np.asarray(state[0], dtype=float)
+    link_free = np.full(shape[:-1], -np.inf) if state is None else np.asarray(state[1], dtype=float)
     totals = {name: np.zeros(shape) for name in ("compute_s", "idle_s", "comm_s")}
     fields = (*STREAM_FIELDS, "node_end_s")
     rec = {name: np.empty((k_total, *shape)) for name in fields} if record else None
     ends = np.empty((2, k_total, *shape[:-1])) if record else None
+    periodic = not record and period == fragments and k_total > period
+    seen = None  # at the end of the previous round: (normalised state, totals, latest clock)
     for k in range(k_total):
+        if periodic and k % period == 0 and k:
+            latest = clock.max(axis=-1)
+            state = (clock - latest[..., None], link_free - latest)
+            now = ({name: v.copy() for name, v in totals.items()}, latest, resume.max(axis=-1))
+            if seen is not None and _same_state(seen[0], state, latest):
+                return _repeat_rounds(seen[1:], now, totals, (k_total - k) // period)
+            seen = (state, *now)
         sync_point = clock + pre[k % period]
         start = np.maximum(sync_point.max(axis=-1), link_free)
         end = link_free = start + a
@@ -134,3 +158,26 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     if not record:
         return {**totals, "wall_s": resume.max(axis=-1)}
     return {**rec, "start_s": ends[0], "end_s": ends[1]}
+
+
+PERIODIC_TOL = 1e-12  # relative to the run's time so far: well above float64's rounding of the clocks
+
+
+def _same_state(before, after, latest) -> bool:
+    scale = PERIODIC_TOL * np.maximum(np.abs(latest), 1.0)
+    return all(np.all(np.abs(a - b) <= (scale[..., None] if a.ndim > scale.ndim else scale))
+               for a, b in zip(before, after))
+
+
+def _repeat_rounds(before, now, totals: dict, remaining: int) -> dict[str, np.ndarray]:
+    """The totals and wall_s after `remaining` more rounds like the last one (before -> now)."""
+    (totals_before, _, wall_before), (totals_now, _, wall_now) = before, now
+    out = {name: totals_now[name] + remaining * (totals_now[name] - totals_before[name]) for name in totals}
+    return {**out, "wall_s": wall_now + remaining * (wall_now - wall_before)}
+
+
+def stream_state(rec: dict[str, np.ndarray], ckpt_s: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(clock, link_free) after a chunk of whole rounds of recorded fragment syncs: the state the
+    next chunk starts from (run_streaming_analytic's state), the additions of the unchunked loop."""
+    resume = np.asarray(rec["resume_s"])[-1]
+    return (resume + ckpt_s if ckpt_s else resume), np.asarray(rec["end_s"])[-1]

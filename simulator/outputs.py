@@ -64,7 +64,7 @@ def save_figure(fig, path: str | Path, **savefig_kwargs) -> Path:
 # What simulate, plan and sweep --table write: one of them found in --out but not written by
 # the command now running is an earlier command's output, stale beside the new ones.
 OWNED = ("plan.csv", "timeline.csv", "summary.csv", "syncs.csv", "scenario.toml", "table.csv", "table.md",
-         "trace.json")
+         "trace.json", "timeline.parquet", "syncs.parquet")
 
 
 class OutputError(OSError):
@@ -147,47 +147,81 @@ def _csv_column(series: pd.Series) -> tuple[str, list] | None:
 
 def write_output_set(out: str | Path, files: dict[str, bytes], owned: tuple[str, ...] = OWNED) -> list[str]:
     """Write {name: bytes} into `out` as a set (module docstring); returns stale names removed."""
-    import shutil
+    with StagedOutput(out, list(files), owned) as stage:
+        for name, data in files.items():
+            with stage.open(name) as handle:
+                handle.write(data)
+        return stage.commit()
 
-    out = Path(out)
-    for name in files:
-        target = out / name
-        if os.path.lexists(target) and not (target.is_file() and not target.is_symlink()):
-            raise OutputError(f"{target}: exists and is not a regular file; expected a file path for {name}")
-    if os.path.lexists(out) and not out.is_dir():
-        raise OutputError(f"{out}: exists and is not a directory; expected an output directory")
-    # Staged inside out if it exists (its parent may not be writable: --out .), else beside it.
-    where = out if out.is_dir() else out.absolute().parent
-    try:
-        where.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{out.absolute().name}.", suffix=".tmp", dir=where))
-    except OSError as exc:
-        raise OutputError(f"{out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
-    try:
+
+class StagedOutput:
+    """An output set written file by file into a stage (a temporary directory in or beside `out`),
+    renamed into `out` only by commit(): files too large to hold whole (the timeline of a long
+    simulation) are written there as they are produced. Leaving the `with` block without commit()
+    (an error, Ctrl-C) removes the stage: `out` is as it was."""
+
+    def __init__(self, out: str | Path, names: list[str], owned: tuple[str, ...] = OWNED):
+        self.out, self.names, self.owned = Path(out), list(names), owned
+        out = self.out
+        for name in names:
+            target = out / name
+            if os.path.lexists(target) and not (target.is_file() and not target.is_symlink()):
+                raise OutputError(f"{target}: exists and is not a regular file; expected a file path for {name}")
+        if os.path.lexists(out) and not out.is_dir():
+            raise OutputError(f"{out}: exists and is not a directory; expected an output directory")
+        # Staged inside out if it exists (its parent may not be writable: --out .), else beside it.
+        where = out if out.is_dir() else out.absolute().parent
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            self.path = Path(tempfile.mkdtemp(prefix=f".{out.absolute().name}.", suffix=".tmp", dir=where))
+        except OSError as exc:
+            raise OutputError(f"{out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
+
+    def __enter__(self) -> "StagedOutput":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import shutil
+
+        shutil.rmtree(self.path, ignore_errors=True)
+
+    def file(self, name: str) -> Path:
+        """The staged path of output `name` (one of the names given), its folder made."""
+        if name not in self.names:
+            raise ValueError(f"{name}: not one of this output set's files")
+        path = self.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def open(self, name: str):
+        try:
+            return open(self.file(name), "wb")
+        except OSError as exc:
+            raise OutputError(f"{self.out}: cannot write the outputs ({exc.strerror or exc}); "
+                              "nothing was replaced") from None
+
+    def commit(self) -> list[str]:
+        """Rename every staged file into `out`; remove other commands' files there (OWNED); the
+        stale names removed."""
+        out = self.out
+        missing = [n for n in self.names if not (self.path / n).is_file()]
+        if missing:
+            raise OutputError(f"{out}: {', '.join(missing)} not written; nothing was replaced")
         try:
             mode = 0o666 & ~_umask()
-            for name, data in files.items():
-                path = stage / name
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(path, "wb") as handle:
-                    handle.write(data)
-                os.chmod(path, mode)
-        except OSError as exc:
-            raise OutputError(f"{out}: cannot write the outputs ({exc.strerror or exc}); nothing was replaced") from None
-        try:
+            for name in self.names:
+                os.chmod(self.path / name, mode)
             out.mkdir(exist_ok=True)
         except OSError as exc:
             raise OutputError(f"{out}: cannot create the output directory ({exc.strerror or exc})") from None
-        previous = [n for n in owned if n not in files and os.path.lexists(out / n)]
-        for name in files:
+        previous = [n for n in self.owned if n not in self.names and os.path.lexists(out / n)]
+        for name in self.names:
             (out / name).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(stage / name, out / name)
+            os.replace(self.path / name, out / name)
         stale = [n for n in previous if (out / n).is_file() and not (out / n).is_symlink()]
         for name in stale:
             (out / name).unlink()
         return stale
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
 
 
 def check_writable(out_dir: str | Path) -> Path:

@@ -45,10 +45,12 @@ from formats.timeline import TIMELINE_COLUMNS
 from simulator.outputs import write_text
 
 # `geodt simulate` writes the first rounds up to this many node-rounds (rows of the timeline) into
-# trace.json, about 3 slices (0.6 kB) each: for 1024 nodes x 200 rounds, rounds 0-47 in 29 MB,
-# written in about 0.4 s, where every round is 122 MB, past what ui.perfetto.dev opens comfortably.
-# Without jitter the rounds after them repeat the same pattern; --full-trace writes every round.
-TRACE_MAX_NODE_ROUNDS = 50_000
+# trace.json, about 3 slices (0.6 kB) each: for 1024 nodes x 200 rounds, rounds 0-18 in 12 MB,
+# written in about 0.4 s (three float reprs a slice bound it), where every round is 122 MB, past
+# what ui.perfetto.dev opens comfortably. Without jitter the rounds after them repeat the same
+# pattern; --full-trace writes every round. (50,000 until the whole `geodt simulate` process had
+# to stay within 3x its bare event loop: the trace was a fifth of it, issue 32.)
+TRACE_MAX_NODE_ROUNDS = 20_000
 # slice name, timeline column, catapult colour name (chrome://tracing; Perfetto colours by name)
 PARTS = (("compute", "compute_s", "thread_state_running"), ("idle", "idle_s", "terrible"),
          ("sync", "comm_s", "thread_state_iowait"))
@@ -259,13 +261,16 @@ def trace_rounds(timeline: pd.DataFrame, max_node_rounds: int | None = TRACE_MAX
 
 def simulation_trace_text(timeline: pd.DataFrame, plan_frame: pd.DataFrame | None = None,
                           max_node_rounds: int | None = TRACE_MAX_NODE_ROUNDS,
-                          syncs: pd.DataFrame | None = None) -> tuple[str, int | None]:
+                          syncs: pd.DataFrame | None = None,
+                          total_rounds: int | None = None) -> tuple[str, int | None]:
     """trace.json of `geodt simulate` as text, and how many first rounds it holds (None: all of them).
-    With Streaming DiLoCo strategies among the syncs, the dict path (simulation_trace)."""
+    With Streaming DiLoCo strategies among the syncs, the dict path (simulation_trace).
+    total_rounds: the run's rounds where `timeline` holds only its first ones (every strategy's
+    rounds below max_node_rounds / its nodes + 2 at least, so that the rounds kept are the same)."""
     kept = trace_rounds(timeline, max_node_rounds)
     note = SIMULATION_NOTE
     if kept is not None:
-        total = int(timeline["round"].max()) + 1
+        total = int(timeline["round"].max()) + 1 if total_rounds is None else total_rounds
         timeline = timeline[timeline["round"].to_numpy() < kept]
         syncs = None if syncs is None else syncs[syncs["round"].to_numpy() < kept]
         note += (f"; rounds 0-{kept - 1} of {total} (at most {max_node_rounds:,} node-rounds; "

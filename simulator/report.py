@@ -98,12 +98,18 @@ def format_answer(table: pd.DataFrame, base: dict) -> str:
 
 
 def answer(scenario, runs, engine: str = "simpy") -> str:
-    """The text `geodt simulate` ends with; runs = [(plan, timeline)], the baseline simulated if absent."""
+    """The text `geodt simulate` ends with; runs = [(plan, timeline or its RunTotals)], the baseline
+    simulated if absent."""
     baseline = next(((p, t) for p, t in runs if p.strategy == "baseline"), None)
-    if baseline is None:
-        from simulator.engine import simulate
+    if baseline is None:  # its totals only, chunk by chunk: no whole timeline of a long run in memory
+        from simulator.engine import simulate_chunks
+        from simulator.run_outputs import chunk_rounds
         from simulator.strategies import make_plan
+        from simulator.totals import RunTotals
 
         plan = make_plan(scenario, "baseline")
-        baseline = (plan, simulate(scenario, plan, engine))
+        totals = RunTotals()
+        simulate_chunks(scenario, plan, engine, lambda timeline, _: totals.add(timeline),
+                        chunk_rounds(len(plan.nodes), 1))
+        baseline = (plan, totals)
     return format_answer(*answer_table(runs, baseline))

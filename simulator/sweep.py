@@ -265,8 +265,10 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
     b = base.training.batch_size
     gpus = kt.gpus[kinds]
     at_b = kt.step_of(kinds, np.full(kinds.shape, b, dtype=np.int64))
-    labels = [" | ".join(kind_label(kt.kinds[k]) for k in row) for row in kinds.tolist()]
-    n_types = [len({key for k in row for key, _ in kt.kinds[k]}) for row in kinds.tolist()]
+    names = [kind_label(kind) for kind in kt.kinds]  # once per kind, not per node of every scenario
+    types = [{key for key, _ in kind} for kind in kt.kinds]
+    labels = [" | ".join([names[k] for k in row]) for row in kinds.tolist()]
+    n_types = [len(set().union(*[types[k] for k in row])) for row in kinds.tolist()]
     describe = {"scenario_id": np.arange(first_id, first_id + len(kinds)), "nodes": labels,
                 "n_nodes": kinds.shape[1], "gpus_per_node": gpus[:, 0], "gpu_types": n_types,
                 "bandwidth_gbps": bw, "speed_ratio": at_b.max(axis=1) / at_b.min(axis=1)}

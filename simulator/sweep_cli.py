@@ -5,13 +5,17 @@
     geodt sweep --table paper --out DIR       every strategy on one scenario (SimPy engine)
 
 A sweep splits its scenarios into chunks of CHUNK scenarios, decides them on every core
-(multiprocessing), and writes each finished chunk to DIR/parts/ at once; a rerun with the
-same arguments skips the chunks already there, so an interrupted sweep resumes. At the end
-DIR holds sweep.csv (tidy: one row per scenario × strategy), sweep.csv.sha256 (its digest: a
-sweep.csv cut short or altered is detected and redone, never taken as finished), spec.json,
-scenario.toml (the base scenario) and the figures, written as one set. One sweep at a time
-writes into a DIR (a lock file, DIR/.sweep.lock): a second identical sweep waits for the
-first, then finds it finished.
+(multiprocessing) or on a Dask cluster (--scheduler, simulator/sweep_cluster.py), and writes
+each finished chunk to DIR/parts-chunkN/ at once as a Parquet part (the same bytes for the
+same chunk on every run and engine); a rerun with the same arguments skips the parts already
+there, so an interrupted sweep resumes. At the end the parts become the dataset DIR/sweep/
+(tidy: one row per scenario × strategy, simulator/sweep_dataset.py), DIR/sweep.sha256 (each
+part's digest, written last: a dataset cut short or altered is detected and redone, never
+taken as finished), and, with --csv, DIR/sweep.csv and sweep.csv.sha256 as well (written part
+by part); then spec.json, scenario.toml (the base scenario) and the figures, the findings and
+figures computed part by part (memory bounded whatever the size). One sweep at a time writes
+into a DIR (a lock file, DIR/.sweep.lock): a second identical sweep waits for the first, then
+finds it finished.
 """
 from __future__ import annotations
 
@@ -67,7 +71,11 @@ def parser():
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sample of mixes (default 0)")
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
-    p.add_argument("--no-figures", action="store_true", help="write sweep.csv only")
+    p.add_argument("--no-figures", action="store_true", help="write the table only")
+    p.add_argument("--csv", action="store_true", help="also sweep.csv (and its digest) beside the dataset sweep/")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run the chunks on this Dask scheduler (tcp://host:8786; needs geodt[cluster]) "
+                        "instead of local processes; the results are the same bytes")
     p.add_argument("--out", help="output directory (a sweep: required; --table: default out/<scenario name>/table)")
     p.add_argument("--large", action="store_true",
                    help="allow work beyond the default limit (formats/limits.py), up to WORK_ROWS_LARGE")
@@ -92,14 +100,11 @@ def check_table_options(args, p) -> None:
 
 
 def _init_worker(spec) -> None:
-    from simulator.scenario import load_scenario
-    from simulator.sweep import KindTables, node_kinds
+    from simulator.sweep_dataset import kind_tables, sweep_drift
 
-    _WORKER["kt"] = KindTables(load_scenario(spec.base, spec.overrides), node_kinds(spec))
+    kind_tables(spec)  # built here first: a GPU type that cannot hold the batch is refused in the parent
+    sweep_drift(spec)  # and --drift parsed: a bad event is refused in the parent too
     _WORKER["spec"] = spec
-    from simulator.sweep_drift import parse_drift
-
-    _WORKER["drift"] = parse_drift(spec.drift) if spec.drift else ()
 
 
 def _quiet_worker() -> None:
@@ -125,29 +130,31 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _finished_csv(out: Path) -> bytes | None:
-    """sweep.csv if it is whole (its digest matches sweep.csv.sha256); None if absent or cut short."""
-    csv_path, sum_path = out / "sweep.csv", out / "sweep.csv.sha256"
-    if not csv_path.exists():
+def _finished(out: Path) -> list[Path] | None:
+    """The dataset's parts if it is whole (every digest in sweep.sha256 matches); None if absent
+    or cut short."""
+    manifest = out / "sweep.sha256"
+    if not manifest.exists():
         return None
     try:
-        data, want = csv_path.read_bytes(), sum_path.read_text().split()[0]
-    except (OSError, IndexError, UnicodeDecodeError):
-        want, data = "", b""
-    if _digest(data) != want:
-        print(f"geodt sweep: {csv_path}: incomplete or altered (its digest does not match "
-              f"{sum_path.name}); redoing it", file=sys.stderr)
+        lines = [line.split() for line in manifest.read_text().splitlines()]
+        parts = [out / name for _, name in lines]
+        whole = bool(lines) and all(_digest(p.read_bytes()) == want for (want, _), p in zip(lines, parts))
+    except (OSError, ValueError, UnicodeDecodeError):
+        whole = False
+    if not whole:
+        print(f"geodt sweep: {out / 'sweep'}: incomplete or altered (a digest does not match "
+              f"{manifest.name}); redoing it", file=sys.stderr)
         return None
-    return data
+    return parts
 
 
 def _run_chunk(job) -> tuple[int, int]:
-    from simulator.outputs import write_csv
-    from simulator.sweep import chunk_frame
+    from simulator.outputs import write_bytes
+    from simulator.sweep_dataset import chunk_bytes
 
     index, first, kinds, bw, path = job
-    spec = _WORKER["spec"]
-    write_csv(chunk_frame(_WORKER["kt"], kinds, bw, spec.strategies, first, _WORKER["drift"], spec.seed), Path(path))
+    write_bytes(Path(path), chunk_bytes(_WORKER["spec"], first, kinds, bw))
     return index, len(kinds)
 
 
@@ -188,10 +195,6 @@ def _spec_from_args(args, strategies):
 
 
 def _sweep(args, strategies, out: Path) -> int:
-    import io
-
-    import pandas as pd
-
     from formats.errors import InputError
     from simulator.outputs import check_writable, write_text
     from simulator.scenario import load_scenario
@@ -212,14 +215,12 @@ def _sweep(args, strategies, out: Path) -> int:
         if spec_path.exists() and spec_path.read_text() != spec.to_json():
             raise InputError(f"--out {out}: holds a sweep with other arguments ({spec_path}); expected a new or matching directory")
         write_text(spec_path, spec.to_json())
-        finished = _finished_csv(out)
+        finished = _finished(out)
         if finished is not None:  # a finished sweep of these arguments: nothing to redo
-            frame = pd.read_csv(io.BytesIO(finished), keep_default_na=False, na_values=[""])
-            print(f"{out}/sweep.csv: finished earlier with these arguments; nothing redone", file=sys.stderr)
-            return _finish(args, frame, finished, base, out, write=False)
-        frame = _run_chunks(args, spec, strategies, out)
-        from simulator.outputs import csv_bytes
-        return _finish(args, frame, csv_bytes(frame), base, out, write=True)
+            print(f"{out}/sweep: finished earlier with these arguments; nothing redone", file=sys.stderr)
+            return _finish(args, finished, base, out, write=False)
+        parts = _run_chunks(args, spec, strategies, out)
+        return _finish(args, _publish(parts, out), base, out, write=True)
     finally:
         lock.release()
 
@@ -243,10 +244,26 @@ def check_sweep_work(args, spec, base) -> None:
         raise InputError(f"{spec.base}: {why}")
 
 
+def _publish(parts: list[Path], out: Path) -> list[Path]:
+    """The finished parts become the dataset DIR/sweep/ (its folder renamed), then sweep.sha256."""
+    import shutil
+
+    from simulator.outputs import write_text
+
+    manifest = "".join(f"{_digest(p.read_bytes())}  sweep/part-{k:05d}.parquet\n" for k, p in enumerate(parts))
+    (out / "sweep.sha256").unlink(missing_ok=True)  # from here until it is rewritten, not finished
+    shutil.rmtree(out / "sweep", ignore_errors=True)
+    (out / "sweep").mkdir()
+    for k, p in enumerate(parts):
+        os.replace(p, out / "sweep" / f"part-{k:05d}.parquet")
+    shutil.rmtree(parts[0].parent, ignore_errors=True)
+    write_text(out / "sweep.sha256", manifest)
+    return [out / "sweep" / f"part-{k:05d}.parquet" for k in range(len(parts))]
+
+
 def _run_chunks(args, spec, strategies, out: Path):
     import multiprocessing
 
-    import pandas as pd
     from tqdm import tqdm
 
     from simulator.sweep import describe_grid, node_kinds, scenario_grid
@@ -258,7 +275,7 @@ def _run_chunks(args, spec, strategies, out: Path):
     jobs, done = [], 0
     chunk = args.chunk
     for index, first in enumerate(range(0, len(grid_kinds), chunk)):
-        path = parts / f"chunk-{index:05d}.csv"
+        path = parts / f"chunk-{index:05d}.parquet"
         size = min(chunk, len(grid_kinds) - first)
         if path.exists():
             done += size
@@ -266,51 +283,82 @@ def _run_chunks(args, spec, strategies, out: Path):
         jobs.append((index, first, grid_kinds[first:first + chunk], grid_bw[first:first + chunk], str(path)))
     print(f"{describe_grid(spec, len(kinds))}; x {len(strategies)} strategies; {done} already done", file=sys.stderr)
     with tqdm(total=len(grid_kinds), initial=done, unit="scenario", desc="geodt sweep") as bar:
-        if jobs and args.workers > 1 and len(jobs) > 1:
+        if jobs and args.scheduler:
+            from simulator.sweep_cluster import run_on_cluster
+
+            run_on_cluster(args.scheduler, spec, jobs, bar.update)
+        elif jobs and args.workers > 1 and len(jobs) > 1:
             with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _quiet_worker) as pool:
                 for _, size in pool.imap_unordered(_run_chunk, jobs):
                     bar.update(size)
         elif jobs:
             for job in jobs:
                 bar.update(_run_chunk(job)[1])
-    chunks = [parts / f"chunk-{index:05d}.csv" for index in range(-(-len(grid_kinds) // chunk))]
-    frame = pd.concat([pd.read_csv(p, keep_default_na=False, na_values=[""]) for p in chunks], ignore_index=True)
-    if len(frame) != len(grid_kinds) * len(strategies):  # a chunk file cut short: redo it on the next run
-        raise RuntimeError(f"{parts}: {len(frame)} rows; expected {len(grid_kinds) * len(strategies)}")
-    return frame
+    chunks = [parts / f"chunk-{index:05d}.parquet" for index in range(-(-len(grid_kinds) // chunk))]
+    import pyarrow.parquet as pq
+
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in chunks)
+    if rows != len(grid_kinds) * len(strategies):  # a part cut short: redo it on the next run
+        raise RuntimeError(f"{parts}: {rows} rows; expected {len(grid_kinds) * len(strategies)}")
+    return chunks
 
 
-def _finish(args, frame, csv_data: bytes, base, out: Path, write: bool) -> int:
+def _csv_into(stage, parts: list[Path]) -> bytes:
+    """sweep.csv written part by part into the stage (the bytes of csv_bytes of the whole table);
+    its digest line."""
+    import hashlib
+
+    from simulator.outputs import csv_bytes
+    from simulator.sweep_dataset import read_part
+
+    digest = hashlib.sha256()
+    with stage.open("sweep.csv") as handle:
+        for k, path in enumerate(parts):
+            data = csv_bytes(read_part(path))
+            data = data if k == 0 else data[data.index(b"\n") + 1:]
+            digest.update(data)
+            handle.write(data)
+    return f"{digest.hexdigest()}  sweep.csv\n".encode()
+
+
+def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
     import shutil
     import tempfile
 
     from formats.errors import InputError
-    from simulator.outputs import OutputError, write_output_set
+    from simulator.outputs import OutputError, StagedOutput
+    from simulator.sweep_dataset import SweepStats
 
-    files = {"sweep.csv": csv_data, "sweep.csv.sha256": f"{_digest(csv_data)}  sweep.csv\n".encode(),
-             "scenario.toml": base.to_toml().encode()}
+    stats = SweepStats.from_parts(parts)
+    files = {"scenario.toml": base.to_toml().encode()}
     if not args.no_figures:
         from simulator.sweep_figures import write_figures
         stage = Path(tempfile.mkdtemp(prefix=".figures.", dir=out))
         try:
-            for path in write_figures(frame, stage):
+            for path in write_figures(stats, stage):
                 files[path.name] = path.read_bytes()
         finally:
             shutil.rmtree(stage, ignore_errors=True)
+    names = [*(["sweep.csv", "sweep.csv.sha256"] if args.csv else []), *files]
     try:
-        write_output_set(out, files, owned=())
+        with StagedOutput(out, names, owned=()) as stage:
+            if args.csv:
+                files["sweep.csv.sha256"] = _csv_into(stage, parts)
+            for name, data in files.items():
+                with stage.open(name) as handle:
+                    handle.write(data)
+            stage.commit()
     except OutputError as exc:
         raise InputError(f"--out {out}: {exc}") from None
-    parts = out / f"parts-chunk{args.chunk}"
-    if parts.is_dir():  # sweep.csv now holds them all; a rerun finds it and redoes nothing
-        shutil.rmtree(parts, ignore_errors=True)
     for name in files:
         if name.endswith(".png"):
             print(f"wrote {out / name}", file=sys.stderr)
-    print(f"{'wrote' if write else 'kept'} {out}/sweep.csv ({len(frame)} rows)")
+    rows = sum(len(v) for v in stats.idle_left.values())
+    print(f"{'wrote' if write else 'kept'} {out}/sweep ({rows} rows in {len(parts)} Parquet parts)"
+          + (f" and {out}/sweep.csv" if args.csv else ""))
     from simulator.sweep_summary import findings_text
 
-    print("\n" + findings_text(frame))
+    print("\n" + findings_text(stats))
     return 0
 
 

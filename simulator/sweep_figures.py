@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.outputs import save_figure
+from simulator.sweep_dataset import stats_of, winners  # noqa: F401 (winners: the rule, kept importable here)
 
 HETERO_BINS = [1.0, 1.001, 1.5, 3.0, 10.0, np.inf]
 HETERO_LABELS = ["alike", "<1.5x", "1.5-3x", "3-10x", ">10x"]
@@ -37,14 +38,15 @@ def _colors(strategies) -> dict:
     return {s: cmap(i % 10) for i, s in enumerate(strategies)}
 
 
-def idle_left_figure(frame: pd.DataFrame, path: Path) -> Path:
+def idle_left_figure(data, path: Path) -> Path:
+    """From sweep.csv loaded or its SweepStats (simulator/sweep_dataset.py), as every figure here."""
     plt = _plt()
-    strategies = list(dict.fromkeys(frame["strategy"]))
-    have = frame[frame["idle_left"].notna()]
-    dropped = frame.loc[frame["strategy"] == "baseline", "idle_left"].isna().sum()
+    stats = stats_of(data)
+    strategies = stats.strategies
+    dropped = stats.baseline_no_idle
     floor = 1e-4
-    data = [np.clip(have.loc[have["strategy"] == s, "idle_left"].to_numpy() * 100, floor * 100, None)
-            for s in strategies]
+    known = {s: v[~np.isnan(v)] for s, v in stats.idle_left.items()}
+    data = [np.clip(known[s] * 100, floor * 100, None) for s in strategies]
     fig, ax = plt.subplots(figsize=(10, 4.8))
     # light box fills (one colour per strategy) under a black median bar with a white-edged diamond,
     # so the median reads on every box whatever its colour; its value is written beside it
@@ -62,7 +64,7 @@ def idle_left_figure(frame: pd.DataFrame, path: Path) -> Path:
     ax.set_yscale("log")
     ax.axhline(100, color="gray", lw=1, ls="--")
     ax.set_ylabel("idle left, % of baseline's\n(at the baseline's token count; log scale)")
-    ax.set_title(f"Idle reduction vs baseline: {have['scenario_id'].nunique()} scenarios "
+    ax.set_title(f"Idle reduction vs baseline: {stats.scenarios_with_idle} scenarios "
                  f"(boxes: quartiles, whiskers: 5-95%, ◆ and label: median; {dropped} with no baseline idle left out;"
                  f" 0 shown at {floor * 100:g}%)", fontsize=9)
     ax.tick_params(axis="x", rotation=30)
@@ -73,26 +75,20 @@ def idle_left_figure(frame: pd.DataFrame, path: Path) -> Path:
     return out
 
 
-def winners(frame: pd.DataFrame, column: str, best: str) -> pd.DataFrame:
-    """One row per scenario: its winner by `column` (ties: the first strategy in the table's order)."""
-    order = {s: i for i, s in enumerate(dict.fromkeys(frame["strategy"]))}
-    ranked = frame.assign(_o=frame["strategy"].map(order))
-    ranked = ranked.sort_values(["scenario_id", column, "_o"], ascending=[True, best == "min", True])
-    return ranked.groupby("scenario_id", sort=True).head(1)
-
-
-def winners_figure(frame: pd.DataFrame, path: Path) -> Path:
+def winners_figure(data, path: Path) -> Path:
     """A table-like heatmap per criterion and bandwidth: % of scenarios each strategy wins, per heterogeneity bin.
 
     Every cell carries its number (and the count), so small shares stay readable; strategies that
     win nowhere under a criterion are left out of its row of panels and named in the title."""
     plt = _plt()
-    strategies = list(dict.fromkeys(frame["strategy"]))
-    bws = sorted(frame["bandwidth_gbps"].unique())
-    frame = frame.assign(hetero=pd.cut(frame["speed_ratio"], HETERO_BINS, labels=HETERO_LABELS, right=False))
+    stats = stats_of(data)
+    strategies = stats.strategies
+    bws = stats.bandwidths
     rows = [("tokens_per_s", "max", "most tokens/s"),
             ("idle_s_equal_tokens", "min", "least idle at equal tokens (ties: first listed; alike nodes all tie at 0)")]
-    wins = {(r, bw): winners(frame[frame["bandwidth_gbps"] == bw], col, best)
+    hetero = {col: stats.wins[col].assign(hetero=pd.cut(stats.wins[col]["speed_ratio"], HETERO_BINS,
+                                                        labels=HETERO_LABELS, right=False)) for col, _, _ in rows}
+    wins = {(r, bw): hetero[col][hetero[col]["bandwidth_gbps"] == bw]
             for r, (col, best, _) in enumerate(rows) for bw in bws}
     shown = [[s for s in strategies if any((wins[(r, bw)]["strategy"] == s).any() for bw in bws)]
              for r in range(len(rows))]
@@ -144,16 +140,16 @@ def _winners_panel(ax, win: pd.DataFrame, names: list[str], cmap, first: bool) -
         side.set_visible(False)
 
 
-def speedup_figure(frame: pd.DataFrame, path: Path) -> Path:
+def speedup_figure(data, path: Path) -> Path:
     plt = _plt()
-    strategies = list(dict.fromkeys(frame["strategy"]))
-    bws = sorted(frame["bandwidth_gbps"].unique())
+    stats = stats_of(data)
+    strategies = stats.strategies
+    bws = stats.bandwidths
     fig, ax = plt.subplots(figsize=(11, 4.8))
     width = 0.8 / len(bws)
     cmap = plt.get_cmap("viridis")
     for k, bw in enumerate(bws):
-        sub = frame[frame["bandwidth_gbps"] == bw]
-        data = [sub.loc[sub["strategy"] == s, "speedup"].to_numpy() for s in strategies]
+        data = [stats.speedup.get((s, bw), np.zeros(0)) for s in strategies]
         pos = np.arange(len(strategies)) + (k - (len(bws) - 1) / 2) * width
         box = ax.boxplot(data, positions=pos, widths=width * 0.9, whis=(5, 95), showfliers=False, patch_artist=True,
                          medianprops={"color": "black", "lw": 2})  # black: an orange median vanishes in a yellow box
@@ -176,6 +172,7 @@ def speedup_figure(frame: pd.DataFrame, path: Path) -> Path:
     return out
 
 
-def write_figures(frame: pd.DataFrame, out: Path) -> list[Path]:
-    return [idle_left_figure(frame, out / "idle_left.png"), winners_figure(frame, out / "winners.png"),
-            speedup_figure(frame, out / "speedup.png")]
+def write_figures(data, out: Path) -> list[Path]:
+    stats = stats_of(data)
+    return [idle_left_figure(stats, out / "idle_left.png"), winners_figure(stats, out / "winners.png"),
+            speedup_figure(stats, out / "speedup.png")]

@@ -7,27 +7,29 @@ in the CSV's order, as in winners.png); then the winner at each bandwidth in wor
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from simulator.sweep_figures import winners
+from simulator.sweep_dataset import stats_of
 
 
-def findings_text(frame: pd.DataFrame) -> str:
-    strategies = list(dict.fromkeys(frame["strategy"]))
-    bws = sorted(frame["bandwidth_gbps"].unique())
-    won = winners(frame, "tokens_per_s", "max")
+def findings_text(data) -> str:
+    """From sweep.csv loaded, or its SweepStats (simulator/sweep_dataset.py: read part by part)."""
+    stats = stats_of(data)
+    strategies = stats.strategies
+    bws = stats.bandwidths
+    won = stats.wins["tokens_per_s"]
     rows = []
     for strategy in strategies:
-        mine = frame[frame["strategy"] == strategy]
-        left = mine["idle_left"].median()
+        left = pd.Series(stats.idle_left[strategy]).median()
         row = {"strategy": strategy, "idle left": "-" if pd.isna(left) else f"{100 * left:.1f}%"}
         for bw in bws:
-            at = mine["bandwidth_gbps"] == bw
-            row[f"speed-up {bw:g} Gbit/s"] = f"{mine.loc[at, 'speedup'].median():.2f}x"
+            values = stats.speedup.get((strategy, bw), np.zeros(0))
+            row[f"speed-up {bw:g} Gbit/s"] = f"{pd.Series(values).median():.2f}x"
         for bw in bws:
             row[f"wins {bw:g} Gbit/s"] = int(((won["strategy"] == strategy) & (won["bandwidth_gbps"] == bw)).sum())
         rows.append(row)
-    scenarios = frame["scenario_id"].nunique()
+    scenarios = stats.scenarios
     width = max(len("strategy"), *map(len, strategies))
     numbers = pd.DataFrame(rows).drop(columns="strategy").to_string(index=False).splitlines()
     lines = [f"Over {scenarios:,} scenarios, per strategy: median idle left at the baseline's token count (% of the "
@@ -35,7 +37,7 @@ def findings_text(frame: pd.DataFrame) -> str:
     lines += [f"{name:<{width}} {line}" for name, line in zip(["strategy", *strategies], numbers)]
     best = []
     for bw in bws:
-        counts = won.loc[won["bandwidth_gbps"] == bw, "strategy"].value_counts()
+        counts = won.loc[won["bandwidth_gbps"] == bw, "strategy"].astype(str).value_counts()
         best.append(f"at {bw:g} Gbit/s {counts.index[0]} ({100 * counts.iloc[0] / counts.sum():.0f}% of "
                     f"{counts.sum():,})")
     lines.append("Most tokens/s: " + "; ".join(best))

@@ -7,18 +7,22 @@ from __future__ import annotations
 
 import pandas as pd
 
+from simulator.totals import RunTotals
+
 TABLE_COLUMNS = ["strategy", "tokens_per_round", "tokens_vs_baseline", "round_s", "wall_s", "comm_s", "idle_s",
                  "idle_floor_s", "idle_vs_floor", "idle_s_equal_tokens", "idle_left", "utilization",
                  "tokens_per_s", "speedup", "note"]
 
 
-def timeline_metrics(plan, timeline: pd.DataFrame) -> dict:
-    """The sweep's metrics (see simulator.sweep) from one simulated timeline."""
-    rounds = timeline["round"].nunique()
-    compute, idle, comm = (float(timeline[c].sum()) for c in ("compute_s", "idle_s", "comm_s"))
-    wall = float(timeline["round_end_s"].max())
+def timeline_metrics(plan, timeline) -> dict:
+    """The sweep's metrics (see simulator.sweep) from one simulated timeline, or its totals
+    (simulator/totals.py RunTotals, accumulated as `geodt simulate` writes the timeline)."""
+    run = timeline if isinstance(timeline, RunTotals) else RunTotals.of(timeline)
+    rounds = run.rounds
+    compute, idle, comm = (float(v) for v in run.sums)
+    wall = run.wall_s
     # the tokens the rounds trained on (an adaptive plan's vary round by round), else the plan's
-    tokens = int(timeline["tokens"].sum()) if "tokens" in timeline else plan.tokens_per_round * rounds
+    tokens = run.tokens if run.node_tokens is not None else plan.tokens_per_round * rounds
     return {"strategy": plan.strategy, "tokens_per_round": round(tokens / rounds), "tokens": tokens,
             "round_s": wall / rounds, "wall_s": wall, "comm_s": plan.comm_s, "idle_s": idle,
             # the one-step bound (CSV name kept): see format_markdown and simulator.sweep

@@ -37,7 +37,8 @@ def test_core_dependencies_have_no_torch_and_extras_do():
     assert names(extras["calibrate"]) == {"torch", "transformers", "nvidia-ml-py"}
     assert names(extras["test"]) == {"pytest", "hypothesis"}  # no torch: the core test run stays light
     assert names(extras["peer"]) == {"torchft"}
-    assert extras["all"] == ["geodt[real,calibrate,test,peer]"]
+    assert names(extras["cluster"]) == {"dask"}  # geodt sweep --scheduler
+    assert extras["all"] == ["geodt[real,calibrate,test,peer,cluster]"]
 
 
 def run_hidden(code: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -19,9 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NEEDS_TORCH = {"calibrate", "profile", "run", "validate"}
 # What each command of the README's list writes (directory, some of its files), in the list's order.
 WRITES = [
-    ("out/paper/simulate", {"plan.csv", "timeline.csv", "summary.csv", "trace.json", "scenario.toml"}),
+    ("out/paper/simulate", {"plan.csv", "timeline.parquet", "summary.csv", "syncs.parquet", "trace.json",
+                            "scenario.toml"}),
     ("out/paper/plan-hybrid", {"plan.csv", "scenario.toml"}),
-    ("out/sweep", {"sweep.csv", "sweep.csv.sha256", "spec.json", "scenario.toml", "idle_left.png", "winners.png",
+    ("out/sweep", {"sweep", "sweep.sha256", "spec.json", "scenario.toml", "idle_left.png", "winners.png",
                    "speedup.png"}),
     ("out/paper/table", {"table.csv", "table.md", "plan.csv", "summary.csv", "scenario.toml"}),
     ("profiles", {"cpu.csv"}),

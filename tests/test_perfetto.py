@@ -256,5 +256,5 @@ def test_simulate_caps_the_trace_unless_full_trace(tmp_path, write_scenario, cap
     assert "trace.json holds" not in capsys.readouterr().out
     rounds = {e["args"]["round"] for e in check_format(json.loads((tmp_path / "full" / "trace.json").read_text()))}
     assert rounds == {0, 1}
-    timeline = pd.read_csv(tmp_path / "capped" / "timeline.csv")  # the CSVs keep every round
+    timeline = pd.read_parquet(tmp_path / "capped" / "timeline.parquet")  # the tables keep every round
     assert sorted(set(timeline["round"])) == [0, 1]

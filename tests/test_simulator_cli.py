@@ -20,7 +20,7 @@ def test_simulate_paper_writes_all_outputs(tmp_path, capsys):
                                       "tokens_per_round"]
     c = plan[plan.strategy == "C"]
     assert list(c.local_steps) == [100, 104, 145, 117]
-    timeline = pd.read_csv(tmp_path / "timeline.csv")
+    timeline = pd.read_parquet(tmp_path / "timeline.parquet")  # the default; --csv: timeline.csv
     rounds = timeline.groupby("strategy")["round"].nunique()
     assert rounds["baseline"] == 10 and rounds["C"] == 10
     assert len(timeline) == (plan.groupby("strategy").size() * rounds).sum()
@@ -32,7 +32,7 @@ def test_simulate_paper_writes_all_outputs(tmp_path, capsys):
 
 
 def test_overrides_and_engine(tmp_path):
-    args = ["paper", "--out", str(tmp_path), "--strategy", "baseline", "C", "--engine", "analytic",
+    args = ["paper", "--out", str(tmp_path), "--strategy", "baseline", "C", "--engine", "analytic", "--csv",
             "--set", "training.rounds=3", "--set", "nodes.node3.step_time_s=0.5"]
     assert simulate_main(args) == 0
     timeline = pd.read_csv(tmp_path / "timeline.csv")

@@ -162,21 +162,21 @@ SMALL_ARGS = ["hetero-cpu", "--set", "training.rounds=2"]
 def test_plan_after_simulate_removes_and_names_the_stale_outputs(tmp_path, capsys):
     out = tmp_path / "o"
     assert simulate_main([*SMALL_ARGS, "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml", "summary.csv", "syncs.csv",
-                                                      "timeline.csv", "trace.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml", "summary.csv", "syncs.parquet",
+                                                      "timeline.parquet", "trace.json"]
     capsys.readouterr()
     assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out)]) == 0
-    assert "removed timeline.csv, summary.csv, syncs.csv, trace.json of an earlier command" in capsys.readouterr().out
+    assert "removed summary.csv, trace.json, timeline.parquet, syncs.parquet of an earlier command" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml"]
 
 
 def test_a_directory_where_a_file_goes_writes_nothing(tmp_path, capsys):
     out = tmp_path / "o"
-    (out / "timeline.csv").mkdir(parents=True)
+    (out / "timeline.parquet").mkdir(parents=True)
     assert simulate_main([*SMALL_ARGS, "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "timeline.csv: exists and is not a regular file" in err
-    assert [p.name for p in out.iterdir()] == ["timeline.csv"]
+    assert len(err.splitlines()) == 1 and "timeline.parquet: exists and is not a regular file" in err
+    assert [p.name for p in out.iterdir()] == ["timeline.parquet"]
     assert [p.name for p in tmp_path.iterdir()] == ["o"]  # no staging directory left
 
 

@@ -242,7 +242,7 @@ def test_trace_draws_all_reduces_on_their_own_track_overlapping_compute(tmp_path
     assert any(c["ts"] < r["ts"] + r["dur"] and r["ts"] < c["ts"] + c["dur"] for r in reduces for c in node1
                if names[streaming_pid, r["tid"]] == "node1 all-reduce")
     # a node's own slices never overlap and add up to its timeline
-    timeline = pd.read_csv(out / "timeline.csv")
+    timeline = pd.read_parquet(out / "timeline.parquet")
     mine = sorted((e for e in slices if e["pid"] == streaming_pid and names[streaming_pid, e["tid"]] == "node1"),
                   key=lambda e: e["ts"])
     assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(mine, mine[1:]))
@@ -250,7 +250,7 @@ def test_trace_draws_all_reduces_on_their_own_track_overlapping_compute(tmp_path
     for part, column in (("compute", "compute_s"), ("idle", "idle_s"), ("sync", "comm_s")):
         total = sum(e["dur"] for e in mine if e["name"] == part) / 1e6
         assert total == pytest.approx(row[column].sum(), rel=1e-6, abs=1e-6)
-    syncs = pd.read_csv(out / "syncs.csv")
+    syncs = pd.read_parquet(out / "syncs.parquet")
     assert len(syncs[syncs.strategy == "streaming"]) == 10 * 4 * make_plan(load_scenario("paper"), "streaming").fragments
 
 

@@ -74,17 +74,24 @@ def _args(out, *extra):
             "--out", str(out), *extra]
 
 
+def _dataset(out: Path) -> list[bytes]:
+    return [p.read_bytes() for p in sorted((out / "sweep").iterdir())]
+
+
 def test_same_seed_same_csv_and_resume(tmp_path, capsys):
-    assert sweep(_args(tmp_path / "a", "--no-figures")) == 0
-    assert sweep(_args(tmp_path / "b")) == 0
+    assert sweep(_args(tmp_path / "a", "--no-figures", "--csv")) == 0
+    assert sweep(_args(tmp_path / "b", "--csv")) == 0
     first, second = (tmp_path / "a" / "sweep.csv").read_bytes(), (tmp_path / "b" / "sweep.csv").read_bytes()
     assert first == second
+    assert len(_dataset(tmp_path / "a")) == 3 and _dataset(tmp_path / "a") == _dataset(tmp_path / "b")
+    dataset = pd.read_parquet(tmp_path / "a" / "sweep")  # the same table as sweep.csv, at full precision
+    assert list(dataset.columns) == list(pd.read_csv(tmp_path / "a" / "sweep.csv").columns)
     assert all((tmp_path / "b" / f).stat().st_size > 0 for f in ("idle_left.png", "winners.png", "speedup.png"))
     frame = pd.read_csv(tmp_path / "a" / "sweep.csv")
     assert len(frame) == 60 * len(STRATEGIES) and frame["scenario_id"].nunique() == 60
     for column in ("idle_s", "round_s", "utilization", "tokens_per_s", "nodes", "bandwidth_gbps", "strategy"):
         assert column in frame
-    assert not list((tmp_path / "a").glob("parts-*"))  # finished: the parts are in sweep.csv
+    assert not list((tmp_path / "a").glob("parts-*"))  # finished: the parts are the dataset sweep/
     capsys.readouterr()
     assert sweep(_args(tmp_path / "a", "--no-figures")) == 0
     assert "nothing redone" in capsys.readouterr().err
@@ -106,14 +113,14 @@ def test_an_interrupted_sweep_resumes(tmp_path, capsys, monkeypatch):
     assert sweep(_args(tmp_path / "a", "--no-figures", "--workers", "1")) == 130  # Ctrl-C: one line, 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("geodt sweep: interrupted; finished chunks are kept") and "Traceback" not in "".join(err)
-    parts = sorted((tmp_path / "a").glob("parts-*/chunk-*.csv"))
-    assert [p.name for p in parts] == ["chunk-00000.csv"] and not (tmp_path / "a" / "sweep.csv").exists()
+    parts = sorted((tmp_path / "a").glob("parts-*/chunk-*.parquet"))
+    assert [p.name for p in parts] == ["chunk-00000.parquet"] and not (tmp_path / "a" / "sweep.sha256").exists()
     monkeypatch.setattr(cli, "_run_chunk", real)
     capsys.readouterr()
     assert sweep(_args(tmp_path / "a", "--no-figures", "--workers", "1")) == 0
     assert "20 already done" in capsys.readouterr().err
     assert sweep(_args(tmp_path / "b", "--no-figures")) == 0
-    assert (tmp_path / "a" / "sweep.csv").read_bytes() == (tmp_path / "b" / "sweep.csv").read_bytes()
+    assert _dataset(tmp_path / "a") == _dataset(tmp_path / "b")
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -129,7 +136,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, extra, message):
     assert sweep(_args(out) + extra) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
-    assert not (out / "sweep.csv").exists()
+    assert not (out / "sweep.csv").exists() and not (out / "sweep").exists()
 
 
 def test_resume_refuses_other_arguments(tmp_path, capsys):
@@ -148,15 +155,16 @@ def test_table_on_paper(tmp_path):
     assert (tmp_path / "table.md").read_text().startswith("# Every strategy on `paper`")
 
 
-def test_a_sweep_csv_cut_short_is_redone_not_taken_as_finished(tmp_path, capsys):
+def test_a_dataset_cut_short_is_redone_not_taken_as_finished(tmp_path, capsys):
     out = tmp_path / "a"
     assert sweep(_args(out, "--no-figures")) == 0
-    whole = (out / "sweep.csv").read_bytes()
-    (out / "sweep.csv").write_bytes(whole[: len(whole) // 2])  # cut mid-line, as a full disk or a kill leaves it
+    whole = _dataset(out)
+    part = out / "sweep" / "part-00001.parquet"
+    part.write_bytes(whole[1][: len(whole[1]) // 2])  # cut short, as a full disk or a kill leaves it
     capsys.readouterr()
     assert sweep(_args(out, "--no-figures")) == 0
     assert "incomplete or altered" in capsys.readouterr().err
-    assert (out / "sweep.csv").read_bytes() == whole
+    assert _dataset(out) == whole
 
 
 def test_two_identical_sweeps_at_once_both_finish_with_one_result(tmp_path):
@@ -172,8 +180,8 @@ def test_two_identical_sweeps_at_once_both_finish_with_one_result(tmp_path):
     results = [run.communicate(timeout=120) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], [r[1].decode()[-500:] for r in results]
     assert sweep(_args(tmp_path / "b", "--no-figures")) == 0
-    assert (out / "sweep.csv").read_bytes() == (tmp_path / "b" / "sweep.csv").read_bytes()
-    assert sorted(p.name for p in out.iterdir()) == ["scenario.toml", "spec.json", "sweep.csv", "sweep.csv.sha256"]
+    assert _dataset(out) == _dataset(tmp_path / "b")
+    assert sorted(p.name for p in out.iterdir()) == ["scenario.toml", "spec.json", "sweep", "sweep.sha256"]
 
 
 def test_the_one_step_bound_is_named_as_a_bound_above_idle(tmp_path):
@@ -203,7 +211,7 @@ def test_sweep_says_how_samples_became_scenarios_and_prints_findings(tmp_path, c
     printed = capsys.readouterr()
     assert ("30 scenarios: all 15 distinct mixes of 4 nodes over 3 node kinds (--samples 50 over 2 bandwidths asks "
             "for up to 25 each, and there are no more), each at 2 bandwidths") in printed.err
-    frame = pd.read_csv(tmp_path / "a" / "sweep.csv")
+    frame = pd.read_parquet(tmp_path / "a" / "sweep")
     won = frame.loc[frame.groupby("scenario_id")["tokens_per_s"].idxmax()]
     lines = printed.out.splitlines()
     assert any(line.startswith("Over 30 scenarios, per strategy") for line in lines)
@@ -220,7 +228,7 @@ def test_sweep_says_how_samples_became_scenarios_and_prints_findings(tmp_path, c
     assert sweep(sampled) == 0
     assert ("51 scenarios: 17 mixes of 4 nodes drawn (seed 0) from the 35 distinct ones over 4 node kinds "
             "(--samples 50 / 3 bandwidths, rounded up), each at 3 bandwidths") in capsys.readouterr().err
-    assert len(pd.read_csv(tmp_path / "b" / "sweep.csv")) == 51 * len(STRATEGIES)
+    assert len(pd.read_parquet(tmp_path / "b" / "sweep")) == 51 * len(STRATEGIES)
 
 
 def test_a_sweep_needs_out_and_a_table_has_a_default(tmp_path, capsys, monkeypatch):

@@ -2,7 +2,7 @@
 
 The folder is made by
 
-    geodt simulate paper --strategy hybrid --strategy streaming --out results/streaming
+    geodt simulate paper --strategy hybrid --strategy streaming --engine simpy --csv --out results/streaming
     python -m geodt.paper.streaming [--dir results/streaming] [--check]
 
 The second command reads that run's syncs.csv, timeline.csv, summary.csv and plan.csv, draws
@@ -91,7 +91,7 @@ def render(f: dict) -> str:
     return "\n".join([
         "# results/streaming/",
         "",
-        "Made by `geodt simulate paper --strategy hybrid --strategy streaming --out results/streaming`, then "
+        "Made by `geodt simulate paper --strategy hybrid --strategy streaming --engine simpy --csv --out results/streaming`, then "
         "`python -m geodt.paper.streaming` (geodt/paper/streaming.py), which draws `timeline.png` and writes this "
         "file from the run's CSVs; do not edit by hand. `paper` with the catalog's step times (fp16, fp16 "
         "pseudo-gradients, 1 Gbit/s); nothing here is measured.",

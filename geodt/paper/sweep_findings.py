@@ -183,7 +183,10 @@ def replace_section(readme: str, section: str) -> str:
 def load(sweep_dir: Path) -> tuple[pd.DataFrame, str]:
     from formats.toml import tomllib
 
-    frame = pd.read_csv(sweep_dir / "sweep.csv", keep_default_na=False, na_values=[""])
+    if (sweep_dir / "sweep.csv").exists():
+        frame = pd.read_csv(sweep_dir / "sweep.csv", keep_default_na=False, na_values=[""])
+    else:  # the Parquet dataset alone (geodt sweep without --csv; simulator/sweep_dataset.py)
+        frame = pd.read_parquet(sweep_dir / "sweep")
     with open(sweep_dir / "scenario.toml", "rb") as fh:
         dtype = tomllib.load(fh)["model"]["dtype"]
     return frame, dtype
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     from simulator.outputs import write_text
 
     p = argparse.ArgumentParser(prog="python -m geodt.paper.sweep_findings", description=__doc__.splitlines()[0])
-    p.add_argument("--sweep", default="results/sweep", help="directory with sweep.csv and scenario.toml")
+    p.add_argument("--sweep", default="results/sweep", help="directory with sweep.csv (or the dataset sweep/) and scenario.toml")
     p.add_argument("--readme", default="README.md")
     p.add_argument("--check", action="store_true", help="only compare; exit 1 if the README differs")
     args = p.parse_args(argv)
