@@ -164,7 +164,10 @@ def test_interrupted_before_a_checkpoint_says_there_is_nothing_to_resume(tmp_pat
     assert interrupted_note(tmp_path) == INTERRUPTED_EARLY and "nothing to resume" in INTERRUPTED_EARLY
     (tmp_path / "checkpoints").mkdir()
     assert interrupted_note(tmp_path) == INTERRUPTED_EARLY
-    (tmp_path / "checkpoints" / "node0.pt").write_bytes(b"x")
+    (tmp_path / "checkpoints" / "node0.pt").write_bytes(b"x")  # not a checkpoint set (real/ckpt_set.py)
+    assert interrupted_note(tmp_path) == INTERRUPTED_EARLY
+    (tmp_path / "checkpoints" / "node0" / "round-000003").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "node0" / "round-000003" / "manifest.json").write_text("{}")
     assert interrupted_note(tmp_path) == INTERRUPTED
 
 
@@ -269,7 +272,7 @@ def test_validation_table_fits_120_columns_and_wide_shows_all():
     from geodt.validation import validation_text
 
     timeline = pd.DataFrame({"strategy": "baseline", "node": ["a-long-node-name", "b"], "round": 0,
-                             "compute_s": [1.0, 2.0], "idle_s": [1.0, 0.0], "comm_s": 0.5})
+                             "compute_s": [1.0, 2.0], "idle_s": [1.0, 0.0], "comm_s": 0.5, "tokens": 4096})
     trace = timeline.assign(overrun_steps=0, idle_s=[1.25, 0.0])
     table = validation_table(timeline, trace, 1.0)
     narrow = validation_text(table)
