@@ -66,6 +66,7 @@ class ProfileWriter:
         """Open `path` for a profile of `identity` (IDENTITY column -> value as written)."""
         self.path = Path(path)
         check_writable(self.path)
+        identity = {"compiled": False, **identity}  # an eager step unless said otherwise
         self.identity = {k: format_cell(identity[k]) for k in IDENTITY}
         self.rows: list[dict[str, str]] = []
         self._lock = self._take_lock()
@@ -119,6 +120,7 @@ class ProfileWriter:
 
     def append(self, row: dict) -> None:
         """Add one row (every column of COLUMNS) and commit the file atomically."""
+        row = {"compiled": False, "warmup_steps": None, "warmup_s": None, **row}  # rows built before the columns
         missing = [c for c in COLUMNS if c not in row]
         if missing:
             raise ValueError(f"profile row lacks column {missing[0]!r}")

@@ -44,7 +44,7 @@ import torch
 
 from train.models import build_model
 from facts.presets import load_arch
-from train.step import make_optimizer, make_scaler, train_step
+from train.step import make_optimizer, make_scaler, train_step, use_compile
 from formats.plan import Plan
 from real import checkpoint
 from real.config import RunSpec
@@ -119,7 +119,9 @@ class Node:
         seq_len = spec.model.seq_len
         self.model = build_model(arch, seq_len, seed=spec.seed).to(self.device)
         self.model.train()
-        self.layout = prepare_model(self.model, self.sharding, self.groups.node, self.me.gpus, self.device)
+        self.compiled = use_compile(spec.compile, self.device)
+        self.layout = prepare_model(self.model, self.sharding, self.groups.node, self.me.gpus, self.device,
+                                    compiled=self.compiled)
         self.optimizer = make_optimizer(self.model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
         self.scaler = node_scaler(make_scaler(self.device, spec.model.dtype), self.layout, self.device)
         self.outer = OuterState(self.layout.local_tensors() if self.layout else list(self.model.parameters()),
