@@ -21,4 +21,5 @@ TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "tokens", "overrun_steps", "ckpt_s",
 # validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",
-                      "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s"]
+                      "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s",
+                      "predicted_wall_s", "measured_wall_s", "wall_error_pct"]

@@ -213,7 +213,8 @@ def predicted_timeline(scenario, plan, engine: str):
     return timeline
 
 
-def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback"):
+def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback",
+                     wall=None):
     """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
 
     Measured times are divided by time_scale so that both are in the scenario's seconds.
@@ -221,8 +222,12 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
     is predicted). Both are signed, so a bias shows.
     network: what the run's processes talked over (real.wan.network_note).
+    wall: the predicted whole run (simulator.wallclock.WallClock), beside the measured one on every
+    row (predicted_wall_s, measured_wall_s, wall_error_pct: the run's, the same for all nodes).
     """
     import pandas as pd
+
+    from simulator.wallclock import measured_wall_s
 
     rounds = sorted(set(trace["round"]))
     pred = timeline[timeline["round"].isin(rounds)].copy()
@@ -247,7 +252,20 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    measured = measured_wall_s(trace, time_scale)
+    predicted = wall.wall_s if wall is not None else float("nan")
+    table["predicted_wall_s"], table["measured_wall_s"] = predicted, measured
+    table["wall_error_pct"] = _pct(measured - predicted, predicted) if wall is not None else float("nan")
+    return table
+
+
+def wall_line(wall, measured_s: float) -> str:
+    """The summary's wall-clock line: predicted (its parts) and measured whole-run seconds."""
+    return (f"wall time: predicted {wall.wall_s:.2f} s (startup {wall.startup_s:.2f} s, rounds and checkpoints "
+            f"between them {wall.rounds_s:.2f} s, last checkpoint {wall.last_checkpoint_s:.2f} s), measured "
+            f"{measured_s:.2f} s ({_pct(measured_s - wall.wall_s, wall.wall_s):+.1f}%)"
+            + (f"; {wall.note}" if wall.note else ""))
 
 
 def _pct(difference: float, reference: float) -> float:
@@ -344,7 +362,10 @@ def validate_main(argv: list[str]) -> int:
     from real.wan import network_note
 
     network = network_note(out)
-    table = validation_table(timeline, trace, scale, emulated=args.emulate, network=network)
+    from simulator.wallclock import predicted_wall_clock
+
+    wall = predicted_wall_clock(scenario, timeline)
+    table = validation_table(timeline, trace, scale, emulated=args.emulate, network=network, wall=wall)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {args.time_scale:g})" if args.emulate
@@ -366,6 +387,7 @@ def validate_main(argv: list[str]) -> int:
     print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}; "
           f"wrote {out / 'validation.csv'}, "
           f"{out / 'validation.png'}, {out / 'trace.json'}")
+    print(wall_line(wall, table["measured_wall_s"].iloc[0]))
     overruns = int(table["overrun_steps"].sum())
     if args.emulate and overruns:
         print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "

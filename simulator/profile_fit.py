@@ -140,6 +140,7 @@ class ProfileModel:
             raise ProfileError(f"{source}: column 'compiled': {first['compiled']!r}; expected true or false")
         self.compiled: bool = compiled
         self.startup_s: float = _startup_s(frame, source)
+        self.warmup_measured: bool = bool("warmup_s" in frame.columns and (frame["warmup_s"].str.strip() != "").any())
 
         batches, times, mems, mem_batches, ooms, totals, cvs = _measured_rows(frame, source)
         if not batches:

@@ -45,7 +45,8 @@ from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, 
 from formats.errors import FieldError
 from formats.scenario import compiled_step
 from formats.wire import ring_allreduce_s
-from simulator.memory import GIB, LAYOUT_ORDER, UNSHARDED, Layout, fsdp_unit_params, memory_need_bytes
+from simulator.memory import (GIB, LAYOUT_ORDER, UNSHARDED, Layout, fsdp_unit_params, memory_need_bytes,
+                              reserve_bytes)
 from simulator.scenario import NodeConfig, Scenario
 
 GRAD_BYTES_PER_PARAM = 4
@@ -224,6 +225,17 @@ class NodeTiming:
         return tuple(models)
 
     @property
+    def startup_s(self) -> float:
+        """The node's one-time startup (simulator/wallclock.py): its profiles' largest measured
+        warm-up cost beyond steady steps; 0 without profiles."""
+        return max((p.startup_s for p in self.profiles), default=0.0)
+
+    @property
+    def startup_measured(self) -> bool:
+        """Whether every profile of the node measured its warm-up (and the node has profiles)."""
+        return bool(self.profiles) and all(p.warmup_measured for p in self.profiles)
+
+    @property
     def source(self) -> str:
         if self.node.step_time_s is not None:
             return "given"
@@ -330,10 +342,11 @@ class NodeTiming:
     def _memory_problem(self, batch: int, layout: Layout) -> str | None:
         need = memory_need_bytes(self.scenario, batch, layout)
         for key in self.node.gpus:
-            have = get_gpu(key).memory_bytes
+            memory = get_gpu(key).memory_bytes
+            have = memory - reserve_bytes(memory)
             if need > have:
                 return (f"{key}: batch {batch} needs {need / GIB:.1f} GiB{describe(layout)}, "
-                        f"the GPU has {have / GIB:.1f} GiB")
+                        f"the GPU gives a step {have / GIB:.1f} GiB of its {memory / GIB:.1f}")
         return None
 
     def max_batch(self, limit: int = MAX_SEARCH_BATCH) -> int:
