@@ -239,6 +239,8 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s"]].sum()
     m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps"]].sum()
     nodes = list(dict.fromkeys(timeline["node"]))
+    measured_wall = measured_wall_s(trace, time_scale)
+    predicted_wall = wall.wall_s if wall is not None else float("nan")
     rows = []
     for node in nodes:
         rows.append({
@@ -250,14 +252,11 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
             "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
+            "predicted_wall_s": predicted_wall, "measured_wall_s": measured_wall,
+            "wall_error_pct": _pct(measured_wall - predicted_wall, predicted_wall) if wall is not None else float("nan"),
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
-    table = pd.DataFrame(rows)
-    measured = measured_wall_s(trace, time_scale)
-    predicted = wall.wall_s if wall is not None else float("nan")
-    table["predicted_wall_s"], table["measured_wall_s"] = predicted, measured
-    table["wall_error_pct"] = _pct(measured - predicted, predicted) if wall is not None else float("nan")
-    return table
+    return pd.DataFrame(rows)
 
 
 def wall_line(wall, measured_s: float) -> str:

@@ -52,6 +52,9 @@ def predicted_wall_clock(scenario, timeline) -> WallClock:
 
 def measured_wall_s(trace, time_scale: float = 1.0) -> float:
     """A run's measured wall clock from its trace.csv: the latest node's last round end plus the
-    checkpoint written after it (each node on its own clock, from the run's start)."""
+    checkpoint written after it (each node on its own clock, from the run's start); NaN for a
+    trace without round ends."""
+    if "round_end_s" not in trace:
+        return float("nan")
     ckpt = trace["ckpt_s"].fillna(0.0) if "ckpt_s" in trace else 0.0
     return float((trace["round_end_s"] + ckpt).max()) / time_scale
