@@ -92,7 +92,8 @@ def calibrate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _out_paths(out: Path, devices: list[str]) -> list[Path]:
+def out_paths(out: Path, devices: list[str]) -> list[Path]:
+    """The profile file of each device: OUT itself for one, OUT-cudaN.csv for several."""
     if len(devices) == 1:
         return [out]
     return [out.with_name(f"{out.stem}-{d.replace(':', '')}{out.suffix or '.csv'}") for d in devices]
@@ -190,7 +191,7 @@ def _open_jobs(args, arch, batches) -> tuple[str, int, list]:
     limits = _apply_cpu_limits(args, cpu)
     jobs = []
     try:
-        for device, out in zip(devices, _out_paths(args.out, devices)):
+        for device, out in zip(devices, out_paths(args.out, devices)):
             info = describe_device(device)
             if limits:  # the limits are part of what was measured: the profile's identity says so
                 info = replace(info, device_name=f"{info.device_name[:-1]}, {limits})"

@@ -120,11 +120,23 @@ class ProfileWriter:
 
     def append(self, row: dict) -> None:
         """Add one row (every column of COLUMNS) and commit the file atomically."""
-        row = {"compiled": False, "warmup_steps": None, "warmup_s": None, **row}  # rows built before the columns
+        row = {"compiled": False, "warmup_steps": None, "warmup_s": None, "outer_step_cpu_ns_per_param": None,
+               "outer_step_device_ns_per_param": None, **row}  # rows built before the columns
         missing = [c for c in COLUMNS if c not in row]
         if missing:
             raise ValueError(f"profile row lacks column {missing[0]!r}")
         self.rows.append({c: format_cell(row[c]) for c in COLUMNS})
+        self._commit()
+
+    def set_column(self, column: str, value) -> None:
+        """Set one column on every row (a figure of the whole profile) and commit the file atomically."""
+        if column not in COLUMNS:
+            raise ValueError(f"profile has no column {column!r}")
+        for row in self.rows:
+            row[column] = format_cell(value)
+        self._commit()
+
+    def _commit(self) -> None:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
@@ -152,5 +164,17 @@ def write_new_profile(path: str | Path, rows: list[dict]) -> None:
     try:
         for row in rows:
             writer.append(row)
+    finally:
+        writer.close()
+
+
+def set_profile_columns(path: str | Path, values: dict) -> None:
+    """Set whole-profile figures (column -> value, the same on every row) in an existing profile,
+    under the writer's lock, committed as ProfileWriter commits rows."""
+    frame = read_profile_frame(path, drop_truncated=True)
+    writer = ProfileWriter(path, {k: frame[k].iloc[0] for k in IDENTITY})
+    try:
+        for column, value in values.items():
+            writer.set_column(column, value)
     finally:
         writer.close()

@@ -387,6 +387,9 @@ def validate_main(argv: list[str]) -> int:
           f"wrote {out / 'validation.csv'}, "
           f"{out / 'validation.png'}, {out / 'trace.json'}")
     print(wall_line(wall, table["measured_wall_s"].iloc[0]))
+    from simulator.network import outer_step_source
+
+    print(outer_step_source(scenario))
     overruns = int(table["overrun_steps"].sum())
     if args.emulate and overruns:
         print(f"warning: {overruns} inner steps took longer in real compute than their emulated step time; "

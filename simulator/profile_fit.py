@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from formats.profile import IDENTITY, ProfileError, read_profile_frame
+from formats.profile import IDENTITY, OUTER_STEP_COLUMNS, ProfileError, read_profile_frame
 from formats.wire import MODEL_DTYPES
 
 _BOOL = {"true": True, "false": False, "1": True, "0": False}
@@ -140,6 +140,11 @@ class ProfileModel:
             raise ProfileError(f"{source}: column 'compiled': {first['compiled']!r}; expected true or false")
         self.compiled: bool = compiled
         self.startup_s: float = _startup_s(frame, source)
+        self.outer_step_ns_per_param: dict[str, float] = {}  # "cpu" / "device" -> ns, where measured
+        for where, column in OUTER_STEP_COLUMNS.items():
+            text = str(first[column]).strip() if column in frame.columns else ""
+            if text:
+                self.outer_step_ns_per_param[where] = _number(source, 1, column, text, required=True)
         self.warmup_measured: bool = bool("warmup_s" in frame.columns and (frame["warmup_s"].str.strip() != "").any())
 
         batches, times, mems, mem_batches, ooms, totals, cvs = _measured_rows(frame, source)
