@@ -17,7 +17,8 @@ The peak of a step is the larger of two moments:
   `out_kv`·kv + `out_ffn`·f (with full recomputation: the one layer re-formed in backward) and
   `act_vocab` per vocabulary entry.
 The coefficients are fitted over small models that differ in one size at a time (1 and 2
-layers, hidden, kv and ffn sizes, vocabulary; seq_len 128, batches 2 and 4). The traced CPU
+layers, hidden, kv and ffn sizes, vocabulary; seq_len 512, batches 4 and 8: enough tokens that backward, not
+the optimizer step, holds the peak even under full recomputation). The traced CPU
 step takes torch's CPU SDPA kernel (flash attention for CPU: it saves q, k, v, the output and
 the log-sum-exp, as the CUDA flash kernel does). Compiled steps keep less (inductor recomputes
 cheap ops in backward: 25-37% less on an H200); the table is the eager step's, an upper bound
@@ -39,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-SEQ = 128
-BATCHES = (2, 4)
+SEQ = 512
+BATCHES = (4, 8)
 COLUMNS = ("dtype", "checkpointing", "optimizer_bytes_per_param", "backward_bytes_per_param", "fixed_bytes",
            "act_h", "act_kv", "act_ffn", "out_h", "out_kv", "out_ffn", "act_vocab", "torch_version")
 
