@@ -22,12 +22,10 @@ import os
 import platform
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-LAYER_PARAMS = 2_359_296  # one 1536 x 1536 projection: tensors of a realistic size, not one huge block
 
 
 def machine() -> str:
@@ -48,29 +46,10 @@ def machine() -> str:
 
 
 def time_outer_step(params: int, repeats: int) -> list[float]:
-    """Seconds per outer step (without the all-reduce), one per repeat after a warm-up."""
-    import torch
+    """Seconds per outer step (without the all-reduce), one per repeat after a warm-up (CPU state)."""
+    from real.diloco import time_outer_step as timed
 
-    from real.diloco import OuterState
-
-    sizes = [LAYER_PARAMS] * (params // LAYER_PARAMS) + ([params % LAYER_PARAMS] if params % LAYER_PARAMS else [])
-    gen = torch.Generator().manual_seed(0)
-    weights = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in sizes]
-    state = OuterState(weights)
-    times = []
-    for i in range(repeats + 1):
-        with torch.no_grad():
-            for w in weights:
-                w.add_(1e-3)  # local training moved the weights: a non-zero pseudo-gradient
-        start = time.perf_counter()
-        delta = state.pseudo_gradient(1.0)
-        delta.div_(4.0)  # the all-reduce (not timed) sums; outer_sync divides
-        state.outer_step(delta, lr=0.7, momentum=0.9)
-        state.load_into_model()
-        elapsed = time.perf_counter() - start
-        if i:  # the first pass pays page faults on fresh buffers
-            times.append(elapsed)
-    return times
+    return timed(params, repeats)
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,8 @@ left out, as are 0-d tensors. Matmul FLOPs are not bytes and are not counted.
 
 What it shows (torch 2.13, this CPU; a count, so it runs anywhere):
 - backward moves 1.79x the forward's bytes (loss and embedding included): the estimate's PASSES = 3;
+- the eager step runs EAGER_KERNELS_PER_LAYER data-moving ops per layer, forward + backward (each a
+  kernel launch on a GPU; the lean estimate's KERNELS_PER_LAYER is 120);
 - transformers' eager Llama moves far more than a lean stack: about 577h + 130kv + 54f bytes
   per token per layer (fp32 RMSNorm in several kernels, casts, rotary's cat/neg/mul, GQA's
   repeat_kv copies), about 3x the estimate's 3 × (58h + 12kv + 16f). The estimate describes the
@@ -28,9 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: bool = False):
+def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: bool = False,
+          kernels: bool = False):
     """Bytes read + written per token by the forward + backward of one step, weights excluded
-    ((forward, backward) if split).
+    ((forward, backward) if split; the number of data-moving ops, each a kernel on a GPU, if kernels).
 
     A tensor shaped like a weight (or its transpose) is per-step traffic (casts, weight
     gradients, their accumulation) and is left out; so is every 0-d tensor."""
@@ -48,6 +51,7 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: 
     ids = random_batch(arch.vocab_size, batch, seq_len, "cpu", torch.Generator().manual_seed(0))
     amp = torch_dtype(dtype)
     total = [0]
+    ops = [0]
 
     def tensors(obj):
         if isinstance(obj, torch.Tensor):
@@ -63,6 +67,7 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: 
             schema = func._schema
             if schema.returns and all(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
                 return out  # a view: no data moves
+            ops[0] += 1
             for t in [*tensors(args), *tensors(list(kwargs.values())), *tensors(out)]:
                 if t.dim() > 0 and tuple(t.shape) not in weight_shapes:
                     total[0] += t.nbytes
@@ -73,6 +78,8 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: 
             loss = model(input_ids=ids, labels=ids).loss
         forward = total[0]
         loss.backward()
+    if kernels:
+        return ops[0]
     if split:
         return forward / (batch * seq_len), (total[0] - forward) / (batch * seq_len)
     return total[0] / (batch * seq_len)
@@ -94,8 +101,10 @@ def main() -> int:
     (h, kv, f), *_ = np.linalg.lstsq(np.array(sizes, float), np.array(per_layer), rcond=None)
     fwd, bwd = count(base, split=True)
     vocab = (count(replace(base, vocab_size=3072)) - count(base)) / 1536
+    kernels = count(replace(base, num_layers=2), kernels=True) - count(base, kernels=True)
     print(f"transformers Llama, bf16 autocast: {h:.0f}h + {kv:.0f}kv + {f:.0f}f bytes per token per layer "
-          f"(forward + backward), {vocab:.0f} bytes per vocabulary entry; backward/forward {bwd / fwd:.2f}")
+          f"(forward + backward), {vocab:.0f} bytes per vocabulary entry; backward/forward {bwd / fwd:.2f}; "
+          f"{kernels} data-moving ops (GPU kernels) per layer")
     return 0
 
 

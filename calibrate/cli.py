@@ -14,6 +14,7 @@ from pathlib import Path
 from facts.presets import PresetError, load_arch
 from formats.cli import DIGITS, OneLineParser, non_negative_int, positive_int
 from formats.profile import ProfileError
+from formats.scenario import COMPILE_MODES, compiled_step
 from formats.wire import MODEL_DTYPES
 
 DEFAULT_CPU_MAX_BATCH = 64
@@ -85,11 +86,15 @@ def calibrate_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu-cores", type=_core_list, default=None, metavar="0,1",
                    help="CPU device: pin the measurement to these cores, as a node's cpu_cores")
     p.add_argument("--seed", type=non_negative_int, default=0, help="model init and token seed [0]")
+    p.add_argument("--compile", choices=COMPILE_MODES, default="auto",
+                   help="the step's torch.compile'd blocks, as [training] compile: on, off, or auto "
+                   "(on for CUDA devices, off for CPU) [auto]")
     p.add_argument("--out", required=True, type=Path, help="profile CSV; an existing one is completed")
     return p
 
 
-def _out_paths(out: Path, devices: list[str]) -> list[Path]:
+def out_paths(out: Path, devices: list[str]) -> list[Path]:
+    """The profile file of each device: OUT itself for one, OUT-cudaN.csv for several."""
     if len(devices) == 1:
         return [out]
     return [out.with_name(f"{out.stem}-{d.replace(':', '')}{out.suffix or '.csv'}") for d in devices]
@@ -187,13 +192,14 @@ def _open_jobs(args, arch, batches) -> tuple[str, int, list]:
     limits = _apply_cpu_limits(args, cpu)
     jobs = []
     try:
-        for device, out in zip(devices, _out_paths(args.out, devices)):
+        for device, out in zip(devices, out_paths(args.out, devices)):
             info = describe_device(device)
             if limits:  # the limits are part of what was measured: the profile's identity says so
                 info = replace(info, device_name=f"{info.device_name[:-1]}, {limits})"
                                if info.device_name.endswith(")") else f"{info.device_name} ({limits})")
             identity = {"device_name": info.device_name, "device_index": info.device_index,
-                        "gpu_key": info.gpu_key, "model": arch.name, "seq_len": args.seq_len, "dtype": dtype}
+                        "gpu_key": info.gpu_key, "model": arch.name, "seq_len": args.seq_len, "dtype": dtype,
+                        "compiled": compiled_step(args.compile, device != "cpu")}
             jobs.append((info, ProfileWriter(out, identity)))
     except (HarnessError, ProfileError):
         for _, writer in jobs:
@@ -238,9 +244,11 @@ def _measure(args, arch, dtype: str, batches, max_batch: int, info, writer) -> i
         nonlocal calibrator
         if batch not in done:
             if calibrator is None:  # built lazily: a finished file needs no model
-                calibrator = Calibrator(arch, args.seq_len, dtype, info.device, args.repeats, args.warmup, args.seed)
+                calibrator = Calibrator(arch, args.seq_len, dtype, info.device, args.repeats, args.warmup, args.seed,
+                                        compile_mode=args.compile)
             bar.set_postfix(batch=batch)
-            row = profile_row(info, arch.name, args.seq_len, dtype, calibrator.measure(batch))
+            row = profile_row(info, arch.name, args.seq_len, dtype, calibrator.measure(batch),
+                              compiled=calibrator.compiled, warmup_steps=args.warmup)
             writer.append(row)
             done[batch] = {k: str(v) for k, v in row.items()}
         bar.update(1)

@@ -8,6 +8,11 @@ CUDA, reset before each batch; on CPU it is not recorded (empty cells): torch's 
 allocator keeps no peak statistic, and process RSS is dominated by the interpreter and
 libraries. A `torch.OutOfMemoryError` becomes an OOM measurement, memory is freed and the
 run goes on. `auto_search` doubles the batch until OOM and bisects to the largest that fits.
+
+A compiled step ([training] compile, train/step.py compile_blocks) is compiled afresh at each
+batch (torch._dynamo.reset() first), as a run at that batch compiles it: the warm-up steps'
+wall time (`warmup_s`, compile included) is the startup a run pays, and each batch's steps run
+the graph specialised to its shape.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import torch
 from train.models import build_model
 from facts.catalog import CATALOG_PATH
 from facts.presets import ModelArch
-from train.step import make_optimizer, make_scaler, random_batch, train_step
+from train.step import compile_blocks, make_optimizer, make_scaler, random_batch, train_step, use_compile
 from calibrate.telemetry import NvmlSampler, nvml_info
 
 # Doubling never goes past this on CUDA without --max-batch (OOM comes long before).
@@ -54,6 +59,7 @@ class Measurement:
     peak_mem_bytes: int | None = None
     oom: bool = False
     telemetry: dict[str, float | None] = field(default_factory=dict)
+    warmup_s: float | None = None  # wall seconds of the warm-up steps (a compiled step's compile included)
 
 
 def resolve_devices(spec: str) -> list[str]:
@@ -149,12 +155,15 @@ class Calibrator:
     """One model, optimizer and scaler on one device, measured at successive batch sizes."""
 
     def __init__(self, arch: ModelArch, seq_len: int, dtype: str, device: str,
-                 repeats: int, warmup: int, seed: int = 0):
+                 repeats: int, warmup: int, seed: int = 0, compile_mode: str = "auto"):
         self.arch, self.seq_len, self.dtype = arch, seq_len, dtype
         self.device = torch.device(device)
         self.repeats, self.warmup = repeats, warmup
         self.model = build_model(arch, seq_len, seed).to(self.device)
         self.model.train()
+        self.compiled = use_compile(compile_mode, self.device)
+        if self.compiled:
+            compile_blocks(self.model)
         self.optimizer = make_optimizer(self.model)
         self.scaler = make_scaler(self.device, dtype)
         self.generator = torch.Generator().manual_seed(seed)
@@ -166,11 +175,16 @@ class Calibrator:
         cuda = self.device.type == "cuda"
         if cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+        if self.compiled:
+            torch._dynamo.reset()  # compile for this batch afresh, as a run at this batch would
         try:
             batch = random_batch(self.arch.vocab_size, batch_size, self.seq_len, self.device, self.generator)
+            _sync(self.device)
+            warmup_start = time.perf_counter()
             for _ in range(self.warmup):
                 train_step(self.model, self.optimizer, batch, self.dtype, self.scaler)
             _sync(self.device)
+            result.warmup_s = time.perf_counter() - warmup_start
             if self.sampler is not None:
                 self.sampler.start()
             if cuda:
@@ -219,8 +233,10 @@ def is_allocator_error(exc: BaseException) -> bool:
         or "not enough memory" in text
 
 
-def profile_row(info: DeviceInfo, model: str, seq_len: int, dtype: str, m: Measurement) -> dict:
-    """One profile CSV row (docs/DESIGN.md, "Profiles") from a measurement."""
+def profile_row(info: DeviceInfo, model: str, seq_len: int, dtype: str, m: Measurement,
+                compiled: bool = False, warmup_steps: int | None = None) -> dict:
+    """One profile CSV row (docs/DESIGN.md, "Profiles") from a measurement; warmup_steps: how many
+    untimed steps `warmup_s` covers (None: not recorded)."""
     timed = bool(m.times_s) and not m.oom
     times = np.asarray(m.times_s, dtype=float)
     median = float(np.median(times)) if timed else None
@@ -239,6 +255,9 @@ def profile_row(info: DeviceInfo, model: str, seq_len: int, dtype: str, m: Measu
         "torch_version": torch.__version__, "cuda_version": info.cuda_version,
         "driver_version": info.driver_version, "host": socket.gethostname(),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "compiled": compiled,
+        "warmup_steps": warmup_steps if timed and m.warmup_s is not None else None,
+        "warmup_s": m.warmup_s if timed and warmup_steps is not None else None,
     }
 
 

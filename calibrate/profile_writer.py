@@ -66,6 +66,7 @@ class ProfileWriter:
         """Open `path` for a profile of `identity` (IDENTITY column -> value as written)."""
         self.path = Path(path)
         check_writable(self.path)
+        identity = {"compiled": False, **identity}  # an eager step unless said otherwise
         self.identity = {k: format_cell(identity[k]) for k in IDENTITY}
         self.rows: list[dict[str, str]] = []
         self._lock = self._take_lock()
@@ -127,10 +128,23 @@ class ProfileWriter:
 
     def append(self, row: dict) -> None:
         """Add one row (every column of COLUMNS) and commit the file atomically."""
+        row = {"compiled": False, "warmup_steps": None, "warmup_s": None, "outer_step_cpu_ns_per_param": None,
+               "outer_step_device_ns_per_param": None, **row}  # rows built before the columns
         missing = [c for c in COLUMNS if c not in row]
         if missing:
             raise ValueError(f"profile row lacks column {missing[0]!r}")
         self.rows.append({c: format_cell(row[c]) for c in COLUMNS})
+        self._commit()
+
+    def set_column(self, column: str, value) -> None:
+        """Set one column on every row (a figure of the whole profile) and commit the file atomically."""
+        if column not in COLUMNS:
+            raise ValueError(f"profile has no column {column!r}")
+        for row in self.rows:
+            row[column] = format_cell(value)
+        self._commit()
+
+    def _commit(self) -> None:
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
         writer.writeheader()
@@ -158,5 +172,17 @@ def write_new_profile(path: str | Path, rows: list[dict]) -> None:
     try:
         for row in rows:
             writer.append(row)
+    finally:
+        writer.close()
+
+
+def set_profile_columns(path: str | Path, values: dict) -> None:
+    """Set whole-profile figures (column -> value, the same on every row) in an existing profile,
+    under the writer's lock, committed as ProfileWriter commits rows."""
+    frame = read_profile_frame(path, drop_truncated=True)
+    writer = ProfileWriter(path, {k: frame[k].iloc[0] for k in IDENTITY})
+    try:
+        for column, value in values.items():
+            writer.set_column(column, value)
     finally:
         writer.close()

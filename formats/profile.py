@@ -18,13 +18,20 @@ COLUMNS: tuple[str, ...] = (
     "device_name", "device_index", "gpu_key", "model", "seq_len", "dtype", "batch_size",
     "step_s_median", "step_s_mean", "step_s_p10", "step_s_p90", "repeats", "peak_mem_bytes", "mem_total_bytes",
     "oom", "tokens_per_s", "sm_util_pct", "mem_util_pct", "power_w", "torch_version",
-    "cuda_version", "driver_version", "host", "measured_at",
+    "cuda_version", "driver_version", "host", "measured_at", "compiled", "warmup_steps", "warmup_s",
+    "outer_step_cpu_ns_per_param", "outer_step_device_ns_per_param",
 )
-# Columns a profile written before them lacks: read as empty (simulator/profile_fit.py then uses
-# the median where the mean is missing).
-ADDED_COLUMNS: tuple[str, ...] = ("step_s_mean",)
-# Columns that must hold one value across the file: one profile = one device, model, shape.
-IDENTITY: tuple[str, ...] = ("device_name", "device_index", "gpu_key", "model", "seq_len", "dtype")
+# Columns a profile written before them lacks, and what they read as: the mean as empty
+# (simulator/profile_fit.py then uses the median), compiled as false (every step was eager
+# before [training] compile existed), the warm-up as unmeasured.
+ADDED_COLUMNS: dict[str, str] = {"step_s_mean": "", "compiled": "false", "warmup_steps": "", "warmup_s": "",
+                                 "outer_step_cpu_ns_per_param": "", "outer_step_device_ns_per_param": ""}
+# The host's outer step (`geodt calibrate device` times real.diloco's after the batches; the same
+# on every row): nanoseconds per parameter with the outer state on the CPU (the weights' copies
+# down and up included on a GPU) and on the device; empty where not measured.
+OUTER_STEP_COLUMNS: dict[str, str] = {"cpu": "outer_step_cpu_ns_per_param", "device": "outer_step_device_ns_per_param"}
+# Columns that must hold one value across the file: one profile = one device, model, shape, step.
+IDENTITY: tuple[str, ...] = ("device_name", "device_index", "gpu_key", "model", "seq_len", "dtype", "compiled")
 MAX_PROFILE_BYTES = 64 << 20
 
 
@@ -60,9 +67,11 @@ def read_profile_frame(path: str | Path, *, drop_truncated: bool = False) -> pd.
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:
         raise ProfileError(f"{short(path)}: unreadable ({type(exc).__name__}); expected a profile CSV") from None
-    for column in ADDED_COLUMNS:
+    for column, default in ADDED_COLUMNS.items():
         if column not in frame.columns:
-            frame[column] = ""
+            frame[column] = default
+        elif default:  # an empty cell means what a missing column means
+            frame[column] = frame[column].where(frame[column] != "", default)
     missing = [c for c in COLUMNS if c not in frame.columns]
     extra = [c for c in frame.columns if c not in COLUMNS]
     if missing:

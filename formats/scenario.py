@@ -20,6 +20,18 @@ from formats.plan import FRAGMENT_PATTERNS, OUTER_STATES
 from formats.wire import AVERAGING_MODES, MODEL_DTYPES
 
 
+# [training] compile: whether the step runs torch.compile'd blocks (train/step.py).
+COMPILE_MODES = ("auto", "on", "off")
+
+
+def compiled_step(mode: str, on_gpu: bool) -> bool:
+    """The one rule for [training] compile: "on", "off", or "auto" = on for GPU (CUDA) devices,
+    off for CPU devices (compiling on a CPU takes minutes and gains little)."""
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile {mode!r}: expected one of {', '.join(COMPILE_MODES)}")
+    return mode == "on" or (mode == "auto" and on_gpu)
+
+
 @dataclass(frozen=True)
 class ModelSection:
     """What is trained: a preset (or config.json), or a bare parameter count."""

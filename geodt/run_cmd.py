@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from geodt.preflight import available_cores  # noqa: F401 (reproduction_warnings' default; tests)
-from geodt.validation import (MODES, VARIABILITY_SAMPLES, device_kind, plot_validation,  # noqa: F401 (the API)
+from geodt.validation import (MODES, VARIABILITY_SAMPLES, device_kind, plot_validation, wall_line,  # noqa: F401,E501
                               predicted_timeline, validation_table)
 
 

@@ -41,7 +41,8 @@ def predicted_timeline(scenario, plan, engine: str):
     return timeline
 
 
-def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback"):
+def validation_table(timeline, trace, time_scale: float, emulated: bool = False, network: str = "loopback",
+                     wall=None):
     """Per node, totals over rounds: predicted (timeline) against measured (trace) idle and round time.
 
     Measured times are divided by time_scale so that both are in the scenario's seconds.
@@ -49,8 +50,12 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
     is predicted). Both are signed, so a bias shows.
     network: what the run's processes talked over (real.wan.network_note).
+    wall: the predicted whole run (simulator.wallclock.WallClock), beside the measured one on every
+    row (predicted_wall_s, measured_wall_s, wall_error_pct: the run's, the same for all nodes).
     """
     import pandas as pd
+
+    from simulator.wallclock import measured_wall_s
 
     rounds = sorted(set(trace["round"]))
     pred = timeline[timeline["round"].isin(rounds)].copy()
@@ -62,6 +67,8 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     p = pred.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "tokens"]].sum()
     m = meas.groupby("node", sort=False)[["idle_s", "round_s", "compute_s", "comm_s", "overrun_steps", "tokens"]].sum()
     nodes = list(dict.fromkeys(timeline["node"]))
+    measured_wall = measured_wall_s(trace, time_scale)
+    predicted_wall = wall.wall_s if wall is not None else float("nan")
     rows = []
     for node in nodes:
         rows.append({
@@ -74,9 +81,19 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
             "predicted_tokens": int(p.at[node, "tokens"]), "measured_tokens": int(m.at[node, "tokens"]),
+            "predicted_wall_s": predicted_wall, "measured_wall_s": measured_wall,
+            "wall_error_pct": _pct(measured_wall - predicted_wall, predicted_wall) if wall is not None else float("nan"),
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
     return pd.DataFrame(rows)
+
+
+def wall_line(wall, measured_s: float) -> str:
+    """The summary's wall-clock line: predicted (its parts) and measured whole-run seconds."""
+    return (f"wall time: predicted {wall.wall_s:.2f} s (startup {wall.startup_s:.2f} s, rounds and checkpoints "
+            f"between them {wall.rounds_s:.2f} s, last checkpoint {wall.last_checkpoint_s:.2f} s), measured "
+            f"{measured_s:.2f} s ({_pct(measured_s - wall.wall_s, wall.wall_s):+.1f}%)"
+            + (f"; {wall.note}" if wall.note else ""))
 
 
 def _pct(difference: float, reference: float) -> float:
@@ -165,8 +182,12 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     from simulator.outputs import write_csv
     from simulator.perfetto import validation_trace, write_trace_json
 
+    from simulator.network import outer_step_source
+    from simulator.wallclock import predicted_wall_clock
+
     scale = time_scale if emulated else 1.0
-    table = validation_table(timeline, trace, scale, emulated=emulated, network=network)
+    wall = predicted_wall_clock(scenario, timeline)
+    table = validation_table(timeline, trace, scale, emulated=emulated, network=network, wall=wall)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {time_scale:g})" if emulated
@@ -182,6 +203,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     sync_errors = table["comm_error_pct"].dropna()
     sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
     print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}")
+    print(wall_line(wall, table["measured_wall_s"].iloc[0]))
+    print(outer_step_source(scenario))
     print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
     overruns = int(table["overrun_steps"].sum())
     if emulated and overruns:

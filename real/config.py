@@ -2,7 +2,7 @@
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds, checkpoint_every), `[diloco]` and `[network]`'s collective and payload_dtype (the defaults for plan.csv
+(rounds, checkpoint_every, compile), `[diloco]` and `[network]`'s collective and payload_dtype (the defaults for plan.csv
 cells left empty); the rest of `[network]`, `[[nodes]]` and `[simulation]` belong to the
 simulator and are ignored. Unknown keys in the sections read here are errors. Every error is a
 `ConfigError` whose message names the file, the key and what was expected.
@@ -16,7 +16,8 @@ from formats.config import build
 from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
-from formats.scenario import CHECKPOINT_EVERY_DEFAULT, DilocoConfig, ModelSection, check_checkpoint_every
+from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, DilocoConfig, ModelSection,
+                               check_checkpoint_every)
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
@@ -51,6 +52,7 @@ class RunSpec:
     payload_dtype: str = "fp32"
     checkpoint_every: int = 1  # [training].checkpoint_every (formats/scenario.py)
     latency_ms: float = 1.0  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
+    compile: str = "auto"    # [training] compile: the step's torch.compile'd blocks (train/step.py use_compile)
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -61,6 +63,8 @@ class RunSpec:
                              "(the executor needs a buildable model)")
         if self.collective not in COLLECTIVES:
             raise FieldError("network.collective", f"expected one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
+        if self.compile not in COMPILE_MODES:
+            raise FieldError("training.compile", f"expected one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.payload_dtype not in PAYLOAD_BYTES:
             raise FieldError("network.payload_dtype",
                              f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
@@ -88,7 +92,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
     [model] and [diloco] are built by the shared sections (formats/scenario.py)."""
     _check_keys(data, SCENARIO_TOP_KEYS, "")
     training = _table(data, "training")
-    _check_keys(training, {"rounds", "checkpoint_every"} | IGNORED_TRAINING_KEYS, "training.")
+    _check_keys(training, {"rounds", "checkpoint_every", "compile"} | IGNORED_TRAINING_KEYS, "training.")
     if "rounds" not in training:
         raise FieldError("training.rounds", "missing; expected a positive integer")
     network = _table(data, "network")  # the rest of [network] is the simulator's
@@ -101,6 +105,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
         collective=network.get("collective", "ring"),
         payload_dtype=network.get("payload_dtype", "fp32"),
         latency_ms=network.get("latency_ms", 1.0),
+        compile=training.get("compile", "auto"),
     )
 
 

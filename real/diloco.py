@@ -17,6 +17,7 @@ The global weights live in one flat fp32 buffer so the sync is a single all-redu
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -107,6 +108,45 @@ class OuterState:
             if value.shape != self.global_flat.shape:
                 raise ValueError(f"checkpoint {key} has {value.numel()} values; the model has {self.global_flat.numel()}")
             getattr(self, key).copy_(value)
+
+
+OUTER_TIMING_LAYER_PARAMS = 2_359_296  # one 1536 x 1536 projection: tensors of a realistic size, not one huge block
+
+
+def time_outer_step(params: int, repeats: int, weights_device: str | torch.device = "cpu",
+                    state_device: str | torch.device | None = None) -> list[float]:
+    """Seconds of one outer step without the all-reduce (pseudo-gradient, divide, Nesterov, weights
+    back into the model), one per repeat after a warm-up, on `params` fp32 weights on
+    weights_device with the outer state on state_device (default: the weights'; the host's "cpu"
+    copies the weights down and the new ones up, as outer_state = "cpu" does on a GPU). The
+    benchmark (benchmarks/bench_outer_step.py) and `geodt calibrate device` time the host with it."""
+    weights_device = torch.device(weights_device)
+    sizes = [OUTER_TIMING_LAYER_PARAMS] * (params // OUTER_TIMING_LAYER_PARAMS)
+    sizes += [params % OUTER_TIMING_LAYER_PARAMS] if params % OUTER_TIMING_LAYER_PARAMS else []
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(n, generator=gen).to(weights_device)) for n in sizes]
+    state = OuterState(weights, device=state_device)
+
+    def sync() -> None:
+        if weights_device.type == "cuda":
+            torch.cuda.synchronize(weights_device)
+
+    times = []
+    for i in range(repeats + 1):
+        with torch.no_grad():
+            for w in weights:
+                w.add_(1e-3)  # local training moved the weights: a non-zero pseudo-gradient
+        sync()
+        start = time.perf_counter()
+        delta = state.pseudo_gradient(1.0)
+        delta.div_(4.0)  # the all-reduce (not timed) sums; outer_sync divides
+        state.outer_step(delta, lr=0.7, momentum=0.9)
+        state.load_into_model()
+        sync()
+        elapsed = time.perf_counter() - start
+        if i:  # the first pass pays page faults on fresh buffers
+            times.append(elapsed)
+    return times
 
 
 def outer_sync(state: OuterState, spec: DilocoConfig, coef: float, divisor: float,

@@ -51,6 +51,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from train.step import compile_blocks
+
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,14 @@ class ShardingSpec:
 
 
 def prepare_model(model: torch.nn.Module, spec: ShardingSpec, node_group, gpus: int,
-                  device: torch.device) -> "ShardLayout | None":
-    """Apply recomputation and sharding to a freshly built model (same seed on every process,
-    so every process starts from the same full weights); the shard layout, or None unsharded."""
+                  device: torch.device, compiled: bool = False) -> "ShardLayout | None":
+    """Apply recomputation, the compiled blocks and sharding to a freshly built model, in
+    torchtitan's order (same seed on every process, so every process starts from the same full
+    weights); the shard layout, or None unsharded."""
     if spec.activation_checkpointing == "full":
         model.activation_checkpointing_enable({"use_reentrant": False})
+    if compiled:
+        compile_blocks(model)
     if spec.sharding == "none" or gpus == 1:
         return None
     from torch.distributed.device_mesh import DeviceMesh

@@ -45,7 +45,7 @@ from real.sync import CrossNodeSync
 from real.trace import NUMERIC_COLUMNS, gather_tables, summary, trace_rows, write_trace
 from train.cpulimit import set_own_quota
 from train.models import build_model
-from train.step import make_optimizer, make_scaler
+from train.step import make_optimizer, make_scaler, use_compile
 
 __all__ = ["ExecOptions", "Node"]
 
@@ -66,7 +66,8 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
     d, me, device, seq_len = spec.diloco, groups.me, groups.device, spec.model.seq_len
     model = build_model(arch, seq_len, seed=spec.seed).to(device)
     model.train()
-    layout = prepare_model(model, sharding, groups.node, me.gpus, device)
+    # the step's decoder blocks compiled (train/step.py), before FSDP2 wraps them
+    layout = prepare_model(model, sharding, groups.node, me.gpus, device, compiled=use_compile(spec.compile, device))
     optimizer = make_optimizer(model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
     scaler = node_scaler(make_scaler(device, spec.model.dtype), layout, device)
     outer = OuterState(layout.local_tensors() if layout else list(model.parameters()), device=outer_device)

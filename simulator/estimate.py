@@ -49,6 +49,16 @@ slowed it, or the collective time where the link, not the GPU, is the bound.
 
 A model given only by its parameter count (no shape) has F_mm = its FLOPs per token and no
 activation traffic: the shape terms need the hidden size.
+
+Two steps (`STEPS`, [training] compile): "lean" is all of the above, the step of the published,
+optimised stacks and of geodt's compiled step (torch.compile'd blocks, fused AdamW: within 2.6%
+and 5.6% of it on an H200, ../shared/gpu/README.md). "eager" is geodt's step without compile,
+priced from its own counted work (benchmarks/count_activation_bytes.py on transformers' Llama
+under autocast, torch 2.13): its activations move EAGER_ACT_BYTES_* per token (about 3× the lean
+count: fp32 RMSNorm in several kernels, casts, rotary's cat/neg/mul, GQA's repeat_kv copies) and
+LOSS the vocabulary's EAGER_LOSS_BYTES_PER_VOCAB; it launches EAGER_KERNELS_PER_LAYER kernels per
+layer; and its many small kernels stream at EAGER_BANDWIDTH_FRACTION of the peak bandwidth.
+Matmuls and attention are the same kernels in both (cuBLAS, SDPA's flash attention).
 """
 from __future__ import annotations
 
@@ -116,6 +126,19 @@ SHAPELESS_LAUNCH_S = 0.008
 # compared to FlashAttention", which reached "only 25-40% of the theoretical maximum" (Dao 2023, abstract).
 FLASH1_SLOWDOWN = 2.0
 ATTENTIONS = ("flash", "flash1", "eager")
+STEPS = ("lean", "eager")
+# geodt's eager step, counted by benchmarks/count_activation_bytes.py (torch 2.13, bf16 autocast):
+# bytes per token per layer, forward + backward (577h + 130kv + 54f), per vocabulary entry (the
+# fp32 upcast of the logits, cross-entropy, its gradient), and data-moving ops (each a kernel) per layer.
+EAGER_ACT_BYTES_H = 577
+EAGER_ACT_BYTES_KV = 130
+EAGER_ACT_BYTES_FFN = 54
+EAGER_LOSS_BYTES_PER_VOCAB = 54
+EAGER_KERNELS_PER_LAYER = 144
+# The eager step's memory-bound kernels stream at the fraction of the peak bandwidth a device-to-device
+# copy reaches: 4,242 GB/s of the H200's 4,800 (measured on an H200, 2026-11-26, ../shared/gpu/README.md;
+# other parts: the same fraction, an assumption).
+EAGER_BANDWIDTH_FRACTION = 4242 / 4800
 RECOMPUTE = ("none", "full", "selective-op")
 # Compute runs this much slower while a collective runs beside it: the average over GPT and LLaMA
 # training workloads on 4 A100s, H100s, MI250s and MI210s ("Characterizing
@@ -242,14 +265,27 @@ def _selective_op_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int) -> fl
                       + _block_act_bytes(shape, dtype) / PASSES / (spec.memory_bandwidth_gbs * 1e9))
 
 
-def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: str, flops_per_token) -> float:
+def _eager_act_bytes(shape: Shape, dtype: str) -> float:
+    """The eager step's counted activation and loss bytes per token (STEPS; fp32: every activation
+    4 bytes, ×2 as for the lean count)."""
+    scale = 2 if dtype == "fp32" else 1
+    return scale * (shape.layers * (EAGER_ACT_BYTES_H * shape.hidden + EAGER_ACT_BYTES_KV * shape.kv_dim
+                                    + EAGER_ACT_BYTES_FFN * shape.ffn) + EAGER_LOSS_BYTES_PER_VOCAB * shape.vocab)
+
+
+def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: str, flops_per_token,
+              step: str = "lean") -> float:
     peak = peak_tflops(spec, dtype) * 1e12
     bandwidth = spec.memory_bandwidth_gbs * 1e9
     eta_mm, eta_attn = efficiencies(spec)
     h, layers = shape.hidden, shape.layers
     elem = 4 if dtype == "fp32" else 2
     f_mm = 6.0 * shape.matmul_params if flops_per_token is None else float(flops_per_token)
-    act_bytes = _block_act_bytes(shape, dtype) + LOSS_BYTES_PER_VOCAB[dtype] * shape.vocab
+    if step == "eager":
+        act_bytes = _eager_act_bytes(shape, dtype)
+        bandwidth *= EAGER_BANDWIDTH_FRACTION
+    else:
+        act_bytes = _block_act_bytes(shape, dtype) + LOSS_BYTES_PER_VOCAB[dtype] * shape.vocab
     if attention in ("flash", "flash1"):
         attn_s = 3.5 * 2.0 * layers * seq_len * h / (peak * eta_attn)
         if attention == "flash1":
@@ -265,7 +301,7 @@ def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: 
 def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None = None,
                   params: float | None = None, flops_per_token: float | None = None,
                   attention: str = "flash", recompute: str = "none", optimizer_shards: int = 1,
-                  fsdp: bool = False, comm_s: float = 0.0) -> StepEstimate:
+                  fsdp: bool = False, comm_s: float = 0.0, step: str = "lean") -> StepEstimate:
     """The estimate of one GPU of type gpu_key (module docstring).
 
     shape: the model's sizes (None: only `params` is known, and then `flops_per_token` or 6·params
@@ -274,7 +310,10 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
     and attention FLOPs. optimizer_shards: how many devices share the optimizer update.
     recompute: one of RECOMPUTE. fsdp: the weights are gathered and the gradients reduce-scattered
     every micro-step (their memory traffic); comm_s: those collectives' seconds per micro-step
-    (`fsdp_collective_s`), run behind the compute (`overlapped_s`)."""
+    (`fsdp_collective_s`), run behind the compute (`overlapped_s`). step: "lean" (compiled) or
+    "eager" (STEPS, module docstring)."""
+    if step not in STEPS:
+        raise EstimateError(f"unknown step {step!r}; expected one of {', '.join(STEPS)}")
     if attention not in ATTENTIONS:
         raise EstimateError(f"unknown attention {attention!r}; expected one of {', '.join(ATTENTIONS)}")
     if recompute not in RECOMPUTE:
@@ -285,7 +324,7 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
         raise EstimateError(f"expected seq_len > 0 and optimizer_shards >= 1, got {seq_len}, {optimizer_shards}")
     spec = get_gpu(gpu_key)
     peak_tflops(spec, dtype)  # validates the dtype
-    bandwidth = spec.memory_bandwidth_gbs * 1e9
+    bandwidth = spec.memory_bandwidth_gbs * 1e9 * (EAGER_BANDWIDTH_FRACTION if step == "eager" else 1.0)
     if shape is None:
         if params is None:
             raise EstimateError("expected a model shape or a parameter count")
@@ -296,8 +335,8 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
     else:
         if params is None:
             params = shape.matmul_params + shape.vocab * shape.hidden  # + the input embedding (norms are negligible)
-        sample_s = _sample_s(shape, spec, dtype, seq_len, attention, flops_per_token)
-        launch_s = shape.layers * KERNELS_PER_LAYER * LAUNCH_S
+        sample_s = _sample_s(shape, spec, dtype, seq_len, attention, flops_per_token, step)
+        launch_s = shape.layers * (EAGER_KERNELS_PER_LAYER if step == "eager" else KERNELS_PER_LAYER) * LAUNCH_S
     if recompute == "full":
         sample_s *= 4.0 / 3.0
     elif recompute == "selective-op":

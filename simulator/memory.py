@@ -16,13 +16,20 @@ full, and where the DiLoCo outer state lives). Bytes per device:
 - the FSDP transient: FSDP2 keeps the unit being computed and the one it prefetches gathered
   (2 · U · p bytes, p = 2 in 16-bit, else 4) and the unit's unsharded fp32 gradient before its
   reduce-scatter (4U); U, the largest unit, is max(one decoder layer, the embedding table).
-- activations per sample, after Korthikanti et al. (2022, "Reducing Activation Recomputation in
-  Large Transformer Models", §4) with a fused (SDPA/flash) attention kernel, so no seq² term:
-  without recomputation every layer keeps 34 · s · h bytes in 16-bit (twice that in fp32);
-  full recomputation (their §5, "2sbhL") keeps each layer's input, 2 · s · h, and re-forms one
-  layer's 34 · s · h at a time in backward. Plus the logits, kept either way
-  (s · V · (2 + 4 + 4): half-precision logits, the fp32 copy for the loss, its gradient).
-- a reserve of RESERVE_BYTES for the CUDA context, the allocator's fragmentation and workspaces.
+- the step itself, traced (facts/step_memory.csv, written by benchmarks/trace_step_memory.py:
+  train/step.py's step under FakeTensorMode and MemTracker on CPU, fitted over model sizes):
+  unsharded, the peak is the larger of the optimizer step (`optimizer_bytes_per_param` × Ψ:
+  weights, gradients, both moments, fused AdamW's temporaries) and backward
+  (`backward_bytes_per_param` × Ψ + `fixed_bytes` + b × the activation bytes per sample:
+  every tensor saved for backward, the logits' fp32 copies and their gradients, and the
+  backward's transients, per token `act_*` per layer, `out_*` once, `act_vocab` per vocabulary
+  entry; under full recomputation the layers' inputs and the one layer re-formed in backward).
+  Sharded layouts keep the ZeRO state above and the traced activations. A compiled step keeps
+  less (25-37% less on an H200); the eager step's table bounds it from above.
+- a reserve of RESERVE_BYTES for the CUDA context and workspaces, and FRAGMENTATION of the
+  device's memory that the caching allocator cannot hand out: on an H200 llama-1b ran out of
+  memory at batch 43 with 137.5 GB of 150.1 allocated (8.4% out of reach), llama-150m fitted
+  148.9 GB (0.8%); 5% lies between, and the trace runs above the measured peaks (+1% to +6%).
 Models given only as a parameter count have no activation model or layer structure: only their
 state is checked (`memory_need_bytes`, no FSDP transient), and B, whose rule is "as large as
 memory allows", needs a preset or profiles.
@@ -34,13 +41,18 @@ compute while sharding's collectives run over the node's fast link, mostly hidde
 """
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from facts.catalog import get_gpu
 from formats.errors import FieldError
 from formats.plan import CHECKPOINTING, SHARDINGS
 
 RESERVE_BYTES = 1.0e9
+FRAGMENTATION = 0.05
+STEP_MEMORY_PATH = Path(__file__).resolve().parents[1] / "facts" / "step_memory.csv"
 STATIC_BYTES_PER_PARAM = 16
 GIB = float(2**30)
 OUTER_STATE_BYTES_PER_PARAM = 8  # fp32 global weights and outer Nesterov momentum
@@ -89,9 +101,51 @@ def state_bytes(scenario, layout: Layout = UNSHARDED) -> float:
     return total
 
 
+@lru_cache(maxsize=8)
+def step_memory_table(path: str = str(STEP_MEMORY_PATH)) -> dict[tuple[str, str], dict[str, float]]:
+    """facts/step_memory.csv by (dtype, checkpointing): the traced step's coefficients (see above)."""
+    with open(path, newline="") as handle:
+        return {(row["dtype"], row["checkpointing"]): {k: float(v) for k, v in row.items()
+                                                       if k not in ("dtype", "checkpointing", "torch_version")}
+                for row in csv.DictReader(handle)}
+
+
+def _traced(dtype: str, checkpointing: str, path: str | None = None) -> dict[str, float]:
+    table = step_memory_table(str(path or STEP_MEMORY_PATH))
+    return table[("bf16" if dtype == "fp16" else dtype, checkpointing)]  # fp16's tensors are bf16's sizes
+
+
+def traced_activation_bytes(arch, seq_len: int, dtype: str, checkpointing: str = "none", path=None) -> float:
+    """Bytes per sample the traced step keeps for backward at its peak (module docstring)."""
+    t = _traced(dtype, checkpointing, path)
+    h, kv, f = arch.hidden_size, arch.num_kv_heads * arch.head_dim, arch.ffn_size
+    per_token = (arch.num_layers * (t["act_h"] * h + t["act_kv"] * kv + t["act_ffn"] * f)
+                 + t["out_h"] * h + t["out_kv"] * kv + t["out_ffn"] * f + t["act_vocab"] * arch.vocab_size)
+    return seq_len * per_token
+
+
+def traced_peak_bytes(arch, seq_len: int, batch: int, dtype: str, checkpointing: str = "none", path=None) -> float:
+    """The traced step's unsharded peak at `batch` (no reserve): max(optimizer step, backward)."""
+    t = _traced(dtype, checkpointing, path)
+    backward = (t["backward_bytes_per_param"] * arch.params + t["fixed_bytes"]
+                + batch * traced_activation_bytes(arch, seq_len, dtype, checkpointing, path))
+    return max(t["optimizer_bytes_per_param"] * arch.params, backward)
+
+
+def reserve_bytes(memory_bytes: float) -> float:
+    """What a device of memory_bytes cannot give a step: RESERVE_BYTES + FRAGMENTATION of it."""
+    return RESERVE_BYTES + FRAGMENTATION * memory_bytes
+
+
 def static_memory_bytes(scenario, layout: Layout = UNSHARDED) -> float:
-    """The reserve plus the state: what even batch 0 needs (without the FSDP transient)."""
-    return RESERVE_BYTES + state_bytes(scenario, layout)
+    """What backward holds at batch 0 (without the FSDP transient): the traced step's unsharded,
+    the ZeRO state sharded (plus the device-resident outer state either way)."""
+    arch = scenario.model.arch
+    if arch is None or layout.sharded:
+        return state_bytes(scenario, layout)
+    t = _traced(scenario.model.dtype, layout.checkpointing)
+    outer = OUTER_STATE_BYTES_PER_PARAM * arch.params if layout.outer_state == "device" else 0.0
+    return t["backward_bytes_per_param"] * arch.params + t["fixed_bytes"] + outer
 
 
 def fsdp_unit_params(arch) -> int:
@@ -109,30 +163,32 @@ def transient_bytes(scenario, layout: Layout = UNSHARDED) -> float:
 
 
 def activation_bytes_per_sample(scenario, layout: Layout = UNSHARDED) -> float:
-    """Activations kept for backward plus the logits, per sample (Korthikanti et al. 2022)."""
-    arch, seq = scenario.model.arch, scenario.model.seq_len
-    width = 1 if _half(scenario) else 2
-    per_layer = 34 * seq * arch.hidden_size * width
-    logits = seq * arch.vocab_size * ((2 if _half(scenario) else 0) + 4 + 4)
-    if layout.checkpointing == "full":
-        return arch.num_layers * 2 * seq * arch.hidden_size * width + per_layer + logits
-    return arch.num_layers * per_layer + logits
+    """Activations kept for backward plus the loss's tensors, per sample, as traced."""
+    model = scenario.model
+    return traced_activation_bytes(model.arch, model.seq_len, model.dtype, layout.checkpointing)
 
 
 def memory_need_bytes(scenario, batch: int, layout: Layout = UNSHARDED) -> float:
-    """step_memory_bytes where the model has an architecture, else its static part alone."""
+    """step_memory_bytes where the model has an architecture, else its state alone (no reserve)."""
     if scenario.model.arch is None:
         return static_memory_bytes(scenario, layout)
     return step_memory_bytes(scenario, batch, layout)
 
 
 def step_memory_bytes(scenario, batch: int, layout: Layout = UNSHARDED) -> float:
-    """Peak bytes of one training step at per-device batch `batch` (see the module docstring)."""
+    """Peak bytes of one training step at per-device batch `batch` (module docstring), no reserve."""
     if scenario.model.arch is None:
         raise FieldError("model.preset", "strategy B needs a model preset (for activations) or node profiles")
-    return (static_memory_bytes(scenario, layout) + transient_bytes(scenario, layout)
-            + batch * activation_bytes_per_sample(scenario, layout))
+    backward = (static_memory_bytes(scenario, layout) + transient_bytes(scenario, layout)
+                + batch * activation_bytes_per_sample(scenario, layout))
+    if layout.sharded:
+        return backward
+    arch = scenario.model.arch
+    t = _traced(scenario.model.dtype, layout.checkpointing)
+    outer = OUTER_STATE_BYTES_PER_PARAM * arch.params if layout.outer_state == "device" else 0.0
+    return max(t["optimizer_bytes_per_param"] * arch.params + outer, backward)
 
 
 def fits_in_memory(scenario, gpu_key: str, batch: int, layout: Layout = UNSHARDED) -> bool:
-    return step_memory_bytes(scenario, batch, layout) <= get_gpu(gpu_key).memory_bytes
+    memory = get_gpu(gpu_key).memory_bytes
+    return step_memory_bytes(scenario, batch, layout) <= memory - reserve_bytes(memory)

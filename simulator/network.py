@@ -93,30 +93,63 @@ def payload_bytes(scenario: Scenario, payload_dtype: str | None = None) -> float
 def outer_step_s(scenario: Scenario, layouts=None) -> float:
     """The outer step after the all-reduce: the slowest node's (node_outer_step_s); unsharded
     nodes with the outer state on the CPU when `layouts` (one memory.Layout per node) is None."""
-    if layouts is None:
-        return _host_outer_step_s(scenario)
+    if layouts is None:  # nodes alike in their profiles price alike: one figure per set of profiles
+        hosts = {node.profile: node for node in scenario.nodes}
+        return max(_host_outer_step_s(scenario, node) for node in hosts.values())
     return max(node_outer_step_s(scenario, node, layout) for node, layout in zip(scenario.nodes, layouts))
 
 
-def _host_outer_step_s(scenario: Scenario) -> float:
-    """The outer step's arithmetic on the host: measured by the network profile, else the CPU figure."""
+def profiled_outer_step_ns(scenario: Scenario, node, where: str) -> float | None:
+    """The node's own outer step per parameter with the state on `where` ("cpu" | "device"), as its
+    profiles measured it on its host (`geodt calibrate device`; the slowest of its profiles), or None."""
+    if not node.profile:
+        return None
+    from simulator.timing import NodeTiming
+
+    index = scenario.nodes.index(node) if len(scenario.nodes) < 64 else None  # errors name nodes[i]
+    figures = [p.outer_step_ns_per_param.get(where) for p in NodeTiming(scenario, node, index).profiles]
+    return None if None in figures or not figures else max(figures)
+
+
+def _host_outer_step_s(scenario: Scenario, node=None) -> float:
+    """The outer step's arithmetic on a node's host: its profile's figure, else the network
+    profile's measurement, else this VM's CPU figure (outer_step_source says which)."""
+    own = profiled_outer_step_ns(scenario, node, "cpu") if node is not None else None
+    if own is not None:
+        return own * 1e-9 * scenario.model.param_count
     measured = scenario.network_model.outer_step if scenario.network_model is not None else None
     if measured is not None:
         return measured(scenario.model.param_count)
     return OUTER_STEP_NS_PER_PARAM * 1e-9 * scenario.model.param_count
 
 
+def outer_step_source(scenario: Scenario) -> str:
+    """One line saying where each node's outer-step rate comes from (its profile, the network
+    profile, or this VM's default), for the commands' summaries."""
+    network = scenario.network_model is not None and scenario.network_model.outer_step is not None
+    parts = []
+    for node in scenario.nodes:
+        own = profiled_outer_step_ns(scenario, node, "cpu")
+        parts.append(f"{node.name} {own:.2f} ns/param (its profile)" if own is not None else
+                     f"{node.name} from the network profile" if network else
+                     f"{node.name} {OUTER_STEP_NS_PER_PARAM} ns/param (this VM's default, not its host's)")
+    return "outer step: " + ", ".join(parts)
+
+
 def node_outer_step_s(scenario: Scenario, node, layout) -> float:
     """One node's outer step (pseudo-gradient, Nesterov, copy back) under its layout.
 
-    outer_state = "cpu": the host's arithmetic over all Ψ parameters (_host_outer_step_s). A
+    outer_state = "cpu": the host's arithmetic over all Ψ parameters (_host_outer_step_s: the
+    node's profile, else the network profile, else the default). A
     sharded node's G processes each do their Ψ/G, but on one host they share its memory
     bandwidth, which bounds this step, so together they take what one process takes for Ψ.
     A sharded GPU node also copies each shard device → host (θ_i) and host → device (the new
     θ_g), 2 · 4Ψ/G bytes per device over its own PCIe link at HOST_LINK_GBPS, in parallel. (An
     unsharded GPU node's copy is not counted, as before sharding existed: counting it would
-    move every published result; it is 8Ψ / HOST_LINK_GBPS, 0.1 s for 150 M parameters.)
-    outer_state = "device": on the GPU, OUTER_STEP_DEVICE_BYTES_PER_PARAM per parameter of the
+    move every published result; it is 8Ψ / HOST_LINK_GBPS, 0.1 s for 150 M parameters. A
+    profile's figure, timed with the weights on the GPU, includes it.)
+    outer_state = "device": the node's profile's figure for its shard, else
+    OUTER_STEP_DEVICE_BYTES_PER_PARAM per parameter of the
     device's shard (all of Ψ unsharded) through its memory, the slowest GPU's bandwidth; CPU
     devices keep the host figure."""
     from facts.catalog import get_gpu
@@ -125,9 +158,12 @@ def node_outer_step_s(scenario: Scenario, node, layout) -> float:
     shard = n / layout.devices if layout.sharded else n
     cpu_devices = set(node.gpus) == {"cpu"}
     if layout.outer_state == "device" and not cpu_devices:
+        own = profiled_outer_step_ns(scenario, node, "device")
+        if own is not None:
+            return own * 1e-9 * shard
         bandwidth_gbs = min(get_gpu(key).memory_bandwidth_gbs for key in node.gpus)
         return OUTER_STEP_DEVICE_BYTES_PER_PARAM * shard / (bandwidth_gbs * 1e9)
-    host_s = _host_outer_step_s(scenario)
+    host_s = _host_outer_step_s(scenario, node)
     if layout.sharded and not cpu_devices:
         host_s += 2 * 4 * shard * 8 / (HOST_LINK_GBPS * 1e9)
     return host_s

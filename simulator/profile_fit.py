@@ -10,7 +10,11 @@ size tried, OOM rows included. `ProfileModel` turns it into
   smallest by far (on a real CPU profile, 73% at batch 1 against 17% worst with weights);
 - peak_mem_bytes(b): the same scheme over the rows that carry memory;
 - fits(b) / max_batch(): OOM rows bound the batch; the memory model and the device's total
-  memory bound it where no OOM was seen.
+  memory bound it where no OOM was seen;
+- compiled: whether the profiled step ran torch.compile'd blocks ([training] compile); startup_s:
+  the largest one-time cost a row's warm-up paid beyond its steady steps (warmup_s − warmup_steps
+  × the row's mean step: the process's CUDA initialisation on the first row, each batch's compile
+  when compiled), what a run's first round pays once; 0 where the profile has no warm-up columns.
 
 `leave_one_out` predicts each measured step time from the other rows (`geodt profile check`).
 """
@@ -22,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from formats.profile import IDENTITY, ProfileError, read_profile_frame
+from formats.profile import IDENTITY, OUTER_STEP_COLUMNS, ProfileError, read_profile_frame
 from formats.wire import MODEL_DTYPES
 
 _BOOL = {"true": True, "false": False, "1": True, "0": False}
@@ -130,6 +134,18 @@ class ProfileModel:
         if self.dtype not in MODEL_DTYPES:
             raise ProfileError(f"{source}: column 'dtype': {self.dtype!r}; expected one of {', '.join(MODEL_DTYPES)}")
         self.seq_len = int(_number(source, 1, "seq_len", first["seq_len"], required=True))
+        compiled_text = str(first["compiled"]).strip().lower() if "compiled" in frame.columns else ""
+        compiled = _BOOL.get(compiled_text or "false")  # empty: a step from before the column, eager
+        if compiled is None:
+            raise ProfileError(f"{source}: column 'compiled': {first['compiled']!r}; expected true or false")
+        self.compiled: bool = compiled
+        self.startup_s: float = _startup_s(frame, source)
+        self.outer_step_ns_per_param: dict[str, float] = {}  # "cpu" / "device" -> ns, where measured
+        for where, column in OUTER_STEP_COLUMNS.items():
+            text = str(first[column]).strip() if column in frame.columns else ""
+            if text:
+                self.outer_step_ns_per_param[where] = _number(source, 1, column, text, required=True)
+        self.warmup_measured: bool = bool("warmup_s" in frame.columns and (frame["warmup_s"].str.strip() != "").any())
 
         batches, times, mems, mem_batches, ooms, totals, cvs = _measured_rows(frame, source)
         if not batches:
@@ -149,11 +165,14 @@ class ProfileModel:
 
     @classmethod
     def from_csv(cls, path: str | Path, *, seq_len: int | None = None, dtype: str | None = None,
-                 model: str | None = None) -> "ProfileModel":
-        """Read and check a profile; one measured at another seq_len/dtype/model is an error."""
+                 model: str | None = None, compiled: bool | None = None) -> "ProfileModel":
+        """Read and check a profile; one measured at another seq_len/dtype/model, or with another
+        step (compiled or not), is an error."""
         profile = cls(read_profile_frame(path), source=str(path))
+        words = {True: "true", False: "false", None: None}
         for column, want, have in (("seq_len", seq_len, profile.seq_len), ("dtype", dtype, profile.dtype),
-                                   ("model", model, profile.model)):
+                                   ("model", model, profile.model),
+                                   ("compiled", words[compiled], words[profile.compiled])):
             if want is not None and str(want) != str(have):
                 raise ProfileError(f"{path}: column {column!r}: measured at {have!r}; expected {want!r} "
                                    "(recalibrate for this scenario)")
@@ -210,6 +229,20 @@ class ProfileModel:
     def measured_step_s(self) -> dict[int, float]:
         """The measured median step time of each non-OOM batch."""
         return dict(sorted(self._measured_time.items()))
+
+
+def _startup_s(frame: pd.DataFrame, source: str) -> float:
+    """The largest warm-up cost beyond steady steps over the rows that record it (module docstring)."""
+    extra = [0.0]
+    for i, row in enumerate(frame.to_dict("records"), start=1):
+        if _BOOL.get(row["oom"].strip().lower()) or not str(row.get("warmup_s", "")).strip():
+            continue
+        warmup_s = _number(source, i, "warmup_s", row["warmup_s"], required=True, positive=False)
+        steps = _number(source, i, "warmup_steps", row["warmup_steps"], required=True, positive=False)
+        mean = _number(source, i, "step_s_mean", row["step_s_mean"], required=False) or \
+            _number(source, i, "step_s_median", row["step_s_median"], required=True)
+        extra.append(max(0.0, warmup_s - steps * mean))
+    return max(extra)
 
 
 def leave_one_out(model_or_df: "ProfileModel | pd.DataFrame") -> pd.DataFrame:

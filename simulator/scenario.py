@@ -24,7 +24,7 @@ from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_na
                             limit)
 # Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
 from formats.plan import CHECKPOINTING, SHARDINGS
-from formats.scenario import DilocoConfig, ModelSection
+from formats.scenario import COMPILE_MODES, DilocoConfig, ModelSection
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from simulator.drift import DriftEvent
@@ -71,10 +71,12 @@ class TrainingConfig:
     batch_size: int = 4
     sharding: str = "auto"
     activation_checkpointing: str = "auto"
+    compile: str = "auto"  # the step's torch.compile'd blocks: auto (GPU nodes) | on | off (formats/scenario.py)
 
     def __post_init__(self) -> None:
         require_positive(self, "rounds", "local_steps", "batch_size")
         limit(self, "rounds", "local_steps", "batch_size")
+        require_choice(self, "compile", COMPILE_MODES)
         require_choice(self, "sharding", ("auto",) + SHARDINGS)
         require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
 

@@ -43,8 +43,10 @@ from facts.catalog import get_gpu
 from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step,  # noqa: F401  (re-exported)
                                 fsdp_payload_bytes)
 from formats.errors import FieldError
+from formats.scenario import compiled_step
 from formats.wire import ring_allreduce_s
-from simulator.memory import GIB, LAYOUT_ORDER, UNSHARDED, Layout, fsdp_unit_params, memory_need_bytes
+from simulator.memory import (GIB, LAYOUT_ORDER, UNSHARDED, Layout, fsdp_unit_params, memory_need_bytes,
+                              reserve_bytes)
 from simulator.scenario import NodeConfig, Scenario
 
 GRAD_BYTES_PER_PARAM = 4
@@ -55,8 +57,15 @@ MAX_SEARCH_BATCH = 1 << 16
 # Training FLOPs are forward + backward = 1 + 2 forwards; full recomputation adds one forward.
 
 
+def compiled(scenario: Scenario, gpu_key: str) -> bool:
+    """Whether the step runs compiled on a device of type gpu_key ([training] compile; "auto" = on
+    for GPUs, off for the catalog's `cpu`): the estimate prices the lean step if so, else the eager."""
+    return compiled_step(scenario.training.compile, gpu_key != "cpu")
+
+
 def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, comm_s: float = 0.0) -> StepEstimate:
-    """The catalog estimate of one GPU of type gpu_key under a layout (`simulator.estimate`).
+    """The catalog estimate of one GPU of type gpu_key under a layout (`simulator.estimate`), of the
+    step that will run there: lean when compiled, else geodt's eager step (`compiled`).
 
     A preset or config.json gives the model's shape; a bare `params` model has none (its work is
     `flops_per_token`, else 6·params, at the matmul rate). A given `flops_per_token` replaces the
@@ -68,7 +77,8 @@ def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, c
     return estimate_step(gpu_key, model.dtype, model.seq_len, shape=shape, params=model.param_count,
                          flops_per_token=model.flops_per_token, recompute=layout.checkpointing,
                          optimizer_shards=layout.devices if layout.sharded else 1,
-                         fsdp=layout.sharding == "fsdp", comm_s=comm_s)
+                         fsdp=layout.sharding == "fsdp", comm_s=comm_s,
+                         step="lean" if compiled(scenario, gpu_key) else "eager")
 
 
 def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float]:
@@ -101,18 +111,18 @@ def signature(node: NodeConfig) -> tuple:
 _PROFILE_CACHE: dict = {}
 
 
-def _load_profile(path, seq_len, dtype, model):
+def _load_profile(path, seq_len, dtype, model, compiled=None):
     """A ProfileModel read once per file version (10,000 nodes may share one profile)."""
     from simulator.profile_fit import ProfileModel
 
     try:
         st = os.stat(path)
-        key = (str(path), st.st_mtime_ns, st.st_size, seq_len, dtype, model)
+        key = (str(path), st.st_mtime_ns, st.st_size, seq_len, dtype, model, compiled)
     except OSError:
         key = None
     if key is not None and key in _PROFILE_CACHE:
         return _PROFILE_CACHE[key]
-    profile = ProfileModel.from_csv(path, seq_len=seq_len, dtype=dtype, model=model)
+    profile = ProfileModel.from_csv(path, seq_len=seq_len, dtype=dtype, model=model, compiled=compiled)
     if key is not None:
         if len(_PROFILE_CACHE) > 256:
             _PROFILE_CACHE.clear()
@@ -203,8 +213,27 @@ class NodeTiming:
             if profile.gpu_key and profile.gpu_key not in self.node.gpus:
                 raise FieldError(f"nodes[{index}].profile", f"{path}: measured on {profile.gpu_key!r}; "
                                  f"expected one of this node's GPUs ({', '.join(self.node.gpus)})")
+            # An explicit training.compile must match what the profile measured; "auto" takes the
+            # profile's step (profiles from before the option are eager: set compile = "off" to run so).
+            want = compiled(self.scenario, profile.gpu_key or next(iter(self.node.gpus)))
+            if profile.compiled != want and self.scenario.training.compile != "auto":
+                raise FieldError(f"nodes[{index}].profile", f"{path}: column 'compiled': measured "
+                                 f"{'with' if profile.compiled else 'without'} torch.compile; training.compile = "
+                                 f"{self.scenario.training.compile!r} runs it {'compiled' if want else 'eager'} here "
+                                 f"(expected training.compile = {'on' if profile.compiled else 'off'}, or recalibrate)")
             models.append(profile)
         return tuple(models)
+
+    @property
+    def startup_s(self) -> float:
+        """The node's one-time startup (simulator/wallclock.py): its profiles' largest measured
+        warm-up cost beyond steady steps; 0 without profiles."""
+        return max((p.startup_s for p in self.profiles), default=0.0)
+
+    @property
+    def startup_measured(self) -> bool:
+        """Whether every profile of the node measured its warm-up (and the node has profiles)."""
+        return bool(self.profiles) and all(p.warmup_measured for p in self.profiles)
 
     @property
     def source(self) -> str:
@@ -313,10 +342,11 @@ class NodeTiming:
     def _memory_problem(self, batch: int, layout: Layout) -> str | None:
         need = memory_need_bytes(self.scenario, batch, layout)
         for key in self.node.gpus:
-            have = get_gpu(key).memory_bytes
+            memory = get_gpu(key).memory_bytes
+            have = memory - reserve_bytes(memory)
             if need > have:
                 return (f"{key}: batch {batch} needs {need / GIB:.1f} GiB{describe(layout)}, "
-                        f"the GPU has {have / GIB:.1f} GiB")
+                        f"the GPU gives a step {have / GIB:.1f} GiB of its {memory / GIB:.1f}")
         return None
 
     def max_batch(self, limit: int = MAX_SEARCH_BATCH) -> int:

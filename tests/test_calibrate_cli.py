@@ -325,10 +325,10 @@ def test_cuda_real_oom_is_recorded(tmp_path):
 
 
 def test_all_devices_get_one_file_each():
-    from calibrate.cli import _out_paths
+    from calibrate.cli import out_paths
 
-    assert _out_paths(Path("d/p.csv"), ["cuda:0", "cuda:1"]) == [Path("d/p-cuda0.csv"), Path("d/p-cuda1.csv")]
-    assert _out_paths(Path("d/p.csv"), ["cpu"]) == [Path("d/p.csv")]
+    assert out_paths(Path("d/p.csv"), ["cuda:0", "cuda:1"]) == [Path("d/p-cuda0.csv"), Path("d/p-cuda1.csv")]
+    assert out_paths(Path("d/p.csv"), ["cpu"]) == [Path("d/p.csv")]
 
 
 def test_noisy_batches_are_flagged():

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate.profile_writer import ProfileWriter
+from calibrate.profile_writer import ProfileWriter, write_new_profile
 from simulator.profile_fit import ProfileModel, leave_one_out
 from formats.profile import COLUMNS, ProfileError
 
@@ -274,3 +274,24 @@ def test_a_profile_row_carries_the_mean_of_its_timed_steps():
     m.times_s = [0.010, 0.011, 0.010, 0.030]  # one throttled step: the median misses it, the mean does not
     r = profile_row(info, "tiny", 256, "fp32", m)
     assert r["step_s_median"] == pytest.approx(0.0105) and r["step_s_mean"] == pytest.approx(0.01525)
+
+
+def test_a_profile_records_its_step_and_warm_up_and_reads_them_back(tmp_path):
+    """compiled (identity), warmup_steps and warmup_s per row; ProfileModel's startup_s is the largest
+    warm-up beyond steady steps; a profile of another step is refused for an explicit compile mode."""
+    pytest.importorskip("torch", reason="calibrate.harness needs torch (pip install -e '.[calibrate]')")
+    from calibrate.harness import DeviceInfo, Measurement, profile_row
+
+    info = DeviceInfo("cuda:0", "NVIDIA H200", 0, "h200", 150e9, "580", "13.0")
+    rows = []
+    for batch, times, warmup_s in ((8, [0.1, 0.1], 40.3), (16, [0.2, 0.2], 36.6)):
+        m = Measurement(batch, times_s=times, warmup_s=warmup_s)
+        rows.append(profile_row(info, "tiny", 256, "bf16", m, compiled=True, warmup_steps=3))
+    assert (rows[0]["compiled"], rows[0]["warmup_steps"], rows[0]["warmup_s"]) == (True, 3, 40.3)
+    oom = profile_row(info, "tiny", 256, "bf16", Measurement(32, oom=True, warmup_s=1.0), compiled=True, warmup_steps=3)
+    assert (oom["warmup_steps"], oom["warmup_s"]) == (None, None)
+    write_new_profile(tmp_path / "p.csv", rows + [oom])
+    profile = ProfileModel.from_csv(tmp_path / "p.csv", compiled=True)
+    assert profile.compiled and profile.startup_s == pytest.approx(40.3 - 3 * 0.1)
+    with pytest.raises(ProfileError, match="column 'compiled': measured at 'true'; expected 'false'"):
+        ProfileModel.from_csv(tmp_path / "p.csv", compiled=False)

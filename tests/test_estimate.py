@@ -154,3 +154,36 @@ def test_selective_op_recomputes_every_second_matmul_and_the_non_matmul_ops():
     assert sac.sample_s - base.sample_s == pytest.approx(mm_s + 8192 * block_bytes / 2039e9)
     full = estimate_step("a100-80gb", "bf16", 8192, shape=shape, recompute="full")
     assert base.sample_s < sac.sample_s < full.sample_s
+
+
+def test_the_eager_step_is_priced_from_its_counted_work():
+    """step="eager": the lean matmul and attention terms, the eager step's counted bytes (577h + 130kv + 54f
+    per layer, 54 per vocabulary entry) at 88.4% of the bandwidth, 144 kernels per layer."""
+    from facts.catalog import get_gpu
+    from facts.presets import load_arch
+    from simulator.estimate import (ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, EstimateError, Shape,
+                                    estimate_step)
+
+    shape = Shape.of(load_arch("llama-150m"))  # h 1024, kv 1024, f 2688, 12 layers, V 32000
+    lean = estimate_step("h200", "bf16", 1024, shape=shape)
+    eager = estimate_step("h200", "bf16", 1024, shape=shape, step="eager")
+    bandwidth = get_gpu("h200").memory_bandwidth_gbs * 1e9
+    lean_bytes = 12 * 3 * (ACT_BYTES_H * 1024 + ACT_BYTES_KV * 1024 + ACT_BYTES_FFN_GATED * 2688) + 32 * 32000
+    eager_bytes = 12 * (577 * 1024 + 130 * 1024 + 54 * 2688) + 54 * 32000
+    compute = lean.sample_s - 1024 * lean_bytes / bandwidth
+    assert eager.sample_s == pytest.approx(compute + 1024 * eager_bytes / (bandwidth * 4242 / 4800), rel=1e-12)
+    assert eager.launch_s == pytest.approx(12 * 144 * 5e-6)
+    assert eager.optimizer_s == pytest.approx(lean.optimizer_s * 4800 / 4242)
+    with pytest.raises(EstimateError, match="unknown step 'jit'"):
+        estimate_step("h200", "bf16", 1024, shape=shape, step="jit")
+
+
+def test_the_scenario_compile_mode_picks_the_step_priced(tmp_path):
+    from simulator.scenario import load_scenario
+    from simulator.timing import compiled, gpu_estimate
+
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\n[model]\npreset = "llama-150m"\n[[nodes]]\nname = "a"\ngpus = { "h200" = 1 }\n')
+    auto, off = load_scenario(str(path)), load_scenario(str(path), ["training.compile=off"])
+    assert compiled(auto, "h200") and not compiled(auto, "cpu") and not compiled(off, "h200")
+    assert gpu_estimate(off, "h200").sample_s > 1.5 * gpu_estimate(auto, "h200").sample_s

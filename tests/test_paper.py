@@ -16,7 +16,7 @@ from geodt.paper.infer import c_idle_s, c_row_checks, fit_t_max, infer, inferred
 from geodt.paper.related import fit_batch_time, share_curves
 from geodt.paper.tables import best_geodt_strategy, predict, table1, table2, table3
 from geodt.paper.variants import memory_band, variants
-from simulator.memory import step_memory_bytes
+from simulator.memory import static_memory_bytes, step_memory_bytes
 from simulator.network import OUTER_STEP_NS_PER_PARAM, sync_s
 from simulator.scenario import load_scenario
 
@@ -155,10 +155,11 @@ def test_memory_band_in_gib():
     scenario = load_scenario("paper")
     m = memory_band(scenario).set_index("node")
     assert m.loc["node3", "need_gib_at_paper_B_nominal"] == pytest.approx(step_memory_bytes(scenario, 32) / 2**30)
-    assert m.loc["node3", "margin_gib_nominal"] == pytest.approx(24 - step_memory_bytes(scenario, 16) / 2**30)
-    assert list(m["B_batch_nominal"]) == [8, 8, 16, 16]
-    # the band: activations and reserve ±10%, static memory unchanged
-    static = step_memory_bytes(scenario, 0) - 1e9
+    cap = 24 * 2**30 * 0.95 - 1e9  # the device's memory less the reserve (1 GB + 5%)
+    assert m.loc["node3", "margin_gib_nominal"] == pytest.approx((cap - step_memory_bytes(scenario, 16)) / 2**30)
+    assert list(m["B_batch_nominal"]) == [4, 4, 16, 16]
+    # the band: activations ±10%, static memory unchanged
+    static = static_memory_bytes(scenario)
     assert m.loc["node3", "need_gib_at_paper_B_high"] == pytest.approx(
         (static + 1.1 * (step_memory_bytes(scenario, 32) - static)) / 2**30)
 

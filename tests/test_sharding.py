@@ -56,22 +56,41 @@ def test_state_bytes_divide_as_each_zero_stage_divides_them(tmp_path):
     assert state_bytes(s, Layout("fsdp", devices=4, outer_state="device")) == 6 * PSI
 
 
+def _table(dtype: str, checkpointing: str) -> dict:
+    import csv
+
+    with (ROOT / "facts" / "step_memory.csv").open() as handle:
+        row = next(r for r in csv.DictReader(handle) if (r["dtype"], r["checkpointing"]) == (dtype, checkpointing))
+    return {k: float(v) for k, v in row.items() if k not in ("dtype", "checkpointing", "torch_version")}
+
+
+def _per_sample(t: dict) -> float:
+    """The traced activations of the tiny model per sample: seq 512 × per-token bytes (h 1024, kv 1024, f 4096, V 1000)."""
+    return 512 * (4 * (t["act_h"] * 1024 + t["act_kv"] * 1024 + t["act_ffn"] * 4096)
+                  + t["out_h"] * 1024 + t["out_kv"] * 1024 + t["out_ffn"] * 4096 + t["act_vocab"] * 1000)
+
+
 def test_fsdp_transient_and_activations_with_and_without_recomputation(tmp_path):
     s = tiny(tmp_path)
     # two gathered layers in bf16 (2 · 2 bytes) + one layer's fp32 gradient (4 bytes): 8 · 16,779,264
     assert transient_bytes(s, Layout("fsdp", devices=4)) == 8 * LAYER == 134_234_112
     assert transient_bytes(s, Layout("zero2", devices=4)) == 0
-    # no recomputation: 4 layers · 34 · 512 · 1024 + logits 512 · 1000 · (2 + 4 + 4)
-    assert activation_bytes_per_sample(s, Layout()) == 4 * 17_825_792 + 5_120_000 == 76_423_168
-    # full: the 4 layer inputs 2 · 512 · 1024, one layer's 34 · 512 · 1024, the logits
-    assert activation_bytes_per_sample(s, Layout(checkpointing="full")) == 4 * 1_048_576 + 17_825_792 + 5_120_000
-    assert step_memory_bytes(s, 3, Layout("fsdp", "full", 4)) == 1e9 + 4 * PSI + 8 * LAYER + 3 * 27_140_096
+    # activations: the traced step's (facts/step_memory.csv), with and without recomputation
+    none, full = _table("bf16", "none"), _table("bf16", "full")
+    assert activation_bytes_per_sample(s, Layout()) == pytest.approx(_per_sample(none), rel=1e-12)
+    assert activation_bytes_per_sample(s, Layout(checkpointing="full")) == pytest.approx(_per_sample(full), rel=1e-12)
+    assert activation_bytes_per_sample(s, Layout(checkpointing="full")) < activation_bytes_per_sample(s, Layout()) / 2
+    # sharded: the ZeRO state, the FSDP transient and the traced activations
+    assert step_memory_bytes(s, 3, Layout("fsdp", "full", 4)) == pytest.approx(4 * PSI + 8 * LAYER + 3 * _per_sample(full))
 
 
-def test_the_unsharded_model_is_the_one_results_were_made_with(tmp_path):
-    """Sharding none is the pre-issue-15 formula: reserve + 18Ψ + b · (34·s·h·L + 10·s·V)."""
+def test_the_unsharded_peak_is_the_traced_steps(tmp_path):
+    """Unsharded: max(optimizer step, backward) of the traced step (simulator/memory.py)."""
     s = tiny(tmp_path)
-    assert step_memory_bytes(s, 2) == 1e9 + 18 * PSI + 2 * 76_423_168
+    t = _table("bf16", "none")
+    backward = t["backward_bytes_per_param"] * PSI + t["fixed_bytes"]
+    assert step_memory_bytes(s, 2) == pytest.approx(backward + 2 * _per_sample(t))
+    assert step_memory_bytes(s, 0) == pytest.approx(max(t["optimizer_bytes_per_param"] * PSI, backward))
 
 
 def test_timing_of_each_layout(tmp_path):
@@ -140,11 +159,12 @@ def test_auto_picks_no_sharding_for_every_builtin_scenario():
 
 
 def test_auto_shards_before_it_recomputes(tmp_path):
-    # llama-1b at batch 4 on the paper's cluster: 11 GiB cards need fsdp and recomputation, 24 GiB cards zero1
+    # llama-1b at batch 4 on the paper's cluster: 11 GiB cards need fsdp and recomputation, 24 GiB cards zero2
+    # (the traced step's activations, 3.1 GB a sample, leave zero1's 12Ψ no room for 4 samples)
     s = load_scenario("paper", ["model.preset=llama-1b"])
     layouts = {t.node.name: (t.layout.sharding, t.layout.checkpointing) for t in node_timings(s)}
-    assert layouts == {"node1": ("fsdp", "full"), "node2": ("fsdp", "full"), "node3": ("zero1", "none"),
-                       "node4": ("zero1", "none")}
+    assert layouts == {"node1": ("fsdp", "full"), "node2": ("fsdp", "full"), "node3": ("zero2", "none"),
+                       "node4": ("zero2", "none")}
     order = list(LAYOUT_ORDER)
     for timing in node_timings(s):  # the chosen layout is the first that holds batch 4
         before = order[:order.index((timing.layout.sharding, timing.layout.checkpointing))]
@@ -155,10 +175,10 @@ def test_auto_shards_before_it_recomputes(tmp_path):
 def test_paper_with_llama_1b_plans_every_strategy_and_prints_the_layout(tmp_path, capsys):
     assert simulate_main(["paper", "--set", "model.preset=llama-1b", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
-    assert "fsdp+recompute" in out and "zero1" in out
+    assert "fsdp+recompute" in out and "zero2" in out
     plan = pd.read_csv(tmp_path / "o" / "plan.csv")
     assert set(plan["strategy"]) == set(STRATEGIES)
-    assert set(plan["sharding"]) == {"fsdp", "zero1"} and set(plan["outer_state"]) == {"cpu"}
+    assert set(plan["sharding"]) == {"fsdp", "zero2"} and set(plan["outer_state"]) == {"cpu"}
     assert "auto" not in set(plan["activation_checkpointing"])
 
 
@@ -188,12 +208,19 @@ def test_four_nodes_of_8_h100_train_an_8b_model_at_seq_8192(tmp_path):
                     + nodes)
     scenario = load_scenario(str(path))
     plan = make_plan(scenario, "baseline")
-    assert {(n.sharding, n.activation_checkpointing) for n in plan.nodes} == {("fsdp", "none")}
-    # per device: 1e9 + 16Ψ/8 + 8 · the embedding (the largest unit) + one sample's activations, within 80 GiB
+    # geodt's eager step keeps 81 GB of activations a sample at seq 8192 (traced): no sharding alone holds
+    # it in 80 GiB; with recomputation zero2 (the first of the order that fits) does
+    assert {(n.sharding, n.activation_checkpointing) for n in plan.nodes} == {("zero2", "full")}
+    # fsdp without recomputation: 16Ψ/8 + 8 · the embedding (the largest unit) + one sample's traced
+    # activations (h 4096, kv 1024, f 14336, V 128,256, 32 layers, seq 8192), above 80 GiB less the reserve
     psi, embed = 8_030_261_248, 128_256 * 4096
-    need = 1e9 + 2 * psi + 8 * embed + 32 * 34 * 8192 * 4096 + 8192 * 128_256 * 10
-    assert step_memory_bytes(scenario, 1, node_timings(scenario)[0].layout) == need
-    assert need <= get_gpu("h100-sxm").memory_bytes
+    t = _table("bf16", "none")
+    sample = 8192 * (32 * (t["act_h"] * 4096 + t["act_kv"] * 1024 + t["act_ffn"] * 14336) + t["out_h"] * 4096
+                     + t["out_kv"] * 1024 + t["out_ffn"] * 14336 + t["act_vocab"] * 128_256)
+    need = 2 * psi + 8 * embed + sample
+    assert step_memory_bytes(scenario, 1, Layout("fsdp", "none", 8)) == pytest.approx(need)
+    memory = get_gpu("h100-sxm").memory_bytes
+    assert need > memory - 1e9 - 0.05 * memory
     unsharded = load_scenario(str(path), ["training.sharding=none"])
     with pytest.raises(Exception, match="cannot hold even batch 1"):
         make_plan(unsharded, "baseline")

@@ -40,7 +40,7 @@ def test_issue_reproducer_a_node_that_cannot_hold_batch_1_is_one_line(tmp_path, 
     assert simulate_main([str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"geodt simulate: {path}: nodes[1]: node 't4' cannot hold even batch 1: t4: batch 1 needs "
-                   "22.9 GiB, the GPU has 16.0 GiB; expected GPUs with more memory, a smaller model or a shorter seq_len")
+                   "20.2 GiB, the GPU gives a step 14.3 GiB of its 16.0; expected GPUs with more memory, a smaller model or a shorter seq_len")
     assert not (tmp_path / "o").exists()
     from simulator.sweep_cli import main as sweep
     assert sweep(["--table", str(path), "--out", str(tmp_path / "t")]) == 2  # no more "A: 10.6x"
@@ -52,17 +52,18 @@ def test_a_baseline_batch_that_does_not_fit_is_one_line(tmp_path, capsys):
     assert simulate_main([str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    for needle in ("training.batch_size", "node 'v100'", "v100: batch 4 needs 33.5 GiB, the GPU has 32.0 GiB",
-                   "at most 3"):
+    for needle in ("training.batch_size", "node 'v100'", "v100: batch 4 needs 38.3 GiB, the GPU gives a step 29.5 GiB of its 32.0",
+                   "at most 2"):
         assert needle in err
 
 
 def test_every_strategy_keeps_every_batch_within_memory(tmp_path):
-    # b = 3 fits the V100s; A would scale the H100s' batch to round(3 x 989 / 125) = 24, but 17 fit.
+    # b = 3 fits the V100s (with recomputation, auto); A would scale the H100s' batch to round(3 x 989 / 125) = 24,
+    # but 10 fit (geodt's traced step, facts/step_memory.csv).
     path = cluster(tmp_path / "s.toml", [("h100", {"h100-sxm": 8}), ("v100", {"v100": 4})], batch=3)
     scenario = load_scenario(str(path))
     timings = node_timings(scenario)
-    assert [t.max_batch() for t in timings] == [17, 3]
+    assert [t.max_batch() for t in timings] == [10, 3]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # network-aware printed a divide RuntimeWarning and "utilisation nan"
         plans = {name: make_plan(scenario, name) for name in STRATEGIES}
@@ -71,8 +72,8 @@ def test_every_strategy_keeps_every_batch_within_memory(tmp_path):
             assert timing.fits(node.batch_size), (name, node)
             assert np.isfinite(node.step_s) and node.step_s > 0
         assert "nan" not in plan.note
-    assert [n.batch_size for n in plans["A"].nodes] == [17, 3]  # cut to what fits
-    assert [n.batch_size for n in plans["B"].nodes] == [12, 3]  # 3, 6, 12 fit; 24 does not
+    assert [n.batch_size for n in plans["A"].nodes] == [10, 3]  # cut to what fits
+    assert [n.batch_size for n in plans["B"].nodes] == [6, 3]  # 3, 6 fit; 12 does not
 
 
 def test_strategy_b_ends_where_nothing_bounds_memory():

@@ -134,3 +134,33 @@ def test_every_fidelity_scenario_loads_with_its_committed_profiles(path):
     scenario = load_scenario(str(path))
     for timing in node_timings(scenario):
         assert 0 < timing.step_s(scenario.training.batch_size) < 10
+
+
+def test_a_node_prices_its_outer_step_from_its_own_profile(tmp_path):
+    """`geodt calibrate device` writes the host's outer step into the profile; the simulator prices that
+    node's outer step from it (state on the CPU, or on the device), other nodes at the VM default."""
+    from calibrate.profile_writer import ProfileWriter, set_profile_columns
+    from formats.profile import COLUMNS
+    from simulator.memory import Layout
+    from simulator.network import OUTER_STEP_NS_PER_PARAM, node_outer_step_s, outer_step_s, outer_step_source
+    from simulator.scenario import load_scenario
+
+    identity = {"device_name": "NVIDIA H200", "device_index": 0, "gpu_key": "h200", "model": "tiny",
+                "seq_len": 32, "dtype": "bf16"}
+    writer = ProfileWriter(tmp_path / "p.csv", identity)
+    for batch, step in ((1, 0.01), (2, 0.015)):
+        writer.append({c: None for c in COLUMNS} | identity | {"batch_size": batch, "step_s_median": step, "oom": False})
+    writer.close()
+    set_profile_columns(tmp_path / "p.csv", {"outer_step_cpu_ns_per_param": 1.33, "outer_step_device_ns_per_param": 0.02})
+    (tmp_path / "s.toml").write_text(
+        'name = "s"\n[model]\npreset = "tiny"\nseq_len = 32\ndtype = "bf16"\n[training]\nrounds = 2\nlocal_steps = 2\n'
+        'batch_size = 1\ncompile = "off"\n[[nodes]]\nname = "a"\ngpus = { "h200" = 1 }\nprofile = "p.csv"\n'
+        '[[nodes]]\nname = "b"\ngpus = { "h200" = 1 }\n')
+    s = load_scenario(str(tmp_path / "s.toml"))
+    n = s.model.param_count
+    assert node_outer_step_s(s, s.nodes[0], Layout()) == pytest.approx(1.33e-9 * n)
+    assert node_outer_step_s(s, s.nodes[0], Layout(outer_state="device")) == pytest.approx(0.02e-9 * n)
+    assert node_outer_step_s(s, s.nodes[1], Layout()) == pytest.approx(OUTER_STEP_NS_PER_PARAM * 1e-9 * n)
+    assert outer_step_s(s) == pytest.approx(OUTER_STEP_NS_PER_PARAM * 1e-9 * n)  # the slowest host
+    assert outer_step_source(s) == ("outer step: a 1.33 ns/param (its profile), "
+                                    f"b {OUTER_STEP_NS_PER_PARAM} ns/param (this VM's default, not its host's)")

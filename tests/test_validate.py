@@ -239,3 +239,35 @@ def test_prediction_with_jitter_is_the_mean_over_seeds(write_scenario):
     assert not (mean["idle_s"].to_numpy() == draws[0]["idle_s"].to_numpy()).all()
     calm = load_scenario(str(write_scenario()))
     assert predicted_timeline(calm, plan, "analytic").equals(simulate(calm, plan, "analytic"))
+
+
+def test_validation_table_compares_the_whole_wall_clock(tmp_path):
+    """Predicted wall = startup (profiles' warm-up beyond steady steps) + the timeline's end + the last
+    checkpoint; measured = the latest node's last round end plus its checkpoint (time-scaled)."""
+    from simulator.scenario import load_scenario
+    from simulator.wallclock import WallClock, measured_wall_s, predicted_wall_clock
+
+    profile = tmp_path / "p.csv"
+    profile.write_text(
+        "device_name,device_index,gpu_key,model,seq_len,dtype,batch_size,step_s_median,step_s_mean,step_s_p10,"
+        "step_s_p90,repeats,peak_mem_bytes,mem_total_bytes,oom,tokens_per_s,sm_util_pct,mem_util_pct,power_w,"
+        "torch_version,cuda_version,driver_version,host,measured_at,compiled,warmup_steps,warmup_s\n"
+        "cpu,,cpu,tiny,32,fp32,1,0.1,0.1,,,5,,,false,,,,,t,,,h,m,false,2,1.2\n"
+        "cpu,,cpu,tiny,32,fp32,2,0.2,0.2,,,5,,,false,,,,,t,,,h,m,false,2,0.5\n")
+    toml = tmp_path / "s.toml"
+    toml.write_text('name = "s"\n[model]\npreset = "tiny"\nseq_len = 32\ndtype = "fp32"\n[training]\nrounds = 2\n'
+                    'local_steps = 3\nbatch_size = 1\n[[nodes]]\nname = "a"\ngpus = { "cpu" = 1 }\nprofile = "p.csv"\n'
+                    '[[nodes]]\nname = "b"\ngpus = { "cpu" = 1 }\nstep_time_s = 0.1\n')
+    scenario = load_scenario(str(toml))
+    timeline = pd.DataFrame({"strategy": "baseline", "node": ["a", "b"] * 2, "round": [0, 0, 1, 1],
+                             "compute_s": 0.3, "idle_s": 0.0, "comm_s": 0.1,
+                             "round_start_s": [0.0, 0.0, 0.4, 0.4], "round_end_s": [0.4, 0.4, 0.8, 0.8]})
+    wall = predicted_wall_clock(scenario, timeline)
+    # startup: the larger of 1.2 − 2 × 0.1 = 1.0 and 0.5 − 2 × 0.2 = 0.1; no network profile: no checkpoint
+    assert (wall.startup_s, wall.rounds_s, wall.last_checkpoint_s) == (pytest.approx(1.0), 0.8, 0.0)
+    assert wall.wall_s == pytest.approx(1.8) and "b not measured" in wall.note
+    trace = timeline.assign(overrun_steps=0, round_end_s=[1.0, 1.1, 1.6, 1.7], ckpt_s=[0.1, 0.1, 0.2, 0.3])
+    assert measured_wall_s(trace) == pytest.approx(2.0) and measured_wall_s(trace, 0.5) == pytest.approx(4.0)
+    table = validation_table(timeline, trace, 1.0, wall=WallClock(1.0, 0.8, 0.0, ""))
+    assert list(table["predicted_wall_s"]) == [1.8, 1.8] and list(table["measured_wall_s"]) == [2.0, 2.0]
+    assert table["wall_error_pct"].iloc[0] == pytest.approx(100 * 0.2 / 1.8)

@@ -14,6 +14,14 @@ Mixed precision is `torch.autocast` in the step's dtype with fp32 master weights
 fp16 uses a GradScaler (loss scaling) on every device torch supports it on; bf16 and fp32
 need none. On CPU, torch (>= 2.3) has fp16 autocast and a CPU GradScaler, so fp16 runs as
 fp16 there too (slowly: CPUs rarely have fast fp16 kernels), never silently as something else.
+
+The lean step ([training] compile, docs/DESIGN.md): `compile_blocks(model)` compiles every
+decoder layer in place with torch.compile, as torchtitan does (per block, before FSDP2 wraps
+the blocks: identical blocks share one compiled graph, and module names, hence checkpoints, do
+not change); the loss and the optimizer stay eager. `make_optimizer` uses torch's fused AdamW
+on CUDA (one kernel per parameter group instead of the foreach ops' eight passes), foreach
+elsewhere. Neither changes the arithmetic: the compiled step equals the eager one within float
+rounding (tests/test_step_compile.py).
 """
 from __future__ import annotations
 
@@ -43,8 +51,26 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 def make_optimizer(model: torch.nn.Module, lr: float = DEFAULT_LR,
                    weight_decay: float = DEFAULT_WEIGHT_DECAY,
                    betas: tuple[float, float] = DEFAULT_BETAS) -> torch.optim.AdamW:
-    """The inner AdamW over all parameters (weight decay on all, as OpenDiLoCo does)."""
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=betas)
+    """The inner AdamW over all parameters (weight decay on all, as OpenDiLoCo does): fused on
+    CUDA (the lean stack's), torch's default (foreach) elsewhere, so CPU runs stay as they were."""
+    params = list(model.parameters())
+    fused = bool(params) and params[0].device.type == "cuda"
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=betas, fused=fused or None)
+
+
+def use_compile(mode: str, device: torch.device | str) -> bool:
+    """Whether the step is compiled: [training] compile "on" | "off" | "auto" (on for CUDA devices,
+    off for CPU, where compiling even a tiny model takes minutes); formats/scenario.py's rule."""
+    from formats.scenario import compiled_step
+
+    return compiled_step(mode, torch.device(device).type == "cuda")
+
+
+def compile_blocks(model: torch.nn.Module) -> None:
+    """torch.compile every decoder layer in place (torchtitan's apply_compile): call it after
+    activation checkpointing and before FSDP2's fully_shard, as torchtitan orders them."""
+    for layer in model.model.layers:
+        layer.compile()
 
 
 def make_scaler(device: torch.device | str, dtype: str | torch.dtype) -> Any | None:

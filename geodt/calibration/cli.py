@@ -17,7 +17,7 @@ import sys
 
 # mode -> (module, entry point, one-line help)
 MODES: dict[str, tuple[str, str, str]] = {
-    "device": ("calibrate.cli", "calibrate_main",
+    "device": ("geodt.calibration.device", "main",
                "step time and peak memory per batch size on a device -> a profile CSV"),
     "network": ("geodt.calibration.links", "main",
                 "the executor's sync, outer step and checkpoint between processes -> a network profile "

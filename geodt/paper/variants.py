@@ -16,7 +16,7 @@ from facts.catalog import get_gpu
 from geodt.paper import facts
 from geodt.paper.tables import PAYLOADS, SOURCES, paper_scenarios, plan_for
 from simulator.engine import simulate, summary
-from simulator.memory import RESERVE_BYTES, step_memory_bytes
+from simulator.memory import activation_bytes_per_sample, reserve_bytes, static_memory_bytes
 from simulator.scenario import Scenario
 
 VARIANT_STRATEGIES = ("baseline", "A", "B", "C", "C-slowest", "measured-steps", "hybrid", "network-aware")
@@ -60,19 +60,19 @@ def _b_batch(need, capacity: float, start: int) -> int:
 
 def memory_band(scenario: Scenario) -> pd.DataFrame:
     """Per node (its smallest-memory GPU): B's batch and margin in GiB, nominal and ±MEMORY_BAND."""
-    static = step_memory_bytes(scenario, 0) - RESERVE_BYTES
-    per_sample = step_memory_bytes(scenario, 1) - step_memory_bytes(scenario, 0)
+    static = static_memory_bytes(scenario)
+    per_sample = activation_bytes_per_sample(scenario)
 
-    def need(scale: float):
-        return lambda b: static + scale * (RESERVE_BYTES + b * per_sample)
+    def need(scale: float):  # the reserve is the device's (it scales with its memory)
+        return lambda b: static + scale * b * per_sample
 
     b0 = scenario.training.batch_size
     rows = []
     for node in scenario.nodes:
         key = min(node.gpus, key=lambda k: get_gpu(k).memory_bytes)
-        cap = get_gpu(key).memory_bytes
+        cap = get_gpu(key).memory_bytes - reserve_bytes(get_gpu(key).memory_bytes)
         paper_b = facts.TABLE2_BATCH["B"][node.name]
-        row = {"node": node.name, "gpu": key, "memory_gib": cap / GIB, "paper_B_batch": paper_b}
+        row = {"node": node.name, "gpu": key, "memory_gib": get_gpu(key).memory_bytes / GIB, "paper_B_batch": paper_b}
         for label, scale in (("low", 1 - MEMORY_BAND), ("nominal", 1.0), ("high", 1 + MEMORY_BAND)):
             b = _b_batch(need(scale), cap, b0)
             row[f"B_batch_{label}"] = b

@@ -92,7 +92,7 @@ def render_folder(frames: dict) -> str:
              "`auto` (the least that holds the baseline batch on each node; per strategy, the least that holds its "
              "batch), the outer state is on the CPU (OpenDiLoCo). Nothing here is measured. `modern.toml` and "
              "`modern-8b.toml` are the results-local scenarios (their comments say why the 8B case has no RTX 4090 "
-             "node: it needs 32.7 GiB per card even fully sharded with recomputation).", ""]
+             "node: it needs 34.2 GiB per card even fully sharded with recomputation).", ""]
     for name, args, what in CASES:
         table, plan = frames[name]
         f = case_facts(table, plan)
