@@ -204,8 +204,8 @@ def test_readme_numbers_follow_the_csvs():
 
 
 def test_repository_readme_paper_findings_match_the_csvs():
-    """Every number of README.md's paper findings, recomputed from results/paper and results/beyond-paper."""
-    text = " ".join((RESULTS.parents[1] / "README.md").read_text().split())
+    """Every number of the paper findings (docs/MODELS.md), recomputed from results/paper and results/beyond-paper."""
+    text = " ".join((RESULTS.parents[1] / "docs" / "MODELS.md").read_text().split())
     f = _committed_frames()
     c, st, v = f["c_row_checks.csv"], f["inferred_step_times.csv"], f["variants.csv"]
     totals = f["table3_strategies.csv"]
