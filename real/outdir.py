@@ -81,7 +81,7 @@ def remove_orphan_rendezvous(root: str | None = None) -> list[Path]:
     for path in Path(root or tempfile.gettempdir()).glob(f"{RDZV_PREFIX}*"):
         match = re.match(rf"{RDZV_PREFIX}(\d+)-", path.name)
         try:
-            if match is None or path.lstat().st_uid != os.getuid() or not path.is_dir() or _alive(int(match[1])):
+            if match is None or path.lstat().st_uid != os.getuid() or not path.is_dir() or pid_alive(int(match[1])):
                 continue
         except OSError:
             continue
@@ -90,7 +90,8 @@ def remove_orphan_rendezvous(root: str | None = None) -> list[Path]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process pid exists (one of another user counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

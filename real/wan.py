@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from real.outdir import pid_alive
+
 PREFIX = "geodt-"
 SUBNET = ipaddress.ip_network("10.213.0.0/24")
 NODE_IFNAME = "wan0"
@@ -75,23 +77,13 @@ def _pyroute2():
     return pyroute2, netns
 
 
-def _owner_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale() -> list[str]:
     """Delete geodt namespaces whose owning process is gone; returns their names."""
     _, netns = _pyroute2()
     removed = []
     for name in sorted(netns.listnetns()):
         match = _STALE.match(name)
-        if match and not _owner_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             try:
                 netns.remove(name)
             except OSError:
