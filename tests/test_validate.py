@@ -261,7 +261,7 @@ def test_validation_table_compares_the_whole_wall_clock(tmp_path):
     scenario = load_scenario(str(toml))
     timeline = pd.DataFrame({"strategy": "baseline", "node": ["a", "b"] * 2, "round": [0, 0, 1, 1],
                              "compute_s": 0.3, "idle_s": 0.0, "comm_s": 0.1,
-                             "round_start_s": [0.0, 0.0, 0.4, 0.4], "round_end_s": [0.4, 0.4, 0.8, 0.8]})
+                             "round_start_s": [0.0, 0.0, 0.4, 0.4], "round_end_s": [0.4, 0.4, 0.8, 0.8], "tokens": 96})
     wall = predicted_wall_clock(scenario, timeline)
     # startup: the larger of 1.2 − 2 × 0.1 = 1.0 and 0.5 − 2 × 0.2 = 0.1; no network profile: no checkpoint
     assert (wall.startup_s, wall.rounds_s, wall.last_checkpoint_s) == (pytest.approx(1.0), 0.8, 0.0)
