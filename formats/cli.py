@@ -6,7 +6,16 @@ is one line naming what was wrong, on stderr, and status 2, the same for every c
 from __future__ import annotations
 
 import argparse
+import io
 import re
+
+
+def whole_lines(raw: io.RawIOBase, encoding: str = "utf-8") -> io.TextIOWrapper:
+    """A text stream over `raw` that hands each line to it in one write. Processes sharing a
+    pipe (the nodes of a run stopping together) would otherwise interleave their lines: print()
+    writes the text and its newline separately, and PYTHONUNBUFFERED makes each a write(2)."""
+    return io.TextIOWrapper(io.BufferedWriter(raw, buffer_size=1 << 16), encoding=encoding,
+                            errors="backslashreplace", line_buffering=True)
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -3,6 +3,7 @@ the exit status (0 done, 1 lost peer, 2 bad input, 3 a failure it has named in o
 as a full disk; 130 interrupted). The launcher adds nothing to the line of a 2 or a 3."""
 from __future__ import annotations
 
+import io
 import os
 import sys
 from datetime import timedelta
@@ -10,6 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from formats.cli import whole_lines
 from train.cpulimit import CpuLimitError
 from formats.plan import Plan
 from real.config import RunSpec
@@ -90,6 +92,8 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
                 opts: ExecOptions, store_spec: tuple | None, links: tuple | None = None) -> None:
     """Entry of one process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad
     input, 130 when interrupted. `links`: the shaped WAN's nodes (real/wan.py), or None."""
+    sys.stderr.flush()
+    sys.stderr = whole_lines(io.FileIO(2, "w", closefd=False))
     name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
     cleanup = lambda: None
     status = 0
