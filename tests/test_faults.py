@@ -7,6 +7,7 @@ rounds: each run takes seconds; the slow part is process start-up on a loaded ma
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -178,6 +179,21 @@ def _mount_tmpfs(where: Path, size_mib: int) -> None:
         pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
 
 
+def _fill(path, leave_bytes: int) -> None:
+    """Fill path's disk but for about leave_bytes. In chunks, and a full disk is no error here: the
+    run writes while this fills (a single write of the free space measured a moment before failed
+    with ENOSPC under a loaded machine)."""
+    chunk = b"\0" * (1 << 20)
+    with open(path, "wb") as handle:
+        try:
+            while shutil.disk_usage(path.parent).free > leave_bytes + len(chunk):
+                handle.write(chunk)
+                handle.flush()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+
+
 def test_a_disk_that_fills_mid_run_stops_it_in_one_line_and_resume_is_bitwise(tmp_path):
     d = _inputs(tmp_path / "in", rounds=40)
     reference = tmp_path / "reference"
@@ -189,8 +205,7 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line_and_resume_is_bitwise(tm
         proc = _start(d, out, "--emulate")
         _wait_for_set(proc, out, 0, count=2)
         filler = disk / "filler"
-        with open(filler, "wb") as handle:  # the disk full but for 1 MiB: the next set cannot be written
-            handle.write(b"\0" * (shutil.disk_usage(disk).free - (1 << 20)))
+        _fill(filler, leave_bytes=1 << 20)  # the disk full but for 1 MiB: the next set cannot be written
         err = _finish(proc, 120)
         assert proc.returncode == 1, err
         lines = _lines(err)

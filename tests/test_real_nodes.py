@@ -75,15 +75,16 @@ def test_cpu_limits_from_the_plan_are_applied_and_removed(tmp_path):
     core = min(os.sched_getaffinity(0))
     d = tmp_path / "limited"
     d.mkdir()
+    node = f"lim{os.getpid()}"  # its own cgroup names: another suite on this machine makes geodt-lim-*
     (d / "plan.csv").write_text(
         "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,cpu_cores,cpu_quota\n"
-        f"test,lim,2,1,2,0.01,{2 * 1 * 2 * SEQ_LEN},0.0,{core},0.5\n"
+        f"test,{node},2,1,2,0.01,{2 * 1 * 2 * SEQ_LEN},0.0,{core},0.5\n"
         f"test,free,1,1,2,0.01,{1 * 2 * SEQ_LEN},0.0,,\n")
     (d / "scenario.toml").write_text(scenario_text(rounds=1))
     options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, summary=False)
     assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
     assert len(pd.read_csv(d / "out" / "trace.csv")) == 2
-    assert not list(CGROUP_ROOT.glob("**/geodt-lim-*"))  # the processes' cgroups are gone
+    assert not list(CGROUP_ROOT.glob(f"**/geodt-{node}-*"))  # the processes' cgroups are gone
 
 
 def test_gradient_sync_plan_is_synchronous_data_parallel(tmp_path):
