@@ -3,7 +3,8 @@
 One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV (docs/DESIGN.md,
 "Outputs"); kinds: `all_reduce` (a SUM all-reduce of `size` bytes among `processes` ranks),
 `outer_step` (the executor's outer step over `size` parameters), `checkpoint` (writing `size`
-bytes), `encode` and `decode` (real/sync.py's encode() of `size` fp32 elements into
+bytes), `snapshot` (copying `size` bytes of state into host memory: the part of a checkpoint
+that blocks training, real/checkpoint.py), `encode` and `decode` (real/sync.py's encode() of `size` fp32 elements into
 `payload_dtype`, and decode() back). The columns payload_dtype and collective are optional
 (profiles written before they existed still load): absent or empty, a row is fp32 and ring.
 So is `node`: empty, a row is every process's (each repeat's slowest); a scenario node's name,
@@ -30,7 +31,7 @@ NET_COLUMNS: tuple[str, ...] = (
     "repeats", "host", "torch_version", "measured_at",
 )
 OPTIONAL_COLUMNS: tuple[str, ...] = ("payload_dtype", "collective", "node", "seconds_mean")
-KINDS = ("all_reduce", "outer_step", "checkpoint", "encode", "decode")
+KINDS = ("all_reduce", "outer_step", "checkpoint", "snapshot", "encode", "decode")
 CODEC_KINDS = ("encode", "decode")
 SHAPED_BACKEND = "gloo+shaped"  # backend of rows measured over a shaped WAN (`--wan shaped`)
 MAX_BYTES = 16 << 20  # a profile is a few hundred rows

@@ -26,7 +26,8 @@ from simulator.adaptive import adaptive_rounds
 from simulator.engine_analytic import (next_start_s, run_analytic, run_streaming_analytic, stream_state,
                                        wait_split)
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
-from simulator.network import checkpoint_s, node_sync_offsets_s, outer_step_s
+from simulator.checkpoints import checkpoint_cost, round_s
+from simulator.network import node_sync_offsets_s, outer_step_s
 from simulator.scenario import Scenario
 from simulator.totals import RunTotals
 from simulator.workload import compute_matrix, segment_matrices
@@ -100,7 +101,8 @@ def _whole_classic(scenario: Scenario, plan: Plan, engine: str) -> dict:
     compute, steps = adaptive_rounds(scenario, plan) if plan.adaptive else (compute_matrix(scenario, plan), None)
     comm = node_comm_s(scenario, plan)
     compute, fixups = outage.prepare(scenario, plan, compute, comm)  # a node lost for a while
-    arrays = (run_simpy if engine == "simpy" else run_analytic)(compute, comm, checkpoint_s(scenario))
+    ckpt = checkpoint_cost(scenario).block_s(round_s(compute, comm))
+    arrays = (run_simpy if engine == "simpy" else run_analytic)(compute, comm, ckpt)
     arrays, tokens = outage.settle(arrays, fixups, round_tokens(plan, steps))
     return {**arrays, "tokens": tokens}
 
@@ -132,7 +134,7 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
     outer = outer_share_s(scenario, plan)
     allreduce = max(plan.comm_s - outer, 0.0)
     run = run_streaming_simpy if engine == "simpy" else run_streaming_analytic
-    rec = run(pre, delay, allreduce, outer, plan.fragments, checkpoint_s(scenario),
+    rec = run(pre, delay, allreduce, outer, plan.fragments, _streaming_ckpt_s(scenario, plan, pre, delay),
               node_offsets_s=node_offsets_s(scenario, plan))
     return streaming_frames(plan, rec)
 
@@ -142,7 +144,6 @@ def simulate_chunks(scenario: Scenario, plan: Plan, engine: str, emit, chunk_rou
     chunk_rounds whole rounds (the last shorter) as the engine produces them."""
     engine = _check(scenario, plan, engine)
     outer = outer_share_s(scenario, plan)
-    ckpt = checkpoint_s(scenario)
     if not plan.streaming:
         def classic(arrays, first_round):
             timeline = _frame(plan, arrays, TIMELINE_COLUMNS, first_round=first_round)
@@ -151,13 +152,15 @@ def simulate_chunks(scenario: Scenario, plan: Plan, engine: str, emit, chunk_rou
             return classic(_whole_classic(scenario, plan, engine), 0)
         compute, comm = compute_matrix(scenario, plan), node_comm_s(scenario, plan)
         tokens = round_tokens(plan)
+        ckpt = checkpoint_cost(scenario).block_s(round_s(compute, comm))
         if engine == "simpy":
             return run_simpy(compute, comm, ckpt, chunk_rounds=chunk_rounds,
                              emit=lambda arrays, first: classic({**arrays, "tokens": tokens}, first))
         start = 0.0
         for first in range(0, compute.shape[0], chunk_rounds):
-            arrays = run_analytic(compute[first:first + chunk_rounds], comm, ckpt, start)
-            start = next_start_s(arrays, ckpt)
+            chunk = ckpt[first:first + chunk_rounds]
+            arrays = run_analytic(compute[first:first + chunk_rounds], comm, chunk, start)
+            start = next_start_s(arrays, chunk[-1])
             classic({**arrays, "tokens": tokens}, first)
         return None
     outage.prepare(scenario, plan, np.zeros((1, len(plan.nodes))), 0.0)  # refuses an outage here
@@ -168,17 +171,27 @@ def simulate_chunks(scenario: Scenario, plan: Plan, engine: str, emit, chunk_rou
     pre, delay = segment_matrices(scenario, plan)
     allreduce = max(plan.comm_s - outer, 0.0)
     offsets = node_offsets_s(scenario, plan)
+    ckpt = _streaming_ckpt_s(scenario, plan, pre, delay)
     if engine == "simpy":
         return run_streaming_simpy(pre, delay, allreduce, outer, p, ckpt, node_offsets_s=offsets, emit=streaming,
                                    chunk_syncs=chunk_rounds * p)
     state = None
     for first in range(0, pre.shape[0], chunk_rounds * p):
         rows = slice(first, first + chunk_rounds * p)
-        rec = run_streaming_analytic(pre[rows], delay[rows], allreduce, outer, p, ckpt, node_offsets_s=offsets,
+        chunk = ckpt[first // p:first // p + chunk_rounds]
+        rec = run_streaming_analytic(pre[rows], delay[rows], allreduce, outer, p, chunk, node_offsets_s=offsets,
                                      state=state)
-        state = stream_state(rec, ckpt)
+        state = stream_state(rec, chunk[-1])
         streaming(rec, first)
     return None
+
+
+def _streaming_ckpt_s(scenario: Scenario, plan: Plan, pre: np.ndarray, delay: np.ndarray) -> np.ndarray:
+    """Per round, the checkpoint after its last fragment (simulator/checkpoints.py), from each
+    round's compute (its fragments' segments) and its fragments' syncs."""
+    rounds = pre.shape[0] // plan.fragments
+    compute = (pre + delay)[:rounds * plan.fragments].reshape(rounds, plan.fragments, -1).sum(axis=1)
+    return checkpoint_cost(scenario).block_s(round_s(compute, plan.comm_s))
 
 
 def node_offsets_s(scenario: Scenario, plan: Plan) -> np.ndarray | None:

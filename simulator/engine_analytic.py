@@ -4,8 +4,9 @@ Round r starts at s_r; node i finishes at s_r + c[r, i]; the barrier opens at th
 finish; every node then syncs for comm_s; s_{r+1} = barrier_r + comm_s. Where nodes' syncs end
 at different times (comm_s per node, measured per node on a shaped WAN), node i starts round
 r + 1 at barrier_r + comm_i and the barrier opens at max_i(s_{r,i} + c[r, i]). Additions happen
-in the same order as SimPy's clock, so both paths agree to rounding. A checkpoint after each
-sync (ckpt_s, the same on every node: each writes the same state) delays the next round.
+in the same order as SimPy's clock, so both paths agree to rounding. A checkpoint after a
+round's sync (ckpt_s: one number for every round, or one per round, 0 where none is due; the
+same on every node: each writes the same state; simulator/checkpoints.py) delays the next round.
 
 Streaming DiLoCo (`run_streaming_analytic`): the same idea one level down, a recurrence over
 the fragment syncs in which the all-reduces overlap compute, exact for every plan. It reduces to
@@ -19,7 +20,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, start_s=0.0) -> dict[str, np.ndarray]:
+def per_round(ckpt_s, rounds: int) -> np.ndarray:
+    """ckpt_s, one number or one per round, as one per round."""
+    return np.broadcast_to(np.asarray(ckpt_s, dtype=float), (rounds,))
+
+
+def run_analytic(compute: np.ndarray, comm_s, ckpt_s=0.0, start_s=0.0) -> dict[str, np.ndarray]:
     """Arrays (rounds × nodes) of compute_s, idle_s, comm_s, round_start_s, round_end_s; comm_s
     one number, or one per node (nodes whose sync ends at different times, simulator/network.py
     node_sync_offsets_s): a node that ends its sync early starts its next round early. start_s:
@@ -27,8 +33,9 @@ def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, start_s=0.0) 
     before them run as chunks, each from next_start_s of the previous (the same additions)."""
     rounds, n = compute.shape
     comm = np.asarray(comm_s, dtype=float)
+    ckpt = per_round(ckpt_s, rounds).tolist()
     if comm.ndim == 0:
-        return _run_aligned(compute, float(comm), ckpt_s, float(np.max(start_s)))
+        return _run_aligned(compute, float(comm), ckpt, float(np.max(start_s)))
     start = np.empty((rounds, n))
     barrier = np.empty(rounds)
     now = np.broadcast_to(np.asarray(start_s, dtype=float), (n,))
@@ -36,8 +43,8 @@ def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, start_s=0.0) 
         start[r] = now
         barrier[r] = (now + compute[r]).max()
         now = barrier[r] + comm
-        if ckpt_s:
-            now = now + ckpt_s
+        if ckpt[r]:
+            now = now + ckpt[r]
     finish = start + compute
     end = barrier[:, None] + comm
     return {"compute_s": compute, "idle_s": barrier[:, None] - finish, "comm_s": np.broadcast_to(comm, compute.shape),
@@ -46,12 +53,12 @@ def run_analytic(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, start_s=0.0) 
 
 def next_start_s(out: dict[str, np.ndarray], ckpt_s: float = 0.0):
     """When the round after a chunk of run_analytic's (or run_simpy's) rounds starts: each node's
-    end of the last sync, then the checkpoint (the additions the unchunked loop makes)."""
+    end of the last sync, then the checkpoint after it, ckpt_s (the additions the unchunked loop makes)."""
     end = np.asarray(out["round_end_s"])[-1]
     return end + ckpt_s if ckpt_s else end
 
 
-def _run_aligned(compute: np.ndarray, comm_s: float, ckpt_s: float, start_s: float = 0.0) -> dict[str, np.ndarray]:
+def _run_aligned(compute: np.ndarray, comm_s: float, ckpt: list, start_s: float = 0.0) -> dict[str, np.ndarray]:
     """run_analytic when every node syncs for comm_s: every round starts at one time for all."""
     rounds, n = compute.shape
     start = np.empty(rounds)
@@ -60,8 +67,8 @@ def _run_aligned(compute: np.ndarray, comm_s: float, ckpt_s: float, start_s: flo
     for r in range(rounds):  # a scalar recurrence: rounds is small next to nodes
         start[r] = now
         now = (now + slowest[r]) + comm_s
-        if ckpt_s:
-            now = now + ckpt_s
+        if ckpt[r]:
+            now = now + ckpt[r]
     finish = start[:, None] + compute
     barrier = start + slowest
     idle = barrier[:, None] - finish
@@ -87,7 +94,7 @@ def wait_split(merge_point, start, end, outer_s=0.0):
 
 
 def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, outer_s, fragments: int,
-                           ckpt_s: float = 0.0, record: bool = True, syncs: int | None = None,
+                           ckpt_s=0.0, record: bool = True, syncs: int | None = None,
                            node_offsets_s=None, state=None) -> dict[str, np.ndarray]:
     """Streaming DiLoCo's fragment syncs as a max-plus recurrence over them, vectorised over nodes
     (and over scenarios: a leading axis S, as the `streaming` strategy and the sweep use it).
@@ -98,7 +105,7 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
 
         sync point  x_i = c_i + pre_i;      all-reduce start  s = max(max_i x_i, e_{k−1})
         merge point m_i = x_i + delay_i;    all-reduce end    e = s + allreduce_s
-        c_i ← max(m_i, e) + outer_s   (then + ckpt_s after a round's last fragment)
+        c_i ← max(m_i, e) + outer_s   (then + the round's ckpt_s after its last fragment)
 
     (e_{k−1}: one process group runs its all-reduces in issue order.) node_offsets_s (n,), ≤ 0:
     each node's own end of the all-reduce, e_i = e + offset_i, measured per node on unequal links
@@ -129,7 +136,8 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     fields = (*STREAM_FIELDS, "node_end_s")
     rec = {name: np.empty((k_total, *shape)) for name in fields} if record else None
     ends = np.empty((2, k_total, *shape[:-1])) if record else None
-    periodic = not record and period == fragments and k_total > period
+    ckpt = per_round(ckpt_s, -(-k_total // fragments))
+    periodic = not record and period == fragments and k_total > period and bool(np.all(ckpt == ckpt[0]))
     seen = None  # at the end of the previous round: (normalised state, totals, latest clock)
     for k in range(k_total):
         if periodic and k % period == 0 and k:
@@ -154,7 +162,8 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
             for name, value in zip(fields, (clock, sync_point, merge_point, resume, end_c)):
                 rec[name][k] = value
             ends[0, k], ends[1, k] = start, end
-        clock = resume + ckpt_s if ckpt_s and (k + 1) % fragments == 0 else resume
+        due = ckpt[k // fragments] if (k + 1) % fragments == 0 else 0.0
+        clock = resume + due if due else resume
     if not record:
         return {**totals, "wall_s": resume.max(axis=-1)}
     return {**rec, "start_s": ends[0], "end_s": ends[1]}

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 import numpy as np
 import simpy
 
+from simulator.engine_analytic import per_round
+
 
 @contextmanager
 def collector_paused():
@@ -64,20 +66,21 @@ class Recorder:
         self.per_node: list[list[float]] = [[] for _ in range(nodes)]
 
 
-def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, ckpt_s: float = 0.0):
+def node_process(env, compute_s: np.ndarray, comm_s: float, barrier: Barrier, ckpt_s: list):
     timeout, wait = env.timeout, barrier.wait
-    for busy_s in compute_s.tolist():
+    for busy_s, after_s in zip(compute_s.tolist(), ckpt_s):
         yield timeout(busy_s)
         yield wait()
         yield timeout(comm_s)
-        if ckpt_s:  # the checkpoint after each sync, before the next round starts
-            yield timeout(ckpt_s)
+        if after_s:  # the round's checkpoint, after its sync, before the next round starts
+            yield timeout(after_s)
 
 
-def run_simpy(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, emit=None,
+def run_simpy(compute: np.ndarray, comm_s, ckpt_s=0.0, emit=None,
               chunk_rounds: int = 0) -> dict[str, np.ndarray] | None:
     """Simulate rounds × nodes; arrays (rounds × nodes) of the timeline columns. comm_s: one
     number, or one per node (each node's own sync time; it starts its next round when it ends).
+    ckpt_s: the checkpoint after a round's sync, one number or one per round.
     emit(arrays, first_round): called with every chunk_rounds rounds as they finish (the last
     chunk shorter); then nothing is returned.
 
@@ -87,13 +90,15 @@ def run_simpy(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, emit=None,
     env = simpy.Environment()
     rounds, n = compute.shape
     comm = np.broadcast_to(np.asarray(comm_s, dtype=float), (n,))
+    ckpt = per_round(ckpt_s, rounds)
     released: list[float] = []  # per round, the barrier's release time
     state = {"flushed": 0, "start": np.zeros(n), "out": []}
 
     def flush(upto: int) -> None:  # rounds < upto have ended on every node
         first = state["flushed"]
         if upto > first:
-            arrays = _replay(compute[first:upto], np.array(released[:upto - first]), comm, ckpt_s, state["start"])
+            arrays = _replay(compute[first:upto], np.array(released[:upto - first]), comm, ckpt[first:upto],
+                             state["start"])
             del released[:upto - first]
             state["flushed"], state["start"] = upto, arrays.pop("next_start_s")
             (emit or (lambda a, _: state["out"].append(a)))(arrays, first)
@@ -105,7 +110,7 @@ def run_simpy(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, emit=None,
 
     barrier = Barrier(env, n, on_release)
     for i in range(n):
-        env.process(node_process(env, compute[:, i], float(comm[i]), barrier, ckpt_s))
+        env.process(node_process(env, compute[:, i], float(comm[i]), barrier, ckpt.tolist()))
     with collector_paused():
         env.run()
     flush(rounds)
@@ -115,13 +120,13 @@ def run_simpy(compute: np.ndarray, comm_s, ckpt_s: float = 0.0, emit=None,
     return out[0] if len(out) == 1 else {k: np.concatenate([a[k] for a in out]) for k in out[0]}
 
 
-def _replay(compute: np.ndarray, released: np.ndarray, comm: np.ndarray, ckpt_s: float,
+def _replay(compute: np.ndarray, released: np.ndarray, comm: np.ndarray, ckpt_s: np.ndarray,
             start_s: np.ndarray) -> dict[str, np.ndarray]:
     """The timeline arrays of rounds whose barrier released at `released`, from each node's start
     of the first (start_s): per round, done = start + compute, end = released + comm, the next
-    start = end (+ ckpt_s): the additions SimPy's clock made, so the same numbers bit for bit."""
+    start = end (+ the round's ckpt_s): the additions SimPy's clock made, so the same numbers bit for bit."""
     end = released[:, None] + comm
-    after = end + ckpt_s if ckpt_s else end
+    after = end + ckpt_s[:, None]
     start = np.vstack([start_s[None, :], after[:-1]])
     done = start + compute
     return {"compute_s": done - start, "idle_s": released[:, None] - done, "comm_s": end - released[:, None],
@@ -189,7 +194,7 @@ class FragmentSync:
 
 
 def stream_node_process(env, node: int, pre: list, delay: list, outer_s: float, sync: FragmentSync, record,
-                        fragments: int, ckpt_s: float = 0.0):
+                        fragments: int, ckpt_s: list):
     """One node: per fragment sync, compute to the sync point, start the all-reduce, compute the τ
     steps to the merge point, wait there for its end of the all-reduce, apply the outer step."""
     timeout, arrive = env.timeout, sync.arrive
@@ -207,12 +212,12 @@ def stream_node_process(env, node: int, pre: list, delay: list, outer_s: float, 
         if outer_s:
             yield timeout(outer_s)
         record((begin, sync_point, merge_point, env.now))
-        if ckpt_s and (k + 1) % fragments == 0:
-            yield timeout(ckpt_s)
+        if (k + 1) % fragments == 0 and ckpt_s[k // fragments]:
+            yield timeout(ckpt_s[k // fragments])
 
 
 def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, outer_s: float, fragments: int,
-                        ckpt_s: float = 0.0, node_offsets_s=None, emit=None,
+                        ckpt_s=0.0, node_offsets_s=None, emit=None,
                         chunk_syncs: int = 0) -> dict[str, np.ndarray] | None:
     """pre, delay (K × nodes): the fragment syncs' compute segments; the arrays of
     engine_analytic.run_streaming_analytic(record=True). emit(arrays, first_sync): called with
@@ -221,6 +226,7 @@ def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, 
     env = simpy.Environment()
     k_total, n = pre.shape
     recorder = Recorder(n)
+    ckpt = per_round(ckpt_s, -(-k_total // fragments)).tolist()
     state = {"flushed": 0}  # syncs handed on (and dropped from the records)
 
     def flush(upto: int) -> None:
@@ -238,7 +244,7 @@ def run_streaming_simpy(pre: np.ndarray, delay: np.ndarray, allreduce_s: float, 
     sync = FragmentSync(env, n, float(allreduce_s), node_offsets_s, on_arrived)
     for i in range(n):  # each node extends one flat list of floats
         env.process(stream_node_process(env, i, pre[:, i].tolist(), delay[:, i].tolist(), float(outer_s), sync,
-                                        recorder.per_node[i].extend, fragments, ckpt_s))
+                                        recorder.per_node[i].extend, fragments, ckpt))
     with collector_paused():
         env.run()
     if emit is None:

@@ -7,6 +7,8 @@
 - kind `outer_step`: the executor's outer step over `size` parameters (pseudo-gradient,
   Nesterov SGD, copy back into the model), run on every rank at once (the slowest rank's time);
 - kind `checkpoint`: writing a checkpoint of `size` bytes as the executor does (temp, rename);
+- kind `snapshot`: copying `size` bytes of state into host memory, the part of a checkpoint that
+  blocks training (the write runs in the background; real/checkpoint.py);
 - kinds `encode` / `decode`: real/sync.py's encode() of `size` fp32 elements into
   `payload_dtype` (fp16 cast; int8 with one fp32 scale per 256 values) and decode() back.
 
@@ -16,7 +18,7 @@ One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV. `Net
       t = 2(n−1)·latency + 2(n−1)/n · 8·bytes / bandwidth
   (linear in latency and 1/bandwidth; relative residuals, as step-time profiles are fitted,
   because sizes span orders of magnitude);
-- outer step t = a + c·params, checkpoint t = a + bytes / write_rate, each by the same
+- outer step t = a + c·params, checkpoint t = a + bytes / write_rate, snapshot likewise, each by the same
   weighted least squares;
 - encode and decode, per payload dtype, t = a + c·bytes, bytes the fp32 values' (4 per
   element) whichever way the data flows, so the fits of the three dtypes compare per byte of
@@ -116,6 +118,7 @@ class NetworkModel:
     # repeat's slowest process; shaped_by_node: (node, the same four), each node's own times.
     shaped: tuple[tuple[str, str, float, float], ...] = ()
     shaped_by_node: tuple[tuple[str, str, str, float, float], ...] = ()
+    snapshot: AffineFit | None = None  # copying a checkpoint's state to host memory (None: not measured)
 
     @property
     def codec_measured(self) -> bool:
@@ -133,7 +136,7 @@ def read_network_profile(path: str | Path) -> NetworkModel:
                 & (data.collective == "ring") & (data.backend != SHAPED_BACKEND)]
     shaped_all = data[(data.kind == "all_reduce") & (data.backend == SHAPED_BACKEND)]
     shaped, by_node = shaped_all[shaped_all.node == ""], shaped_all[shaped_all.node != ""]
-    outer, ckpt = data[data.kind == "outer_step"], data[data.kind == "checkpoint"]
+    outer, ckpt, snap = (data[data.kind == k] for k in ("outer_step", "checkpoint", "snapshot"))
     codec = data[data.kind.isin(CODEC_KINDS)]
     if ring.empty and outer.empty and ckpt.empty and codec.empty and shaped_all.empty:
         raise NetProfileError(f"{path}: no rows; expected measurements from geodt calibrate network")
@@ -145,6 +148,7 @@ def read_network_profile(path: str | Path) -> NetworkModel:
         source=str(path), ring=ring_fit,
         outer_step=fit_affine(outer["size"], outer.seconds) if len(outer) else None,
         checkpoint=fit_affine(ckpt["size"], ckpt.seconds) if len(ckpt) else None,
+        snapshot=fit_affine(snap["size"], snap.seconds) if len(snap) else None,
         codec=tuple(((kind, dtype), fit_affine(4 * rows["size"], rows.seconds))
                     for (kind, dtype), rows in codec.groupby(["kind", "payload_dtype"], sort=True)),
         shaped=tuple((r.payload_dtype, r.collective, float(r.size), float(r.seconds))

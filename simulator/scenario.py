@@ -24,7 +24,8 @@ from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_na
                             limit)
 # Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
 from formats.plan import CHECKPOINTING, SHARDINGS
-from formats.scenario import COMPILE_MODES, DilocoConfig, ModelSection
+from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, DilocoConfig, ModelSection,
+                              check_checkpoint_every)
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from simulator.drift import DriftEvent
@@ -72,8 +73,10 @@ class TrainingConfig:
     sharding: str = "auto"
     activation_checkpointing: str = "auto"
     compile: str = "auto"  # the step's torch.compile'd blocks: auto (GPU nodes) | on | off (formats/scenario.py)
+    checkpoint_every: int = CHECKPOINT_EVERY_DEFAULT  # rounds between checkpoints (simulator/checkpoints.py)
 
     def __post_init__(self) -> None:
+        check_checkpoint_every(self.checkpoint_every, "checkpoint_every")
         require_positive(self, "rounds", "local_steps", "batch_size")
         limit(self, "rounds", "local_steps", "batch_size")
         require_choice(self, "compile", COMPILE_MODES)

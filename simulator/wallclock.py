@@ -1,4 +1,4 @@
-"""A run's whole wall clock, predicted: startup, the rounds, and the checkpoints after the syncs.
+"""A run's whole wall clock, predicted: startup, the rounds, and the checkpoints after them.
 
 The timeline (simulator/engine.py) holds the rounds and the checkpoints between them: its last
 round ends at max(round_end_s). A run also pays, once,
@@ -9,20 +9,20 @@ round ends at max(round_end_s). A run also pays, once,
   steady steps of any measured batch); nodes without measured warm-up (catalog, given step
   times, profiles from before the warmup columns) count 0, and `note` says so. The run waits
   for its slowest starter at the first barrier, so the largest counts.
-- the checkpoint after the last sync (the executor writes one after every round; between
-  rounds the timeline already holds them), from the network profile's measured write rate
-  (`simulator.network.checkpoint_s`; 0 without one).
+- the checkpoint after the last round: its snapshot, then its whole write, which the run waits
+  for before it ends (simulator/checkpoints.py; the timeline already holds the checkpoints
+  between rounds; 0 without a network profile).
 
-    wall_s = max_i startup_i + max(round_end_s) + checkpoint_s
+    wall_s = max_i startup_i + max(round_end_s) + last_checkpoint_s
 
-`geodt validate` compares it with the run's measured wall clock: the last round's end plus its
-checkpoint, on each node's clock (trace.csv), the latest node's.
+`geodt validate` compares it with the run's measured wall clock: the last round's end, its
+checkpoint's blocking part and its write, on each node's clock (trace.csv), the latest node's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from simulator.network import checkpoint_s
+from simulator.checkpoints import checkpoint_cost
 from simulator.timing import node_timings
 
 
@@ -46,15 +46,23 @@ def predicted_wall_clock(scenario, timeline) -> WallClock:
     unmeasured = [t.node.name for t in timings if not t.startup_measured]
     note = (f"startup of {', '.join(unmeasured[:3])}{' and others' if len(unmeasured) > 3 else ''} not measured "
             "(no profile with warm-up columns): counted 0") if unmeasured else ""
+    by_round = timeline.groupby("round")
+    round_s = (by_round["round_end_s"].max() - by_round["round_start_s"].min()).to_numpy()
+    cost = checkpoint_cost(scenario)
+    last = float(cost.block_s(round_s)[-1]) + cost.write_s if len(round_s) else 0.0
     return WallClock(startup_s=max(t.startup_s for t in timings), rounds_s=float(timeline["round_end_s"].max()),
-                     last_checkpoint_s=checkpoint_s(scenario), note=note)
+                     last_checkpoint_s=last, note=note)
 
 
 def measured_wall_s(trace, time_scale: float = 1.0) -> float:
     """A run's measured wall clock from its trace.csv: the latest node's last round end plus the
-    checkpoint written after it (each node on its own clock, from the run's start); NaN for a
-    trace without round ends."""
+    checkpoint after it, its blocking part and its background write, which the run waits for
+    before it ends (each node on its own clock, from the run's start); NaN for a trace without
+    round ends."""
     if "round_end_s" not in trace:
         return float("nan")
-    ckpt = trace["ckpt_s"].fillna(0.0) if "ckpt_s" in trace else 0.0
-    return float((trace["round_end_s"] + ckpt).max()) / time_scale
+    end = trace["round_end_s"].copy()
+    for column in ("ckpt_block_s", "ckpt_background_s"):
+        if column in trace:
+            end = end + trace[column].fillna(0.0)
+    return float(end.max()) / time_scale

@@ -102,14 +102,15 @@ def test_calibrate_network_measures_real_processes(tmp_path):
                  "--out", str(out)]) == 0
     frame = pd.read_csv(out)
     assert list(frame.columns) == list(NET_COLUMNS + OPTIONAL_COLUMNS)
-    assert sorted(frame.kind.unique()) == ["all_reduce", "checkpoint", "decode", "encode", "outer_step"]
-    # 64 KiB ... 16 MiB (x4 per size): all-reduce, outer step, checkpoint, and encode + decode per dtype.
-    assert len(frame) == (3 + 2 * 3) * 5
+    assert sorted(frame.kind.unique()) == ["all_reduce", "checkpoint", "decode", "encode", "outer_step", "snapshot"]
+    # 64 KiB ... 16 MiB (x4 per size): all-reduce, outer step, checkpoint, snapshot, and encode + decode per dtype.
+    assert len(frame) == (4 + 2 * 3) * 5
     codec = frame[frame.kind.isin(["encode", "decode"])]
     assert sorted(codec.payload_dtype.unique()) == ["fp16", "fp32", "int8"]
     assert sorted(codec["size"].unique()) == [(64 << 10) // 4 * 4 ** k for k in range(5)]  # elements
     model = read_network_profile(out)
     assert model.ring.bandwidth_bps > 0 and model.outer_step.per_unit_s > 0
+    assert model.snapshot.per_unit_s > 0  # copying 16 MiB costs more than copying 64 KiB
     assert model.codec_measured and model.codec_fit("encode", "int8").per_unit_s > 0
     assert not list(tmp_path.glob(".*"))  # no temp files or checkpoint directory left behind
 

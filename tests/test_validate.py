@@ -266,7 +266,9 @@ def test_validation_table_compares_the_whole_wall_clock(tmp_path):
     # startup: the larger of 1.2 − 2 × 0.1 = 1.0 and 0.5 − 2 × 0.2 = 0.1; no network profile: no checkpoint
     assert (wall.startup_s, wall.rounds_s, wall.last_checkpoint_s) == (pytest.approx(1.0), 0.8, 0.0)
     assert wall.wall_s == pytest.approx(1.8) and "b not measured" in wall.note
-    trace = timeline.assign(overrun_steps=0, round_end_s=[1.0, 1.1, 1.6, 1.7], ckpt_s=[0.1, 0.1, 0.2, 0.3])
+    # the last round's end, its checkpoint's blocking part and the write the run waits for
+    trace = timeline.assign(overrun_steps=0, round_end_s=[1.0, 1.1, 1.6, 1.7], ckpt_block_s=[0.1, 0.1, 0.2, 0.2],
+                            ckpt_background_s=[float("nan"), float("nan"), 0.05, 0.1])
     assert measured_wall_s(trace) == pytest.approx(2.0) and measured_wall_s(trace, 0.5) == pytest.approx(4.0)
     table = validation_table(timeline, trace, 1.0, wall=WallClock(1.0, 0.8, 0.0, ""))
     assert list(table["predicted_wall_s"]) == [1.8, 1.8] and list(table["measured_wall_s"]) == [2.0, 2.0]

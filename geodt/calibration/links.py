@@ -9,7 +9,8 @@ each, `--repeats` times:
   numbers of parameters, split into 1 Mi-parameter tensors as a model's layers are, on every
   rank at once (they all run it in a real sync; the slowest rank's time is kept);
 - a checkpoint write of the same numbers of bytes (torch.save to a temp name, rename), on
-  every rank at once into the output's directory, as real/checkpoint.py writes;
+  every rank at once into the output's directory, as real/checkpoint.py writes, and the
+  snapshot before it (a fresh host copy of the state, the part that blocks training);
 - per payload dtype (fp32, fp16, int8), real/sync.py's encode() of the same numbers of fp32
   elements and decode() back, on every rank at once, as every node encodes in a real sync
   (rows `encode` / `decode`, size in elements, column payload_dtype).
@@ -269,6 +270,10 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
             os.replace(tmp, path)
         rows.append(("checkpoint", size, slowest(_time_all(repeats, save, barrier))))
         path.unlink(missing_ok=True)
+
+        def snapshot():  # the blocking part of real/checkpoint.py's save: fresh host copies
+            return [p.detach().to("cpu", copy=True) for p in params]
+        rows.append(("snapshot", size, slowest(_time_all(repeats, snapshot, barrier))))
         rows.extend(codec_rows(size // 4, repeats, barrier, slowest))
         if rank == 0 and queue is not None:
             queue.put(("progress", 1))
@@ -276,6 +281,12 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
         queue.put(("rows", rows))
     barrier()
     dist.destroy_process_group()
+
+
+def _affine_rate(fit) -> str:
+    """'a ms + r Gbit/s' of a bytes fit."""
+    rate = f"{8 / fit.per_unit_s / 1e9:.2f} Gbit/s" if fit.per_unit_s > 0 else "no cost per byte"
+    return f"{fit.fixed_s * 1e3:.3f} ms + {rate}"
 
 
 def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
@@ -491,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all-reduce (ring fit over {', '.join(map(str, args.processes))} processes): latency "
           f"{ring.latency_ms:.3f} ms, bandwidth {ring.bandwidth_gbps:.2f} Gbit/s")
     print(f"outer step: {outer.fixed_s * 1e3:.3f} ms + {outer.per_unit_s * 1e9:.3f} ns/parameter")
-    print(f"checkpoint: {ckpt.fixed_s * 1e3:.3f} ms + {8 / ckpt.per_unit_s / 1e9:.2f} Gbit/s write")
+    print(f"checkpoint: {_affine_rate(ckpt)} write; snapshot (blocks training) {_affine_rate(model.snapshot)}")
     print(codec_summary(model))
     print(f"wrote {out}")
     return 0

@@ -1,0 +1,72 @@
+"""What a run's checkpoints cost its timeline (the executor's: real/checkpoint.py).
+
+After every `[training] checkpoint_every`-th round and after the run's last, the executor stops
+training for a snapshot of the state into host memory, then writes it in the background while
+the next rounds train; a checkpoint that comes due while the previous write still runs waits
+for it, and the run ends when the last write has. With the network profile's fits
+(simulator/netfit.py) of the snapshot and of the write of B = CHECKPOINT_BYTES_PER_PARAM ×
+parameters bytes (every node writes the same state, so it delays every node alike):
+
+    block_r = snapshot(B) + max(0, write(B) − the rounds' time since the previous checkpoint)
+              for a round r that ends in a checkpoint, else 0
+    the run's end = the last round's end + block_last + write(B)
+
+The rounds' time between two checkpoints is each round's longest node (its compute and sync),
+which the checkpoints themselves do not change. A profile without `snapshot` rows (measured
+before the executor wrote in the background) prices each checkpoint as a write that blocks,
+and nothing after it; without a network profile checkpoints cost 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+
+
+@dataclass(frozen=True)
+class CheckpointCost:
+    """One checkpoint's seconds: the snapshot that blocks training, the write behind it."""
+
+    every: int          # rounds between checkpoints
+    snapshot_s: float   # blocks every node
+    write_s: float      # in the background (0 where the profile prices the write as blocking)
+    note: str           # how it was priced, for a summary line
+
+    def due(self, rounds: int) -> np.ndarray:
+        """Per round (0-based), whether it ends in a checkpoint: every `every`-th, and the last."""
+        done = np.arange(1, rounds + 1)
+        return (done % self.every == 0) | (done == rounds)
+
+    def block_s(self, round_s: np.ndarray) -> np.ndarray:
+        """Seconds training stops after each round, from each round's own time without checkpoints."""
+        due = self.due(len(round_s))
+        block = np.zeros(len(round_s))
+        if not (self.snapshot_s or self.write_s):
+            return block
+        since = np.inf  # no write in flight before the first checkpoint
+        for r in range(len(round_s)):
+            since += round_s[r]
+            if due[r]:
+                block[r] = self.snapshot_s + max(0.0, self.write_s - since)
+                since = 0.0
+        return block
+
+
+def checkpoint_cost(scenario) -> CheckpointCost:
+    """The scenario's checkpoints priced from its network profile (module docstring)."""
+    every = scenario.training.checkpoint_every
+    model = scenario.network_model
+    if model is None or model.checkpoint is None:
+        return CheckpointCost(every, 0.0, 0.0, "not priced (no network profile with checkpoint rows)")
+    size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
+    write_s = model.checkpoint(size)
+    if model.snapshot is None:
+        return CheckpointCost(every, write_s, 0.0, "the write priced as blocking (the profile has no snapshot rows)")
+    return CheckpointCost(every, model.snapshot(size), write_s, "snapshot blocks, the write runs behind the rounds")
+
+
+def round_s(compute: np.ndarray, comm_s) -> np.ndarray:
+    """Each round's time without checkpoints: its longest node's compute, then the longest sync."""
+    return compute.max(axis=1) + float(np.max(comm_s))

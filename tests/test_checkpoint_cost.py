@@ -1,0 +1,119 @@
+"""The simulator prices the executor's checkpoints: every k rounds and after the last, a snapshot
+that blocks, a write in the background (simulator/checkpoints.py)."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.checkpoints import CheckpointCost
+from tests.test_netprofile import SCENARIO, _rows
+
+
+def test_a_checkpoint_blocks_for_its_snapshot_and_for_a_write_still_running():
+    cost = CheckpointCost(every=3, snapshot_s=0.1, write_s=1.0, note="")
+    assert cost.due(7).tolist() == [False, False, True, False, False, True, True]
+    block = cost.block_s(np.full(7, 0.2))
+    # round 2: the first write; round 5: 0.6 s of rounds since, 0.4 s of it left; round 6 (the last): 0.8 s
+    assert block == pytest.approx([0, 0, 0.1, 0, 0, 0.5, 0.9], abs=1e-12)
+    assert CheckpointCost(1, 0.0, 0.0, "").block_s(np.ones(3)).tolist() == [0.0, 0.0, 0.0]
+
+
+def _snapshot_rows(fixed_s=2e-4, copy_bps=80e9):
+    rows = _rows()
+    snap = rows[rows.kind == "checkpoint"].copy()
+    snap["kind"] = "snapshot"
+    seconds = fixed_s + 8 * snap["size"] / copy_bps
+    for column in ("seconds_median", "seconds_p10", "seconds_p90"):
+        snap[column] = seconds
+    return pd.concat([rows, snap])
+
+
+@pytest.mark.parametrize("engine", ["simpy", "analytic"])
+def test_checkpoint_every_k_rounds_delays_only_those_rounds(tmp_path, write_scenario, engine):
+    from simulator.checkpoints import checkpoint_cost
+    from simulator.engine import simulate
+    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    _snapshot_rows().to_csv(tmp_path / "net.csv", index=False)
+    text = SCENARIO.replace("rounds = 2\n", "rounds = 5\ncheckpoint_every = 2\n")
+    scenario = load_scenario(str(write_scenario(text)))
+    cost = checkpoint_cost(scenario)
+    size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
+    assert cost.snapshot_s == pytest.approx(2e-4 + 8 * size / 80e9, rel=1e-9)
+    assert cost.write_s == pytest.approx(1e-3 + 8 * size / 4e9, rel=1e-9)
+    timeline = simulate(scenario, make_plan(scenario, "baseline"), engine=engine)
+    by_round = timeline.groupby("round")
+    gaps = (by_round.round_start_s.min().iloc[1:].to_numpy() - by_round.round_end_s.max().iloc[:-1].to_numpy())
+    # after rounds 2 and 4 (1-based) a snapshot; the write hides behind the rounds (they are seconds long)
+    assert gaps == pytest.approx([0.0, cost.snapshot_s, 0.0, cost.snapshot_s], abs=1e-12)
+
+
+def test_a_profile_without_snapshot_rows_prices_the_write_as_blocking(tmp_path, write_scenario):
+    from simulator.checkpoints import checkpoint_cost
+    from simulator.scenario import load_scenario
+
+    _rows().to_csv(tmp_path / "net.csv", index=False)
+    cost = checkpoint_cost(load_scenario(str(write_scenario(SCENARIO))))
+    assert cost.write_s == 0.0 and cost.snapshot_s > 0 and cost.every == 1 and "blocking" in cost.note
+
+
+def test_the_predicted_wall_clock_waits_for_the_last_write(tmp_path, write_scenario):
+    from simulator.checkpoints import checkpoint_cost
+    from simulator.engine import simulate
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+    from simulator.wallclock import predicted_wall_clock
+
+    _snapshot_rows().to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(write_scenario(SCENARIO.replace("rounds = 2\n", "rounds = 3\ncheckpoint_every = 2\n"))))
+    timeline = simulate(scenario, make_plan(scenario, "baseline"), engine="analytic")
+    wall = predicted_wall_clock(scenario, timeline)
+    cost = checkpoint_cost(scenario)
+    assert wall.rounds_s == pytest.approx(timeline.round_end_s.max())
+    assert wall.last_checkpoint_s == pytest.approx(cost.snapshot_s + cost.write_s, rel=1e-9)
+
+
+def test_checkpoint_every_is_checked_like_every_training_key(write_scenario):
+    from formats.errors import InputError
+    from simulator.scenario import load_scenario
+
+    text = SCENARIO.replace('profile = "net.csv"\n', "").replace("rounds = 2\n", "rounds = 2\ncheckpoint_every = 0\n")
+    with pytest.raises(InputError, match="training.checkpoint_every: expected a positive integer"):
+        load_scenario(str(write_scenario(text)))
+
+
+@pytest.mark.parametrize("strategy", ["baseline", "streaming"])
+def test_checkpoints_every_k_rounds_chunk_exactly_and_agree_across_engines(tmp_path, write_scenario, strategy):
+    """Per-round checkpoints (every 3rd of 7, and a write long enough that the next one waits for
+    it) through the chunked paths: the whole run's tables bit for bit; SimPy and analytic agree."""
+    from simulator.checkpoints import checkpoint_cost
+    from simulator.engine import simulate_chunks, simulate_syncs
+    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    text = SCENARIO.replace("rounds = 2\n", "rounds = 7\ncheckpoint_every = 3\n") + "[simulation]\njitter_cv = 0.1\n"
+    _snapshot_rows().to_csv(tmp_path / "net.csv", index=False)
+    size = CHECKPOINT_BYTES_PER_PARAM * load_scenario(str(write_scenario(text))).model.param_count
+    rows = _snapshot_rows()
+    slow_write = rows["size"] / size * 4.0  # 4 s for the checkpoint: longer than 3 rounds
+    for column in ("seconds_median", "seconds_p10", "seconds_p90"):
+        rows[column] = np.where(rows.kind == "checkpoint", slow_write, rows[column])
+    rows.to_csv(tmp_path / "net.csv", index=False)
+    scenario = load_scenario(str(write_scenario(text)))
+    assert checkpoint_cost(scenario).write_s == pytest.approx(4.0, rel=0.01)
+    plan = make_plan(scenario, strategy)
+    results = {}
+    for engine in ("simpy", "analytic"):
+        timeline, syncs = simulate_syncs(scenario, plan, engine)
+        for chunk in (1, 3, 100):
+            parts = []
+            simulate_chunks(scenario, plan, engine, lambda t, s: parts.append((t, s)), chunk)
+            pd.testing.assert_frame_equal(pd.concat([t for t, _ in parts], ignore_index=True), timeline,
+                                          check_exact=True)
+        results[engine] = timeline
+    pd.testing.assert_frame_equal(results["simpy"], results["analytic"], rtol=1e-12)
+    by_round = results["analytic"].groupby("round")
+    gaps = by_round.round_start_s.min().iloc[1:].to_numpy() - by_round.round_end_s.max().iloc[:-1].to_numpy()
+    assert (gaps[[0, 1, 3, 4]] == 0).all() and gaps[2] > 0 and gaps[5] > gaps[2]  # the 2nd waits for the 1st write
