@@ -58,7 +58,10 @@ under autocast, torch 2.13): its activations move EAGER_ACT_BYTES_* per token (a
 count: fp32 RMSNorm in several kernels, casts, rotary's cat/neg/mul, GQA's repeat_kv copies) and
 LOSS the vocabulary's EAGER_LOSS_BYTES_PER_VOCAB; it launches EAGER_KERNELS_PER_LAYER kernels per
 layer; and its many small kernels stream at EAGER_BANDWIDTH_FRACTION of the peak bandwidth.
-Matmuls and attention are the same kernels in both (cuBLAS, SDPA's flash attention).
+Matmuls and attention are the same kernels in both (cuBLAS, SDPA's flash attention). And the
+host must dispatch every op of the eager step (EAGER_HOST_OPS, counted by
+benchmarks/count_step_ops.py) at HOST_S_PER_OP each: where the device would finish sooner
+(small batches, fast GPUs) the step takes the host's time, max(device, host).
 """
 from __future__ import annotations
 
@@ -139,6 +142,15 @@ EAGER_KERNELS_PER_LAYER = 144
 # copy reaches: 4,242 GB/s of the H200's 4,800 (measured on an H200, 2026-11-26, ../shared/gpu/README.md;
 # other parts: the same fraction, an assumption).
 EAGER_BANDWIDTH_FRACTION = 4242 / 4800
+# The host's side of the eager step: the ops it dispatches (benchmarks/count_step_ops.py, torch 2.13,
+# transformers' Llama, fused AdamW; fp16 with its GradScaler): per decoder layer, more per layer with
+# grouped-query attention (repeat_kv), and once. Each costs the host "~5–25 µs of CPU-side work per op"
+# (Python, binding, autograd, dispatcher, launch: J. Lin, "From PyTorch op to kernel launch",
+# jiahuanglin.xyz, lesson 18), taken at the middle, 15 µs. The H200 host's host-bound rows agree
+# (../shared/gpu): llama-150m at batch 1 took 49.8 ms for 3,319 ops (15.0 µs each), llama-1b 89.9 ms
+# for 6,309 (14.2 µs). A compiled step dispatches a few fused kernels per block: not counted.
+EAGER_HOST_OPS = {"bf16": (266, 15, 127), "fp16": (266, 15, 139), "fp32": (232, 15, 121)}
+HOST_S_PER_OP = 15e-6
 RECOMPUTE = ("none", "full", "selective-op")
 # Compute runs this much slower while a collective runs beside it: the average over GPT and LLaMA
 # training workloads on 4 A100s, H100s, MI250s and MI210s ("Characterizing
@@ -201,6 +213,7 @@ class StepEstimate:
     launch_s: float     # per micro-step
     optimizer_s: float  # per optimizer step
     comm_s: float = 0.0  # per micro-step: collectives that run behind the compute (FSDP)
+    host_s: float = 0.0  # per micro-step: the host dispatching the eager step's ops (0: not counted)
 
     @property
     def fixed_s(self) -> float:
@@ -212,10 +225,24 @@ class StepEstimate:
         array when there are no collectives)."""
         compute_s = self.weights_s + self.launch_s + self.sample_s * batch
         micro_s = overlapped_s(compute_s, self.comm_s) if self.comm_s else compute_s
-        return accum * micro_s + self.optimizer_s
+        return host_bound(accum * micro_s + self.optimizer_s, accum * self.host_s)
 
     def tokens_per_s(self, batch: int, seq_len: int, accum: int = 1) -> float:
         return accum * batch * seq_len / self.step_s(batch, accum)
+
+
+def host_bound(device_s, host_s):
+    """A step's time when the host dispatches its ops while the device runs them: the longer
+    (elementwise for arrays; the same operation wherever the estimate is evaluated)."""
+    import numpy as np
+
+    return np.maximum(device_s, host_s)
+
+
+def eager_host_s(shape: "Shape", dtype: str) -> float:
+    """The host's seconds to dispatch one eager step of `shape` (EAGER_HOST_OPS × HOST_S_PER_OP)."""
+    per_layer, gqa, fixed = EAGER_HOST_OPS[dtype]
+    return (fixed + shape.layers * (per_layer + (gqa if shape.kv_heads < shape.heads else 0))) * HOST_S_PER_OP
 
 
 def overlapped_s(compute_s: float, comm_s: float) -> float:
@@ -341,7 +368,8 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
         sample_s *= 4.0 / 3.0
     elif recompute == "selective-op":
         sample_s += _selective_op_s(shape, spec, dtype, seq_len)
-    return StepEstimate(sample_s=sample_s, comm_s=comm_s,
+    host_s = eager_host_s(shape, dtype) if step == "eager" and shape is not None else 0.0
+    return StepEstimate(sample_s=sample_s, comm_s=comm_s, host_s=host_s,
                         weights_s=(WEIGHT_BYTES_PER_PARAM[dtype] + (FSDP_BYTES_PER_PARAM if fsdp else 0)) * params / bandwidth,
                         launch_s=launch_s,
                         optimizer_s=OPTIMIZER_BYTES_PER_PARAM[dtype] * params / optimizer_shards / bandwidth)

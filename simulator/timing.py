@@ -1,8 +1,9 @@
 """Per-node step-time models t_i(b) and memory limits: catalog estimate, given constant, profile.
 
-Catalog estimate (affine, per GPU type g, per-GPU batch b), `simulator.estimate`:
+Catalog estimate (affine, per GPU type g, per-GPU batch b, floored by the host's dispatch of an
+eager step's ops: host_g is 0 for a compiled step), `simulator.estimate`:
 
-    t_g(b) = t0_g + c_g · b
+    t_g(b) = max(t0_g + c_g · b, host_g)
 
 t0 is the per-step cost that does not grow with the batch: the optimizer's memory traffic
 (unscaling, clipping and the foreach AdamW update, OPTIMIZER_BYTES_PER_PARAM, counted), the
@@ -40,7 +41,7 @@ import os
 from dataclasses import dataclass, field
 
 from facts.catalog import get_gpu
-from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step,  # noqa: F401  (re-exported)
+from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step, host_bound,  # noqa: F401  (re-exported)
                                 fsdp_payload_bytes)
 from formats.errors import FieldError
 from formats.scenario import compiled_step
@@ -81,18 +82,19 @@ def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, c
                          step="lean" if compiled(scenario, gpu_key) else "eager")
 
 
-def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float]:
-    """(t0, c) of the catalog estimate t_g(b) = t0 + c·b of one GPU of type gpu_key, no collectives."""
+def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float, float]:
+    """(t0, c, host) of the catalog estimate t_g(b) = max(t0 + c·b, host) of one GPU of type
+    gpu_key, no collectives (host: the eager step's dispatch time, 0 for a compiled step)."""
     est = gpu_estimate(scenario, gpu_key, layout)
-    return est.fixed_s, est.sample_s
+    return est.fixed_s, est.sample_s, est.host_s
 
 
 def gpu_step_s(scenario: Scenario, gpu_key: str, batch, layout: Layout = UNSHARDED):
     """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring).
 
     batch may be a numpy array: the same float operations, elementwise (the sweep uses that)."""
-    t0, c = gpu_step_coefficients(scenario, gpu_key, layout)
-    return t0 + c * batch
+    t0, c, host = gpu_step_coefficients(scenario, gpu_key, layout)
+    return host_bound(t0 + c * batch, host)
 
 
 def node_intra_gbps(node: NodeConfig) -> float:

@@ -5,6 +5,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simulator.estimate import (ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, ATTENTION_EFFICIENCY,
@@ -176,6 +177,26 @@ def test_the_eager_step_is_priced_from_its_counted_work():
     assert eager.optimizer_s == pytest.approx(lean.optimizer_s * 4800 / 4242)
     with pytest.raises(EstimateError, match="unknown step 'jit'"):
         estimate_step("h200", "bf16", 1024, shape=shape, step="jit")
+
+
+def test_an_eager_step_takes_at_least_the_hosts_dispatch_of_its_ops():
+    """The eager step's ops (benchmarks/count_step_ops.py: 266 per layer, 15 more with GQA, 127 once
+    in bf16) at 15 µs each floor its time: llama-150m on an H200 is host-bound below batch 8 (its
+    measured 49.8 ms at batch 1, ../shared/gpu), device-bound above; a compiled step has no floor."""
+    from facts.presets import load_arch
+    from simulator.estimate import Shape, estimate_step
+
+    shape = Shape.of(load_arch("llama-150m"))  # 12 layers, no GQA
+    eager = estimate_step("h200", "bf16", 1024, shape=shape, step="eager")
+    assert eager.host_s == pytest.approx((127 + 12 * 266) * 15e-6, rel=1e-12)  # 49.785 ms
+    assert eager.step_s(1) == eager.host_s
+    device_8 = eager.weights_s + eager.launch_s + 8 * eager.sample_s + eager.optimizer_s
+    assert eager.step_s(8) == pytest.approx(device_8, rel=1e-12) and device_8 > eager.host_s
+    assert list(eager.step_s(np.array([1, 8]))) == [eager.step_s(1), eager.step_s(8)]
+    gqa = Shape.of(load_arch("llama-1b"))  # 22 layers, 8 of 32 heads for k and v
+    assert estimate_step("h200", "bf16", 1024, shape=gqa, step="eager").host_s == pytest.approx(
+        (127 + 22 * 281) * 15e-6, rel=1e-12)
+    assert estimate_step("h200", "bf16", 1024, shape=shape).host_s == 0.0
 
 
 def test_the_scenario_compile_mode_picks_the_step_priced(tmp_path):

@@ -105,8 +105,8 @@ def test_timing_of_each_layout(tmp_path):
     # layer's gather + reduce-scatter, U(2 + 4)/2 = 3U
     total, exposed = intra_node_comm_s(s, node, Layout("fsdp", devices=4))
     assert total == pytest.approx(4 * PSI * ring) and exposed == pytest.approx(3 * LAYER * ring)
-    t0, c = gpu_step_coefficients(s, "h100-sxm")
-    t0_sharded, c_full = gpu_step_coefficients(s, "h100-sxm", Layout("zero1", "full", 4))
+    t0, c, _ = gpu_step_coefficients(s, "h100-sxm")
+    t0_sharded, c_full, _ = gpu_step_coefficients(s, "h100-sxm", Layout("zero1", "full", 4))
     assert c_full == pytest.approx(c * 4 / 3)  # one more forward
     spec = get_gpu("h100-sxm")
     assert t0 - t0_sharded == pytest.approx(92 * PSI * (1 - 1 / 4) / (spec.memory_bandwidth_gbs * 1e9))
