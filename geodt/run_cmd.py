@@ -82,7 +82,9 @@ def _prepare(prog: str, args: argparse.Namespace):
     from simulator.cli import check_work
 
     try:
-        scenario = load_scenario(args.scenario, args.overrides)
+        every = args.checkpoint_every  # the simulator prices the checkpoints the run will take
+        priced = [f"training.checkpoint_every={every}"] if every is not None and every > 0 else []
+        scenario = load_scenario(args.scenario, args.overrides + priced)
         check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace

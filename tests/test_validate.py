@@ -93,8 +93,11 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message, main):
 def test_validate_emulated_is_a_schedule_check(tmp_path, capsys):
     out = tmp_path / "v"
     code = validate_main(["hetero-cpu", "--strategy", "baseline", "--out", str(out), "--no-progress", "--emulate",
-                          "--set", "training.rounds=2", "--set", "training.local_steps=3", "--time-scale", "0.5"])
+                          "--set", "training.rounds=3", "--set", "training.local_steps=3", "--time-scale", "0.5",
+                          "--checkpoint-every", "2"])
     assert code == 0
+    # --checkpoint-every reaches the scenario the simulator priced, and the run took those checkpoints
+    assert "checkpoint_every = 2" in (out / "scenario.toml").read_text()
     for name in ("plan.csv", "scenario.toml", "timeline.csv", "trace.csv", "validation.csv", "validation.png",
                  "trace.json"):
         assert (out / name).stat().st_size > 0
@@ -105,7 +108,8 @@ def test_validate_emulated_is_a_schedule_check(tmp_path, capsys):
     assert list(table.columns) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert list(table["node"]) == ["fast", "medium", "slow", "slowest"]
     trace = pd.read_csv(out / "trace.csv")
-    assert len(trace) == 8
+    assert len(trace) == 12
+    assert list(trace.groupby("round").ckpt_block_s.min() > 0) == [False, True, True]  # after rounds 2 and 3 (last)
     # Padding makes every step last at least its target, whatever the load.
     steps = {"fast": 0.06, "medium": 0.08, "slow": 0.11, "slowest": 0.15}
     for _, row in trace.iterrows():
