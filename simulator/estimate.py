@@ -368,7 +368,8 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
         sample_s *= 4.0 / 3.0
     elif recompute == "selective-op":
         sample_s += _selective_op_s(shape, spec, dtype, seq_len)
-    host_s = eager_host_s(shape, dtype) if step == "eager" and shape is not None else 0.0
+    # A CPU runs each op as its host dispatches it, nothing to overlap: no floor (the nominal rate holds it).
+    host_s = eager_host_s(shape, dtype) if step == "eager" and shape is not None and gpu_key != "cpu" else 0.0
     return StepEstimate(sample_s=sample_s, comm_s=comm_s, host_s=host_s,
                         weights_s=(WEIGHT_BYTES_PER_PARAM[dtype] + (FSDP_BYTES_PER_PARAM if fsdp else 0)) * params / bandwidth,
                         launch_s=launch_s,

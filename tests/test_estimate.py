@@ -197,6 +197,7 @@ def test_an_eager_step_takes_at_least_the_hosts_dispatch_of_its_ops():
     assert estimate_step("h200", "bf16", 1024, shape=gqa, step="eager").host_s == pytest.approx(
         (127 + 22 * 281) * 15e-6, rel=1e-12)
     assert estimate_step("h200", "bf16", 1024, shape=shape).host_s == 0.0
+    assert estimate_step("cpu", "fp32", 1024, shape=shape, step="eager").host_s == 0.0  # no device to run ahead
 
 
 def test_the_scenario_compile_mode_picks_the_step_priced(tmp_path):
