@@ -17,7 +17,10 @@ checks do not catch a flipped bit in a tensor's bytes; the digests do. Files loa
 `torch.load(weights_only=True)` only after they verify.
 
 The newest KEEP sets of a node are kept, so a crash between two nodes' writes, or a set that
-fails its check, leaves every node a round they all hold intact. `BackgroundWriter` writes a
+fails its check, leaves every node a round they all hold intact. A node's newest intact set can
+be two checkpoints behind a peer's: its write of round R fails in the background, it learns so
+only when the next checkpoint (R + k) is due, after that round's sync, while the peer has
+written R and R + k; so three are kept. `BackgroundWriter` writes a
 set in a thread from a snapshot in host memory while training goes on; a failed write
 (a full disk) removes its temporary directory and raises `CheckpointWriteError` (one line naming
 the path) at the next wait, leaving the sets already written untouched.
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 
 FORMAT = 4  # 4: a set per round (global.pt, node.pt, manifest.json) with sha256 digests
-KEEP = 2    # complete sets kept per node (one more exists while a new one is written)
+KEEP = 3    # complete sets kept per node (one more exists while a new one is written)
 PARTS = ("global.pt", "node.pt")
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 16
