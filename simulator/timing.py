@@ -272,11 +272,22 @@ class NodeTiming:
         candidates = self._candidates()
         if len(candidates) == 1:  # nothing to choose (and a profiled node's memory is its profiles')
             return candidates[0]
-        for batch in (self.scenario.training.batch_size, 1):
-            for layout in candidates:
-                if self._memory_problem(batch, layout) is None:
-                    return layout
-        return candidates[-1]
+        baseline = self.scenario.training.batch_size
+        for layout in candidates:
+            if self._memory_problem(baseline, layout) is None:
+                return layout
+        # None holds the baseline batch: the layout that holds the most, so that the refusal
+        # names the largest batch this node can take (the first such in LAYOUT_ORDER).
+        largest = [self._largest_fitting(layout, baseline) for layout in candidates]
+        return candidates[largest.index(max(largest))] if max(largest) else candidates[-1]
+
+    def _largest_fitting(self, layout: Layout, above: int) -> int:
+        """The largest batch below `above` (which does not fit) that `layout` holds; 0 if none."""
+        lo, hi = 0, above
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._memory_problem(mid, layout) is None else (lo, mid)
+        return lo
 
     def estimate_s(self, batch: int) -> float:
         """Catalog estimate for the whole node under its layout: slowest GPU, intra-node collectives."""

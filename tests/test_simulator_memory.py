@@ -57,6 +57,20 @@ def test_a_baseline_batch_that_does_not_fit_is_one_line(tmp_path, capsys):
         assert needle in err
 
 
+def test_a_refused_baseline_batch_names_the_largest_any_layout_holds(tmp_path, capsys):
+    """llama-3.1-8b at seq 8192 on 8 H100s: no layout holds batch 4; zero2 + recomputation holds 1,
+    fsdp + recomputation 3. The refusal named zero2 and "at most 1" (the first layout holding
+    batch 1); it names the layout that holds the most and its largest batch."""
+    path = tmp_path / "s.toml"
+    path.write_text('name = "s"\n[model]\npreset = "llama-3.1-8b"\nseq_len = 8192\ndtype = "bf16"\n[training]\n'
+                    'batch_size = 4\n[[nodes]]\nname = "a"\ngpus = { "h100-sxm" = 8 }\n')
+    assert plan_main([str(path), "--strategy", "baseline", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "(fsdp over 8 devices, full recomputation)" in err and err.endswith("(at most 3 here)"), err
+    assert plan_main([str(path), "--strategy", "baseline", "--set", "training.batch_size=3",
+                      "--out", str(tmp_path / "o")]) == 0
+
+
 def test_every_strategy_keeps_every_batch_within_memory(tmp_path):
     # b = 3 fits the V100s (with recomputation, auto); A would scale the H100s' batch to round(3 x 989 / 125) = 24,
     # but 10 fit (geodt's traced step, facts/step_memory.csv).
