@@ -121,3 +121,34 @@ def test_quota_binds_while_other_sessions_keep_the_core_busy():
     # than a period's rounding; 0.5 below it leaves room for kernel threads and another test's
     # quota'd group on the same core (equal weight), far from the 0.25 the busy sessions left before.
     assert 0.5 <= share <= 0.62, share
+
+
+def _drift_child(queue):
+    from train.cpulimit import set_own_quota
+
+    try:
+        set_own_quota(0.3)  # no group of its own yet: refused, the parent's group untouched
+        queue.put(("changed a shared group", None))
+        return
+    except CpuLimitError as exc:
+        refused = str(exc)
+    cleanup = apply_cpu_limits(None, 0.5, "geodt-test-drift")
+    group = next(Path("/sys/fs/cgroup").glob(f"**/geodt-test-drift.{os.getpid()}"))
+    quota_file = group / ("cpu.max" if (group / "cpu.max").exists() else "cpu.cfs_quota_us")
+    before = quota_file.read_text().split()[0]
+    set_own_quota(0.5 / 1.25)  # a drift of factor 1.25 injected mid-run (real/worker.py)
+    after = quota_file.read_text().split()[0]
+    cleanup()
+    queue.put((refused, (before, after)))
+
+
+@pytest.mark.skipif(not cpu_quota_supported(), reason="needs root and a cgroup cpu controller")
+def test_a_drift_lowers_the_quota_of_the_process_own_group_only():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_drift_child, args=(queue,))
+    proc.start()
+    refused, quotas = queue.get(timeout=60)
+    proc.join(timeout=60)
+    assert refused.startswith("cpu_quota: this process has no cgroup of its own")
+    assert quotas == ("5000", "4000")  # µs per 10 ms period: 0.5 core, then 0.5 / 1.25
