@@ -16,7 +16,8 @@ links calibrated on the shaped WAN right before each run (bench_fidelity.py's li
 
 Writes <out>/adaptive.csv (per repeat, strategy and node, from the drift's round on: predicted
 and measured compute, idle, tokens, and idle per round in the node's own inner steps, the
-issue's goal, also from the round after the drift's on: `_settled`), <out>/runs.csv (per run: load average before and after, each node's calibrated
+issue's goal; also before the drift and `_settled` from the round after it; round, compute,
+idle and tokens errors), <out>/summary.csv (per strategy, median over repeats), <out>/runs.csv (per run: load average before and after, each node's calibrated
 step and its measured mean step before and after the drift), <out>/<strategy>/ (the first
 repeat's plan, timeline, trace, validation) and <out>/time_to_loss.png (first repeat), and
 prints the tables.
@@ -75,19 +76,45 @@ def step_means(trace: pd.DataFrame, change: int) -> dict:
     return out
 
 
-def settled_idle(d: Path, node_table: pd.DataFrame, change: int, factor: float, node: str) -> pd.DataFrame:
-    """Idle per round in the node's own steps from round change + 1 on: after the first round an
-    adaptive plan can re-plan from the slowed steps it measured (rebalance decides before each
-    round from the round before; the slowdown's own round is not foreseen by any strategy)."""
+def more_columns(d: Path, table: pd.DataFrame, change: int, factor: float, node: str) -> pd.DataFrame:
+    """Per node, beside ba.per_node's: idle per round in the node's own steps before the drift
+    (rounds 1 .. change − 1; round 0 is the warm-up) and settled (from round change + 1: the
+    first round an adaptive plan can re-plan from the slowed steps it measured; no strategy
+    foresees the slowdown's own round), and the rounds' time from the drift on (round error,
+    idle error in % of the round: the fidelity goals of bench_fidelity.py)."""
     plan = pd.read_csv(d / "plan.csv").set_index("node")
     pred, meas = pd.read_csv(d / "timeline.csv"), pd.read_csv(d / "trace.csv")
-    extra = {}
+    extra: dict[str, list] = {}
     for name, frame in (("predicted", pred), ("measured", meas)):
-        after = frame[frame["round"] > change]
-        steps = {n: plan.at[n, "step_s"] * (factor if n == node else 1.0) for n in plan.index}
-        extra[f"{name}_idle_steps_per_round_settled"] = [
-            float((after[after["node"] == n]["idle_s"] / steps[n]).mean()) for n in node_table["node"]]
-    return node_table.assign(**extra)
+        frame = frame.assign(round_s=frame["round_end_s"] - frame["round_start_s"])
+        for n in table["node"]:
+            rows = frame[frame["node"] == n]
+            before, after = rows[(rows["round"] > 0) & (rows["round"] < change)], rows[rows["round"] > change]
+            step = plan.at[n, "step_s"]
+            extra.setdefault(f"{name}_idle_steps_per_round_before", []).append(float((before["idle_s"] / step).mean()))
+            extra.setdefault(f"{name}_idle_steps_per_round_settled", []).append(
+                float((after["idle_s"] / (step * (factor if n == node else 1.0))).mean()))
+            extra.setdefault(f"{name}_round_s", []).append(float(rows[rows["round"] >= change]["round_s"].sum()))
+    out = table.assign(**extra)
+    out["round_err_pct"] = 100 * (out.predicted_round_s - out.measured_round_s) / out.measured_round_s
+    out["compute_err_pct"] = 100 * (out.predicted_compute_s - out.measured_compute_s) / out.measured_compute_s
+    out["idle_err_pct_of_round"] = 100 * (out.measured_idle_s - out.predicted_idle_s) / out.measured_round_s
+    out["tokens_err_pct"] = 100 * (out.predicted_tokens - out.measured_tokens) / out.measured_tokens
+    return out
+
+
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per strategy over its repeats: the worst node's idle per round in its own steps (before the
+    drift, from it on, settled), median over repeats, and the errors' median and worst over node rows."""
+    idle = [f"{w}_idle_steps_per_round{s}" for s in ("_before", "", "_settled") for w in ("predicted", "measured")]
+    worst_node = table.groupby(["strategy", "repeat"], sort=False)[idle].max()
+    out = worst_node.groupby(level=0, sort=False).median()
+    g = table.groupby("strategy", sort=False)
+    worst = lambda s: float(s.loc[s.abs().idxmax()])
+    for col in ("round_err_pct", "compute_err_pct", "idle_err_pct_of_round", "tokens_err_pct"):
+        out[f"{col}_median"] = g[col].median()
+        out[f"{col}_worst"] = g[col].apply(worst)
+    return out
 
 
 def run_one(strategy: str, args, work: Path, host: Path | None) -> tuple[Path, dict]:
@@ -145,7 +172,7 @@ def main() -> int:
         for k, (r, strategy) in enumerate(tqdm(jobs, desc="adaptive-real", unit="run", file=sys.stderr)):
             d, row = run_one(strategy, args, Path(tmp) / f"run{k}", host)
             table = ba.per_node(strategy, d, change, 1.0).assign(repeat=r)
-            tables.append(settled_idle(d, table, change, args.factor, args.node))
+            tables.append(more_columns(d, table, change, args.factor, args.node))
             runs.append({"repeat": r, **row, "wall_s": pd.read_csv(d / "trace.csv")["round_end_s"].max()})
             if r == 0:
                 curves[strategy] = ba.loss_curve(d, 1.0)
@@ -163,12 +190,15 @@ def main() -> int:
     where = "shaped WAN" if args.wan == "shaped" else "loopback"
     ba.plot(curves, rates, out / "time_to_loss.png",
             f"{args.scenario} ({where}): {args.node}'s CPU quota / {args.factor:g} from round {change} (real runs)")
-    worst = table.groupby(["strategy", "repeat"], sort=False)[[
-        "predicted_idle_steps_per_round", "measured_idle_steps_per_round",
-        "predicted_idle_steps_per_round_settled", "measured_idle_steps_per_round_settled"]].max()
-    print(f"real, {where}; from round {change} on (settled: from round {change + 1} on), the worst node's "
-          f"idle per round in its own inner steps:")
-    print(worst.to_string(float_format=lambda v: f"{v:,.3f}"))
+    summ = summary(table)
+    tmp_csv = out / ".summary.csv.tmp"
+    summ.to_csv(tmp_csv, float_format="%.6g")
+    tmp_csv.replace(out / "summary.csv")
+    print(f"real, {where}, {args.repeats} repeat(s); the worst node's idle per round in its own inner steps "
+          f"(median over repeats): before the drift (rounds 1-{change - 1}), from it (round {change} on), settled "
+          f"(round {change + 1} on); errors over node rows from round {change} on (signed: median, worst):")
+    with pd.option_context("display.width", 250, "display.max_columns", 40):
+        print(summ.T.to_string(float_format=lambda v: f"{v:,.2f}"))
     print(table.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
     print(runs_frame.to_string(index=False, float_format=lambda v: f"{v:,.3f}"))
     return 0
