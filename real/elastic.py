@@ -231,24 +231,41 @@ class ElasticNode:
     def run(self) -> None:
         self.warm_up()
         origin = self.start()
-        while self.rounds_done < self.spec.rounds:
-            if not self.stepped:
-                self._inner_steps()
-            try:
-                asked = self._sync()
-            except PeerLost as exc:
-                self.recover(exc)
-                continue
-            self._record(origin, asked)
-            if asked.any():
-                self.admit(asked)
+        bar = self._progress_bar()
+        try:
+            while self.rounds_done < self.spec.rounds:
+                if not self.stepped:
+                    self._inner_steps(bar)
+                try:
+                    asked = self._sync()
+                except PeerLost as exc:
+                    self.recover(exc)
+                    continue
+                self._record(origin, asked)
+                if asked.any():
+                    self.admit(asked)
+        finally:
+            if bar is not None:
+                bar.close()
         self.finish()
 
-    def _inner_steps(self) -> None:
+    def _progress_bar(self):
+        """The first process's bar over its inner steps (real/worker.py's), or None."""
+        if self.rank != 0 or self.joining or not self.opts.progress:
+            return None
+        import threading
+
+        from tqdm import tqdm
+
+        tqdm.set_lock(threading.RLock())
+        return tqdm(total=self.spec.rounds * self.me.local_steps, desc=f"DiLoCo ({self.me.node})", unit="step",
+                    file=sys.stderr, dynamic_ncols=True)
+
+    def _inner_steps(self, bar) -> None:
         peak_memory_reset(self.groups.device)
         start = time.perf_counter()
         clock = RoundClock(deadline=start)
-        loss_sum = self.steps.run(clock, None, None)
+        loss_sum = self.steps.run(clock, None, bar)
         self.round_state = {"start": start, "clock": clock, "loss_sum": loss_sum, "compute_end": time.perf_counter()}
         self.stepped = True
 
