@@ -74,10 +74,15 @@ class Respawner:
             if code is None or proc.pid in self.seen:
                 continue
             self.seen.add(proc.pid)
+            self._refresh_joiners()
             if code == 0:
                 self.finished.add(rank)
             elif code < 0:
                 self._lost(rank, code)
+            elif rank in self.joiners and code != 130:  # a restarted process that failed before it was admitted
+                self.joiners.discard(rank)
+                print(f"real: {self._name(rank)}'s restarted process exited with status {code} before it rejoined; "
+                      f"the others go on without it", file=sys.stderr, flush=True)
             else:
                 stop(self.procs.values())
                 if code == 130:
