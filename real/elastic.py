@@ -12,7 +12,8 @@ over the launcher's TCPStore, which lives in the launcher and survives the worke
 - geodt/members/<e>: the plan indices of epoch e's nodes ("0,2"), written once by whoever
   allocated e: the launcher when a member's process died (the members still alive), a node's
   coordinator (the epoch's first member) when nodes asked to join;
-- geodt/join/<i>: node i's restarted process is ready (its parts built) and asks to join;
+- geodt/join/<i>: node i's restarted process is ready (its parts built) and asks to join, from the
+  round given (0: the next; an injected outage's round + rounds, ExecOptions.outage);
   geodt/admit/<i>: the epoch it was admitted to; geodt/admitted/<i>: the launcher's sign that it
   is a member again;
 - geodt/row/<i>/<r>: node i's trace row of round r (JSON, not pickles), so that rows of a node
@@ -22,9 +23,11 @@ over the launcher's TCPStore, which lives in the launcher and survives the worke
 A round: the node's H_i inner steps (no collective), then the barrier, an all-reduce MAX of one
 flag per node (1: that node asked to join) that every member reads from the store, then the
 pseudo-gradient all-reduce (SUM; divided by the members' averaging divisor, real/diloco.py, over
-the members' tokens only) and the outer step. A member that died makes the others' barrier or
-all-reduce fail at once (gloo: connection closed by peer); each survivor then waits for the
-launcher's next epoch and enters it. Entering an epoch (also how a joiner comes in): build its
+the members' tokens only) and the outer step. A member that died makes its neighbours' barrier or
+all-reduce fail at once (gloo: connection closed by peer); each survivor then drops its group of
+the failed epoch (closing its connections, so that the members that were not the dead node's
+neighbours in gloo's ring fail at once too rather than after --timeout-s), waits for the launcher's
+next epoch and enters it. Entering an epoch (also how a joiner comes in): build its
 group, all-reduce MAX every member's completed rounds R_i, and broadcast θ_g and the outer
 momentum from the first member holding max R_i. A member behind (its all-reduce failed while
 another's completed) takes them: its pseudo-gradient was in that average, so nothing is lost. A
@@ -39,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -134,9 +138,10 @@ class ElasticNode:
         self.rounds_done = 0
         self.stepped = False  # the inner steps of round rounds_done are done, its sync is not
         self.epoch: Epoch | None = None
-        self.retired: list[Epoch] = []  # failed groups, kept alive: their destructors could block on the dead
         self.coef = self.divisor = 1.0
         self.round_state: dict = {}
+        # an injected outage of this node (ExecOptions.outage): (round it is lost at, round it rejoins at)
+        self.outage = next(((r, r + k) for i, r, k in opts.outage or () if i == rank), None)
 
     # --- membership ----------------------------------------------------------------------
     def enter(self, number: int) -> None:
@@ -152,8 +157,6 @@ class ElasticNode:
             epoch.broadcast(state, source)
         except FAILURES as exc:
             raise PeerLost(_first_line(exc)) from exc
-        if self.epoch is not None:
-            self.retired.append(self.epoch)
         self.epoch = epoch
         self.outer.global_flat.copy_(state[0])
         self.outer.momentum.copy_(state[1])
@@ -172,6 +175,9 @@ class ElasticNode:
         """A member is gone: enter the launcher's next epochs until one forms (or give up: PeerLost)."""
         deadline = time.monotonic() + self.timeout_s
         number = self.epoch.number
+        # Close this node's connections of the failed group at once: in a ring of 4 or more, members that
+        # are not the dead node's neighbours would otherwise wait in their all-reduce for --timeout-s.
+        self.epoch.group = None
         while True:
             number += 1
             try:
@@ -197,11 +203,13 @@ class ElasticNode:
             self.recover(exc)
 
     def join_requests(self) -> torch.Tensor:
-        """One flag per node: 1 where a node outside the epoch asked to join (geodt/join/<i>)."""
+        """One flag per node: 1 where a node outside the epoch asked to join (geodt/join/<i>, its value
+        the first round it may take part in) and may join after this round."""
         flags = torch.zeros(self.n, dtype=torch.float64)
         for i in range(self.n):
-            if i not in self.epoch.members and self.store.check([f"geodt/join/{i}"]):
-                flags[i] = 1.0
+            key = f"geodt/join/{i}"
+            if i not in self.epoch.members and self.store.check([key]):
+                flags[i] = float(self.rounds_done + 1 >= int(self.store.get(key).decode()))
         return flags
 
     # --- the run -------------------------------------------------------------------------
@@ -219,7 +227,7 @@ class ElasticNode:
                 self.store.set("geodt/t0", repr(time.time()))
             return Origin(t0)
         restarted = time.perf_counter()
-        self.store.set(f"geodt/join/{self.index}", "1")
+        self.store.set(f"geodt/join/{self.index}", str(self.outage[1] if self.outage else 0))
         self.store.wait([f"geodt/admit/{self.index}"], timedelta(seconds=max(self.timeout_s, 86400.0)))
         self.enter(int(self.store.get(f"geodt/admit/{self.index}").decode()))
         t0_unix = float(self.store.get("geodt/t0").decode())
@@ -235,6 +243,8 @@ class ElasticNode:
         try:
             while self.rounds_done < self.spec.rounds:
                 if not self.stepped:
+                    if self.outage is not None and not self.joining and self.rounds_done == self.outage[0]:
+                        os.kill(os.getpid(), signal.SIGKILL)  # the injected loss: a real one, at the round's start
                     self._inner_steps(bar)
                 try:
                     asked = self._sync()

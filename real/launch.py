@@ -413,7 +413,9 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                         proc.start()
                         return proc
 
-                    respawner = Respawner(start, plan, store, opts.rejoin_after_s)
+                    # an injected outage's node restarts at once and waits to be admitted at its round
+                    rejoin_s = 0.0 if opts.outage and opts.rejoin_after_s is None else opts.rejoin_after_s
+                    respawner = Respawner(start, plan, store, rejoin_s)
                     context = respawner  # its .processes for Ctrl-C
                     return respawner.run()
                 context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),

@@ -51,6 +51,10 @@ class ExecOptions:
     on_node_loss: str = "stop"
     # continue: restart a lost node's process this many seconds after it died (once), to rejoin; None: never.
     rejoin_after_s: float | None = None
+    # Injected outages (geodt run/validate from the scenario's [[nodes]] outage, simulator/outage.py): per
+    # lost node (plan index, round, rounds): its process SIGKILLs itself at that round's start, is restarted
+    # at once and is admitted no earlier than round + rounds (real/elastic.py). Continue runs only.
+    outage: tuple[tuple[int, int, int], ...] | None = None
 
     def collective_timeout_s(self) -> float:
         """The process groups' timeout. On the shaped WAN a node that times out first knocks on
@@ -84,6 +88,8 @@ class ExecOptions:
                 raise ValueError("--rejoin-after-s: a lost node rejoins only under --on-node-loss continue")
             if not (0 <= self.rejoin_after_s < 86400):
                 raise ValueError(f"--rejoin-after-s: expected seconds from 0 to a day, got {self.rejoin_after_s}")
+        if self.outage is not None and self.on_node_loss != "continue":
+            raise ValueError("outage: a node's injected loss runs under --on-node-loss continue only")
         if self.threads < 0:
             raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 

@@ -103,7 +103,7 @@ class Respawner:
         if was_member and alive:
             number = self.store.add("geodt/epochs", 1)
             self.store.set(f"geodt/members/{number}", ",".join(map(str, alive)))
-        again = self.rejoin_after_s is not None and rank not in self.restarted and alive
+        again = self.rejoin_after_s is not None and rank not in self.restarted and bool(alive)
         print(f"real: {self._name(rank)} was killed by {signal_name(-code)}; "
               + ("no node is left" if not alive else
                  f"the others continue without it (--on-node-loss continue)"
