@@ -226,13 +226,15 @@ class ElasticNode:
             if self.index == 0:
                 self.store.set("geodt/t0", repr(time.time()))
             return Origin(t0)
-        restarted = time.perf_counter()
+        ready = time.time()
         self.store.set(f"geodt/join/{self.index}", str(self.outage[1] if self.outage else 0))
         self.store.wait([f"geodt/admit/{self.index}"], timedelta(seconds=max(self.timeout_s, 86400.0)))
         self.enter(int(self.store.get(f"geodt/admit/{self.index}").decode()))
         t0_unix = float(self.store.get("geodt/t0").decode())
+        restarted = float(self.store.get(f"geodt/restarted/{self.index}").decode())
         print(f"real: node {self.me.node} (rank {self.rank}) rejoined at round {self.rounds_done}, "
-              f"{time.perf_counter() - restarted:.2f} s after its process started",
+              f"{time.time() - restarted:.2f} s after the launcher restarted it ({ready - restarted:.2f} s to start "
+              f"its process and build the model, {time.time() - ready:.2f} s until the others admitted it)",
               file=sys.stderr, flush=True)
         return Origin(time.perf_counter() - (time.time() - t0_unix))
 

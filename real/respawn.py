@@ -124,6 +124,7 @@ class Respawner:
                 self.store.delete_key(key)
             self.restarted.add(rank)
             self.joiners.add(rank)
+            self.store.set(f"geodt/restarted/{rank}", repr(time.time()))  # the joiner reports its rejoin time
             self.procs[rank] = self.start(rank, True)
             print(f"real: {self._name(rank)} restarted; it rejoins at the next round boundary", file=sys.stderr,
                   flush=True)
