@@ -139,6 +139,7 @@ class ElasticNode:
         self.stepped = False  # the inner steps of round rounds_done are done, its sync is not
         self.epoch: Epoch | None = None
         self.coef = self.divisor = 1.0
+        self.origin: Origin | None = None  # the run's time axis, once started
         self.round_state: dict = {}
         # an injected outage of this node (ExecOptions.outage): (round it is lost at, round it rejoins at)
         self.outage = next(((r, r + k) for i, r, k in opts.outage or () if i == rank), None)
@@ -157,10 +158,16 @@ class ElasticNode:
             epoch.broadcast(state, source)
         except FAILURES as exc:
             raise PeerLost(_first_line(exc)) from exc
+        behind = self.rounds_done < latest
+        if behind and self.stepped and "sync_start" in self.round_state:
+            # its all-reduce failed here but completed on another member: its pseudo-gradient is in that
+            # average, so the round is its too (its row, with the failed epoch's members)
+            self.round_state["sync_end"] = time.perf_counter()
+            self._record(self.origin)
         self.epoch = epoch
         self.outer.global_flat.copy_(state[0])
         self.outer.momentum.copy_(state[1])
-        if self.rounds_done < latest:  # behind (or a joiner): the global weights of round `latest` on
+        if behind:  # (or a joiner): the global weights of round `latest` on
             if self.joining:  # where its schedule and data would be, had it trained all along
                 self.steps.inner_step = latest * self.me.local_steps
                 self.steps.data_position = self.steps.inner_step * self.steps.node_batch
@@ -240,7 +247,7 @@ class ElasticNode:
 
     def run(self) -> None:
         self.warm_up()
-        origin = self.start()
+        origin = self.origin = self.start()
         bar = self._progress_bar()
         try:
             while self.rounds_done < self.spec.rounds:
@@ -253,7 +260,7 @@ class ElasticNode:
                 except PeerLost as exc:
                     self.recover(exc)
                     continue
-                self._record(origin, asked)
+                self._record(origin)
                 if asked.any():
                     self.admit(asked)
         finally:
@@ -300,7 +307,7 @@ class ElasticNode:
         self.round_state["sync_end"] = time.perf_counter()
         return asked.numpy()
 
-    def _record(self, origin: Origin, asked: np.ndarray) -> None:
+    def _record(self, origin: Origin) -> None:
         """The round's trace row, into the store at once (it outlives this process)."""
         s = self.round_state
         row = round_row(self.parts, self.rounds_done, origin, s["loss_sum"], s["clock"],
