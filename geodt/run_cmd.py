@@ -89,7 +89,7 @@ def _prepare(prog: str, args: argparse.Namespace):
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
-        opts = injected_drift(scenario, plan, exec_options(args, args.out))
+        opts = injected_outage(scenario, plan, injected_drift(scenario, plan, exec_options(args, args.out)))
     except (InputError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -140,6 +140,25 @@ def injected_drift(scenario, plan, opts):
             raise InputError(f"nodes.{node.node}.drift: a real run injects drift through the node's CPU quota; "
                              "expected cpu_quota on the node, or --emulate")
     return replace(opts, drift=tuple(tuple(float(f) for f in factors[:, i]) for i in range(len(plan.nodes))))
+
+
+def injected_outage(scenario, plan, opts):
+    """opts with the scenario's outages (simulator/outage.py) for the executor to inject: the node's
+    process SIGKILLs itself at the outage's round and rejoins at round + rounds (real/elastic.py)."""
+    from dataclasses import replace
+
+    from formats.errors import InputError
+    from simulator.outage import outages
+
+    lost = [(i, o) for i, o in outages(scenario, plan) if o.round < scenario.training.rounds]
+    if not lost:
+        return opts
+    name = plan.nodes[lost[0][0]].node
+    if scenario.simulation.on_node_loss != "continue" or opts.on_node_loss != "continue":
+        raise InputError(f"nodes.{name}.outage: a run injects a node's loss only with simulation.on_node_loss = "
+                         f"\"continue\" and --on-node-loss continue (the executor's stop ends the run; --resume "
+                         f"continues it); got {scenario.simulation.on_node_loss!r} and {opts.on_node_loss}")
+    return replace(opts, outage=tuple((i, o.round, o.rounds) for i, o in lost))
 
 
 def announcer(prog: str, scenario, plan, emulate: bool, machine_warnings: list[str] = ()):

@@ -42,6 +42,13 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per process (0: the node's pinned cores, else cores / processes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--on-node-loss", choices=("stop", "continue"), default="stop",
+                        help="stop: a node whose process dies stops the run (--resume continues it); continue: "
+                             "the others average among themselves from the next round (one process per node, "
+                             "CPU, classic DiLoCo; real/elastic.py)")
+    parser.add_argument("--rejoin-after-s", type=float, default=None, metavar="S",
+                        help="with --on-node-loss continue: restart a lost node's process S seconds after it "
+                             "died (once); it rejoins at a round boundary from a live peer's weights")
 
 
 def exec_options(args: argparse.Namespace, out_dir: str):
@@ -51,7 +58,8 @@ def exec_options(args: argparse.Namespace, out_dir: str):
                        data_path=args.data, replicate_data=args.replicate_data, timeout_s=args.timeout_s,
                        backend=args.backend, stop_after=args.stop_after, threads=args.threads,
                        checkpoint_every=args.checkpoint_every,
-                       progress=not args.no_progress, wan=args.wan)
+                       progress=not args.no_progress, wan=args.wan, on_node_loss=args.on_node_loss,
+                       rejoin_after_s=args.rejoin_after_s)
 
 
 def main(argv: list[str] | None = None) -> int:

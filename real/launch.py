@@ -83,6 +83,8 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
     check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
+    if opts.on_node_loss == "continue":
+        check_continue(plan, plan_path, opts, streams=opts.streaming is not None or not streaming.classic)
     check_data_file(opts.data_path)
     check_resume(opts)
     if opts.data_path is not None:
@@ -105,6 +107,30 @@ def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
         if streams:
             raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
                               f"not run by this executor; expected none")
+
+
+def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> None:
+    """--on-node-loss continue runs what real/elastic.py covers; the rest is refused in one line."""
+    why = None
+    if under_torchrun():
+        why = "runs under the local launcher only (torchrun's elastic agent restarts every process instead)"
+    elif opts.wan != "loopback":
+        why = f"runs on the loopback only, got --wan {opts.wan}"
+    elif opts.backend == "nccl":
+        why = "runs on gloo (CPU) only, got --backend nccl"
+    elif any(node.gpus != 1 for node in plan.nodes):
+        why = f"{plan_path}: gpus: expected one process per node, got {[node.gpus for node in plan.nodes]}"
+    elif plan.sync == "gradients" or streams or plan.adaptive:
+        why = f"{plan_path}: runs classic DiLoCo rounds only (not sync-ddp, Streaming DiLoCo or adapt)"
+    elif plan.collective != "ring" or plan.payload_dtype != "fp32":
+        why = (f"{plan_path}: runs collective ring with payload fp32 only, got {plan.collective} "
+               f"{plan.payload_dtype}")
+    elif opts.resume or opts.stop_after is not None:
+        why = "keeps no checkpoints: --resume and --stop-after need --on-node-loss stop"
+    elif opts.drift is not None:
+        why = "does not inject drift (the scenario's nodes' drift); remove it or use --on-node-loss stop"
+    if why is not None:
+        raise LaunchError(f"--on-node-loss continue {why}")
 
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
@@ -183,7 +209,7 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
 
 
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
-                 links: tuple | None, parent_pid: int) -> None:
+                 links: tuple | None, parent_pid: int, joining: bool = False) -> None:
     from train.children import die_with_parent
 
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
@@ -198,7 +224,8 @@ def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_
         from real.wan import enter
 
         enter(links[plan.node_of_rank(rank)])
-    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links)
+    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links,
+                joining=joining)
 
 
 def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> int:
@@ -304,7 +331,14 @@ def _launch(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptio
 def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip: str,
                host: str, links: tuple | None, announce=None) -> int:
     """Spawn every process here and wait for them (links: the shaped WAN's nodes, or None)."""
-    if ipaddress.ip_address(ip).is_loopback:
+    if ipaddress.ip_address(ip).is_loopback and opts.on_node_loss == "continue":
+        # The membership lives in a TCPStore the launcher serves (real/elastic.py), on the loopback only.
+        pin_gloo(ip)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        listener = _listen(ip, host)
+        if listener is None:
+            return 2
+    elif ipaddress.ip_address(ip).is_loopback:
         # One machine: rendezvous through a file, so nothing listens on the network.
         pin_gloo(ip)
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -360,13 +394,30 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
             try:
                 if listener is not None:
                     # The store counts this process as a client too (world + 1): it serves, children join.
-                    store = dist.TCPStore(ip, listener.getsockname()[1], plan.world_size + 1, True,
+                    clients = None if opts.on_node_loss == "continue" else plan.world_size + 1  # restarts join later
+                    store = dist.TCPStore(ip, listener.getsockname()[1], clients, True,
                                           timedelta(seconds=opts.timeout_s), wait_for_workers=False,
                                           master_listen_fd=listener.fileno())
                     store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
                     listener.detach()  # the store owns (and closes) the socket now
                 else:
                     store_spec = ("file", os.path.join(rdzv, "store"))
+                if opts.on_node_loss == "continue":
+                    from real.respawn import Respawner
+
+                    spawn = mp.get_context("spawn")
+
+                    def start(rank: int, joining: bool):
+                        proc = spawn.Process(target=_spawn_entry, args=(rank, spec, plan, opts, store_spec, links,
+                                                                        os.getpid(), joining))
+                        proc.start()
+                        return proc
+
+                    # an injected outage's node restarts at once and waits to be admitted at its round
+                    rejoin_s = 0.0 if opts.outage and opts.rejoin_after_s is None else opts.rejoin_after_s
+                    respawner = Respawner(start, plan, store, rejoin_s)
+                    context = respawner  # its .processes for Ctrl-C
+                    return respawner.run()
                 context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
                                              nprocs=plan.world_size, join=False, start_method="spawn")
                 # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it

@@ -13,6 +13,7 @@ from real.config import RunSpec
 from real.streaming import StreamingSpec
 
 WAN_MODES = ("loopback", "shaped")
+ON_NODE_LOSS = ("stop", "continue")  # formats' on_node_loss policies (simulator/outage.py), run
 
 
 # The knock that names a lost node (real.wan.LIVENESS_TIMEOUT_S, 2 s), printing, exiting and
@@ -46,6 +47,14 @@ class ExecOptions:
     # plan node, per round, a step-time multiplier the node imposes on itself: under --emulate on the
     # padded step, for real on its CPU quota (cpu_quota / factor; real/worker.py _inject_drift).
     drift: tuple[tuple[float, ...], ...] | None = None
+    # A node's process that dies: stop the run (exact --resume), or continue without it (real/elastic.py).
+    on_node_loss: str = "stop"
+    # continue: restart a lost node's process this many seconds after it died (once), to rejoin; None: never.
+    rejoin_after_s: float | None = None
+    # Injected outages (geodt run/validate from the scenario's [[nodes]] outage, simulator/outage.py): per
+    # lost node (plan index, round, rounds): its process SIGKILLs itself at that round's start, is restarted
+    # at once and is admitted no earlier than round + rounds (real/elastic.py). Continue runs only.
+    outage: tuple[tuple[int, int, int], ...] | None = None
 
     def collective_timeout_s(self) -> float:
         """The process groups' timeout. On the shaped WAN a node that times out first knocks on
@@ -72,6 +81,15 @@ class ExecOptions:
             raise ValueError("drift: expected positive step-time multipliers")
         if self.checkpoint_every is not None and (isinstance(self.checkpoint_every, bool) or self.checkpoint_every <= 0):
             raise ValueError(f"--checkpoint-every: expected a positive number of rounds, got {self.checkpoint_every}")
+        if self.on_node_loss not in ON_NODE_LOSS:
+            raise ValueError(f"--on-node-loss: expected {' or '.join(ON_NODE_LOSS)}, got {self.on_node_loss!r}")
+        if self.rejoin_after_s is not None:
+            if self.on_node_loss != "continue":
+                raise ValueError("--rejoin-after-s: a lost node rejoins only under --on-node-loss continue")
+            if not (0 <= self.rejoin_after_s < 86400):
+                raise ValueError(f"--rejoin-after-s: expected seconds from 0 to a day, got {self.rejoin_after_s}")
+        if self.outage is not None and self.on_node_loss != "continue":
+            raise ValueError("outage: a node's injected loss runs under --on-node-loss continue only")
         if self.threads < 0:
             raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
 

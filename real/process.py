@@ -89,9 +89,10 @@ def _apply_limits(plan: Plan, rank: int):
 
 
 def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: RunSpec, plan: Plan,
-                opts: ExecOptions, store_spec: tuple | None, links: tuple | None = None) -> None:
+                opts: ExecOptions, store_spec: tuple | None, links: tuple | None = None, joining: bool = False) -> None:
     """Entry of one process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad
-    input, 130 when interrupted. `links`: the shaped WAN's nodes (real/wan.py), or None."""
+    input, 130 when interrupted. `links`: the shaped WAN's nodes (real/wan.py), or None;
+    `joining`: a lost node's restarted process (--on-node-loss continue, real/elastic.py)."""
     sys.stderr.flush()
     sys.stderr = whole_lines(io.FileIO(2, "w", closefd=False))
     name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
@@ -106,10 +107,16 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
         cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
-        backend = resolve_backend(opts.backend, local_world)
-        store = init_process_group(backend, rank, world, opts.collective_timeout_s(), store_spec)
-        node = Node(rank, world, local_rank, spec, plan, opts, backend)
-        if rank == 0 and opts.data_path is None:
+        if opts.on_node_loss == "continue":  # no run-wide group: one per membership epoch
+            from real.elastic import ElasticNode, connect_store
+
+            store = connect_store(store_spec, opts.collective_timeout_s())
+            node = ElasticNode(rank, spec, plan, opts, store, joining)
+        else:
+            backend = resolve_backend(opts.backend, local_world)
+            store = init_process_group(backend, rank, world, opts.collective_timeout_s(), store_spec)
+            node = Node(rank, world, local_rank, spec, plan, opts, backend)
+        if rank == 0 and opts.data_path is None and not joining:
             chain = make_chain(spec.seed, node.vocab_size)
             print(f"real: synthetic Markov corpus over {chain.states} tokens: entropy rate "
                   f"{chain.entropy_rate():.4f} nats/token (the best achievable loss)", file=sys.stderr, flush=True)

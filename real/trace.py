@@ -83,17 +83,18 @@ def _gather_tables(groups, n: int, rows: list[dict], columns: list[str]) -> list
     return [t[:int(c)].cpu().tolist() for t, c in zip(tables, counts)]
 
 
-def trace_frame(rows: list[dict], node_order: list[str]) -> pd.DataFrame:
-    frame = pd.DataFrame(rows, columns=TRACE_COLUMNS)
+def trace_frame(rows: list[dict], node_order: list[str], extra: list[str] = ()) -> pd.DataFrame:
+    frame = pd.DataFrame(rows, columns=TRACE_COLUMNS + list(extra))
     order = {name: i for i, name in enumerate(node_order)}
     frame = frame.sort_values(["round", "node"], key=lambda col: col.map(order) if col.name == "node" else col)
     return frame.reset_index(drop=True)
 
 
-def write_trace(rows: list[dict], node_order: list[str], path: str | Path) -> pd.DataFrame:
-    """Write the trace whole or not at all (temp file, then os.replace)."""
+def write_trace(rows: list[dict], node_order: list[str], path: str | Path, extra: list[str] = ()) -> pd.DataFrame:
+    """Write the trace whole or not at all (temp file, then os.replace); `extra`: columns after
+    TRACE_COLUMNS (--on-node-loss continue's `members`, real/elastic.py)."""
     path = Path(path)
-    frame = trace_frame(rows, node_order)
+    frame = trace_frame(rows, node_order, extra)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)
@@ -107,3 +108,35 @@ def summary(frame: pd.DataFrame) -> str:
         lines.append(f"{str(node):<16} {rows['compute_s'].sum():>10.3f} {rows['idle_s'].sum():>9.3f} "
                      f"{rows['comm_s'].sum():>9.3f} {int(rows['tokens'].sum()):>12d} {rows['loss'].iloc[-1]:>10.4f}")
     return "\n".join(lines)
+
+
+def _spans(rounds: list[int]) -> str:
+    """[3, 4, 5, 8] -> "3-5, 8"."""
+    spans, start = [], None
+    for i, r in enumerate(rounds):
+        if start is None:
+            start = r
+        if i + 1 == len(rounds) or rounds[i + 1] != r + 1:
+            spans.append(f"{start}" if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(spans)
+
+
+def membership_lines(frame: pd.DataFrame, node_order: list[str]) -> list[str]:
+    """--on-node-loss continue: per node that missed rounds, when it left and rejoined (from the
+    trace's rows: a node's round is absent when it took no part in that round's average)."""
+    last = int(frame["round"].max())
+    lines = []
+    for node in node_order:
+        rows = frame[frame["node"] == node].set_index("round")
+        missing = [r for r in range(last + 1) if r not in rows.index]
+        if not missing:
+            continue
+        left = missing[0] - 1
+        said = (f"left after round {left} (its last sync ended at {rows.loc[left, 'round_end_s']:.2f} s)"
+                if left in rows.index else "took part in no round before")
+        back = [r for r in rows.index if r > missing[0]]
+        came = (f"rejoined at round {back[0]} (started at {rows.loc[back[0], 'round_start_s']:.2f} s)" if back
+                else "did not rejoin")
+        lines.append(f"node {node}: absent from rounds {_spans(missing)}: {said}, {came}")
+    return lines

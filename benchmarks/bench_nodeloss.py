@@ -1,0 +1,83 @@
+"""A node lost and rejoining under --on-node-loss continue (a benchmark, not a test).
+
+Runs `geodt validate` on `hetero-cpu` (4 CPU nodes, emulated steps) with `nodes.<node>.outage =
+{round = R, rounds = K}` and `simulation.on_node_loss = "continue"`: the node's process SIGKILLs
+itself at round R's start (real/elastic.py), the launcher restarts it at once, and it is admitted
+no earlier than round R + K. Prints, from that one run:
+- the survivors' work lost at the loss: inner steps discarded (their rounds without a row) and the
+  seconds the recovery took (the loss round's idle_s beyond the median idle_s of the rounds
+  before it), beside one round's length: the issue's goal is at most one round;
+- the lost node: the rounds it missed, the round it rejoined at against the predicted R + K, and
+  the time from its restart to its admission (process start and model build, then the wait for
+  the round boundary), from its own line;
+- per node, predicted against measured tokens, compute and idle (validation.csv).
+
+    python benchmarks/bench_nodeloss.py [--rounds 14] [--round 3] [--gone 6] [--time-scale 3] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=14)
+    parser.add_argument("--round", type=int, default=3, help="the round the node is lost at")
+    parser.add_argument("--gone", type=int, default=6, help="rounds it stays away")
+    parser.add_argument("--node", default="medium")
+    parser.add_argument("--time-scale", type=float, default=3.0)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="bench-nodeloss-"))
+    cmd = [sys.executable, "-m", "geodt", "validate", "hetero-cpu", "--strategy", "baseline", "--out", str(out),
+           "--no-progress", "--emulate", "--time-scale", str(args.time_scale), "--on-node-loss", "continue",
+           "--set", f"training.rounds={args.rounds}", "--set", "training.local_steps=3",
+           "--set", f"nodes.{args.node}.outage={{round={args.round}, rounds={args.gone}}}",
+           "--set", 'simulation.on_node_loss="continue"']
+    run = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if run.returncode != 0:
+        print(run.stderr, file=sys.stderr)
+        return run.returncode
+    trace = pd.read_csv(out / "trace.csv")
+    table = pd.read_csv(out / "validation.csv")
+    f = args.round
+    print(f"hetero-cpu/baseline, {args.rounds} rounds, emulated x{args.time_scale:g}: node {args.node} lost at round "
+          f"{f}, predicted back at round {f + args.gone}")
+    for node, rows in trace.groupby("node", sort=False):
+        if node == args.node:
+            continue
+        rows = rows.set_index("round")
+        missing = sorted(set(range(args.rounds)) - set(rows.index))
+        normal = rows.loc[:f - 1, "idle_s"].median()
+        round_s = (rows.loc[:f - 1, "round_end_s"] - rows.loc[:f - 1, "round_start_s"]).median()
+        extra = rows.loc[f, "idle_s"] - normal
+        print(f"  survivor {node:8s}: rounds without a row {missing or 'none'} (inner steps lost: "
+              f"{len(missing) * int(rows['local_steps'].iloc[0])}); recovery {extra:.3f} s beyond its usual idle "
+              f"= {extra / round_s:.2f} of a round ({round_s:.2f} s)")
+    lost = trace[trace.node == args.node]["round"].tolist()
+    back = [r for r in lost if r > f]
+    print(f"  lost node {args.node}: rounds {sorted(set(range(args.rounds)) - set(lost))} missed; rejoined at round "
+          f"{back[0] if back else 'never'} (predicted {f + args.gone})")
+    said = re.search(r"rejoined at round \d+, ([\d.]+) s after the launcher restarted it \(([\d.]+) s to start its "
+                     r"process and build the model, ([\d.]+) s", run.stderr)
+    if said:
+        print(f"  time to rejoin: {said.group(1)} s from the restart ({said.group(2)} s process start and model build, "
+              f"{said.group(3)} s waiting for the others' next round boundary)")
+    columns = ["node", "predicted_tokens", "measured_tokens", "predicted_compute_s", "measured_compute_s",
+               "predicted_idle_s", "measured_idle_s", "error_pct_of_round"]
+    print(table[columns].to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    print(f"(outputs in {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
