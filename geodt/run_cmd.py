@@ -258,7 +258,9 @@ def _run(args, prepared) -> int:
         from simulator.perfetto import trace_csv_to_json
 
         print(run_heading(args.emulate, args.time_scale))
-        print(summary(pd.read_csv(out / "trace.csv")))
+        trace = pd.read_csv(out / "trace.csv")
+        print(summary(trace))
+        print_membership(trace, prepared[1])
         naming(out / "trace.json", trace_csv_to_json, out / "trace.csv", out / "trace.json")  # ui.perfetto.dev
         from real.wan import network_note
 
@@ -326,4 +328,14 @@ def _validate(args, scenario, plan, opts, machine_warnings) -> int:
               if reproduction_warnings(scenario, plan, args.emulate) else "")
     report("geodt validate", scenario, plan, timeline, trace, out, args.emulate, args.time_scale, network_note(out),
            caveat, wide=args.wide)
+    print_membership(trace, plan)
     return 0
+
+
+def print_membership(trace, plan) -> None:
+    """--on-node-loss continue: who left and rejoined when (real/trace.py), after the summary."""
+    if "members" in trace:
+        from real.trace import membership_lines
+
+        for line in membership_lines(trace, [node.node for node in plan.nodes]):
+            print(line)

@@ -156,6 +156,9 @@ def test_validate_injects_the_scenarios_outage_and_the_node_rejoins_when_predict
     assert code == 0
     trace = pd.read_csv(out / "trace.csv")
     assert trace[trace.node == "medium"]["round"].tolist() == [0, 1, 2, 11, 12, 13]
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[0] for line in printed if line.startswith("node medium: absent")] == [
+        "node medium: absent from rounds 3-10: left after round 2"], printed
     for node in ("fast", "slow", "slowest"):
         assert trace[trace.node == node]["round"].tolist() == list(range(14))
     # In a ring of 4 the survivor that is not the lost node's neighbour waited --timeout-s (300 s) at the
