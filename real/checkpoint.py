@@ -250,14 +250,24 @@ def latest_state(out_dir, index: int) -> dict:
 
 def _common_round(node, mine: dict) -> int | None:
     """The newest round every node holds intact (an all-gather of each node's newest KEEP + 1),
-    or None when no node has saved anything; ValueError when the nodes' sets share none. Rank 0
-    names the nodes that lacked a newer round."""
+    or None to start from the beginning (no node has saved anything, or one node nothing that
+    verifies); ValueError when every node holds sets but they share none. Rank 0 names the nodes
+    that lacked a newer round."""
     groups, plan = node.groups, node.plan
     width = ckpt_set.KEEP + 1
     rounds = sorted(mine, reverse=True)[:width]
     everyone = groups.all_gather_ints(rounds + [-1] * (width - len(rounds)))
     per_node = [set(r for r in everyone[plan.first_rank(i)] if r >= 0) for i in range(len(plan.nodes))]
     common = set.intersection(*per_node)
+    if not common and any(per_node) and not all(per_node):
+        # A node has none (its first write was cut short: an interrupt kills the workers while a
+        # background write runs): the start of the run, the same on every node, is what they share.
+        if node.rank == 0:
+            lacking = ", ".join(plan.nodes[i].node for i, s in enumerate(per_node) if not s)
+            print(f"real: resuming from the start: node {lacking} has no checkpoint that verifies; skipped "
+                  f"round{'s' if len(set().union(*per_node)) > 1 else ''} "
+                  f"{', '.join(map(str, sorted(set().union(*per_node))))}", file=sys.stderr, flush=True)
+        return None
     if not common:
         if any(per_node):
             raise ValueError(f"{ckpt_set.node_dir(node.opts.out_dir, groups.index).parent}: the nodes' "

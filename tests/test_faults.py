@@ -145,6 +145,24 @@ def test_a_flipped_bit_is_caught_and_resume_uses_the_previous_round_bitwise(stop
     assert sorted(verified_sets(out, 1, report=False)) == [2, 3, 4]  # the bad set was replaced by a good one
 
 
+def test_a_node_without_any_set_resumes_everyone_from_the_start_bitwise(tmp_path, capfd):
+    """An interrupt kills the workers while one node's first background write runs: that node
+    has no set, its peer has round 4 (seen in CI: SIGTERM right after victim's first set). The
+    start of the run is what both hold: --resume starts from it, saying so, and ends bitwise."""
+    d = _inputs(tmp_path / "in", rounds=6, every=4)
+    reference = tmp_path / "reference"
+    assert _launch(d, reference) == 0
+    out = tmp_path / "out"
+    assert _launch(d, out, stop_after=4) == 0
+    shutil.rmtree(out / "checkpoints" / "node0")  # node a's first write never finished
+    (out / "final_weights.pt").unlink()
+    capfd.readouterr()
+    assert _launch(d, out, resume=True) == 0
+    err = capfd.readouterr().err
+    assert "real: resuming from the start: node a has no checkpoint that verifies; skipped round 4" in err, err
+    assert _same(_weights(out), _weights(reference))
+
+
 def test_trace_splits_checkpoint_time_into_blocking_and_background(tmp_path):
     d = _inputs(tmp_path / "in", rounds=5, every=2)
     assert _launch(d, tmp_path / "out") == 0
