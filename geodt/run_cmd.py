@@ -60,6 +60,12 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     return parser
 
 
+def checkpoint_override(every: int | None) -> list[str]:
+    """--checkpoint-every K as a scenario override, so the simulator prices the checkpoints the
+    run will take (a bad K is left to the executor's options, which name the flag)."""
+    return [f"training.checkpoint_every={every}"] if every is not None and every > 0 else []
+
+
 def _prepare(prog: str, args: argparse.Namespace):
     """Scenario + plan (simulator), checked by the executor and against this machine, then written
     into DIR under DIR's run lock.
@@ -82,9 +88,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     from simulator.cli import check_work
 
     try:
-        every = args.checkpoint_every  # the simulator prices the checkpoints the run will take
-        priced = [f"training.checkpoint_every={every}"] if every is not None and every > 0 else []
-        scenario = load_scenario(args.scenario, args.overrides + priced)
+        scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every))
         check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace

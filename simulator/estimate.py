@@ -67,6 +67,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from facts.catalog import GpuSpec, get_gpu, peak_tflops
 from formats.wire import ring_allreduce_s
 
@@ -234,8 +236,6 @@ class StepEstimate:
 def host_bound(device_s, host_s):
     """A step's time when the host dispatches its ops while the device runs them: the longer
     (elementwise for arrays; the same operation wherever the estimate is evaluated)."""
-    import numpy as np
-
     return np.maximum(device_s, host_s)
 
 
