@@ -53,26 +53,39 @@ def check_scenario_name(name: str) -> str | None:
 
 # The work a command takes on, estimated before it plans: timeline rows (one per node and round;
 # sync-ddp's rounds are inner steps; a Streaming DiLoCo plan adds a sync row per fragment), summed
-# over the strategies it plans or simulates. Measured on this project's 2-core machine: 1.4 M rows
-# (the paper at 10^4 rounds, every strategy) took 52 s, 4.9 GB of memory and wrote 800 MB.
-# Up to WORK_ROWS a command runs; up to WORK_ROWS_LARGE it asks for --large; beyond, it refuses.
-WORK_ROWS = 1_000_000
-WORK_ROWS_LARGE = 20_000_000
-BYTES_PER_ROW = 240  # timeline.csv and syncs.csv, measured (335 MB / 1.44 M rows)
+# over the strategies it plans or simulates. Up to WORK_ROWS a command runs; up to WORK_ROWS_LARGE
+# it asks for --large; beyond, it refuses. Measured on this project's 2-core machine at 9897cff:
+# 4,000,000 rows on the slowest path (--engine simpy --full-timeline --csv) took 24 s, 0.74 GiB
+# and wrote 725 MB, so WORK_ROWS is about a minute there; on the default path (analytic engine,
+# blocks of rounds, Parquet) 10 M rows of every strategy took 21 s and 0.37 GiB.
+WORK_ROWS = 10_000_000
+WORK_ROWS_LARGE = 200_000_000
+# Output per row, measured: the CSVs of the slowest path (725 MB / 4.0 M rows); Parquet with the
+# timeline summed in blocks (42 MB / 1.2 M rows, most of it syncs.parquet).
+BYTES_PER_ROW = {"csv": 180, "parquet": 35}
+# A sweep's streaming recurrence (chunks x rounds x nodes x 17 fragment-sync steps): about 5,000
+# a second here (one chunk of 210 scenarios at 10^3 rounds, 68,000 steps, took 14 s), so the
+# default bound is about ten minutes (the 10^6-scenario sweep of benchmarks/bench_sweep.py takes
+# 1.36 M of them).
+SWEEP_STEPS = 3_000_000
+SWEEP_STEPS_LARGE = 60_000_000
 
 
-def check_work(rows_by_strategy: dict[str, int], large: bool = False, unit: str = "timeline rows") -> str | None:
+def check_work(rows_by_strategy: dict[str, int], large: bool = False, unit: str = "timeline rows",
+               output: str | None = None, limits: tuple[int, int] = (WORK_ROWS, WORK_ROWS_LARGE),
+               duration: str = "about a minute") -> str | None:
     """Why the estimated work is refused, or None. One line: the largest strategy's rows, the total,
-    the output it would write (for timeline rows), the limit and what to do."""
+    the output it would write (`output`: "csv" or "parquet", where rows are written), the limit and
+    what to do. `limits`: (the default bound, the bound with --large)."""
+    default_rows, large_rows = limits
     total = sum(rows_by_strategy.values())
-    limit_rows = WORK_ROWS_LARGE if large else WORK_ROWS
-    if total <= limit_rows:
+    if total <= (large_rows if large else default_rows):
         return None
     worst = max(rows_by_strategy, key=rows_by_strategy.get)
     what = (f"strategy {worst}: {rows_by_strategy[worst]:,} {unit}"
             + (f" ({total:,} over {len(rows_by_strategy)} strategies)" if len(rows_by_strategy) > 1 else "")
-            + (f", about {total * BYTES_PER_ROW / 1e9:.1f} GB of output" if unit == "timeline rows" else ""))
-    if large or total > WORK_ROWS_LARGE:
-        return f"{what}; expected at most {WORK_ROWS_LARGE:,} (fewer training.rounds, local_steps, nodes or strategies)"
-    return (f"{what}; expected at most {WORK_ROWS:,} by default (about a minute); add --large to allow up to "
-            f"{WORK_ROWS_LARGE:,}, or use fewer training.rounds, local_steps, nodes or strategies")
+            + (f", about {total * BYTES_PER_ROW[output] / 1e9:.1f} GB of output" if output else ""))
+    if large or total > large_rows:
+        return f"{what}; expected at most {large_rows:,} (fewer training.rounds, local_steps, nodes or strategies)"
+    return (f"{what}; expected at most {default_rows:,} by default ({duration}); add --large to allow up to "
+            f"{large_rows:,}, or use fewer training.rounds, local_steps, nodes or strategies")

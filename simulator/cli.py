@@ -51,11 +51,12 @@ def estimated_rows(scenario, strategies: list[str]) -> dict[str, int]:
     return rows
 
 
-def check_work(scenario, source: str, strategies: list[str], large: bool) -> None:
-    """InputError (one line) when the work estimated up front is beyond formats.limits' bounds."""
+def check_work(scenario, source: str, strategies: list[str], large: bool, output: str | None = None) -> None:
+    """InputError (one line) when the work estimated up front is beyond formats.limits' bounds
+    (`output`: "csv" or "parquet" where the command writes the rows, for the size it names)."""
     from formats.limits import check_work as refused
 
-    why = refused(estimated_rows(scenario, strategies), large)
+    why = refused(estimated_rows(scenario, strategies), large, output=output)
     if why is not None:
         raise InputError(f"{source}: {why}")
 
@@ -141,7 +142,8 @@ def _run(argv: list[str], plan_only: bool) -> int:
         strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
         if engine is not None and engine not in ENGINES:
             raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
-        check_work(scenario, args.scenario, strategies, args.large)
+        check_work(scenario, args.scenario, strategies, args.large,
+                   None if plan_only else ("csv" if args.csv else "parquet"))
         plans = _plans(scenario, args.scenario, strategies)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)

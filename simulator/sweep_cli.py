@@ -78,7 +78,7 @@ def parser():
                         "instead of local processes; the results are the same bytes")
     p.add_argument("--out", help="output directory (a sweep: required; --table: default out/<scenario name>/table)")
     p.add_argument("--large", action="store_true",
-                   help="allow work beyond the default limit (formats/limits.py), up to WORK_ROWS_LARGE")
+                   help="allow work beyond the default limit (formats/limits.py), up to WORK_ROWS_LARGE (SWEEP_STEPS_LARGE for its streaming)")
     return p
 
 
@@ -228,10 +228,10 @@ def _sweep(args, strategies, out: Path) -> int:
 def check_sweep_work(args, spec, base) -> None:
     """formats.limits.check_work for a sweep, before anything is written. Of a sweep's strategies only
     streaming's work grows with the rounds (its fragment-sync recurrence, over up to 16 fragments a
-    round); a chunk of scenarios runs it at once, so it counts chunks x rounds x nodes x (1 + 16):
-    measured here, 3 scenarios at 10^5 rounds ran over 2 minutes, 210 at 10^3 took 14 s."""
+    round); a chunk of scenarios runs it at once, so it counts chunks x rounds x nodes x (1 + 16),
+    bounded by formats.limits' SWEEP_STEPS (measured there)."""
     from formats.errors import InputError
-    from formats.limits import check_work
+    from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, check_work
     from simulator.strategies.streaming import FRAGMENT_CHOICES
     from simulator.sweep import node_kinds, scenario_grid
 
@@ -239,7 +239,8 @@ def check_sweep_work(args, spec, base) -> None:
         return
     chunks = -(-len(scenario_grid(spec, len(node_kinds(spec)))[0]) // args.chunk)
     why = check_work({"streaming": chunks * base.training.rounds * args.nodes * (1 + max(FRAGMENT_CHOICES))},
-                     args.large, unit="fragment-sync steps (chunks x rounds x nodes x 17)")
+                     args.large, unit="fragment-sync steps (chunks x rounds x nodes x 17)",
+                     limits=(SWEEP_STEPS, SWEEP_STEPS_LARGE), duration="about ten minutes")
     if why is not None:
         raise InputError(f"{spec.base}: {why}")
 

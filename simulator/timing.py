@@ -46,8 +46,8 @@ from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, 
 from formats.errors import FieldError
 from formats.scenario import compiled_step
 from formats.wire import ring_allreduce_s
-from simulator.memory import (GIB, LAYOUT_ORDER, UNSHARDED, Layout, fsdp_unit_params, memory_need_bytes,
-                              reserve_bytes)
+from simulator.layout_choice import choose_layout, memory_problem
+from simulator.memory import GIB, UNSHARDED, Layout, fsdp_unit_params
 from simulator.scenario import NodeConfig, Scenario
 
 GRAD_BYTES_PER_PARAM = 4
@@ -176,6 +176,35 @@ def intra_node_comm_s(scenario: Scenario, node: NodeConfig, layout: Layout) -> t
     return total, exposed
 
 
+def read_profiles(scenario: Scenario, node: NodeConfig, index: int) -> tuple:
+    """The node's measured profiles, each checked against the scenario (model, GPU, compile)."""
+    from formats.profile import ProfileError  # pandas: only when profiles are used
+
+    models = []
+    preset = scenario.model.preset
+    for path in node.profile or ():
+        try:
+            profile = _load_profile(
+                scenario.resolve_path(path), seq_len=scenario.model.seq_len,
+                dtype=scenario.model.dtype,
+                model=None if preset is None or preset.endswith(".json") else preset)
+        except ProfileError as exc:
+            raise FieldError(f"nodes[{index}].profile", str(exc)) from None
+        if profile.gpu_key and profile.gpu_key not in node.gpus:
+            raise FieldError(f"nodes[{index}].profile", f"{path}: measured on {profile.gpu_key!r}; "
+                             f"expected one of this node's GPUs ({', '.join(node.gpus)})")
+        # An explicit training.compile must match what the profile measured; "auto" takes the
+        # profile's step (profiles from before the option are eager: set compile = "off" to run so).
+        want = compiled(scenario, profile.gpu_key or next(iter(node.gpus)))
+        if profile.compiled != want and scenario.training.compile != "auto":
+            raise FieldError(f"nodes[{index}].profile", f"{path}: column 'compiled': measured "
+                             f"{'with' if profile.compiled else 'without'} torch.compile; training.compile = "
+                             f"{scenario.training.compile!r} runs it {'compiled' if want else 'eager'} here "
+                             f"(expected training.compile = {'on' if profile.compiled else 'off'}, or recalibrate)")
+        models.append(profile)
+    return tuple(models)
+
+
 @dataclass(frozen=True)
 class NodeTiming:
     """t_i(b) and the memory limit of one node, from its scenario entry."""
@@ -195,36 +224,8 @@ class NodeTiming:
     @property
     def profiles(self) -> tuple:
         if "profiles" not in self.memo:
-            self.memo["profiles"] = self._read_profiles()
+            self.memo["profiles"] = read_profiles(self.scenario, self.node, self.position)
         return self.memo["profiles"]
-
-    def _read_profiles(self) -> tuple:
-        from formats.profile import ProfileError  # pandas: only when profiles are used
-
-        models = []
-        index = self.position
-        preset = self.scenario.model.preset
-        for path in self.node.profile or ():
-            try:
-                profile = _load_profile(
-                    self.scenario.resolve_path(path), seq_len=self.scenario.model.seq_len,
-                    dtype=self.scenario.model.dtype,
-                    model=None if preset is None or preset.endswith(".json") else preset)
-            except ProfileError as exc:
-                raise FieldError(f"nodes[{index}].profile", str(exc)) from None
-            if profile.gpu_key and profile.gpu_key not in self.node.gpus:
-                raise FieldError(f"nodes[{index}].profile", f"{path}: measured on {profile.gpu_key!r}; "
-                                 f"expected one of this node's GPUs ({', '.join(self.node.gpus)})")
-            # An explicit training.compile must match what the profile measured; "auto" takes the
-            # profile's step (profiles from before the option are eager: set compile = "off" to run so).
-            want = compiled(self.scenario, profile.gpu_key or next(iter(self.node.gpus)))
-            if profile.compiled != want and self.scenario.training.compile != "auto":
-                raise FieldError(f"nodes[{index}].profile", f"{path}: column 'compiled': measured "
-                                 f"{'with' if profile.compiled else 'without'} torch.compile; training.compile = "
-                                 f"{self.scenario.training.compile!r} runs it {'compiled' if want else 'eager'} here "
-                                 f"(expected training.compile = {'on' if profile.compiled else 'off'}, or recalibrate)")
-            models.append(profile)
-        return tuple(models)
 
     @property
     def startup_s(self) -> float:
@@ -249,45 +250,8 @@ class NodeTiming:
         resolved to the first of memory.LAYOUT_ORDER that holds the baseline batch (else batch 1;
         else the last candidate, whose problem check_batch_one reports)."""
         if "layout" not in self.memo:
-            self.memo["layout"] = self._resolve_layout()
+            self.memo["layout"] = choose_layout(self.scenario, self.node, self.position, bool(self.profiles))
         return self.memo["layout"]
-
-    def _candidates(self) -> list[Layout]:
-        training, node = self.scenario.training, self.node
-        sharding = node.sharding or training.sharding
-        checkpointing = node.activation_checkpointing or training.activation_checkpointing
-        outer = self.scenario.diloco.outer_state
-        g = node.gpu_count
-        if self.profiles:  # measured unsharded, without recomputation: nothing else to plan from
-            for key, value in (("sharding", sharding), ("activation_checkpointing", checkpointing)):
-                if value not in ("auto", "none"):
-                    raise FieldError(f"nodes[{self.position}].{key}", f"{value}: this node's profiles were measured "
-                                     "with none; expected none or auto (or no profile)")
-            return [Layout("none", "none", g, outer)]
-        return [Layout(s, c, g, outer) for s, c in LAYOUT_ORDER
-                if sharding in ("auto", s) and checkpointing in ("auto", c)
-                and not (sharding == "auto" and g == 1 and s != "none")]  # one device: nothing to shard over
-
-    def _resolve_layout(self) -> Layout:
-        candidates = self._candidates()
-        if len(candidates) == 1:  # nothing to choose (and a profiled node's memory is its profiles')
-            return candidates[0]
-        baseline = self.scenario.training.batch_size
-        for layout in candidates:
-            if self._memory_problem(baseline, layout) is None:
-                return layout
-        # None holds the baseline batch: the layout that holds the most, so that the refusal
-        # names the largest batch this node can take (the first such in LAYOUT_ORDER).
-        largest = [self._largest_fitting(layout, baseline) for layout in candidates]
-        return candidates[largest.index(max(largest))] if max(largest) else candidates[-1]
-
-    def _largest_fitting(self, layout: Layout, above: int) -> int:
-        """The largest batch below `above` (which does not fit) that `layout` holds; 0 if none."""
-        lo, hi = 0, above
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self._memory_problem(mid, layout) is None else (lo, mid)
-        return lo
 
     def estimate_s(self, batch: int) -> float:
         """Catalog estimate for the whole node under its layout: slowest GPU, intra-node collectives."""
@@ -350,17 +314,7 @@ class NodeTiming:
                 return (f"{what}: batch {batch} needs {p.peak_mem_bytes(batch) / GIB:.1f} GiB, "
                         f"the device has {p.mem_total_bytes / GIB:.1f} GiB (profile {p.source})")
             return None
-        return self._memory_problem(batch, self.layout)
-
-    def _memory_problem(self, batch: int, layout: Layout) -> str | None:
-        need = memory_need_bytes(self.scenario, batch, layout)
-        for key in self.node.gpus:
-            memory = get_gpu(key).memory_bytes
-            have = memory - reserve_bytes(memory)
-            if need > have:
-                return (f"{key}: batch {batch} needs {need / GIB:.1f} GiB{describe(layout)}, "
-                        f"the GPU gives a step {have / GIB:.1f} GiB of its {memory / GIB:.1f}")
-        return None
+        return memory_problem(self.scenario, self.node, batch, self.layout)
 
     def max_batch(self, limit: int = MAX_SEARCH_BATCH) -> int:
         """The largest batch that fits (searched up to `limit`); 0 if not even batch 1 fits."""
@@ -381,13 +335,6 @@ class NodeTiming:
             mid = (lo + hi) // 2
             lo, hi = (mid, hi) if self.fits(mid) else (lo, mid)
         return lo
-
-
-def describe(layout: Layout) -> str:
-    """' (fsdp over 4 devices, recomputation)' for an error message; '' unsharded, no recomputation."""
-    parts = ([f"{layout.sharding} over {layout.devices} device{'s' if layout.devices > 1 else ''}"]
-             if layout.sharded else []) + (["full recomputation"] if layout.checkpointing == "full" else [])
-    return f" ({', '.join(parts)})" if parts else ""
 
 
 def node_timings(scenario: Scenario) -> list[NodeTiming]:

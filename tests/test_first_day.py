@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch")
 
-from formats.limits import WORK_ROWS, WORK_ROWS_LARGE, check_work  # noqa: E402
+from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, WORK_ROWS, WORK_ROWS_LARGE, check_work  # noqa: E402
 from geodt.preflight import Machine, PreflightError, check_machine  # noqa: E402
 from geodt.run_cmd import run_main, validate_main  # noqa: E402
 from simulator.cli import estimated_rows, plan_main, simulate_main  # noqa: E402
@@ -108,13 +108,27 @@ def test_check_work_bounds():
     assert "add --large" in asks and f"{WORK_ROWS:,}" in asks
     assert check_work({"a": WORK_ROWS + 1}, large=True) is None
     refused = check_work({"a": WORK_ROWS_LARGE, "b": 1}, large=True)
-    assert "--large" not in refused and f"at most {WORK_ROWS_LARGE:,} (" in refused and "(20,000,001 over 2" in refused
+    assert "--large" not in refused and f"at most {WORK_ROWS_LARGE:,} (" in refused and f"({WORK_ROWS_LARGE + 1:,} over 2" in refused
+
+
+def test_fleet_size_runs_with_default_settings(tmp_path):
+    # issue 32's goals are met "with default settings": 4096 nodes x 2000 rounds (8,192,000 rows, about
+    # 4 s on the default path) and a sweep of 10^6 four-node scenarios (1,360,680 streaming steps at the
+    # paper's 10 rounds) are not refused; the limits of issue 31 once asked --large of both
+    nodes = "\n".join(f'[[nodes]]\nname = "n{i}"\ngpus = {{ a30 = 1 }}\nstep_time_s = 0.2' for i in range(4096))
+    (tmp_path / "fleet.toml").write_text('name = "fleet"\n' + nodes + '\n[model]\npreset = "llama-150m"\n[training]\nrounds = 2000\n')
+    scenario = load_scenario(str(tmp_path / "fleet.toml"))
+    assert estimated_rows(scenario, ["baseline"]) == {"baseline": 8_192_000}
+    assert check_work(estimated_rows(scenario, ["baseline"]), output="parquet") is None
+    assert check_work({"streaming": 2001 * 10 * 4 * 17}, limits=(SWEEP_STEPS, SWEEP_STEPS_LARGE)) is None
+    why = check_work({"baseline": WORK_ROWS + 1}, output="csv")
+    assert "about 1.8 GB of output" in why and "add --large" in why
 
 
 @pytest.mark.parametrize("argv", [
-    ["simulate", "paper"], ["plan", "paper", "--strategy", "baseline"], ["sweep", "--table", "paper"],
+    ["simulate", "paper"], ["plan", "paper", "--strategy", "sync-ddp"], ["sweep", "--table", "paper"],
     ["sweep", "--samples", "3"],
-    ["run", "paper", "--strategy", "baseline"], ["validate", "paper", "--strategy", "baseline"],
+    ["run", "paper", "--strategy", "sync-ddp"], ["validate", "paper", "--strategy", "sync-ddp"],
 ])
 def test_a_million_rounds_is_refused_before_planning(tmp_path, capsys, argv):
     from geodt.cli import main
@@ -128,8 +142,8 @@ def test_a_million_rounds_is_refused_before_planning(tmp_path, capsys, argv):
 
 def test_large_work_asks_for_the_flag_and_the_flag_allows_it(tmp_path, capsys):
     out = tmp_path / "out"
-    argv = ["paper", "--strategy", "baseline", "--set", "training.rounds=300000", "--out", str(out)]
-    one_line_exit_2(capsys, plan_main(argv), "1,200,000 timeline rows", "add --large")
+    argv = ["paper", "--strategy", "sync-ddp", "--set", "training.rounds=30000", "--out", str(out)]
+    one_line_exit_2(capsys, plan_main(argv), "12,000,000 timeline rows", "add --large")
     assert not out.exists()
     assert plan_main([*argv, "--large"]) == 0 and (out / "plan.csv").exists()
 

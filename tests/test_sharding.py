@@ -13,6 +13,7 @@ from facts.catalog import get_gpu
 from simulator.estimate import OVERLAP_SLOWDOWN
 from simulator.cli import plan_main, simulate_main
 from simulator.memory import LAYOUT_ORDER, Layout, activation_bytes_per_sample, state_bytes, step_memory_bytes, transient_bytes
+from simulator.layout_choice import memory_problem
 from simulator.network import HOST_LINK_GBPS, node_outer_step_s, sync_s
 from simulator.scenario import builtin_names, load_scenario
 from simulator.strategies import STRATEGIES, make_plan
@@ -169,7 +170,7 @@ def test_auto_shards_before_it_recomputes(tmp_path):
     for timing in node_timings(s):  # the chosen layout is the first that holds batch 4
         before = order[:order.index((timing.layout.sharding, timing.layout.checkpointing))]
         for sharding, ckpt in before:
-            assert timing._memory_problem(4, Layout(sharding, ckpt, 4)) is not None
+            assert memory_problem(s, timing.node, 4, Layout(sharding, ckpt, 4)) is not None
 
 
 def test_paper_with_llama_1b_plans_every_strategy_and_prints_the_layout(tmp_path, capsys):
