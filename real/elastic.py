@@ -5,20 +5,8 @@ Scope (real/launch.py refuses the rest in one line): local runs spawned by `pyth
 sync-ddp or adaptive plans) with collective ring and payload fp32; no checkpoints, --resume or
 --stop-after (a run that stops cannot be resumed exactly once nodes came and went).
 
-A gloo process group does not survive a member's death, so the run moves through *epochs*: each
-is a fresh gloo group (torch.distributed.ProcessGroupGloo under a PrefixStore "geodt/pg/<e>/")
-over the launcher's TCPStore, which lives in the launcher and survives the workers. Store keys:
-- geodt/epochs: the last epoch allocated (store.add, so two writers never take the same number);
-- geodt/members/<e>: the plan indices of epoch e's nodes ("0,2"), written once by whoever
-  allocated e: the launcher when a member's process died (the members still alive), a node's
-  coordinator (the epoch's first member) when nodes asked to join;
-- geodt/join/<i>: node i's restarted process is ready (its parts built) and asks to join, from the
-  round given (0: the next; an injected outage's round + rounds, ExecOptions.outage);
-  geodt/admit/<i>: the epoch it was admitted to; geodt/admitted/<i>: the launcher's sign that it
-  is a member again;
-- geodt/row/<i>/<r>: node i's trace row of round r (JSON, not pickles), so that rows of a node
-  that died are still written; geodt/t0: the run's start (unix seconds), for a joiner's clock;
-  geodt/digest/<i>: sha256 of the final global weights on node i.
+Membership moves through epochs, each a fresh gloo group; the protocol and its store keys are
+real/membership.py's.
 
 A round: the node's H_i inner steps (no collective), then the barrier, an all-reduce MAX of one
 flag per node (1: that node asked to join) that every member reads from the store, then the
@@ -45,7 +33,6 @@ import os
 import signal
 import sys
 import time
-from datetime import timedelta
 
 import numpy as np
 import torch
@@ -53,20 +40,16 @@ import torch.distributed as dist
 
 from facts.presets import load_arch
 from formats.plan import Plan
+from real.checkpoint import save_whole
 from real.config import RunSpec
 from real.diloco import averaging_weights
+from real.membership import (FAILURES, Epoch, agree, first_line, join_requests, open_next_epoch,
+                             wait_for_admission)
 from real.options import ExecOptions, PeerLost
 from real.rounds import Origin, RoundClock, round_row
 from real.sharding import ShardingSpec, peak_memory_reset
-from real.trace import NUMERIC_COLUMNS, write_trace
-
-FAILURES = (RuntimeError, dist.DistError)  # how gloo and the store report a lost peer or a timeout
-
-
-def connect_store(store_spec: tuple, timeout_s: float):
-    """A client of the launcher's TCPStore (continue runs always serve one, real/launch.py)."""
-    _, host, port = store_spec
-    return dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
+from real.trace import NUMERIC_COLUMNS, membership_lines, summary, write_trace
+from real.worker import build_parts, progress_bar
 
 
 class SoloGroups:
@@ -93,42 +76,12 @@ class SoloGroups:
         return value
 
 
-class Epoch:
-    """One membership epoch: its number, members (plan indices, ascending) and gloo group."""
-
-    def __init__(self, store, number: int, me: int, timeout_s: float):
-        key = f"geodt/members/{number}"
-        store.wait([key], timedelta(seconds=timeout_s))
-        self.number = number
-        self.members = [int(i) for i in store.get(key).decode().split(",")]
-        if me not in self.members:
-            raise PeerLost(f"epoch {number} does not include this node (members {self.members})")
-        self.rank = self.members.index(me)
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore(f"geodt/pg/{number}/", store), self.rank,
-                                           len(self.members), timedelta(seconds=timeout_s))
-
-    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = op
-        self.group.allreduce([tensor], opts).wait()
-
-    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        """`tensor` from member `root` (a plan index) to every member."""
-        opts = dist.BroadcastOptions()
-        opts.rootRank = self.members.index(root)
-        self.group.broadcast([tensor], opts).wait()
-
-
 class ElasticNode:
     """The one process of a node under --on-node-loss continue (the module doc)."""
 
     def __init__(self, rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store, joining: bool):
-        from real.worker import build_parts
-
         self.rank, self.spec, self.plan, self.opts, self.store, self.joining = rank, spec, plan, opts, store, joining
-        self.groups = SoloGroups(plan, rank)
-        self.index, self.me, self.is_leader = rank, plan.nodes[rank], True
-        self.n = len(plan.nodes)
+        self.groups, self.index, self.me, self.n = SoloGroups(plan, rank), rank, plan.nodes[rank], len(plan.nodes)
         self.timeout_s = opts.collective_timeout_s()
         arch = load_arch(spec.model.preset)
         self.vocab_size = arch.vocab_size
@@ -144,24 +97,13 @@ class ElasticNode:
         # an injected outage of this node (ExecOptions.outage): (round it is lost at, round it rejoins at)
         self.outage = next(((r, r + k) for i, r, k in opts.outage or () if i == rank), None)
 
-    # --- membership ----------------------------------------------------------------------
     def enter(self, number: int) -> None:
         """Join epoch `number` and agree on the state (module doc); raises PeerLost on failure."""
-        try:
-            epoch = Epoch(self.store, number, self.index, self.timeout_s)
-            done = torch.full((self.n,), -1.0, dtype=torch.float64)
-            done[self.index] = self.rounds_done
-            epoch.all_reduce(done, dist.ReduceOp.MAX)
-            latest = int(done.max().item())
-            source = next(i for i in epoch.members if int(done[i].item()) == latest)
-            state = torch.stack([self.outer.global_flat, self.outer.momentum])
-            epoch.broadcast(state, source)
-        except FAILURES as exc:
-            raise PeerLost(_first_line(exc)) from exc
+        state = torch.stack([self.outer.global_flat, self.outer.momentum])
+        epoch, latest = agree(self.store, number, self.index, self.n, self.rounds_done, state, self.timeout_s)
         behind = self.rounds_done < latest
         if behind and self.stepped and "sync_start" in self.round_state:
-            # its all-reduce failed here but completed on another member: its pseudo-gradient is in that
-            # average, so the round is its too (its row, with the failed epoch's members)
+            # its pseudo-gradient is in the average that completed elsewhere: the round is its too
             self.round_state["sync_end"] = time.perf_counter()
             self._record(self.origin)
         self.epoch = epoch
@@ -173,18 +115,13 @@ class ElasticNode:
                 self.steps.data_position = self.steps.inner_step * self.steps.node_batch
             self.rounds_done, self.stepped = latest, False
             self.outer.load_into_model()
-        tokens = [self.plan.nodes[i].tokens_per_round(self.spec.model.seq_len) for i in epoch.members]
-        coefs, self.divisor = averaging_weights(self.spec.diloco.averaging, tokens,
-                                                [self.plan.nodes[i].local_steps for i in epoch.members])
-        self.coef = coefs[epoch.rank]
+        self.coef, self.divisor = member_weights(self.plan, self.spec, epoch)
 
     def recover(self, exc: PeerLost) -> None:
         """A member is gone: enter the launcher's next epochs until one forms (or give up: PeerLost)."""
         deadline = time.monotonic() + self.timeout_s
         number = self.epoch.number
-        # Close this node's connections of the failed group at once: in a ring of 4 or more, members that
-        # are not the dead node's neighbours would otherwise wait in their all-reduce for --timeout-s.
-        self.epoch.group = None
+        self.epoch.group = None  # closes its connections: the dead node's non-neighbours fail now (module doc)
         while True:
             number += 1
             try:
@@ -196,34 +133,13 @@ class ElasticNode:
 
     def admit(self, asked: np.ndarray) -> None:
         """After a round's sync: nodes asked to join; the coordinator makes the next epoch, all enter it."""
-        joiners = [i for i in range(self.n) if asked[i] > 0 and i not in self.epoch.members]
         if self.index == self.epoch.members[0]:
-            number = self.store.add("geodt/epochs", 1)
-            self.store.set(f"geodt/members/{number}", ",".join(map(str, sorted(self.epoch.members + joiners))))
-            for j in joiners:
-                self.store.delete_key(f"geodt/join/{j}")
-                self.store.set(f"geodt/admitted/{j}", "1")
-                self.store.set(f"geodt/admit/{j}", str(number))
+            open_next_epoch(self.store, self.epoch.members,
+                            [i for i in range(self.n) if asked[i] > 0 and i not in self.epoch.members])
         try:
             self.enter(self.epoch.number + 1)
         except PeerLost as exc:
             self.recover(exc)
-
-    def join_requests(self) -> torch.Tensor:
-        """One flag per node: 1 where a node outside the epoch asked to join (geodt/join/<i>, its value
-        the first round it may take part in) and may join after this round."""
-        flags = torch.zeros(self.n, dtype=torch.float64)
-        for i in range(self.n):
-            key = f"geodt/join/{i}"
-            if i not in self.epoch.members and self.store.check([key]):
-                flags[i] = float(self.rounds_done + 1 >= int(self.store.get(key).decode()))
-        return flags
-
-    # --- the run -------------------------------------------------------------------------
-    def warm_up(self) -> None:
-        batch = torch.zeros((self.me.batch_size, self.spec.model.seq_len), dtype=torch.long)
-        self.parts.model(input_ids=batch, labels=batch).loss.backward()
-        self.parts.model.zero_grad(set_to_none=True)
 
     def start(self) -> Origin:
         """Enter the first epoch (0, or the one a joiner is admitted to); the run's time axis."""
@@ -234,21 +150,13 @@ class ElasticNode:
                 self.store.set("geodt/t0", repr(time.time()))
             return Origin(t0)
         ready = time.time()
-        self.store.set(f"geodt/join/{self.index}", str(self.outage[1] if self.outage else 0))
-        self.store.wait([f"geodt/admit/{self.index}"], timedelta(seconds=max(self.timeout_s, 86400.0)))
-        self.enter(int(self.store.get(f"geodt/admit/{self.index}").decode()))
-        t0_unix = float(self.store.get("geodt/t0").decode())
-        restarted = float(self.store.get(f"geodt/restarted/{self.index}").decode())
-        print(f"real: node {self.me.node} (rank {self.rank}) rejoined at round {self.rounds_done}, "
-              f"{time.time() - restarted:.2f} s after the launcher restarted it ({ready - restarted:.2f} s to start "
-              f"its process and build the model, {time.time() - ready:.2f} s until the others admitted it)",
-              file=sys.stderr, flush=True)
-        return Origin(time.perf_counter() - (time.time() - t0_unix))
+        self.enter(wait_for_admission(self.store, self.index, self.outage[1] if self.outage else 0, self.timeout_s))
+        return rejoined(self.store, self.index, f"node {self.me.node} (rank {self.rank})", self.rounds_done, ready)
 
     def run(self) -> None:
-        self.warm_up()
+        warm_up(self.parts, self.me.batch_size, self.spec.model.seq_len)
         origin = self.origin = self.start()
-        bar = self._progress_bar()
+        bar = progress_bar(self.opts, self.spec, self.me) if self.rank == 0 and not self.joining else None
         try:
             while self.rounds_done < self.spec.rounds:
                 if not self.stepped:
@@ -268,18 +176,6 @@ class ElasticNode:
                 bar.close()
         self.finish()
 
-    def _progress_bar(self):
-        """The first process's bar over its inner steps (real/worker.py's), or None."""
-        if self.rank != 0 or self.joining or not self.opts.progress:
-            return None
-        import threading
-
-        from tqdm import tqdm
-
-        tqdm.set_lock(threading.RLock())
-        return tqdm(total=self.spec.rounds * self.me.local_steps, desc=f"DiLoCo ({self.me.node})", unit="step",
-                    file=sys.stderr, dynamic_ncols=True)
-
     def _inner_steps(self, bar) -> None:
         peak_memory_reset(self.groups.device)
         start = time.perf_counter()
@@ -291,13 +187,13 @@ class ElasticNode:
     def _sync(self) -> np.ndarray:
         """The barrier (carrying the join requests) and the outer sync; the agreed join flags."""
         try:
-            asked = self.join_requests()
+            asked = join_requests(self.store, self.n, self.epoch.members, self.rounds_done)
             self.epoch.all_reduce(asked, dist.ReduceOp.MAX)
             self.round_state["sync_start"] = time.perf_counter()
             delta = self.outer.pseudo_gradient(self.coef)
             self.epoch.all_reduce(delta)
         except FAILURES as exc:
-            raise PeerLost(_first_line(exc)) from exc
+            raise PeerLost(first_line(exc)) from exc
         delta.div_(self.divisor)
         self.outer.outer_step(delta, self.spec.diloco.outer_lr, self.spec.diloco.outer_momentum)
         self.outer.load_into_model()
@@ -309,61 +205,71 @@ class ElasticNode:
 
     def _record(self, origin: Origin) -> None:
         """The round's trace row, into the store at once (it outlives this process)."""
-        s = self.round_state
+        s, members = self.round_state, self.epoch.members
         row = round_row(self.parts, self.rounds_done, origin, s["loss_sum"], s["clock"],
                         compute_s=s["compute_end"] - s["start"], idle_s=s["sync_start"] - s["compute_end"],
                         comm_s=s["sync_end"] - s["sync_start"], start=s["start"], end=s["sync_end"],
-                        bytes_sent=2 * (len(self.epoch.members) - 1) * self.outer.global_flat.numel() * 4
-                        // len(self.epoch.members))
-        row["members"] = "+".join(self.plan.nodes[i].node for i in self.epoch.members)
+                        bytes_sent=2 * (len(members) - 1) * self.outer.global_flat.numel() * 4 // len(members))
+        row["members"] = "+".join(self.plan.nodes[i].node for i in members)
         self.store.set(f"geodt/row/{self.index}/{self.rounds_done}",
                        json.dumps({k: row[k] for k in [*NUMERIC_COLUMNS, "members"]}))
         self.rounds_done += 1
         self.stepped = False
 
     def finish(self) -> None:
-        """Every member leaves its weights' digest; the first writes trace.csv, the final weights and
-        the summary (who left and rejoined when, and whether the members' global weights agree)."""
+        """Every member leaves its weights' digest; the first writes the outputs (write_outputs)."""
         digest = hashlib.sha256(self.outer.global_flat.numpy().tobytes()).hexdigest()
         self.store.set(f"geodt/digest/{self.index}", digest)
-        try:
-            self.epoch.all_reduce(torch.zeros(1))
-        except FAILURES as exc:
-            raise PeerLost(_first_line(exc)) from exc
+        self.epoch.barrier()
         if self.index == self.epoch.members[0]:
-            self._write_outputs()
-        try:  # nobody leaves before the writer is done (gloo's pending work)
-            self.epoch.all_reduce(torch.zeros(1))
-        except FAILURES as exc:
-            raise PeerLost(_first_line(exc)) from exc
-
-    def _write_outputs(self) -> None:
-        from real.checkpoint import save_whole
-
-        rows = []
-        for i, node in enumerate(self.plan.nodes):
-            for r in range(self.spec.rounds):
-                key = f"geodt/row/{i}/{r}"
-                if self.store.check([key]):
-                    rows.append({"strategy": self.plan.strategy, "node": node.node,
-                                 **json.loads(self.store.get(key).decode())})
-        names = [node.node for node in self.plan.nodes]
-        frame = write_trace(rows, names, os.path.join(self.opts.out_dir, "trace.csv"), extra=["members"])
-        weights = {name: p.detach().cpu() for name, p in self.parts.model.named_parameters()}
-        save_whole(weights, os.path.join(self.opts.out_dir, "final_weights.pt"))
-        digests = {self.plan.nodes[i].node: self.store.get(f"geodt/digest/{i}").decode()[:16]
-                   for i in self.epoch.members}
-        if self.opts.summary:
-            from real.trace import membership_lines, summary
-
-            print(summary(frame), flush=True)
-            for line in membership_lines(frame, names):
-                print(line, flush=True)
-            same = "identical" if len(set(digests.values())) == 1 else "DIFFERENT"
-            print(f"final global weights (sha256) {same} on the members: "
-                  + ", ".join(f"{k}={v}" for k, v in digests.items()), flush=True)
+            weights = {name: p.detach().cpu() for name, p in self.parts.model.named_parameters()}
+            write_outputs(self.store, self.plan, self.spec.rounds, self.opts, self.epoch.members, weights)
+        self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def member_weights(plan: Plan, spec: RunSpec, epoch: Epoch) -> tuple[float, float]:
+    """This member's averaging coefficient and the divisor, over the epoch's members only."""
+    nodes = [plan.nodes[i] for i in epoch.members]
+    coefs, divisor = averaging_weights(spec.diloco.averaging, [n.tokens_per_round(spec.model.seq_len) for n in nodes],
+                                       [n.local_steps for n in nodes])
+    return coefs[epoch.rank], divisor
+
+
+def rejoined(store, index: int, who: str, round_: int, ready: float) -> Origin:
+    """Say when a restarted node rejoined (and where its time went); the run's time axis for it."""
+    t0_unix = float(store.get("geodt/t0").decode())
+    restarted = float(store.get(f"geodt/restarted/{index}").decode())
+    print(f"real: {who} rejoined at round {round_}, {time.time() - restarted:.2f} s after the launcher "
+          f"restarted it ({ready - restarted:.2f} s to start its process and build the model, "
+          f"{time.time() - ready:.2f} s until the others admitted it)", file=sys.stderr, flush=True)
+    return Origin(time.perf_counter() - (time.time() - t0_unix))
+
+
+def warm_up(parts, batch_size: int, seq_len: int) -> None:
+    """One forward and backward before the clock starts (the first step's one-time costs)."""
+    batch = torch.zeros((batch_size, seq_len), dtype=torch.long)
+    parts.model(input_ids=batch, labels=batch).loss.backward()
+    parts.model.zero_grad(set_to_none=True)
+
+
+def write_outputs(store, plan: Plan, rounds: int, opts: ExecOptions, members: list[int], weights: dict) -> None:
+    """trace.csv from every node's rows in the store (those of nodes that died too), the final
+    weights, and the summary: who left and rejoined when, and whether the members' global weights
+    agree (their digests)."""
+    rows = []
+    for i, node in enumerate(plan.nodes):
+        for r in range(rounds):
+            key = f"geodt/row/{i}/{r}"
+            if store.check([key]):
+                rows.append({"strategy": plan.strategy, "node": node.node, **json.loads(store.get(key).decode())})
+    names = [node.node for node in plan.nodes]
+    frame = write_trace(rows, names, os.path.join(opts.out_dir, "trace.csv"), extra=["members"])
+    save_whole(weights, os.path.join(opts.out_dir, "final_weights.pt"))
+    digests = {plan.nodes[i].node: store.get(f"geodt/digest/{i}").decode()[:16] for i in members}
+    if opts.summary:
+        print(summary(frame), flush=True)
+        for line in membership_lines(frame, names):
+            print(line, flush=True)
+        same = "identical" if len(set(digests.values())) == 1 else "DIFFERENT"
+        print(f"final global weights (sha256) {same} on the members: "
+              + ", ".join(f"{k}={v}" for k, v in digests.items()), flush=True)

@@ -108,7 +108,8 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
         if opts.on_node_loss == "continue":  # no run-wide group: one per membership epoch
-            from real.elastic import ElasticNode, connect_store
+            from real.elastic import ElasticNode
+            from real.membership import connect_store
 
             store = connect_store(store_spec, opts.collective_timeout_s())
             node = ElasticNode(rank, spec, plan, opts, store, joining)

@@ -106,7 +106,7 @@ class Respawner:
         again = self.rejoin_after_s is not None and rank not in self.restarted and bool(alive)
         print(f"real: {self._name(rank)} was killed by {signal_name(-code)}; "
               + ("no node is left" if not alive else
-                 f"the others continue without it (--on-node-loss continue)"
+                 "the others continue without it (--on-node-loss continue)"
                  + (f"; it restarts in {self.rejoin_after_s:g} s" if again else "")),
               file=sys.stderr, flush=True)
         if again:

@@ -91,6 +91,21 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
                      tokens_per_round=me.tokens_per_round(seq_len))
 
 
+def progress_bar(opts: ExecOptions, spec: RunSpec, me, rounds_done: int = 0):
+    """The progress bar over the run's inner steps (shown by the first process), or None."""
+    if not opts.progress:
+        return None
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock is a multiprocessing semaphore, which the os._exit at the end
+    # would leak (a resource_tracker warning); one process needs only a thread lock.
+    tqdm.set_lock(threading.RLock())
+    return tqdm(total=spec.rounds * me.local_steps, initial=rounds_done * me.local_steps,
+                desc=f"DiLoCo ({me.node})", unit="step", file=sys.stderr, dynamic_ncols=True)
+
+
 def make_round(parts: NodeParts, streaming: StreamingSpec | None) -> Round:
     """The plan's kind of round: sync-ddp, Streaming DiLoCo (given its settings), else DiLoCo."""
     if parts.plan.sync == "gradients":
@@ -181,7 +196,7 @@ class Node:
             checkpoint.start_afresh(self)
         self.warm_up()
         last = self.spec.rounds if self.opts.stop_after is None else min(self.spec.rounds, self.opts.stop_after)
-        bar = self._progress_bar()
+        bar = progress_bar(self.opts, self.spec, self.me, self.rounds_done) if self.rank == 0 else None
         self.groups.barrier()
         t0 = time.perf_counter()
         try:
@@ -211,20 +226,6 @@ class Node:
         if factor != self.parts.steps.drift_factor and not self.opts.emulate:
             set_own_quota(self.me.cpu_quota / factor)
         self.parts.steps.drift_factor = factor
-
-    def _progress_bar(self):
-        """Rank 0's progress bar over the run's inner steps, or None."""
-        if self.rank != 0 or not self.opts.progress:
-            return None
-        import threading
-
-        from tqdm import tqdm
-
-        # tqdm's default lock is a multiprocessing semaphore, which the os._exit at the end
-        # would leak (a resource_tracker warning); one process needs only a thread lock.
-        tqdm.set_lock(threading.RLock())
-        return tqdm(total=self.spec.rounds * self.me.local_steps, initial=self.rounds_done * self.me.local_steps,
-                    desc=f"DiLoCo ({self.me.node})", unit="step", file=sys.stderr, dynamic_ncols=True)
 
     def finish(self) -> None:
         """Gather the leaders' rows to rank 0, which writes trace.csv (and syncs.csv when

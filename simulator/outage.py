@@ -6,7 +6,9 @@ With on_node_loss = "continue" the others notice at round 5's barrier (after det
 among themselves for rounds 5..7 (the node's rows: no compute, idle, sync or tokens), and the
 node rejoins at round 8's boundary, first fetching the global weights and outer momentum from a
 live peer (2 × 4 bytes per parameter over its link: that round's comm_s carries it, the others
-wait for it at the barrier). With "stop" (the executor's behaviour before this issue) the whole
+wait for it at the barrier). A node whose restart takes longer (restart_s: the executor restarts
+a lost node's process at once, and it must start and build its model) rejoins at the first
+boundary after it is ready: round 5 + max(3, ⌈restart_s / the others' round⌉). With "stop" (the executor's behaviour before this issue) the whole
 run stops at round 5's barrier: after detect_s, the node's downtime (as long as `rounds` of the
 rounds before) and restart_s (relaunch and reload), every node re-runs round 5 from the
 checkpoint of round 4: its first pass is lost work, and all of it is the round's idle_s.
@@ -75,11 +77,11 @@ def prepare(scenario, plan, compute: np.ndarray, comm_s) -> tuple[np.ndarray, Fi
             continue
         if sim.on_node_loss == "continue":
             others = np.delete(compute[f], i).max() if n > 1 else 0.0
-            gone = slice(f, min(f + outage.rounds, rounds))
+            back = f + max(outage.rounds, restart_rounds(sim.restart_s, np.delete(compute[f], i), comm))
+            gone = slice(f, min(back, rounds))
             compute[gone, i] = 0.0
             compute[f, i] = others + sim.detect_s  # the others' barrier opens once they notice (row blanked)
             fix.gone[gone, i] = True
-            back = f + outage.rounds
             if back < rounds:
                 fetch = fetch_s(scenario, plan, i)
                 compute[back, i] += fetch
@@ -90,6 +92,15 @@ def prepare(scenario, plan, compute: np.ndarray, comm_s) -> tuple[np.ndarray, Fi
             compute[f] += pause  # the lost first pass, the wait, the downtime, the relaunch
             fix.to_idle[f] += pause
     return compute, fix
+
+
+def restart_rounds(restart_s: float, others_compute: np.ndarray, comm: np.ndarray) -> int:
+    """Rounds the others run before a node restarted at its loss is ready to rejoin: restart_s
+    (its process start and model build) over their round's length (their slowest compute, the sync)."""
+    if restart_s <= 0:
+        return 0
+    round_s = (others_compute.max() if others_compute.size else 0.0) + comm.max()
+    return int(np.ceil(restart_s / round_s)) if round_s > 0 else 1
 
 
 def fetch_s(scenario, plan, i: int) -> float:

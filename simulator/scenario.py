@@ -113,7 +113,7 @@ class SimulationConfig:
     # A node's outage (simulator/outage.py): the others go on without it, or the run stops and restarts.
     on_node_loss: str = "stop"
     detect_s: float = 0.0   # how long the others wait at the barrier before they notice the loss
-    restart_s: float = 0.0  # stop: relaunching every node and reloading the checkpoints
+    restart_s: float = 0.0  # stop: relaunching every node and reloading; continue: the lost node's restart
 
     def __post_init__(self) -> None:
         require_choice(self, "variability", ("given", "profile"))

@@ -226,7 +226,7 @@ def _outage(write_scenario, policy, strategy="baseline", sets=()):
 def test_continue_leaves_the_others_training_and_rejoins_from_a_peer(write_scenario):
     from simulator.outage import fetch_s
 
-    scenario, plan, t = _outage(write_scenario, "continue")
+    scenario, plan, t = _outage(write_scenario, "continue", sets=["simulation.restart_s=0"])
     by = lambda node, col: t[t["node"] == node][col].to_numpy()
     tokens = plan.nodes[0].tokens_per_round(plan.seq_len)
     assert by("a", "tokens").tolist() == [tokens, tokens, 0, 0, tokens, tokens]  # rounds 2, 3 lost: a's own
@@ -239,6 +239,18 @@ def test_continue_leaves_the_others_training_and_rejoins_from_a_peer(write_scena
     np.testing.assert_allclose(by("a", "comm_s")[4], plan.comm_s + fetch, rtol=1e-12)
     assert fetch > 1.2  # so that b waits for a: a's 4 s and the fetch against b's 5.2 s
     np.testing.assert_allclose(by("b", "idle_s")[4], 4.0 + fetch - 5.2, rtol=1e-9)
+
+
+@pytest.mark.parametrize("restart_s, back", [(0.0, 4), (10.0, 4), (20.0, 6), (40.0, 9)])
+def test_continue_rejoins_once_the_restart_is_done(write_scenario, restart_s, back):
+    # a is restarted at its loss (round 2's start) and needs restart_s to start and build its model;
+    # the others' round is b's 5.2 s of compute plus the sync: a rejoins at round
+    # 2 + max(2, ceil(restart_s / round)), never before the outage's own 2 rounds are over
+    scenario, plan, t = _outage(write_scenario, "continue", sets=["training.rounds=10", f"simulation.restart_s={restart_s}"])
+    round_s = 5.2 + plan.comm_s
+    assert back == 2 + max(2, int(np.ceil(restart_s / round_s)))
+    tokens = t[t["node"] == "a"]["tokens"].to_numpy()
+    assert (tokens[2:back] == 0).all() and (tokens[back:] > 0).all() and (tokens[:2] > 0).all()
 
 
 def test_stop_pauses_everyone_and_reruns_the_round(write_scenario):
