@@ -20,6 +20,7 @@ import numpy as np
 from formats.adaptive import deadline_steps, measured_step_s, rebalance_steps, round_time_s
 from formats.plan import Plan
 from simulator.drift import drift_factors
+from simulator.outage import outages, rejoin_round
 from simulator.scenario import Scenario
 from simulator.workload import node_cvs
 
@@ -59,30 +60,69 @@ class StepDraws:
         return ((self.step_s[i] - self.intra_s[i]) * jitter + self.intra_s[i]) * factor
 
 
-def adaptive_rounds(scenario: Scenario, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """(compute_s, steps), each (rounds × nodes), of an adaptive plan's rounds (module docstring)."""
+def adaptive_rounds(scenario: Scenario, plan: Plan, comm_s=0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(compute_s, steps), each (rounds × nodes), of an adaptive plan's rounds (module docstring).
+    Under an outage (on_node_loss = "continue", simulator/outage.py) each round is planned over the
+    nodes present when it is planned, at the plan's samples per round: the round in flight at a loss
+    keeps the lost node, the rounds after it until it rejoins (`comm_s` prices its restart) do not."""
     rounds, n = plan.rounds or scenario.training.rounds, len(plan.nodes)
     factors = drift_factors(scenario, plan)
     factors = np.ones((rounds, n)) if factors is None else factors
     draws = StepDraws(scenario, plan)
     units = np.array([p.batch_size * p.gpus for p in plan.nodes], dtype=float)
     samples = float(sum(p.local_steps * p.batch_size * p.gpus for p in plan.nodes))
-    compute, steps = np.empty((rounds, n)), np.empty((rounds, n), dtype=np.int64)
-    estimate = draws.step_s.copy()  # round 0 knows only the plan's step times
+    compute, steps = np.zeros((rounds, n)), np.zeros((rounds, n), dtype=np.int64)
+    estimate = draws.step_s.copy()  # round 0 knows only the plan's step times; a node away keeps its own
+    absent = Absences(scenario, plan, rounds, comm_s)
     for r in range(rounds):
+        here = absent.planned(r)
+        runs = here & ~absent.lost_at(r)  # a node lost at the round's start was planned, runs nothing
+        if not runs.any():  # nobody left to train (a one-node run whose node is away)
+            absent.after(r, compute[r])
+            continue
         if plan.adapt == "rebalance":
-            planned = np.array([p.local_steps for p in plan.nodes]) if r == 0 else \
-                rebalance_steps(estimate, units, samples)
-            for i in range(n):
+            planned = np.array([p.local_steps for p in plan.nodes])
+            if r > 0:
+                planned[here] = rebalance_steps(estimate[here], units[here], samples)
+            for i in np.flatnonzero(runs):
                 compute[r, i], estimate[i] = draws.total(i, factors[r, i], int(planned[i]))
-            steps[r] = planned
+                steps[r, i] = planned[i]
         else:
-            deadline = float(round_time_s(estimate, units, samples))
-            for i in range(n):
+            deadline = float(round_time_s(estimate[here], units[here], samples))
+            for i in np.flatnonzero(runs):
                 compute[r, i], steps[r, i] = _until_deadline(draws, i, factors[r, i], deadline)
             jittered = np.asarray(draws.cvs) > 0
-            estimate = np.where(jittered, measured_step_s(compute[r], steps[r]), draws.step_s * factors[r])
+            measured = np.where(jittered, measured_step_s(compute[r], np.maximum(steps[r], 1)), draws.step_s * factors[r])
+            estimate = np.where(runs, measured, estimate)
+        absent.after(r, compute[r])
     return compute, steps
+
+
+class Absences:
+    """Which nodes each round of an adaptive plan is planned over, under continue's outages."""
+
+    def __init__(self, scenario: Scenario, plan: Plan, rounds: int, comm_s):
+        self.scenario, self.rounds = scenario, rounds
+        self.comm = np.broadcast_to(np.asarray(comm_s, dtype=float), (len(plan.nodes),))
+        self.lost = {i: o for i, o in outages(scenario, plan) if scenario.simulation.on_node_loss == "continue"}
+        self.away = np.zeros((rounds, len(plan.nodes)), dtype=bool)
+
+    def planned(self, r: int) -> np.ndarray:
+        """The nodes round r is planned over: those not away (a node lost at r is: nobody knows yet)."""
+        return ~self.away[r]
+
+    def lost_at(self, r: int) -> np.ndarray:
+        """The nodes lost at round r's start."""
+        mask = np.zeros(self.away.shape[1], dtype=bool)
+        mask[[i for i, outage in self.lost.items() if outage.round == r]] = True
+        return mask
+
+    def after(self, r: int, compute: np.ndarray) -> None:
+        """Round r done: a node lost at its start is away until rejoin_round (its restart priced)."""
+        for i, outage in self.lost.items():
+            if outage.round == r:
+                back = rejoin_round(self.scenario.simulation, outage, np.delete(compute, i), self.comm)
+                self.away[r + 1:back, i] = True
 
 
 def _until_deadline(draws: StepDraws, i: int, factor: float, deadline_s: float) -> tuple[float, int]:

@@ -98,8 +98,8 @@ def _whole_classic(scenario: Scenario, plan: Plan, engine: str) -> dict:
     """A classic plan's arrays (tokens included), every round at once: an adaptive plan's rounds
     depend on what the rounds before measured (simulator/adaptive.py), an outage is settled on the
     whole arrays (simulator/outage.py)."""
-    compute, steps = adaptive_rounds(scenario, plan) if plan.adaptive else (compute_matrix(scenario, plan), None)
     comm = node_comm_s(scenario, plan)
+    compute, steps = adaptive_rounds(scenario, plan, comm) if plan.adaptive else (compute_matrix(scenario, plan), None)
     compute, fixups = outage.prepare(scenario, plan, compute, comm)  # a node lost for a while
     ckpt = checkpoint_cost(scenario).block_s(round_s(compute, comm))
     arrays = (run_simpy if engine == "simpy" else run_analytic)(compute, comm, ckpt)

@@ -15,8 +15,11 @@ checkpoint of round 4: its first pass is lost work, and all of it is the round's
 
 Both are made from the compute matrix the engines run (so both engines agree exactly) and a
 settlement of their arrays afterwards: `prepare` returns the matrix with the outage's time in
-it, `settle` moves that time where it belongs. Classic DiLoCo plans only (not adaptive, not
-streaming, not sync-ddp: their rounds do not stand still for a lost node here).
+it, `settle` moves that time where it belongs. Classic DiLoCo plans (not streaming, not sync-ddp:
+their rounds do not stand still for a lost node here), and adaptive plans (rebalance, deadline)
+under continue: simulator/adaptive.py plans each round over the nodes
+present, at the plan's samples per round, so the others take on the lost node's share from the
+round after its loss (the round in flight was planned with it); `settle` then blanks its rows.
 """
 from __future__ import annotations
 
@@ -63,9 +66,7 @@ def prepare(scenario, plan, compute: np.ndarray, comm_s) -> tuple[np.ndarray, Fi
     lost = outages(scenario, plan)
     if not lost:
         return compute, None
-    if plan.adaptive or plan.streaming or plan.sync == "gradients":
-        raise InputError(f"strategy {plan.strategy}: nodes[].outage is modelled for classic DiLoCo plans; expected "
-                         "a strategy other than rebalance, deadline, streaming or sync-ddp (or no outage)")
+    check_modelled(scenario, plan)
     rounds, n = compute.shape
     sim = scenario.simulation
     compute = compute.copy()
@@ -77,7 +78,7 @@ def prepare(scenario, plan, compute: np.ndarray, comm_s) -> tuple[np.ndarray, Fi
             continue
         if sim.on_node_loss == "continue":
             others = np.delete(compute[f], i).max() if n > 1 else 0.0
-            back = f + max(outage.rounds, restart_rounds(sim.restart_s, np.delete(compute[f], i), comm))
+            back = rejoin_round(sim, outage, np.delete(compute[f], i), comm)
             gone = slice(f, min(back, rounds))
             compute[gone, i] = 0.0
             compute[f, i] = others + sim.detect_s  # the others' barrier opens once they notice (row blanked)
@@ -92,6 +93,21 @@ def prepare(scenario, plan, compute: np.ndarray, comm_s) -> tuple[np.ndarray, Fi
             compute[f] += pause  # the lost first pass, the wait, the downtime, the relaunch
             fix.to_idle[f] += pause
     return compute, fix
+
+
+def check_modelled(scenario, plan) -> None:
+    """InputError unless the plan's rounds stand still for a lost node here: classic DiLoCo rounds,
+    and adaptive ones (rebalance, deadline) under continue (simulator/adaptive.py plans them over
+    the nodes present)."""
+    if plan.streaming or plan.sync == "gradients" or (plan.adaptive and scenario.simulation.on_node_loss != "continue"):
+        raise InputError(f"strategy {plan.strategy}: nodes[].outage is modelled for classic DiLoCo plans (and "
+                         "rebalance and deadline under on_node_loss = \"continue\"); expected another strategy "
+                         "or policy (or no outage)")
+
+
+def rejoin_round(sim, outage: Outage, others_compute: np.ndarray, comm: np.ndarray) -> int:
+    """Under continue, the first round a node lost at outage.round takes part in again (module doc)."""
+    return outage.round + max(outage.rounds, restart_rounds(sim.restart_s, others_compute, comm))
 
 
 def restart_rounds(restart_s: float, others_compute: np.ndarray, comm: np.ndarray) -> int:

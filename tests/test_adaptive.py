@@ -253,6 +253,32 @@ def test_continue_rejoins_once_the_restart_is_done(write_scenario, restart_s, ba
     assert (tokens[2:back] == 0).all() and (tokens[back:] > 0).all() and (tokens[:2] > 0).all()
 
 
+def test_rebalance_under_continue_gives_the_lost_nodes_share_to_the_others(write_scenario):
+    # a is lost at round 2's start for 2 rounds: round 2 was planned with it (b and c do their share
+    # only), rounds 3 are planned over b and c at the plan's samples per round, and a is back at 4
+    scenario, plan, t = _outage(write_scenario, "continue", "rebalance", sets=["simulation.restart_s=0"])
+    steps = t.pivot(index="round", columns="node", values="tokens") / (plan.seq_len * 4)  # batch 4, 1 device
+    samples = sum(p.local_steps * p.batch_size for p in plan.nodes)
+    assert steps.loc[2:3, "a"].tolist() == [0, 0] and (steps.loc[[0, 1, 4, 5], "a"] > 0).all()
+    assert steps.loc[2, ["b", "c"]].tolist() == steps.loc[1, ["b", "c"]].tolist()  # in flight: as planned
+    done = steps.loc[3, ["b", "c"]] * 4
+    assert done.sum() >= samples and (done.sum() - samples) < 4 * 2  # K, within one step per node
+    assert steps.loc[3, "b"] > steps.loc[1, "b"] and steps.loc[3, "c"] > steps.loc[1, "c"]
+    assert steps.loc[4].tolist() == steps.loc[1].tolist()  # a back: the plan over all three again
+
+
+def test_deadline_under_continue_lengthens_the_others_rounds_while_a_node_is_away(write_scenario):
+    scenario, plan, t = _outage(write_scenario, "continue", "deadline", sets=["simulation.restart_s=0"])
+    compute = t.pivot(index="round", columns="node", values="compute_s")
+    tokens = t.pivot(index="round", columns="node", values="tokens")
+    assert tokens.loc[2:3, "a"].tolist() == [0, 0]
+    # round 3's deadline is the one that makes b and c alone do the round's samples: longer than round 1's
+    assert compute.loc[3, "b"] > compute.loc[1, "b"] * 1.2 and compute.loc[3, "c"] > compute.loc[1, "c"] * 1.2
+    samples = sum(p.local_steps * p.batch_size for p in plan.nodes) * plan.seq_len
+    assert tokens.loc[3, ["b", "c"]].sum() >= samples
+    np.testing.assert_allclose(compute.loc[4].to_numpy(), compute.loc[1].to_numpy(), rtol=1e-12)
+
+
 def test_stop_pauses_everyone_and_reruns_the_round(write_scenario):
     scenario, plan, t = _outage(write_scenario, "stop")
     round_s = 5.2 + plan.comm_s  # b is the slowest: 40 steps of 0.13 s
@@ -268,6 +294,6 @@ def test_outage_is_validated_and_refused_where_not_modelled(write_scenario):
         load_scenario(str(write_scenario(THREE)), ["nodes.a.outage={round=2, rounds=0}"])
     with pytest.raises(InputError, match=r"--set: simulation.on_node_loss: expected one of stop, continue"):
         load_scenario(str(write_scenario(THREE)), ['simulation.on_node_loss="wait"'])
-    scenario = load_scenario(str(write_scenario(THREE)), ["nodes.a.outage={round=2}"])
+    scenario = load_scenario(str(write_scenario(THREE)), ["nodes.a.outage={round=2}"])  # on_node_loss stop
     with pytest.raises(InputError, match="strategy deadline: nodes\\[\\].outage is modelled for classic DiLoCo"):
         simulate(scenario, make_plan(scenario, "deadline"), "analytic")
