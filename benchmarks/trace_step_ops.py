@@ -6,8 +6,8 @@ step's ops one after another (HOST_S_PER_OP each), the device runs each once it 
 the previous one is done. For that it needs the ops in dispatch order and each op's share of the
 device's work. This script traces train/step.py's step (transformers' Llama, fused AdamW as
 make_optimizer builds it on CUDA; fp16 with its GradScaler) under FakeTensorMode and a
-TorchDispatchMode, the same ops benchmarks/count_step_ops.py counts (the second of two steps),
-and writes per op:
+TorchDispatchMode (every aten op of the second of two steps, views and casts included: each costs
+the host its dispatch), and writes per op:
 
 - `flops`: torch.utils.flop_counter's formula for the op where its registry has one (matmuls,
   attention; torch's CPU flash attention priced by the CUDA flash kernel's formula), else 0;
@@ -26,8 +26,8 @@ grouped-query attention adds repeat_kv's ops).
 
     PYTHONPATH=. python benchmarks/trace_step_ops.py [--out facts/step_ops.csv] [--check]
 
---check: regenerate into memory and compare with the committed file; also print the op counts per
-model, which must equal benchmarks/count_step_ops.py's.
+--check: regenerate into memory and compare with the committed file. Both print the ops per step
+of llama-150m and llama-1b per dtype (the host's dispatches; as the fact file gives them).
 """
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.count_step_ops import NOT_DISPATCHED  # noqa: E402
+# `prim.device` queries and the 0-d reads of AdamW's step counter reach no device: not dispatched.
+NOT_DISPATCHED = {"prim.device", "aten._local_scalar_dense"}
 
 OUT_PATH = Path(__file__).resolve().parents[1] / "facts" / "step_ops.csv"
 COLUMNS = ("variant", "dtype", "segment", "per_layer", "op", "kind", "phase", "flops", "bytes")
@@ -256,6 +257,20 @@ def table_rows() -> list[dict]:
     return rows
 
 
+def print_counts() -> None:
+    """Ops per step (and of them the optimizer's) of the presets, from facts/step_ops.csv as loaded."""
+    from facts.presets import load_arch
+    from facts.step_ops import step_ops  # first loaded here: after the write
+    print("dtype  llama-150m (optimizer)  llama-1b (optimizer)")
+    for dtype in ("bf16", "fp16", "fp32"):
+        counts = []
+        for name in ("llama-150m", "llama-1b"):
+            a = load_arch(name)
+            ops = step_ops(a.hidden_size, a.num_layers, a.num_heads, a.num_kv_heads, a.ffn_size, a.vocab_size, 1024, dtype)
+            counts.append(f"{ops.flops.shape[1]:10d} ({ops.optimizer_ops:3d})")
+        print(f"{dtype:5s} {counts[0]:>23s} {counts[1]:>21s}")
+
+
 def render(rows: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
@@ -272,6 +287,7 @@ def main(argv=None) -> int:
     text = render(table_rows())
     if args.check:
         same = args.out.read_text(encoding="utf-8") == text
+        print_counts()
         print(f"{args.out}: {'regenerates exactly' if same else 'DIFFERS from a fresh trace'}")
         return 0 if same else 1
     fd, tmp = tempfile.mkstemp(dir=args.out.parent, prefix=".step_ops.")
@@ -280,6 +296,8 @@ def main(argv=None) -> int:
     os.chmod(tmp, 0o644)
     os.replace(tmp, args.out)
     print(f"wrote {args.out} ({text.count(chr(10)) - 1} ops)")
+    if args.out == OUT_PATH:
+        print_counts()
     return 0
 
 
