@@ -296,6 +296,8 @@ class StepEstimate:
     def step_s(self, batch, accum: int = 1):
         """Seconds of one optimizer step of `accum` micro-steps of `batch` sequences (batch may be an
         array when there are no collectives): the device's time, or an eager GPU step's pipeline."""
+        if self.pipeline is None and not self.comm_s and accum == 1:
+            return self.fixed_s + self.sample_s * batch  # t0 + c·b: the floats the sweep and plans always had
         compute_s = self.weights_s + self.launch_s + self.sample_s * batch
         micro_s = overlapped_s(compute_s, self.comm_s) if self.comm_s else compute_s
         if self.pipeline is None:
