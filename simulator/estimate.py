@@ -77,6 +77,7 @@ its host dispatches it, nothing to overlap: no pipeline either.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -249,6 +250,11 @@ class DispatchPipeline:
         moved = self.ops.bytes[0] + b * self.ops.bytes[1]
         return np.maximum(flops / self.flops_per_s, moved / self.bytes_per_s)
 
+    @cached_property
+    def optimizer_op_seconds(self) -> np.ndarray:
+        """The optimizer's ops' roofline seconds (they do not depend on the batch)."""
+        return self.op_seconds(np.zeros(1))[0, self.ops.micro_ops:]
+
     def step_s(self, batch, micro_s, optimizer_s: float, accum: int = 1):
         """One step: `accum` micro-steps of `batch` sequences (micro_s device seconds each, like batch
         a number or an array) then the optimizer (optimizer_s), through the pipeline."""
@@ -257,7 +263,7 @@ class DispatchPipeline:
         uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
         micro = np.broadcast_to(np.asarray(micro_s, dtype=float), shape).reshape(-1)[first]
         n = self.ops.micro_ops
-        opt = self.op_seconds(np.zeros(1))[0, n:]
+        opt = self.optimizer_op_seconds
         opt_busy, opt_lead = pipeline_block(opt * (optimizer_s / opt.sum()), self.host_s_per_op)
         out = np.empty(len(uniq))
         for lo in range(0, len(uniq), PIPELINE_CHUNK):
@@ -311,7 +317,8 @@ class StepEstimate:
 def dispatch_pipeline(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: str) -> DispatchPipeline:
     """The eager step of `shape` on `spec` as a pipeline: its traced ops (facts/step_ops.csv) at the
     estimate's rates: matmuls at η_mm, attention at η_attn over the causal half of the full-square
-    FLOPs the trace counts (×FLASH1_SLOWDOWN slower for flash1), bytes at the eager bandwidth."""
+    FLOPs the trace counts (×FLASH1_SLOWDOWN slower for flash1), bytes at the eager bandwidth.
+    The ops are a Llama's (geodt's models): another shape (a GELU MLP) is priced with them."""
     ops = step_ops(shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.ffn, shape.vocab, seq_len, dtype)
     peak = peak_tflops(spec, dtype) * 1e12
     eta_mm, eta_attn = efficiencies(spec)
