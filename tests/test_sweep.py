@@ -241,7 +241,7 @@ def test_a_sweep_needs_out_and_a_table_has_a_default(tmp_path, capsys, monkeypat
 
 
 @pytest.mark.parametrize("strategy", ["baseline", "B", "C"])
-def test_fast_path_prices_the_eager_steps_host_floor_as_make_plan_does(strategy):
+def test_fast_path_prices_the_eager_steps_pipeline_as_make_plan_does(strategy):
     """compile = "off": every catalog GPU's step is the host/device pipeline (simulator/estimate.py);
     the sweep's vectorised tables take the same floats."""
     spec = SweepSpec(nodes=3, gpus_per_node=2, gpu_types=TYPES, mixed_nodes=True, bandwidths_gbps=(1.0,),
