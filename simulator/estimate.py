@@ -58,18 +58,31 @@ under autocast, torch 2.13): its activations move EAGER_ACT_BYTES_* per token (a
 count: fp32 RMSNorm in several kernels, casts, rotary's cat/neg/mul, GQA's repeat_kv copies) and
 LOSS the vocabulary's EAGER_LOSS_BYTES_PER_VOCAB; it launches EAGER_KERNELS_PER_LAYER kernels per
 layer; and its many small kernels stream at EAGER_BANDWIDTH_FRACTION of the peak bandwidth.
-Matmuls and attention are the same kernels in both (cuBLAS, SDPA's flash attention). And the
-host must dispatch every op of the eager step (EAGER_HOST_OPS, counted by
-benchmarks/count_step_ops.py) at HOST_S_PER_OP each: where the device would finish sooner
-(small batches, fast GPUs) the step takes the host's time, max(device, host).
+Matmuls and attention are the same kernels in both (cuBLAS, SDPA's flash attention).
+
+The host must dispatch every op of the eager step, HOST_S_PER_OP each, and the device runs an op
+only once it is dispatched and the previous one is done: a two-stage pipeline over the step's own
+ops in dispatch order (`DispatchPipeline`; facts/step_ops.csv, traced by
+benchmarks/trace_step_ops.py). Op k (k = 1..N) is ready at k·h and ends at
+f_k = max(f_{k−1}, k·h) + d_k; the step is f_N. d_k is the op's share of the same device estimate
+above: each op costs max(FLOPs / rate, bytes / bandwidth) (a kernel is bound by the slower of its
+arithmetic and its memory traffic; matmuls at η_mm, flash attention at η_attn on the causal half
+of its scores), and the micro-step's ops are scaled to sum to the micro-step's device time, the
+optimizer's ops to t_optimizer: the pipeline moves where the device idles, not how much it works.
+So the step is >= both the device's total and the host's N·h, and where they meet (a run of small
+ops the host cannot dispatch fast enough, then a big kernel the host waits behind) more than
+either. Compiled steps dispatch a few fused kernels per block: no pipeline. A CPU runs each op as
+its host dispatches it, nothing to overlap: no pipeline either.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
 from facts.catalog import GpuSpec, get_gpu, peak_tflops
+from facts.step_ops import StepOps, step_ops
 from formats.wire import ring_allreduce_s
 
 # Maximum Achievable Matmul FLOPS / dense peak, bf16, measured with mamf-finder.py (S. Bekman,
@@ -144,15 +157,15 @@ EAGER_KERNELS_PER_LAYER = 144
 # copy reaches: 4,242 GB/s of the H200's 4,800 (measured on an H200, 2026-11-26, ../shared/gpu/README.md;
 # other parts: the same fraction, an assumption).
 EAGER_BANDWIDTH_FRACTION = 4242 / 4800
-# The host's side of the eager step: the ops it dispatches (benchmarks/count_step_ops.py, torch 2.13,
-# transformers' Llama, fused AdamW; fp16 with its GradScaler): per decoder layer, more per layer with
-# grouped-query attention (repeat_kv), and once. Each costs the host "~5–25 µs of CPU-side work per op"
-# (Python, binding, autograd, dispatcher, launch: J. Lin, "From PyTorch op to kernel launch",
-# jiahuanglin.xyz, lesson 18), taken at the middle, 15 µs. The H200 host's host-bound rows agree
-# (../shared/gpu): llama-150m at batch 1 took 49.8 ms for 3,319 ops (15.0 µs each), llama-1b 89.9 ms
-# for 6,309 (14.2 µs). A compiled step dispatches a few fused kernels per block: not counted.
-EAGER_HOST_OPS = {"bf16": (266, 15, 127), "fp16": (266, 15, 139), "fp32": (232, 15, 121)}
+# The host's side of the eager step: each op it dispatches (facts/step_ops.csv: transformers' Llama,
+# fused AdamW, clipping's foreach ops as on CUDA; llama-150m 3,101 ops, llama-1b 5,911 in bf16) costs
+# it "~5–25 µs of CPU-side work per op" (Python, binding, autograd, dispatcher, launch: J. Lin, "From
+# PyTorch op to kernel launch", jiahuanglin.xyz, lesson 18), taken at the middle, 15 µs. The H200
+# host's host-bound rows (../shared/gpu): llama-150m at batch 1 took 49.8 ms (16.1 µs per op),
+# llama-1b 89.9 ms (15.2 µs).
 HOST_S_PER_OP = 15e-6
+# Ops priced per chunk of this many batches at once (memory: chunk × ops floats).
+PIPELINE_CHUNK = 64
 RECOMPUTE = ("none", "full", "selective-op")
 # Compute runs this much slower while a collective runs beside it: the average over GPT and LLaMA
 # training workloads on 4 A100s, H100s, MI250s and MI210s ("Characterizing
@@ -206,6 +219,65 @@ class Shape:
         return self.layers * (2 * h * h + 2 * h * self.kv_dim + mlp) + self.vocab * h
 
 
+def pipeline_block(device_s: np.ndarray, host_s_per_op: float) -> tuple[np.ndarray, np.ndarray]:
+    """Ops dispatched at h, 2h, .., N·h after a block starts (device_s (..., N), run in order): the
+    device's busy seconds Σd_k, and when the last op ends if the device starts idle,
+    max_j (j·h + Σ_{k>=j} d_k), the unrolled f_k = max(f_{k−1}, k·h) + d_k, f_0 = 0. A block that
+    starts with the device busy until `f` and the host at `t` ends at max(f + busy, t + lead)."""
+    after = np.cumsum(device_s[..., ::-1], axis=-1)[..., ::-1]  # Σ_{k>=j} d_k
+    ready = host_s_per_op * np.arange(1, device_s.shape[-1] + 1)
+    return device_s.sum(axis=-1), (ready + after).max(axis=-1)
+
+
+def pipeline_s(device_s, host_s_per_op: float) -> np.ndarray:
+    """f_N of one sequence of ops (device_s (..., N)) dispatched from an idle host to an idle device."""
+    return pipeline_block(np.asarray(device_s, dtype=float), host_s_per_op)[1]
+
+
+@dataclass(frozen=True)
+class DispatchPipeline:
+    """The eager step's ops as the host dispatches them and the device runs them (module docstring)."""
+
+    ops: StepOps
+    flops_per_s: np.ndarray  # (N,) the rate of each op's FLOPs
+    bytes_per_s: float
+    host_s_per_op: float = HOST_S_PER_OP
+
+    def op_seconds(self, batch: np.ndarray) -> np.ndarray:
+        """(B, N) each op's roofline seconds at each batch (before scaling to the device estimate)."""
+        b = batch[:, None]
+        flops = self.ops.flops[0] + b * self.ops.flops[1]
+        moved = self.ops.bytes[0] + b * self.ops.bytes[1]
+        return np.maximum(flops / self.flops_per_s, moved / self.bytes_per_s)
+
+    @cached_property
+    def optimizer_op_seconds(self) -> np.ndarray:
+        """The optimizer's ops' roofline seconds (they do not depend on the batch)."""
+        return self.op_seconds(np.zeros(1))[0, self.ops.micro_ops:]
+
+    def step_s(self, batch, micro_s, optimizer_s: float, accum: int = 1):
+        """One step: `accum` micro-steps of `batch` sequences (micro_s device seconds each, like batch
+        a number or an array) then the optimizer (optimizer_s), through the pipeline."""
+        shape = np.shape(batch)
+        flat = np.asarray(batch, dtype=float).reshape(-1)
+        uniq, first, inverse = np.unique(flat, return_index=True, return_inverse=True)
+        micro = np.broadcast_to(np.asarray(micro_s, dtype=float), shape).reshape(-1)[first]
+        n = self.ops.micro_ops
+        opt = self.optimizer_op_seconds
+        opt_busy, opt_lead = pipeline_block(opt * (optimizer_s / opt.sum()), self.host_s_per_op)
+        out = np.empty(len(uniq))
+        for lo in range(0, len(uniq), PIPELINE_CHUNK):
+            part = slice(lo, lo + PIPELINE_CHUNK)
+            raw = self.op_seconds(uniq[part])[:, :n]
+            busy, lead = pipeline_block(raw * (micro[part] / raw.sum(axis=1))[:, None], self.host_s_per_op)
+            end, host = np.zeros(len(busy)), 0.0
+            for _ in range(accum):
+                end, host = np.maximum(end + busy, host + lead), host + n * self.host_s_per_op
+            out[part] = np.maximum(end + opt_busy, host + opt_lead)
+        out = out[inverse].reshape(shape)
+        return float(out) if not shape else out
+
+
 @dataclass(frozen=True)
 class StepEstimate:
     """The parts of one GPU's step time, in seconds (module docstring)."""
@@ -215,7 +287,12 @@ class StepEstimate:
     launch_s: float     # per micro-step
     optimizer_s: float  # per optimizer step
     comm_s: float = 0.0  # per micro-step: collectives that run behind the compute (FSDP)
-    host_s: float = 0.0  # per micro-step: the host dispatching the eager step's ops (0: not counted)
+    pipeline: DispatchPipeline | None = field(default=None, compare=False, repr=False)  # eager GPU steps
+
+    @property
+    def host_s(self) -> float:
+        """Per micro-step, the host's seconds dispatching the eager step's ops (0: not counted)."""
+        return 0.0 if self.pipeline is None else self.pipeline.ops.micro_ops * self.pipeline.host_s_per_op
 
     @property
     def fixed_s(self) -> float:
@@ -224,25 +301,30 @@ class StepEstimate:
 
     def step_s(self, batch, accum: int = 1):
         """Seconds of one optimizer step of `accum` micro-steps of `batch` sequences (batch may be an
-        array when there are no collectives)."""
+        array when there are no collectives): the device's time, or an eager GPU step's pipeline."""
+        if self.pipeline is None and not self.comm_s and accum == 1:
+            return self.fixed_s + self.sample_s * batch  # t0 + c·b: the floats the sweep and plans always had
         compute_s = self.weights_s + self.launch_s + self.sample_s * batch
         micro_s = overlapped_s(compute_s, self.comm_s) if self.comm_s else compute_s
-        return host_bound(accum * micro_s + self.optimizer_s, accum * self.host_s)
+        if self.pipeline is None:
+            return accum * micro_s + self.optimizer_s
+        return self.pipeline.step_s(batch, micro_s, self.optimizer_s, accum)
 
     def tokens_per_s(self, batch: int, seq_len: int, accum: int = 1) -> float:
         return accum * batch * seq_len / self.step_s(batch, accum)
 
 
-def host_bound(device_s, host_s):
-    """A step's time when the host dispatches its ops while the device runs them: the longer
-    (elementwise for arrays; the same operation wherever the estimate is evaluated)."""
-    return np.maximum(device_s, host_s)
-
-
-def eager_host_s(shape: "Shape", dtype: str) -> float:
-    """The host's seconds to dispatch one eager step of `shape` (EAGER_HOST_OPS × HOST_S_PER_OP)."""
-    per_layer, gqa, fixed = EAGER_HOST_OPS[dtype]
-    return (fixed + shape.layers * (per_layer + (gqa if shape.kv_heads < shape.heads else 0))) * HOST_S_PER_OP
+def dispatch_pipeline(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: str) -> DispatchPipeline:
+    """The eager step of `shape` on `spec` as a pipeline: its traced ops (facts/step_ops.csv) at the
+    estimate's rates: matmuls at η_mm, attention at η_attn over the causal half of the full-square
+    FLOPs the trace counts (×FLASH1_SLOWDOWN slower for flash1), bytes at the eager bandwidth.
+    The ops are a Llama's (geodt's models): another shape (a GELU MLP) is priced with them."""
+    ops = step_ops(shape.hidden, shape.layers, shape.heads, shape.kv_heads, shape.ffn, shape.vocab, seq_len, dtype)
+    peak = peak_tflops(spec, dtype) * 1e12
+    eta_mm, eta_attn = efficiencies(spec)
+    attn_rate = 2.0 * peak * eta_attn / (FLASH1_SLOWDOWN if attention == "flash1" else 1.0)
+    rates = np.where(ops.attention, attn_rate, peak * eta_mm)
+    return DispatchPipeline(ops, rates, spec.memory_bandwidth_gbs * 1e9 * EAGER_BANDWIDTH_FRACTION)
 
 
 def overlapped_s(compute_s: float, comm_s: float) -> float:
@@ -368,9 +450,10 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
         sample_s *= 4.0 / 3.0
     elif recompute == "selective-op":
         sample_s += _selective_op_s(shape, spec, dtype, seq_len)
-    # A CPU runs each op as its host dispatches it, nothing to overlap: no floor (the nominal rate holds it).
-    host_s = eager_host_s(shape, dtype) if step == "eager" and shape is not None and gpu_key != "cpu" else 0.0
-    return StepEstimate(sample_s=sample_s, comm_s=comm_s, host_s=host_s,
+    # A CPU runs each op as its host dispatches it, nothing to overlap: no pipeline (the nominal rate holds it).
+    pipeline = (dispatch_pipeline(shape, spec, dtype, seq_len, attention)
+                if step == "eager" and shape is not None and gpu_key != "cpu" else None)
+    return StepEstimate(sample_s=sample_s, comm_s=comm_s, pipeline=pipeline,
                         weights_s=(WEIGHT_BYTES_PER_PARAM[dtype] + (FSDP_BYTES_PER_PARAM if fsdp else 0)) * params / bandwidth,
                         launch_s=launch_s,
                         optimizer_s=OPTIMIZER_BYTES_PER_PARAM[dtype] * params / optimizer_shards / bandwidth)

@@ -45,8 +45,7 @@ from simulator.network import outer_step_s
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
 from simulator.strategies.tables import NetTables, NodeTables, batch_cap, fragment_keys, node_spec_tflops
-from simulator.estimate import host_bound
-from simulator.timing import NodeTiming, gpu_step_coefficients, intra_node_allreduce_s
+from simulator.timing import NodeTiming, gpu_estimate, intra_node_allreduce_s
 
 Kind = tuple[tuple[str, int], ...]  # ((gpu key, count), ...) in the order of --gpu-types
 
@@ -151,8 +150,7 @@ class KindTables:
         type_max = {key: t.max_batch() for key, t in single.items()}
         self.max_batch = np.array([min(type_max[key] for key, _ in kind) for kind in kinds], dtype=np.int64)
         self.types = tuple(single)
-        coefficients = [gpu_step_coefficients(base, key) for key in self.types]
-        self.t0, self.c, self.host = (np.array(column) for column in zip(*coefficients))
+        self.estimates = [gpu_estimate(base, key) for key in self.types]
         self.present = np.array([[key in dict(kind) for key in self.types] for kind in kinds])
         self.gpus = np.array([sum(c for _, c in kind) for kind in kinds], dtype=np.int64)
         configs = [self.node_config(kind, "x") for kind in kinds]
@@ -168,7 +166,7 @@ class KindTables:
         """t_k(b) for kind indices and batches of one shape: slowest GPU type plus the intra-node all-reduce.
 
         The same float operations as NodeTiming.estimate_s (gpu_step_s per type, max, + all-reduce)."""
-        per_type = host_bound(self.t0 + self.c * batch[..., None], self.host)  # (..., T)
+        per_type = np.stack([est.step_s(batch) for est in self.estimates], axis=-1)  # (..., T)
         slowest = np.where(self.present[kind], per_type, -np.inf).max(axis=-1)
         return slowest + self.intra_s[kind]
 

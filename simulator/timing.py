@@ -41,7 +41,7 @@ import os
 from dataclasses import dataclass, field
 
 from facts.catalog import get_gpu
-from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step, host_bound,  # noqa: F401  (re-exported)
+from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step,  # noqa: F401  (re-exported)
                                 fsdp_payload_bytes)
 from formats.errors import FieldError
 from formats.scenario import compiled_step
@@ -83,8 +83,9 @@ def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, c
 
 
 def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float, float]:
-    """(t0, c, host) of the catalog estimate t_g(b) = max(t0 + c·b, host) of one GPU of type
-    gpu_key, no collectives (host: the eager step's dispatch time, 0 for a compiled step)."""
+    """(t0, c, host) of the catalog estimate of one GPU of type gpu_key, no collectives: the device's
+    t0 + c·b, and the eager step's dispatch seconds (0 for a compiled step), which `gpu_step_s`
+    pipelines with it (`simulator.estimate.DispatchPipeline`)."""
     est = gpu_estimate(scenario, gpu_key, layout)
     return est.fixed_s, est.sample_s, est.host_s
 
@@ -93,8 +94,7 @@ def gpu_step_s(scenario: Scenario, gpu_key: str, batch, layout: Layout = UNSHARD
     """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring).
 
     batch may be a numpy array: the same float operations, elementwise (the sweep uses that)."""
-    t0, c, host = gpu_step_coefficients(scenario, gpu_key, layout)
-    return host_bound(t0 + c * batch, host)
+    return gpu_estimate(scenario, gpu_key, layout).step_s(batch)
 
 
 def node_intra_gbps(node: NodeConfig) -> float:
