@@ -75,9 +75,10 @@ class Epoch:
 
 
 def agree(store, number: int, me: int, n: int, rounds_done: int, state: torch.Tensor,
-          timeout_s: float) -> tuple[Epoch, int]:
+          timeout_s: float, extra: torch.Tensor | None = None) -> tuple[Epoch, int]:
     """Enter epoch `number`: every member's completed rounds (all-reduce MAX), and `state` (θ_g and
-    the outer momentum, stacked) broadcast in place from the first member holding the most.
+    the outer momentum, stacked) broadcast in place from the first member holding the most, and
+    `extra` after it when given (an adaptive plan's estimates and round plan, real/adaptive.py).
     Returns the epoch and that round count; PeerLost if the epoch does not form."""
     try:
         epoch = Epoch(store, number, me, timeout_s)
@@ -87,6 +88,8 @@ def agree(store, number: int, me: int, n: int, rounds_done: int, state: torch.Te
         latest = int(done.max().item())
         source = next(i for i in epoch.members if int(done[i].item()) == latest)
         epoch.broadcast(state, source)
+        if extra is not None:
+            epoch.broadcast(extra, source)
     except FAILURES as exc:
         raise PeerLost(first_line(exc)) from exc
     return epoch, latest
