@@ -47,9 +47,9 @@ from real.checkpoint import save_whole
 from real.config import RunSpec
 from real.diloco import averaging_weights
 from real.adaptive import AdaptiveRounds
-from real.membership import (FAILURES, Epoch, agree, first_line, join_requests, open_next_epoch,
+from real.membership import (FAILURES, Epoch, agree, enter_next_epoch, first_line, join_requests, open_next_epoch,
                              wait_for_admission)
-from real.options import ExecOptions, PeerLost
+from real.options import ExecOptions, PeerLost, sleep_until
 from real.rounds import Origin, RoundClock, round_row
 from real.sharding import ShardingSpec, peak_memory_reset
 from real.trace import NUMERIC_COLUMNS, membership_lines, summary, write_trace
@@ -92,8 +92,8 @@ class ElasticNode:
         self.parts = build_parts(spec, plan, opts, self.groups, arch, ShardingSpec.of(plan, self.me),
                                  torch.device("cpu"))
         self.outer, self.steps = self.parts.outer, self.parts.steps
-        self.adaptive = AdaptiveRounds(plan, rank, opts.time_scale if opts.emulate else 1.0) if plan.adaptive else None
-        self.steps.adaptive = self.adaptive
+        scale = opts.time_scale if opts.emulate else 1.0  # an adaptive plan's deadline, as real/worker.py sets it
+        self.adaptive = self.steps.adaptive = AdaptiveRounds(plan, rank, scale) if plan.adaptive else None
         self.rounds_done = 0
         self.stepped = False  # the inner steps of round rounds_done are done, its sync is not
         self.epoch: Epoch | None = None
@@ -128,17 +128,8 @@ class ElasticNode:
 
     def recover(self, exc: PeerLost) -> None:
         """A member is gone: enter the launcher's next epochs until one forms (or give up: PeerLost)."""
-        deadline = time.monotonic() + self.timeout_s
-        number = self.epoch.number
         self.epoch.group = None  # closes its connections: the dead node's non-neighbours fail now (module doc)
-        while True:
-            number += 1
-            try:
-                self.enter(number)
-                return
-            except PeerLost as again:
-                if time.monotonic() > deadline:
-                    raise PeerLost(f"{exc}; no new membership formed within --timeout-s ({again})") from again
+        enter_next_epoch(self.enter, self.epoch.number, self.timeout_s, exc)
 
     def admit(self, asked: np.ndarray) -> None:
         """After a round's sync: nodes asked to join; the coordinator makes the next epoch, all enter it."""
@@ -211,8 +202,7 @@ class ElasticNode:
         self.outer.outer_step(delta, self.spec.diloco.outer_lr, self.spec.diloco.outer_momentum)
         self.outer.load_into_model()
         if self.opts.emulate:
-            time.sleep(max(0.0, self.round_state["sync_start"] + self.plan.comm_s * self.opts.time_scale
-                           - time.perf_counter()))
+            sleep_until(self.round_state["sync_start"] + self.plan.comm_s * self.opts.time_scale)
         self.round_state["sync_end"] = time.perf_counter()
         return asked.numpy()
 

@@ -18,6 +18,7 @@ over the launcher's TCPStore, which lives in the launcher and survives the worke
 """
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import torch
@@ -93,6 +94,20 @@ def agree(store, number: int, me: int, n: int, rounds_done: int, state: torch.Te
     except FAILURES as exc:
         raise PeerLost(first_line(exc)) from exc
     return epoch, latest
+
+
+def enter_next_epoch(enter, number: int, timeout_s: float, lost: PeerLost) -> None:
+    """After `lost` in epoch `number`: enter(e) for the launcher's next epochs e until one forms;
+    PeerLost when none has within timeout_s (a member that died while an epoch formed: the next follows)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        number += 1
+        try:
+            enter(number)
+            return
+        except PeerLost as again:
+            if time.monotonic() > deadline:
+                raise PeerLost(f"{lost}; no new membership formed within --timeout-s ({again})") from again
 
 
 def join_requests(store, n: int, members: list[int], rounds_done: int) -> torch.Tensor:
