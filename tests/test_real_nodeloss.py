@@ -115,11 +115,13 @@ rebalance,c,1,1,2,0.5,32,0.0,rebalance
 """
 
 
-@pytest.mark.parametrize("plan, time_scale", [(PLAN, "0.1"), (REBALANCE, "0.5")], ids=["baseline", "rebalance"])
+@pytest.mark.parametrize("plan, time_scale", [(PLAN, "0.1"), (REBALANCE, "2")], ids=["baseline", "rebalance"])
 def test_continue_without_a_loss_is_the_stop_run_bit_for_bit(tmp_path, plan, time_scale):
     """The epochs' own gloo group averages as the run-wide group does: same final weights. A rebalance
     plan too: its barrier (an all-reduce MAX of 3n under continue, a SUM of 2n under stop) agrees on the
-    same H_i (emulated steps of 0.125 s and 0.25 s at time scale 0.5: jitter far from moving a ⌊T/t̂_i⌋)."""
+    same H_i from the measured step times: emulated steps of 0.5 s and 1 s (time scale 2) move a ⌊T/t̂_i⌋
+    only if a's steps run 50% over b's or c's (a loaded machine's overruns of round 0 reached 60% at
+    0.125 s steps, flipping H_i between the two runs; at 0.5 s they are a few %)."""
     env = launcher_env()
     for out, policy in (("stop", "stop"), ("cont", "continue")):
         cmd = _command(tmp_path, out, "--on-node-loss", policy, "--no-progress", "--time-scale", time_scale, plan=plan)
