@@ -116,7 +116,8 @@ class AdaptiveRounds:
         return coef, divisor, reduced[2 * self.n:]
 
 
-def round_weights(plan: Plan, averaging: str, done: np.ndarray, members: Sequence[int], index: int) -> tuple[float, float]:
+def round_weights(plan: Plan, averaging: str, done: np.ndarray, members: Sequence[int],
+                  index: int) -> tuple[float, float]:
     """An adaptive round's averaging over its members: the plan's averaging rule (real/diloco.py) on the
     tokens each member did this round (done[i] steps); (this node's coefficient, the divisor)."""
     m = list(members)

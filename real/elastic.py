@@ -11,22 +11,23 @@ real/membership.py's.
 A round: the node's H_i inner steps (no collective), then the barrier, an all-reduce MAX of one
 flag per node (1: that node asked to join) that every member reads from the store, then the
 pseudo-gradient all-reduce (SUM; divided by the members' averaging divisor, real/diloco.py, over
-the members' tokens only) and the outer step. An adaptive plan's barrier carries each member's
-step time and steps too, and plans the next round over the members at the plan's K (real/adaptive.py);
-the round is averaged by the tokens each member did. A member that died makes its neighbours' barrier or
-all-reduce fail at once (gloo: connection closed by peer); each survivor then drops its group of
-the failed epoch (closing its connections, so that the members that were not the dead node's
-neighbours in gloo's ring fail at once too rather than after --timeout-s), waits for the launcher's
-next epoch and enters it. Entering an epoch (also how a joiner comes in): build its
-group, all-reduce MAX every member's completed rounds R_i, and broadcast θ_g and the outer
-momentum from the first member holding max R_i. A member behind (its all-reduce failed while
-another's completed) takes them: its pseudo-gradient was in that average, so nothing is lost. A
-member at max R_i keeps its inner steps and retries the sync of round R_i among the survivors:
-only the dead node's round is lost (an adaptive round in flight ran as planned, with the lost node
-in it; the retry's barrier plans the next one over the survivors). A joiner (rejoining node) takes θ_g, the momentum and the
-round, sets its learning-rate schedule and data position to where they would be, and trains on
-with fresh inner AdamW state. The others are not restarted. A second membership change while an
-epoch is forming costs up to --timeout-s (the group's rendezvous times out; the next epoch follows).
+the members' tokens only) and the outer step. An adaptive plan's barrier carries each member's step
+time and steps too, and plans the next round over the members at the plan's K (real/adaptive.py);
+the round is averaged by the tokens each member did. A member that died makes its neighbours'
+barrier or all-reduce fail at once (gloo: connection closed by peer); each survivor then drops its
+group of the failed epoch (closing its connections, so that the members that were not the dead
+node's neighbours in gloo's ring fail at once too rather than after --timeout-s), waits for the
+launcher's next epoch and enters it. Entering an epoch (also how a joiner comes in): build its
+group, all-reduce MAX every member's completed rounds R_i, and broadcast θ_g and the outer momentum
+from the first member holding max R_i. A member behind (its all-reduce failed while another's
+completed) takes them: its pseudo-gradient was in that average, so nothing is lost. A member at max
+R_i keeps its inner steps and retries the sync of round R_i among the survivors: only the dead
+node's round is lost (an adaptive round in flight ran as planned, with the lost node in it; the
+retry's barrier plans the next one over the survivors). A joiner (rejoining node) takes θ_g, the
+momentum and the round, sets its learning-rate schedule and data position to where they would be,
+and trains on with fresh inner AdamW state. The others are not restarted. A second membership
+change while an epoch is forming costs up to --timeout-s (the group's rendezvous times out; the
+next epoch follows).
 """
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ import torch.distributed as dist
 
 from facts.presets import load_arch
 from formats.plan import Plan
+from real.adaptive import AdaptiveRounds
 from real.checkpoint import save_whole
 from real.config import RunSpec
 from real.diloco import averaging_weights
-from real.adaptive import AdaptiveRounds
 from real.membership import (FAILURES, Epoch, agree, enter_next_epoch, first_line, join_requests, open_next_epoch,
                              wait_for_admission)
 from real.options import ExecOptions, PeerLost, sleep_until

@@ -181,9 +181,10 @@ def test_an_adaptive_round_after_a_loss_covers_the_plans_K_over_the_members_and_
 
 @pytest.mark.parametrize("strategy", ["rebalance", "deadline"])
 def test_an_adaptive_plan_loses_a_node_and_the_others_absorb_its_share(tmp_path, strategy):
-    """[[nodes]] outage under continue with an adaptive strategy: node medium SIGKILLs itself at round 2's
-    start, the others run round 2 as planned (with medium in it), plan rounds 3 on over themselves at the plan's K (rebalance: exactly; deadline: within a step
-    per node, as emulated steps overshoot their padding), and medium rejoins with the members' estimates."""
+    """[[nodes]] outage under continue with an adaptive strategy: node medium SIGKILLs itself at round
+    2's start, the others run round 2 as planned (with medium in it), plan rounds 3 on over themselves
+    at the plan's K (rebalance: exactly; deadline: within a step per node, as emulated steps overshoot
+    their padding), and medium rejoins with the members' estimates."""
     from geodt.run_cmd import run_main
 
     out = tmp_path / "r"
