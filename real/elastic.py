@@ -1,9 +1,9 @@
 """`--on-node-loss continue`: DiLoCo rounds whose membership changes while the run goes on.
 
 Scope (real/launch.py refuses the rest in one line): local runs spawned by `python -m real` /
-`geodt run`, on the loopback, gloo, one process per node, classic DiLoCo rounds (no streaming,
-sync-ddp or adaptive plans) with collective ring and payload fp32; no checkpoints, --resume or
---stop-after (a run that stops cannot be resumed exactly once nodes came and went).
+`geodt run`, on the loopback, gloo, one process per node, classic DiLoCo rounds (no streaming or
+sync-ddp; static or adaptive plans) with collective ring and payload fp32; no checkpoints, --resume
+or --stop-after (a run that stops cannot be resumed exactly once nodes came and went).
 
 Membership moves through epochs, each a fresh gloo group; the protocol and its store keys are
 real/membership.py's.
@@ -11,19 +11,23 @@ real/membership.py's.
 A round: the node's H_i inner steps (no collective), then the barrier, an all-reduce MAX of one
 flag per node (1: that node asked to join) that every member reads from the store, then the
 pseudo-gradient all-reduce (SUM; divided by the members' averaging divisor, real/diloco.py, over
-the members' tokens only) and the outer step. A member that died makes its neighbours' barrier or
-all-reduce fail at once (gloo: connection closed by peer); each survivor then drops its group of
-the failed epoch (closing its connections, so that the members that were not the dead node's
-neighbours in gloo's ring fail at once too rather than after --timeout-s), waits for the launcher's
-next epoch and enters it. Entering an epoch (also how a joiner comes in): build its
-group, all-reduce MAX every member's completed rounds R_i, and broadcast θ_g and the outer
-momentum from the first member holding max R_i. A member behind (its all-reduce failed while
-another's completed) takes them: its pseudo-gradient was in that average, so nothing is lost. A
-member at max R_i keeps its inner steps and retries the sync of round R_i among the survivors:
-only the dead node's round is lost. A joiner (rejoining node) takes θ_g, the momentum and the
-round, sets its learning-rate schedule and data position to where they would be, and trains on
-with fresh inner AdamW state. The others are not restarted. A second membership change while an
-epoch is forming costs up to --timeout-s (the group's rendezvous times out; the next epoch follows).
+the members' tokens only) and the outer step. An adaptive plan's barrier carries each member's step
+time and steps too, and plans the next round over the members at the plan's K (real/adaptive.py);
+the round is averaged by the tokens each member did. A member that died makes its neighbours'
+barrier or all-reduce fail at once (gloo: connection closed by peer); each survivor then drops its
+group of the failed epoch (closing its connections, so that the members that were not the dead
+node's neighbours in gloo's ring fail at once too rather than after --timeout-s), waits for the
+launcher's next epoch and enters it. Entering an epoch (also how a joiner comes in): build its
+group, all-reduce MAX every member's completed rounds R_i, and broadcast θ_g and the outer momentum
+from the first member holding max R_i. A member behind (its all-reduce failed while another's
+completed) takes them: its pseudo-gradient was in that average, so nothing is lost. A member at max
+R_i keeps its inner steps and retries the sync of round R_i among the survivors: only the dead
+node's round is lost (an adaptive round in flight ran as planned, with the lost node in it; the
+retry's barrier plans the next one over the survivors). A joiner (rejoining node) takes θ_g, the
+momentum and the round, sets its learning-rate schedule and data position to where they would be,
+and trains on with fresh inner AdamW state. The others are not restarted. A second membership
+change while an epoch is forming costs up to --timeout-s (the group's rendezvous times out; the
+next epoch follows).
 """
 from __future__ import annotations
 
@@ -40,12 +44,13 @@ import torch.distributed as dist
 
 from facts.presets import load_arch
 from formats.plan import Plan
+from real.adaptive import AdaptiveRounds
 from real.checkpoint import save_whole
 from real.config import RunSpec
 from real.diloco import averaging_weights
-from real.membership import (FAILURES, Epoch, agree, first_line, join_requests, open_next_epoch,
+from real.membership import (FAILURES, Epoch, agree, enter_next_epoch, first_line, join_requests, open_next_epoch,
                              wait_for_admission)
-from real.options import ExecOptions, PeerLost
+from real.options import ExecOptions, PeerLost, sleep_until
 from real.rounds import Origin, RoundClock, round_row
 from real.sharding import ShardingSpec, peak_memory_reset
 from real.trace import NUMERIC_COLUMNS, membership_lines, summary, write_trace
@@ -88,6 +93,8 @@ class ElasticNode:
         self.parts = build_parts(spec, plan, opts, self.groups, arch, ShardingSpec.of(plan, self.me),
                                  torch.device("cpu"))
         self.outer, self.steps = self.parts.outer, self.parts.steps
+        scale = opts.time_scale if opts.emulate else 1.0  # an adaptive plan's deadline, as real/worker.py sets it
+        self.adaptive = self.steps.adaptive = AdaptiveRounds(plan, rank, scale) if plan.adaptive else None
         self.rounds_done = 0
         self.stepped = False  # the inner steps of round rounds_done are done, its sync is not
         self.epoch: Epoch | None = None
@@ -100,7 +107,8 @@ class ElasticNode:
     def enter(self, number: int) -> None:
         """Join epoch `number` and agree on the state (module doc); raises PeerLost on failure."""
         state = torch.stack([self.outer.global_flat, self.outer.momentum])
-        epoch, latest = agree(self.store, number, self.index, self.n, self.rounds_done, state, self.timeout_s)
+        extra = self.adaptive.state() if self.adaptive is not None else None
+        epoch, latest = agree(self.store, number, self.index, self.n, self.rounds_done, state, self.timeout_s, extra)
         behind = self.rounds_done < latest
         if behind and self.stepped and "sync_start" in self.round_state:
             # its pseudo-gradient is in the average that completed elsewhere: the round is its too
@@ -115,21 +123,14 @@ class ElasticNode:
                 self.steps.data_position = self.steps.inner_step * self.steps.node_batch
             self.rounds_done, self.stepped = latest, False
             self.outer.load_into_model()
-        self.coef, self.divisor = member_weights(self.plan, self.spec, epoch)
+        self.coef, self.divisor = member_weights(self.plan, self.spec, epoch)  # an adaptive round's: at its sync
+        if self.adaptive is not None:
+            self.adaptive.entered(extra, epoch.members, replan=number > 0)
 
     def recover(self, exc: PeerLost) -> None:
         """A member is gone: enter the launcher's next epochs until one forms (or give up: PeerLost)."""
-        deadline = time.monotonic() + self.timeout_s
-        number = self.epoch.number
         self.epoch.group = None  # closes its connections: the dead node's non-neighbours fail now (module doc)
-        while True:
-            number += 1
-            try:
-                self.enter(number)
-                return
-            except PeerLost as again:
-                if time.monotonic() > deadline:
-                    raise PeerLost(f"{exc}; no new membership formed within --timeout-s ({again})") from again
+        enter_next_epoch(self.enter, self.epoch.number, self.timeout_s, exc)
 
     def admit(self, asked: np.ndarray) -> None:
         """After a round's sync: nodes asked to join; the coordinator makes the next epoch, all enter it."""
@@ -188,7 +189,11 @@ class ElasticNode:
         """The barrier (carrying the join requests) and the outer sync; the agreed join flags."""
         try:
             asked = join_requests(self.store, self.n, self.epoch.members, self.rounds_done)
-            self.epoch.all_reduce(asked, dist.ReduceOp.MAX)
+            if self.adaptive is None:
+                self.epoch.all_reduce(asked, dist.ReduceOp.MAX)
+            else:  # with each member's step time and steps: the next round, this one's weights (real/adaptive.py)
+                self.coef, self.divisor, asked = self.adaptive.elastic_barrier(
+                    self.epoch, asked, self.round_state, self.steps.round_steps, self.spec.diloco.averaging)
             self.round_state["sync_start"] = time.perf_counter()
             delta = self.outer.pseudo_gradient(self.coef)
             self.epoch.all_reduce(delta)
@@ -198,8 +203,7 @@ class ElasticNode:
         self.outer.outer_step(delta, self.spec.diloco.outer_lr, self.spec.diloco.outer_momentum)
         self.outer.load_into_model()
         if self.opts.emulate:
-            time.sleep(max(0.0, self.round_state["sync_start"] + self.plan.comm_s * self.opts.time_scale
-                           - time.perf_counter()))
+            sleep_until(self.round_state["sync_start"] + self.plan.comm_s * self.opts.time_scale)
         self.round_state["sync_end"] = time.perf_counter()
         return asked.numpy()
 

@@ -120,8 +120,8 @@ def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> N
         why = "runs on gloo (CPU) only, got --backend nccl"
     elif any(node.gpus != 1 for node in plan.nodes):
         why = f"{plan_path}: gpus: expected one process per node, got {[node.gpus for node in plan.nodes]}"
-    elif plan.sync == "gradients" or streams or plan.adaptive:
-        why = f"{plan_path}: runs classic DiLoCo rounds only (not sync-ddp, Streaming DiLoCo or adapt)"
+    elif plan.sync == "gradients" or streams:
+        why = f"{plan_path}: runs classic DiLoCo rounds only (not sync-ddp or Streaming DiLoCo)"
     elif plan.collective != "ring" or plan.payload_dtype != "fp32":
         why = (f"{plan_path}: runs collective ring with payload fp32 only, got {plan.collective} "
                f"{plan.payload_dtype}")

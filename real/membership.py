@@ -18,6 +18,7 @@ over the launcher's TCPStore, which lives in the launcher and survives the worke
 """
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import torch
@@ -75,9 +76,10 @@ class Epoch:
 
 
 def agree(store, number: int, me: int, n: int, rounds_done: int, state: torch.Tensor,
-          timeout_s: float) -> tuple[Epoch, int]:
+          timeout_s: float, extra: torch.Tensor | None = None) -> tuple[Epoch, int]:
     """Enter epoch `number`: every member's completed rounds (all-reduce MAX), and `state` (θ_g and
-    the outer momentum, stacked) broadcast in place from the first member holding the most.
+    the outer momentum, stacked) broadcast in place from the first member holding the most, and
+    `extra` after it when given (an adaptive plan's estimates and round plan, real/adaptive.py).
     Returns the epoch and that round count; PeerLost if the epoch does not form."""
     try:
         epoch = Epoch(store, number, me, timeout_s)
@@ -87,9 +89,25 @@ def agree(store, number: int, me: int, n: int, rounds_done: int, state: torch.Te
         latest = int(done.max().item())
         source = next(i for i in epoch.members if int(done[i].item()) == latest)
         epoch.broadcast(state, source)
+        if extra is not None:
+            epoch.broadcast(extra, source)
     except FAILURES as exc:
         raise PeerLost(first_line(exc)) from exc
     return epoch, latest
+
+
+def enter_next_epoch(enter, number: int, timeout_s: float, lost: PeerLost) -> None:
+    """After `lost` in epoch `number`: enter(e) for the launcher's next epochs e until one forms;
+    PeerLost when none has within timeout_s (a member that died while an epoch formed: the next follows)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        number += 1
+        try:
+            enter(number)
+            return
+        except PeerLost as again:
+            if time.monotonic() > deadline:
+                raise PeerLost(f"{lost}; no new membership formed within --timeout-s ({again})") from again
 
 
 def join_requests(store, n: int, members: list[int], rounds_done: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from real.diloco import averaging_weights
+from real.adaptive import round_weights
 from real.options import run_collective, sleep_until
 from real.rounds import NodeParts, Origin, Round, RoundClock, node_grad_sync, round_row
 from real.sharding import peak_memory_reset, sharded_average
@@ -56,10 +56,8 @@ class ClassicRound(Round):
         p = self.parts
         steps = p.steps.adaptive.exchange(p.device, compute_s, p.steps.round_steps)
         p.groups.sync_device()
-        units = [node.batch_size * node.gpus * p.plan.seq_len for node in p.plan.nodes]  # tokens per step
-        coefs, self.divisor = averaging_weights(p.diloco.averaging, [int(h) * u for h, u in zip(steps, units)],
-                                                [int(h) for h in steps])
-        self.coef = coefs[p.groups.index]
+        self.coef, self.divisor = round_weights(p.plan, p.diloco.averaging, steps, range(len(p.plan.nodes)),
+                                                p.groups.index)
 
     def _outer_sync(self) -> int:
         """Pseudo-gradient, cross-node average (leaders), broadcast in the node, outer step;

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -106,11 +107,24 @@ def test_a_killed_node_rejoins_with_its_peers_weights(tmp_path):
     assert re.search(r"identical on the members: a=(\w+), b=\1, c=\1$", out, re.M), out
 
 
-def test_continue_without_a_loss_is_the_stop_run_bit_for_bit(tmp_path):
-    """The epochs' own gloo group averages as the run-wide group does: same final weights."""
+# rebalance: node a steps twice as fast as b and c; K = 4 + 2 + 2 samples a round
+REBALANCE = """strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,adapt
+rebalance,a,1,1,4,0.25,64,0.0,rebalance
+rebalance,b,1,1,2,0.5,32,0.0,rebalance
+rebalance,c,1,1,2,0.5,32,0.0,rebalance
+"""
+
+
+@pytest.mark.parametrize("plan, time_scale", [(PLAN, "0.1"), (REBALANCE, "2")], ids=["baseline", "rebalance"])
+def test_continue_without_a_loss_is_the_stop_run_bit_for_bit(tmp_path, plan, time_scale):
+    """The epochs' own gloo group averages as the run-wide group does: same final weights. A rebalance
+    plan too: its barrier (an all-reduce MAX of 3n under continue, a SUM of 2n under stop) agrees on the
+    same H_i from the measured step times: emulated steps of 0.5 s and 1 s (time scale 2) move a ⌊T/t̂_i⌋
+    only if a's steps run 50% over b's or c's (a loaded machine's overruns of round 0 reached 60% at
+    0.125 s steps, flipping H_i between the two runs; at 0.5 s they are a few %)."""
     env = launcher_env()
     for out, policy in (("stop", "stop"), ("cont", "continue")):
-        cmd = _command(tmp_path, out, "--on-node-loss", policy, "--no-progress", "--time-scale", "0.1")
+        cmd = _command(tmp_path, out, "--on-node-loss", policy, "--no-progress", "--time-scale", time_scale, plan=plan)
         scenario = (tmp_path / "scenario.toml")
         scenario.write_text(SCENARIO.replace(f"rounds = {ROUNDS}", "rounds = 4"))
         result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
@@ -121,6 +135,90 @@ def test_continue_without_a_loss_is_the_stop_run_bit_for_bit(tmp_path):
     assert all(torch.equal(stop[k], cont[k]) for k in stop)
     a, b = pd.read_csv(tmp_path / "stop" / "trace.csv"), pd.read_csv(tmp_path / "cont" / "trace.csv")
     assert a["loss"].tolist() == b["loss"].tolist() and set(b["members"]) == {"a+b+c"}
+    assert a["local_steps"].tolist() == b["local_steps"].tolist()
+
+
+def _adaptive_plan(mode: str):
+    from formats.plan import NodePlan, Plan
+
+    # step times of binary fractions: the round times below are exact
+    return Plan(mode, nodes=(NodePlan("a", 1, 1, 4, 0.125), NodePlan("b", 1, 1, 2, 0.25), NodePlan("c", 1, 1, 2, 0.25)),
+                comm_s=0.0, seq_len=16, adapt=mode)
+
+
+def test_an_adaptive_round_after_a_loss_covers_the_plans_K_over_the_members_and_a_joiner_plans_the_same():
+    """K = 4 + 2 + 2 = 8 samples a round. Round 0 measures a 0.125 s, b 0.5 s, c 0.375 s a step; b is
+    lost and a and c's retried barrier plans round 1 over them: T = 0.75 s (6 + 2 steps = K), b keeps
+    its estimate. b rejoins, taking a's state: T = 0.75 s over all three (6 + 1 + 2 = 9 >= K, the least
+    T; with the plan's 0.25 s for b it would be 0.625 s and 5 + 2 + 1)."""
+    from real.adaptive import AdaptiveRounds, round_weights
+
+    for mode in ("rebalance", "deadline"):
+        plan = _adaptive_plan(mode)
+        a, c = AdaptiveRounds(plan, 0, scale=2.0), AdaptiveRounds(plan, 2, scale=2.0)  # --time-scale 2
+        everyone = np.array([0.25, 1.0, 0.75, 4, 2, 2])  # round 0 (step times x2), all three members
+        for node in (a, c):
+            assert node.take(everyone, range(3)).tolist() == [4, 2, 2]
+        retried = np.array([0.25, 0.0, 0.75, 4, 0, 2])  # the MAX barrier over a and c: b's slots 0
+        for node in (a, c):
+            assert node.take(retried, [0, 2]).tolist()[::2] == [4, 2]
+            assert node.estimates.tolist() == [0.125, 0.5, 0.375]
+            if mode == "rebalance":
+                assert node.steps[[0, 2]].tolist() == [6, 2]
+            else:
+                assert node.deadline_s == 0.75
+                assert [node.wants_step(k, k * 0.25) for k in (5, 6)] == [True, False]  # a: 6 steps in 2 × 0.75 s
+        joiner = AdaptiveRounds(plan, 1, scale=2.0)
+        for node in (a, c, joiner):
+            node.entered(a.state(), [0, 1, 2], replan=True)
+        if mode == "rebalance":
+            assert [node.steps.tolist() for node in (a, c, joiner)] == [[6, 1, 2]] * 3
+        else:
+            assert [node.deadline_s for node in (a, c, joiner)] == [0.75] * 3
+    # the round's averaging over its members, by the tokens each did (16 a step)
+    assert round_weights(plan, "tokens", np.array([6, 0, 2]), [0, 2], 2) == (32.0, 128.0)
+
+
+@pytest.mark.parametrize("strategy", ["rebalance", "deadline"])
+def test_an_adaptive_plan_loses_a_node_and_the_others_absorb_its_share(tmp_path, strategy):
+    """[[nodes]] outage under continue with an adaptive strategy: node medium SIGKILLs itself at round
+    2's start, the others run round 2 as planned (with medium in it), plan rounds 3 on over themselves
+    at the plan's K (rebalance: by construction; deadline: on average, within a step per node), and
+    medium rejoins with the members' estimates."""
+    from geodt.run_cmd import run_main
+
+    out = tmp_path / "r"
+    code = run_main(["hetero-cpu", "--strategy", strategy, "--out", str(out), "--no-progress", "--emulate",
+                     "--set", "training.rounds=12", "--set", "training.local_steps=3",
+                     "--set", "nodes.medium.outage={round=2, rounds=3}",
+                     "--set", 'simulation.on_node_loss="continue"', "--on-node-loss", "continue",
+                     "--time-scale", "5"])  # 1.5 s rounds: 10 rounds leave the restart 15 s
+    assert code == 0
+    plan = pd.read_csv(out / "plan.csv").set_index("node")
+    trace = pd.read_csv(out / "trace.csv")
+    assert (trace.groupby("round")["members"].nunique() == 1).all()
+    back = trace[(trace.node == "medium") & (trace["round"] >= 2)]["round"].tolist()
+    assert back and back == list(range(back[0], 12)) and back[0] >= 5  # left for 3 rounds at least, came back
+    assert trace[trace.node == "medium"]["round"].tolist() == [0, 1, *back]
+    for node in ("fast", "slow", "slowest"):
+        assert trace[trace.node == node]["round"].tolist() == list(range(12))
+    samples = (trace["local_steps"] * trace.node.map(plan["batch_size"])).groupby(trace["round"]).sum()
+    per_step = trace.node.map(plan["batch_size"]).groupby(trace["round"]).sum()  # one step of every member
+    k = int((plan["local_steps"] * plan["batch_size"]).sum())
+    members = trace.groupby("round")["members"].first()
+    without = [r for r in range(12) if "medium" not in members[r]]
+    assert without == list(range(2, back[0]))
+    # round 2 ran as planned with medium in it: the survivors' retried barrier planned round 3 on
+    planned = [r for r in range(12) if r != 2 and r != 0]
+    if strategy == "rebalance":
+        assert all(k <= samples[r] < k + per_step[r] for r in planned), samples
+    else:  # steps that run slower or faster than the last round's (load here) end a node's round a step
+        # early or late: on average over the rounds without medium, and after it, within a step per node of K
+        for rounds in (without[1:], list(range(back[0], 12))):
+            assert abs(samples[rounds].mean() - k) < per_step[rounds[0]], samples
+    survivors = trace[trace.node != "medium"].pivot(index="round", columns="node", values="local_steps")
+    assert (survivors.loc[without[1:]].mean() >= survivors.loc[[0, 1]].mean()).all()
+    assert survivors.loc[without[1:], "fast"].mean() > survivors.loc[[0, 1], "fast"].mean()
 
 
 @pytest.mark.parametrize("extra, plan, said", [
