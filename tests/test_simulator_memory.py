@@ -237,3 +237,17 @@ def test_the_scenario_name_cannot_leave_the_output_root(tmp_path, monkeypatch, c
     assert simulate_main([*SMALL_ARGS, "--set", 'name="../escape"']) == 2
     assert "not a path" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("preset, baseline, other, planned, measured_largest", [
+    ("llama-150m", 12, "t4", 96, 133), ("llama-1b", 3, "v100", 24, 42)])
+def test_b_never_plans_a_batch_the_h200_could_not_hold(tmp_path, preset, baseline, other, planned, measured_largest):
+    # issue 29: the eager step (compile = "off") on an H200 ran out of memory above batch 133
+    # (llama-150m) and 42 (llama-1b), seq 1024 bf16 (benchmarks/estimate/h200/); B scales the
+    # baseline batch by FLOPS where memory allows, and must stay under what the H200 held
+    path = tmp_path / "b.toml"
+    path.write_text(f'name = "b"\n[model]\npreset = "{preset}"\nseq_len = 1024\ndtype = "bf16"\n'
+                    f'[training]\nbatch_size = {baseline}\ncompile = "off"\n'
+                    f'[[nodes]]\nname = "h200"\ngpus = {{ h200 = 1 }}\n[[nodes]]\nname = "other"\ngpus = {{ {other} = 1 }}\n')
+    plan = make_plan(load_scenario(str(path)), "B")
+    assert plan.nodes[0].batch_size == planned <= measured_largest
