@@ -78,71 +78,45 @@ def symbols_of(sizes: dict, layers: int):
     return table
 
 
-def trace(sizes: dict, layers: int, dtype: str) -> list[tuple[str, str, str, object, object]]:
-    """(op, kind, phase, flops, bytes) per dispatched op of the second of two steps, work as sympy
-    expressions; phase: forward, backward (the autograd engine's ops, from the first to the last),
-    optimizer (everything after backward: clipping, unscaling, AdamW, zero_grad)."""
+def op_work(func, name: str, args, kwargs, out, shape, registry):
+    """(op, kind, "", flops, bytes) of one dispatched op: views move nothing; bytes are the tensors
+    read, the arguments written in place and the new outputs; FLOPs from torch's flop registry."""
     import sympy
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
-    from torch.nn.utils import clip_grad
-    from torch.utils.flop_counter import flop_registry
-
-    from facts.presets import load_arch
-    from train.models import build_model
-    from train.step import DEFAULT_BETAS, DEFAULT_LR, DEFAULT_WEIGHT_DECAY, make_scaler, train_step
-
-    table = symbols_of(sizes, layers)
-    registry = {str(k): v for k, v in flop_registry.items()}
-
-    def dim(n: int):
-        if n not in table:
-            raise SystemExit(f"trace_step_ops: a dimension of size {n} names no model size; extend symbols_of")
-        return table[n]
-
-    def shape(t):
-        return tuple(dim(int(n)) for n in t.shape)
 
     def numel(t):
         return sympy.Mul(*shape(t)) * t.element_size()
 
-    class Tracer(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops, self.backward = [], []
+    tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+    outputs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+    if func.is_view:
+        return name, "", "", sympy.Integer(0), sympy.Integer(0)
+    moved = sum((numel(t) for t in tensors), sympy.Integer(0))
+    written = [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    for arg_name, value in zip((a.name for a in func._schema.arguments), args):
+        if arg_name in written:
+            moved += sum((numel(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)), sympy.Integer(0))
+    input_ids = {id(t) for t in tensors}
+    moved += sum((numel(t) for t in outputs if id(t) not in input_ids), sympy.Integer(0))
+    formula = registry.get(CPU_ATTENTION.get(name, name))
+    flops = sympy.Integer(0)
+    if formula is not None:
+        shaped = [shape(x) if isinstance(x, torch.Tensor) else x for x in args]
+        flops = sympy.expand(formula.__wrapped__(*shaped, out_shape=shape(tree_flatten(out)[0][0])))
+    kind = "attention" if "attention" in name else ("matmul" if formula is not None else "")
+    return name, kind, "", flops, sympy.expand(moved)
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            out = func(*args, **kwargs)
-            name = str(func.overloadpacket)
-            if name in NOT_DISPATCHED:
-                return out
-            self.ops.append(self.work(func, name, args, kwargs, out))
-            self.backward.append(torch._C._current_autograd_node() is not None)
-            return out
 
-        def work(self, func, name, args, kwargs, out):
-            tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
-            outputs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
-            if func.is_view:
-                return name, "", "", sympy.Integer(0), sympy.Integer(0)
-            moved = sum((numel(t) for t in tensors), sympy.Integer(0))
-            written = [a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-            for arg_name, value in zip((a.name for a in func._schema.arguments), args):
-                if arg_name in written:
-                    moved += sum((numel(t) for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)), sympy.Integer(0))
-            input_ids = {id(t) for t in tensors}
-            moved += sum((numel(t) for t in outputs if id(t) not in input_ids), sympy.Integer(0))
-            formula = registry.get(CPU_ATTENTION.get(name, name))
-            flops = sympy.Integer(0)
-            if formula is not None:
-                shaped = [shape(x) if isinstance(x, torch.Tensor) else x for x in args]
-                out_shape = tree_flatten(out)[0][0]
-                flops = sympy.expand(formula.__wrapped__(*shaped, out_shape=shape(out_shape)))
-            kind = "attention" if "attention" in name else ("matmul" if formula is not None else "")
-            return name, kind, "", flops, sympy.expand(moved)
+def traced_step(sizes: dict, layers: int, dtype: str, tracer) -> None:
+    """Two train_steps of a model of `sizes` under FakeTensorMode, the second inside `tracer`."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.nn.utils import clip_grad
+
+    from facts.presets import load_arch
+    from train.models import build_model
+    from train.step import DEFAULT_BETAS, DEFAULT_LR, DEFAULT_WEIGHT_DECAY, make_scaler, train_step
 
     base = load_arch("llama-150m")
     arch = replace(base, hidden_size=sizes["nh"] * sizes["hd"], num_layers=layers, num_heads=sizes["nh"],
@@ -159,9 +133,44 @@ def trace(sizes: dict, layers: int, dtype: str) -> list[tuple[str, str, str, obj
         ids = torch.randint(0, arch.vocab_size, (sizes["b"], sizes["s"]))
         scaler = make_scaler("cpu", dtype)
         train_step(model, optimizer, ids, dtype, scaler)
-        tracer = Tracer()
         with tracer:
             train_step(model, optimizer, ids, dtype, scaler)
+
+
+def trace(sizes: dict, layers: int, dtype: str) -> list[tuple[str, str, str, object, object]]:
+    """(op, kind, phase, flops, bytes) per dispatched op of the second of two steps, work as sympy
+    expressions; phase: forward, backward (the autograd engine's ops, from the first to the last),
+    optimizer (everything after backward: clipping, unscaling, AdamW, zero_grad)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import flop_registry
+
+    table = symbols_of(sizes, layers)
+    registry = {str(k): v for k, v in flop_registry.items()}
+
+    def shape(t):
+        for n in t.shape:
+            if int(n) not in table:
+                raise SystemExit(f"trace_step_ops: a dimension of size {int(n)} names no model size; extend symbols_of")
+        return tuple(table[int(n)] for n in t.shape)
+
+    class Tracer(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops, self.backward = [], []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            out = func(*args, **kwargs)
+            name = str(func.overloadpacket)
+            if name in NOT_DISPATCHED:
+                return out
+            self.ops.append(op_work(func, name, args, kwargs, out, shape, registry))
+            self.backward.append(torch._C._current_autograd_node() is not None)
+            return out
+
+    tracer = Tracer()
+    traced_step(sizes, layers, dtype, tracer)
     first = tracer.backward.index(True)
     last = len(tracer.backward) - 1 - tracer.backward[::-1].index(True)
     phases = ["forward"] * first + ["backward"] * (last + 1 - first) + ["optimizer"] * (len(tracer.ops) - last - 1)
