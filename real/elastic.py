@@ -54,7 +54,7 @@ from real.options import ExecOptions, PeerLost, sleep_until
 from real.rounds import Origin, RoundClock, round_row
 from real.sharding import ShardingSpec, peak_memory_reset
 from real.trace import NUMERIC_COLUMNS, membership_lines, summary, write_trace
-from real.worker import build_parts, progress_bar
+from real.worker import build_parts, progress_bar, warm_up
 
 
 class SoloGroups:
@@ -155,7 +155,7 @@ class ElasticNode:
         return rejoined(self.store, self.index, f"node {self.me.node} (rank {self.rank})", self.rounds_done, ready)
 
     def run(self) -> None:
-        warm_up(self.parts, self.me.batch_size, self.spec.model.seq_len)
+        warm_up(self.parts.model, self.me.batch_size, self.spec.model.seq_len, self.groups.device)
         origin = self.origin = self.start()
         bar = progress_bar(self.opts, self.spec, self.me) if self.rank == 0 and not self.joining else None
         try:
@@ -247,13 +247,6 @@ def rejoined(store, index: int, who: str, round_: int, ready: float) -> Origin:
           f"restarted it ({ready - restarted:.2f} s to start its process and build the model, "
           f"{time.time() - ready:.2f} s until the others admitted it)", file=sys.stderr, flush=True)
     return Origin(time.perf_counter() - (time.time() - t0_unix))
-
-
-def warm_up(parts, batch_size: int, seq_len: int) -> None:
-    """One forward and backward before the clock starts (the first step's one-time costs)."""
-    batch = torch.zeros((batch_size, seq_len), dtype=torch.long)
-    parts.model(input_ids=batch, labels=batch).loss.backward()
-    parts.model.zero_grad(set_to_none=True)
 
 
 def write_outputs(store, plan: Plan, rounds: int, opts: ExecOptions, members: list[int], weights: dict) -> None:

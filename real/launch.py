@@ -376,16 +376,14 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                  links: tuple | None) -> int:
     """Spawn every process of the plan and watch them (real/supervise.py); returns the exit status."""
     import logging
+    import threading
 
-    import torch.distributed as dist
     import torch.multiprocessing as mp
 
     # torch logs a line per child it stops after a failure; our own one line says it all.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     store = None
     context = None
-    import threading
-
     main_thread = threading.current_thread() is threading.main_thread()
     # SIGTERM ends the run as Ctrl-C does (only the main thread may set a handler)
     previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
@@ -393,31 +391,12 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
         with rendezvous_dir() as rdzv:
             try:
                 if listener is not None:
-                    # The store counts this process as a client too (world + 1): it serves, children join.
-                    clients = None if opts.on_node_loss == "continue" else plan.world_size + 1  # restarts join later
-                    store = dist.TCPStore(ip, listener.getsockname()[1], clients, True,
-                                          timedelta(seconds=opts.timeout_s), wait_for_workers=False,
-                                          master_listen_fd=listener.fileno())
-                    store_spec: tuple = ("tcp", ip, listener.getsockname()[1])
-                    listener.detach()  # the store owns (and closes) the socket now
+                    store, store_spec = _serve_store(ip, listener, plan, opts)
                 else:
                     store_spec = ("file", os.path.join(rdzv, "store"))
                 if opts.on_node_loss == "continue":
-                    from real.respawn import Respawner
-
-                    spawn = mp.get_context("spawn")
-
-                    def start(rank: int, joining: bool):
-                        proc = spawn.Process(target=_spawn_entry, args=(rank, spec, plan, opts, store_spec, links,
-                                                                        os.getpid(), joining))
-                        proc.start()
-                        return proc
-
-                    # an injected outage's node restarts at once and waits to be admitted at its round
-                    rejoin_s = 0.0 if opts.outage and opts.rejoin_after_s is None else opts.rejoin_after_s
-                    respawner = Respawner(start, plan, store, rejoin_s)
-                    context = respawner  # its .processes for Ctrl-C
-                    return respawner.run()
+                    context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
+                    return context.run()
                 context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
                                              nprocs=plan.world_size, join=False, start_method="spawn")
                 # On the shaped WAN a node that loses a peer finds out whom (real/wan.py) before it
@@ -436,6 +415,38 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_store(ip: str, listener: socket.socket, plan: Plan, opts: ExecOptions) -> tuple:
+    """The rendezvous TCPStore this launcher serves on `listener`, and its spec for the children."""
+    import torch.distributed as dist
+
+    # The store counts this process as a client too (world + 1): it serves, children join.
+    clients = None if opts.on_node_loss == "continue" else plan.world_size + 1  # restarts join later
+    store = dist.TCPStore(ip, listener.getsockname()[1], clients, True, timedelta(seconds=opts.timeout_s),
+                          wait_for_workers=False, master_listen_fd=listener.fileno())
+    spec = ("tcp", ip, listener.getsockname()[1])
+    listener.detach()  # the store owns (and closes) the socket now
+    return store, spec
+
+
+def _respawner(spec: RunSpec, plan: Plan, opts: ExecOptions, store, store_spec: tuple, links):
+    """--on-node-loss continue: the node processes under a Respawner, which restarts a lost one."""
+    import torch.multiprocessing as mp
+
+    from real.respawn import Respawner
+
+    spawn = mp.get_context("spawn")
+
+    def start(rank: int, joining: bool):
+        proc = spawn.Process(target=_spawn_entry, args=(rank, spec, plan, opts, store_spec, links,
+                                                        os.getpid(), joining))
+        proc.start()
+        return proc
+
+    # an injected outage's node restarts at once and waits to be admitted at its round
+    rejoin_s = 0.0 if opts.outage and opts.rejoin_after_s is None else opts.rejoin_after_s
+    return Respawner(start, plan, store, rejoin_s)
 
 
 INTERRUPTED_EARLY = "real: interrupted before any round was checkpointed; nothing to resume (rerun without --resume)"

@@ -106,6 +106,15 @@ def progress_bar(opts: ExecOptions, spec: RunSpec, me, rounds_done: int = 0):
                 desc=f"DiLoCo ({me.node})", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
+def warm_up(model, batch_size: int, seq_len: int, device: torch.device) -> None:
+    """One forward/backward on a fixed batch, gradients discarded: the first step's one-off
+    costs (allocations, kernel selection) stay out of round 0. Weights, optimizer state,
+    data position and RNG are untouched (the model has no dropout)."""
+    batch = torch.zeros((batch_size, seq_len), dtype=torch.long, device=device)
+    model(input_ids=batch, labels=batch).loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
 def make_round(parts: NodeParts, streaming: StreamingSpec | None) -> Round:
     """The plan's kind of round: sync-ddp, Streaming DiLoCo (given its settings), else DiLoCo."""
     if parts.plan.sync == "gradients":
@@ -178,12 +187,7 @@ class Node:
 
     # --- the run -------------------------------------------------------------------------
     def warm_up(self) -> None:
-        """One forward/backward on a fixed batch, gradients discarded: the first step's one-off
-        costs (allocations, kernel selection) stay out of round 0. Weights, optimizer state,
-        data position and RNG are untouched (the model has no dropout)."""
-        batch = torch.zeros((self.batch, self.spec.model.seq_len), dtype=torch.long, device=self.device)
-        self.model(input_ids=batch, labels=batch).loss.backward()
-        self.model.zero_grad(set_to_none=True)
+        warm_up(self.model, self.batch, self.spec.model.seq_len, self.device)
         self.groups.sync_device()
 
     def run(self) -> None:

@@ -112,22 +112,17 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     (simulator/network.py node_sync_offsets_s); the node waits for its own end, the group's next
     all-reduce for the last. The same operations in the same order as the SimPy engine's clock.
     syncs: K, when pre and delay hold fewer rows that repeat (row k % their length: one round's P
-    rows of a deterministic plan). With one round's rows and record False, the rounds are run
-    until the schedule repeats (every clock and the link's, less the latest clock, within
-    PERIODIC_TOL of the round before, in seconds of the run so far): the rounds after it repeat
-    that round (a max-plus recurrence moves by the same amount from states that differ by a
-    shift, and no further apart than they started), so they are added in closed form and the
-    cost no longer grows with the rounds. state: (clock, link_free) after the rounds before these (whole
-    rounds), from stream_state of the previous chunk; None: the start of the run. record: per sync the arrays of STREAM_FIELDS and node_end_s
+    rows of a deterministic plan); with one round's rows and record False, the rounds after the
+    first that repeats the one before are added in closed form (PERIODIC_TOL). state: (clock,
+    link_free) after the rounds before these (whole rounds), from stream_state of the previous
+    chunk; None: the start of the run. record: per sync the arrays of STREAM_FIELDS and node_end_s
     (K, [S,] n), start_s and end_s (K, [S]); else only the totals compute_s, idle_s, comm_s ([S,] n)
-    and wall_s. The wait at a merge point splits as wait_split says; comm = exposed + outer step
-    (real/streaming.py measures the same split).
+    and wall_s. The wait at a merge point splits as wait_split says (comm = exposed + outer step).
     """
     pre, delay = np.asarray(pre, dtype=float), np.asarray(delay, dtype=float)
     k_total = pre.shape[0] if syncs is None else syncs
     period, shape = pre.shape[0], pre.shape[1:]
-    a = np.asarray(allreduce_s, dtype=float)
-    o = np.asarray(outer_s, dtype=float)
+    a, o = np.asarray(allreduce_s, dtype=float), np.asarray(outer_s, dtype=float)
     o_col = o[..., None] if o.ndim else o
     offsets = None if node_offsets_s is None else np.asarray(node_offsets_s, dtype=float)
     clock = np.zeros(shape) if state is None else np.asarray(state[0], dtype=float)
@@ -141,19 +136,12 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     seen = None  # at the end of the previous round: (normalised state, totals, latest clock)
     for k in range(k_total):
         if periodic and k % period == 0 and k:
-            latest = clock.max(axis=-1)
-            state = (clock - latest[..., None], link_free - latest)
-            now = ({name: v.copy() for name, v in totals.items()}, latest, resume.max(axis=-1))
-            if seen is not None and _same_state(seen[0], state, latest):
-                return _repeat_rounds(seen[1:], now, totals, (k_total - k) // period)
-            seen = (state, *now)
-        sync_point = clock + pre[k % period]
-        start = np.maximum(sync_point.max(axis=-1), link_free)
-        end = link_free = start + a
-        merge_point = sync_point + delay[k % period]
-        start_c, end_c = (start[..., None], end[..., None]) if end.ndim else (start, end)
-        if offsets is not None:
-            end_c = np.maximum(end_c + offsets, start_c)
+            seen, repeated = _round_seen(seen, clock, link_free, resume, totals, (k_total - k) // period)
+            if repeated is not None:
+                return repeated
+        sync_point, merge_point, start, end, start_c, end_c = _fragment_sync(
+            clock, pre[k % period], delay[k % period], link_free, a, offsets)
+        link_free = end
         waited, idle, exposed, resume = wait_split(merge_point, start_c, end_c, o_col)
         totals["compute_s"] += merge_point - clock
         totals["idle_s"] += idle
@@ -169,7 +157,36 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     return {**rec, "start_s": ends[0], "end_s": ends[1]}
 
 
+def _fragment_sync(clock, pre, delay, link_free, allreduce, offsets):
+    """One fragment sync of the recurrence: (sync points, merge points, the all-reduce's start and
+    end, both again as each node sees them: with a nodes axis where there are scenarios, the end
+    plus the node's offset, not before the start)."""
+    sync_point = clock + pre
+    start = np.maximum(sync_point.max(axis=-1), link_free)
+    end = start + allreduce
+    start_c, end_c = (start[..., None], end[..., None]) if end.ndim else (start, end)
+    if offsets is not None:
+        end_c = np.maximum(end_c + offsets, start_c)
+    return sync_point, sync_point + delay, start, end, start_c, end_c
+
+
+# With one round's rows and record False, the rounds are run until the schedule repeats (every
+# clock and the link's, less the latest clock, within PERIODIC_TOL of the round before, in seconds
+# of the run so far): the rounds after it repeat that round (a max-plus recurrence moves by the
+# same amount from states that differ by a shift, and no further apart than they started), so
+# they are added in closed form and the cost no longer grows with the rounds.
 PERIODIC_TOL = 1e-12  # relative to the run's time so far: well above float64's rounding of the clocks
+
+
+def _round_seen(seen, clock, link_free, resume, totals, rounds_left: int):
+    """At a round's end: (what to compare the next round's end with, and the run's totals in
+    closed form if this round repeated the one before, else None)."""
+    latest = clock.max(axis=-1)
+    state = (clock - latest[..., None], link_free - latest)
+    now = ({name: v.copy() for name, v in totals.items()}, latest, resume.max(axis=-1))
+    if seen is not None and _same_state(seen[0], state, latest):
+        return seen, _repeat_rounds(seen[1:], now, totals, rounds_left)
+    return (state, *now), None
 
 
 def _same_state(before, after, latest) -> bool:

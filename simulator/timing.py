@@ -82,14 +82,6 @@ def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, c
                          step="lean" if compiled(scenario, gpu_key) else "eager")
 
 
-def gpu_step_coefficients(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED) -> tuple[float, float, float]:
-    """(t0, c, host) of the catalog estimate of one GPU of type gpu_key, no collectives: the device's
-    t0 + c·b, and the eager step's dispatch seconds (0 for a compiled step), which `gpu_step_s`
-    pipelines with it (`simulator.estimate.DispatchPipeline`)."""
-    est = gpu_estimate(scenario, gpu_key, layout)
-    return est.fixed_s, est.sample_s, est.host_s
-
-
 def gpu_step_s(scenario: Scenario, gpu_key: str, batch, layout: Layout = UNSHARDED):
     """Catalog estimate t_g(b) of one GPU of type gpu_key (formula in the module docstring).
 

@@ -17,19 +17,10 @@ from pathlib import Path
 import pytest
 
 from real.ckpt_set import set_rounds
+from tests.tiny_run import tiny_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = """name = "dead-peer"
-seed = 0
-[model]
-preset = "tiny"
-seq_len = 16
-dtype = "fp32"
-[training]
-rounds = 50
-[diloco]
-warmup_steps = 1
-"""
+SCENARIO = tiny_scenario("dead-peer", 50)
 PLAN = """strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s
 baseline,survivor,1,1,2,0.1,32,0.0
 baseline,victim,1,1,2,0.1,32,0.0

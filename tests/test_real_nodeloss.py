@@ -17,20 +17,10 @@ import pytest
 import torch
 
 from proctree import launcher_env, spawned_children
+from tiny_run import tiny_scenario
 
 ROUNDS = 40
-SCENARIO = f"""name = "nodeloss"
-seed = 0
-[model]
-preset = "tiny"
-seq_len = 16
-dtype = "fp32"
-[training]
-rounds = {ROUNDS}
-[diloco]
-warmup_steps = 1
-averaging = "tokens"
-"""
+SCENARIO = tiny_scenario("nodeloss", ROUNDS, diloco='averaging = "tokens"\n')
 # Emulated steps of 0.25 s: 0.5 s a round, long beside a sync on the loopback, so that the run is
 # still going when the killed node's process has restarted (torch's import takes seconds here).
 PLAN = """strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s

@@ -23,24 +23,13 @@ from real import wan
 from real.checkpoint import verified_sets, weights_digest
 from real.ckpt_set import load_set, set_rounds
 from tests.proctree import ctrl_c_reaches_it, launcher_env
+from tests.tiny_run import tiny_scenario
 
 MISSING = wan.missing_support()
 pytestmark = [pytest.mark.wan, pytest.mark.slow, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]
 
 TIMEOUT_S = 10.0
-SCENARIO = """name = "wan-failure"
-seed = 0
-[model]
-preset = "tiny"
-seq_len = 16
-dtype = "fp32"
-[training]
-rounds = 5
-[network]
-latency_ms = 0.0
-[diloco]
-warmup_steps = 1
-"""
+SCENARIO = tiny_scenario("wan-failure", 5, network="latency_ms = 0.0\n")
 # The victim's 8 Mbit/s link makes each sync about 1.4 s (1.4 MB per node in a ring of 3),
 # long enough to cut it in the middle; the compute of a round is a few milliseconds.
 PLAN = """strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,link_gbps

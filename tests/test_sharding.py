@@ -17,7 +17,7 @@ from simulator.layout_choice import memory_problem
 from simulator.network import HOST_LINK_GBPS, node_outer_step_s, sync_s
 from simulator.scenario import builtin_names, load_scenario
 from simulator.strategies import STRATEGIES, make_plan
-from simulator.timing import gpu_estimate, gpu_step_coefficients, intra_node_comm_s, node_timings
+from simulator.timing import gpu_estimate, intra_node_comm_s, node_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_8B = "llama-3.1-8b"  # facts/presets.py: Meta's Llama-3.1-8B config
@@ -106,8 +106,8 @@ def test_timing_of_each_layout(tmp_path):
     # layer's gather + reduce-scatter, U(2 + 4)/2 = 3U
     total, exposed = intra_node_comm_s(s, node, Layout("fsdp", devices=4))
     assert total == pytest.approx(4 * PSI * ring) and exposed == pytest.approx(3 * LAYER * ring)
-    t0, c, _ = gpu_step_coefficients(s, "h100-sxm")
-    t0_sharded, c_full, _ = gpu_step_coefficients(s, "h100-sxm", Layout("zero1", "full", 4))
+    plain, sharded = gpu_estimate(s, "h100-sxm"), gpu_estimate(s, "h100-sxm", Layout("zero1", "full", 4))
+    t0, c, t0_sharded, c_full = plain.fixed_s, plain.sample_s, sharded.fixed_s, sharded.sample_s
     assert c_full == pytest.approx(c * 4 / 3)  # one more forward
     spec = get_gpu("h100-sxm")
     assert t0 - t0_sharded == pytest.approx(92 * PSI * (1 - 1 / 4) / (spec.memory_bandwidth_gbs * 1e9))
