@@ -21,9 +21,10 @@ estimate's constants are datasheet figures, published kernel efficiencies and op
 Prints one line per row (estimate, measurement, error) and the median and worst absolute error;
 exit status 1 if the median exceeds 10% or the worst 20% (the goals of issue 15).
 
-Then geodt's own step on an H200 (benchmarks/estimate/h200/: profiles of the eager step,
-priced as `step="eager"`; the compiled points, priced as the lean step), every measured batch
-with its source; goal (issue 29): within 10% at every batch >= 8; exit status 1 if missed.
+Then geodt's own step on an H200 (benchmarks/estimate/h200*/, one folder per day measured:
+profiles of the eager step, priced as `step="eager"`; profiles of the compiled step and the
+compiled points, priced as the lean step), every measured batch with its source; goal (issue
+29): within 10% at every batch >= 8; exit status 1 if missed.
 """
 from __future__ import annotations
 
@@ -36,10 +37,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from facts.catalog import get_gpu  # noqa: E402
+from facts.presets import load_arch  # noqa: E402
 from simulator.estimate import Shape, estimate_step, fsdp_collective_s  # noqa: E402
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
-H200_DIR = Path(__file__).with_name("estimate") / "h200"
+H200_DIRS = sorted(Path(__file__).with_name("estimate").glob("h200*"))
 MEDIAN_GOAL, WORST_GOAL = 0.10, 0.20
 H200_GOAL, H200_MIN_BATCH = 0.10, 8
 
@@ -79,22 +81,24 @@ def compare(path: Path = CSV_PATH) -> list[tuple[dict, float, float]]:
     return out
 
 
-def h200_rows(directory: Path = H200_DIR) -> list[dict]:
-    """Every timed H200 row (profiles: eager; compiled_points.csv: compiled) with its estimate."""
+def h200_rows(directories: list[Path] = H200_DIRS) -> list[dict]:
+    """Every timed H200 row (profiles: eager or compiled, as each says; compiled_points.csv:
+    compiled) with its estimate; a row's source names its folder and file."""
     import pandas as pd
 
-    from facts.presets import load_arch
-
     rows = []
-    for path in sorted(directory.glob("h200-*.csv")):
-        frame = pd.read_csv(path)
-        for r in frame[~frame["oom"]].itertuples():
+    for directory in directories:
+        for path in sorted(directory.glob("h200-*.csv")):
+            frame = pd.read_csv(path)
+            compiled = "compiled" in frame.columns and bool(frame["compiled"].iloc[0])
+            for r in frame[~frame["oom"]].itertuples():
+                rows.append({"model": r.model, "dtype": r.dtype, "seq_len": int(r.seq_len), "batch": int(r.batch_size),
+                             "step": "lean" if compiled else "eager", "measured_s": float(r.step_s_mean),
+                             "source": f"{directory.name}/{path.name}"})
+        points = directory / "compiled_points.csv"
+        for r in (pd.read_csv(points).itertuples() if points.exists() else ()):
             rows.append({"model": r.model, "dtype": r.dtype, "seq_len": int(r.seq_len), "batch": int(r.batch_size),
-                         "step": "eager", "measured_s": float(r.step_s_mean), "source": path.name})
-    compiled = pd.read_csv(directory / "compiled_points.csv")
-    for r in compiled.itertuples():
-        rows.append({"model": r.model, "dtype": r.dtype, "seq_len": int(r.seq_len), "batch": int(r.batch_size),
-                     "step": "lean", "measured_s": float(r.step_s), "source": "compiled_points.csv"})
+                         "step": "lean", "measured_s": float(r.step_s), "source": f"{directory.name}/{points.name}"})
     for row in rows:
         est = estimate_step("h200", row["dtype"], row["seq_len"], shape=Shape.of(load_arch(row["model"])),
                             step=row["step"])
@@ -105,7 +109,7 @@ def h200_rows(directory: Path = H200_DIR) -> list[dict]:
 
 def print_h200(rows: list[dict]) -> bool:
     """The H200 table; whether every row at batch >= H200_MIN_BATCH is within H200_GOAL."""
-    print("\ngeodt's step on an H200 (measured on an H200, 2026-11-26; benchmarks/estimate/h200/)")
+    print("\ngeodt's step on an H200 (measured on an H200, 2026-11-26 and 2026-11-27; benchmarks/estimate/h200*/)")
     print(f"{'model':11s} {'dtype':5s} {'step':5s} {'b':>4s} {'measured ms':>11s} {'estimate ms':>11s} {'error':>7s}  source")
     for r in rows:
         print(f"{r['model']:11s} {r['dtype']:5s} {r['step']:5s} {r['batch']:4d} {1e3 * r['measured_s']:11.1f} "

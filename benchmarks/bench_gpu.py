@@ -1,4 +1,4 @@
-"""Everything a lent GPU should check, in one prepared command (about 8 minutes on one H200).
+"""Everything a lent GPU should check, in one prepared command (346 s of stages on one H200, 2026-11-27).
 
     PYTHONPATH=. python benchmarks/bench_gpu.py --out $OUT/gpu      # on the GPU machine
     PYTHONPATH=. python benchmarks/bench_gpu.py --analyse benchmarks/estimate/h200   # anywhere: the
@@ -17,6 +17,8 @@ Stages, each a subprocess with its own time limit, each a row of the table print
 5. a short nccl run (two nodes, one process per GPU) when the machine has two GPUs, else
    skipped and said so.
 Nothing here is timed as a test; the table holds what the stages printed and measured.
+OUT keeps the validate run's checkpoints (GBs): bring back its CSVs, not the folder
+(benchmarks/estimate/h200-2026-11-27/README.md has the command that ran).
 """
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ def analyse(directory: Path) -> list[dict]:
 def run_stage(name: str, command: list[str], limit_s: int, log: Path) -> dict:
     """Run one stage with its time limit; its output into LOG; a table row."""
     start = time.perf_counter()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     with log.open("a") as handle:
         handle.write(f"\n=== {name}: {' '.join(command)}\n")
         handle.flush()

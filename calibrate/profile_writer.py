@@ -129,7 +129,8 @@ class ProfileWriter:
     def append(self, row: dict) -> None:
         """Add one row (every column of COLUMNS) and commit the file atomically."""
         row = {"compiled": False, "warmup_steps": None, "warmup_s": None, "outer_step_cpu_ns_per_param": None,
-               "outer_step_device_ns_per_param": None, **row}  # rows built before the columns
+               "outer_step_device_ns_per_param": None, "ckpt_snapshot_ns_per_byte": None,
+               "ckpt_write_ns_per_byte": None, **row}  # rows built before the columns
         missing = [c for c in COLUMNS if c not in row]
         if missing:
             raise ValueError(f"profile row lacks column {missing[0]!r}")

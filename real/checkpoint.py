@@ -132,6 +132,37 @@ def snapshot(node) -> dict[str, dict]:
             "node.pt": state}
 
 
+def time_checkpoint(params: int, repeats: int, device: str | torch.device, directory) -> tuple[list[float], list[float]]:
+    """Seconds of `snapshot`'s copy and of the background write (ckpt_set.save_file: torch.save,
+    sha256, fsync) of a checkpoint of `params` parameters, one pair per repeat after a warm-up.
+    Its state is laid out as a node's (16 bytes a parameter): the two AdamW moments on `device`,
+    the global weights and outer momentum on the host (outer_state = "cpu"), each in tensors of
+    the outer step's timing size. The write goes to a temporary file in `directory`, removed after."""
+    import os
+
+    from real.diloco import OUTER_TIMING_LAYER_PARAMS
+
+    sizes = [OUTER_TIMING_LAYER_PARAMS] * (params // OUTER_TIMING_LAYER_PARAMS)
+    sizes += [params % OUTER_TIMING_LAYER_PARAMS] if params % OUTER_TIMING_LAYER_PARAMS else []
+    state = {"inner_optimizer": [[torch.ones(n, device=device) for n in sizes] for _ in range(2)],
+             "outer": [[torch.ones(n) for n in sizes] for _ in range(2)]}
+    path = Path(directory) / f".geodt-ckpt-timing.tmp{os.getpid()}"
+    snapshots, writes = [], []
+    try:
+        for i in range(repeats + 1):
+            start = time.perf_counter()
+            copy = _host_copy(state)
+            copied = time.perf_counter()
+            ckpt_set.save_file(copy, path)
+            if i:  # the first pass pays page faults on fresh buffers
+                snapshots.append(copied - start)
+                writes.append(time.perf_counter() - copied)
+            del copy
+    finally:
+        path.unlink(missing_ok=True)
+    return snapshots, writes
+
+
 def _writer(node) -> ckpt_set.BackgroundWriter:
     if getattr(node, "ckpt_writer", None) is None:
         node.ckpt_writer = ckpt_set.BackgroundWriter()

@@ -12,9 +12,12 @@ parameters bytes (every node writes the same state, so it delays every node alik
     the run's end = the last round's end + block_last + write(B)
 
 The rounds' time between two checkpoints is each round's longest node (its compute and sync),
-which the checkpoints themselves do not change. A profile without `snapshot` rows (measured
-before the executor wrote in the background) prices each checkpoint as a write that blocks,
-and nothing after it; without a network profile checkpoints cost 0.
+which the checkpoints themselves do not change. A network profile without `snapshot` rows
+(measured before the executor wrote in the background) prices each checkpoint as a write that
+blocks, and nothing after it. Without checkpoint rows in a network profile, the nodes' own
+profiles price it where `geodt calibrate device` timed their host's snapshot and write (ns per
+byte, formats/profile.py CHECKPOINT_COLUMNS): the slowest host's of each, since the next
+sync waits for every node; otherwise checkpoints cost 0, and the note says so.
 """
 from __future__ import annotations
 
@@ -55,16 +58,40 @@ class CheckpointCost:
 
 
 def checkpoint_cost(scenario) -> CheckpointCost:
-    """The scenario's checkpoints priced from its network profile (module docstring)."""
+    """The scenario's checkpoints priced from its network profile, else its nodes' profiles
+    (module docstring)."""
     every = scenario.training.checkpoint_every
     model = scenario.network_model
-    if model is None or model.checkpoint is None:
-        return CheckpointCost(every, 0.0, 0.0, "not priced (no network profile with checkpoint rows)")
     size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
+    if model is None or model.checkpoint is None:
+        hosts = profiled_checkpoint_ns_per_byte(scenario)
+        if not hosts:
+            return CheckpointCost(every, 0.0, 0.0, "checkpoints not priced (neither a network profile with "
+                                                   "checkpoint rows nor a node profile with checkpoint columns)")
+        snapshot_s, write_s = (max(h[part] for h in hosts.values()) * 1e-9 * size for part in ("snapshot", "write"))
+        missing = [node.name for node in scenario.nodes if node.profile not in hosts]
+        return CheckpointCost(every, snapshot_s, write_s, "checkpoints priced from the nodes' profiles"
+                              + (f" (not {', '.join(missing[:3])}{' and others' if len(missing) > 3 else ''}: "
+                                 "no checkpoint columns)" if missing else ""))
     write_s = model.checkpoint(size)
     if model.snapshot is None:
         return CheckpointCost(every, write_s, 0.0, "the write priced as blocking (the profile has no snapshot rows)")
     return CheckpointCost(every, model.snapshot(size), write_s, "snapshot blocks, the write runs behind the rounds")
+
+
+def profiled_checkpoint_ns_per_byte(scenario) -> dict[str, dict[str, float]]:
+    """{profile path: {"snapshot": ns, "write": ns}} for each node profile that timed its host's
+    checkpoint (`geodt calibrate device`); the slowest of a node's profiles, one entry per path."""
+    from simulator.timing import NodeTiming
+
+    hosts = {}
+    for index, node in enumerate(scenario.nodes):
+        if not node.profile or node.profile in hosts:
+            continue
+        figures = [p.checkpoint_ns_per_byte for p in NodeTiming(scenario, node, index).profiles]
+        if figures and all(len(f) == 2 for f in figures):
+            hosts[node.profile] = {part: max(f[part] for f in figures) for part in ("snapshot", "write")}
+    return hosts
 
 
 def round_s(compute: np.ndarray, comm_s) -> np.ndarray:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from formats.profile import IDENTITY, OUTER_STEP_COLUMNS, ProfileError, read_profile_frame
+from formats.profile import CHECKPOINT_COLUMNS, IDENTITY, OUTER_STEP_COLUMNS, ProfileError, read_profile_frame
 from formats.wire import MODEL_DTYPES
 
 _BOOL = {"true": True, "false": False, "1": True, "0": False}
@@ -140,11 +140,10 @@ class ProfileModel:
             raise ProfileError(f"{source}: column 'compiled': {first['compiled']!r}; expected true or false")
         self.compiled: bool = compiled
         self.startup_s: float = _startup_s(frame, source)
-        self.outer_step_ns_per_param: dict[str, float] = {}  # "cpu" / "device" -> ns, where measured
-        for where, column in OUTER_STEP_COLUMNS.items():
-            text = str(first[column]).strip() if column in frame.columns else ""
-            if text:
-                self.outer_step_ns_per_param[where] = _number(source, 1, column, text, required=True)
+        # the host's outer step ("cpu" / "device" -> ns per parameter) and checkpoint ("snapshot" /
+        # "write" -> ns per byte), where measured
+        self.outer_step_ns_per_param: dict[str, float] = _host_figures(frame, first, source, OUTER_STEP_COLUMNS)
+        self.checkpoint_ns_per_byte: dict[str, float] = _host_figures(frame, first, source, CHECKPOINT_COLUMNS)
         self.warmup_measured: bool = bool("warmup_s" in frame.columns and (frame["warmup_s"].str.strip() != "").any())
 
         batches, times, mems, mem_batches, ooms, totals, cvs = _measured_rows(frame, source)
@@ -229,6 +228,16 @@ class ProfileModel:
     def measured_step_s(self) -> dict[int, float]:
         """The measured median step time of each non-OOM batch."""
         return dict(sorted(self._measured_time.items()))
+
+
+def _host_figures(frame: pd.DataFrame, first, source: str, columns: dict[str, str]) -> dict[str, float]:
+    """{name: figure} of the whole-profile columns that hold one (empty cells: not measured)."""
+    figures = {}
+    for name, column in columns.items():
+        text = str(first[column]).strip() if column in frame.columns else ""
+        if text:
+            figures[name] = _number(source, 1, column, text, required=True)
+    return figures
 
 
 def _startup_s(frame: pd.DataFrame, source: str) -> float:

@@ -11,7 +11,7 @@ round ends at max(round_end_s). A run also pays, once,
   for its slowest starter at the first barrier, so the largest counts.
 - the checkpoint after the last round: its snapshot, then its whole write, which the run waits
   for before it ends (simulator/checkpoints.py; the timeline already holds the checkpoints
-  between rounds; 0 without a network profile).
+  between rounds; 0 where nothing measured the host's checkpoint, and `note` says so).
 
     wall_s = max_i startup_i + max(round_end_s) + last_checkpoint_s
 
@@ -33,7 +33,7 @@ class WallClock:
     startup_s: float
     rounds_s: float      # the timeline's end: rounds and the checkpoints between them
     last_checkpoint_s: float
-    note: str            # what the startup could not count ('' when every node's was measured)
+    note: str            # what could not be counted ('' when every node's startup and the checkpoints were)
 
     @property
     def wall_s(self) -> float:
@@ -50,6 +50,8 @@ def predicted_wall_clock(scenario, timeline) -> WallClock:
     round_s = (by_round["round_end_s"].max() - by_round["round_start_s"].min()).to_numpy()
     cost = checkpoint_cost(scenario)
     last = float(cost.block_s(round_s)[-1]) + cost.write_s if len(round_s) else 0.0
+    if not (cost.snapshot_s or cost.write_s):
+        note = "; ".join(filter(None, [note, cost.note]))
     return WallClock(startup_s=max(t.startup_s for t in timings), rounds_s=float(timeline["round_end_s"].max()),
                      last_checkpoint_s=last, note=note)
 

@@ -117,3 +117,55 @@ def test_checkpoints_every_k_rounds_chunk_exactly_and_agree_across_engines(tmp_p
     by_round = results["analytic"].groupby("round")
     gaps = by_round.round_start_s.min().iloc[1:].to_numpy() - by_round.round_end_s.max().iloc[:-1].to_numpy()
     assert (gaps[[0, 1, 3, 4]] == 0).all() and gaps[2] > 0 and gaps[5] > gaps[2]  # the 2nd waits for the 1st write
+
+
+def _profile_with_checkpoint(path, snapshot_ns="0.5", write_ns="2.0"):
+    path.write_text(
+        "device_name,device_index,gpu_key,model,seq_len,dtype,batch_size,step_s_median,step_s_mean,step_s_p10,"
+        "step_s_p90,repeats,peak_mem_bytes,mem_total_bytes,oom,tokens_per_s,sm_util_pct,mem_util_pct,power_w,"
+        "torch_version,cuda_version,driver_version,host,measured_at,compiled,ckpt_snapshot_ns_per_byte,"
+        "ckpt_write_ns_per_byte\n"
+        f"cpu,,cpu,tiny,32,fp32,1,0.1,0.1,,,5,,,false,,,,,t,,,h,m,false,{snapshot_ns},{write_ns}\n")
+
+
+def test_without_a_network_profile_the_nodes_profiles_price_checkpoints(tmp_path):
+    """A profile's host checkpoint rates (geodt calibrate device) price the snapshot and the write,
+    the slowest host's of each; a node without them is named; none at all: not priced, said so."""
+    from simulator.checkpoints import checkpoint_cost
+    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.scenario import load_scenario
+
+    _profile_with_checkpoint(tmp_path / "a.csv", "0.5", "2.0")
+    _profile_with_checkpoint(tmp_path / "b.csv", "0.25", "3.0")
+    head = 'name = "s"\n[model]\npreset = "tiny"\nseq_len = 32\ndtype = "fp32"\n[training]\nrounds = 2\nlocal_steps = 3\n'
+    node = '[[nodes]]\nname = "{}"\ngpus = {{ "cpu" = 1 }}\n{}\n'
+    (tmp_path / "s.toml").write_text(head + node.format("a", 'profile = "a.csv"') + node.format("b", 'profile = "b.csv"')
+                                     + node.format("c", "step_time_s = 0.1"))
+    scenario = load_scenario(str(tmp_path / "s.toml"))
+    size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
+    cost = checkpoint_cost(scenario)
+    assert (cost.snapshot_s, cost.write_s) == (pytest.approx(0.5e-9 * size), pytest.approx(3.0e-9 * size))
+    assert "not c: no checkpoint columns" in cost.note
+    (tmp_path / "s.toml").write_text(head + node.format("c", "step_time_s = 0.1"))
+    bare = checkpoint_cost(load_scenario(str(tmp_path / "s.toml")))
+    assert (bare.snapshot_s, bare.write_s) == (0.0, 0.0) and bare.note.startswith("checkpoints not priced")
+
+
+def test_the_h200_run_with_checkpoints_is_predicted_from_its_profile():
+    """benchmarks/estimate/h200-2026-11-27: the one-node H200 run's committed scenario, profile and
+    measured wall time; the prediction is deterministic (37.36 s printed on the GPU machine), and
+    the measured 37.60 s is the run's own trace."""
+    from pathlib import Path
+
+    from simulator.engine import simulate
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+    from simulator.wallclock import measured_wall_s, predicted_wall_clock
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks/estimate/h200-2026-11-27"
+    scenario = load_scenario(str(folder / "gpu1-ckpt.toml"))
+    timeline = simulate(scenario, make_plan(scenario, "baseline"), engine="analytic")
+    wall = predicted_wall_clock(scenario, timeline)
+    assert round(wall.wall_s, 2) == 37.36 and round(wall.last_checkpoint_s, 2) == 11.00
+    measured = measured_wall_s(pd.read_csv(folder / "trace-gpu1-ckpt.csv"))
+    assert round(measured, 2) == 37.60

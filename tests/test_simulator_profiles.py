@@ -164,3 +164,31 @@ def test_a_node_prices_its_outer_step_from_its_own_profile(tmp_path):
     assert outer_step_s(s) == pytest.approx(OUTER_STEP_NS_PER_PARAM * 1e-9 * n)  # the slowest host
     assert outer_step_source(s) == ("outer step: a 1.33 ns/param (its profile), "
                                     f"b {OUTER_STEP_NS_PER_PARAM} ns/param (this VM's default, not its host's)")
+
+
+def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it(tmp_path, capsys):
+    """`geodt calibrate device` times real/checkpoint.py's snapshot and write on its host into the
+    profile (ns per byte, every row alike; its timing file removed), and a scenario of that profile
+    prices its checkpoints from them: the snapshot blocks, the last write ends the run."""
+    import pandas as pd
+
+    from geodt.cli import main
+    from simulator.checkpoints import checkpoint_cost
+    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.scenario import load_scenario
+
+    out = tmp_path / "p.csv"
+    assert main(["calibrate", "device", "--device", "cpu", "--model", "tiny", "--seq-len", "16", "--batch", "1",
+                 "--repeats", "1", "--warmup", "0", "--compile", "off", "--out", str(out)]) == 0
+    assert "checkpoint on this host: snapshot" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.csv"]
+    frame = pd.read_csv(out)
+    snapshot_ns, write_ns = frame["ckpt_snapshot_ns_per_byte"].iloc[0], frame["ckpt_write_ns_per_byte"].iloc[0]
+    assert snapshot_ns > 0 and write_ns > 0  # measured: only their sign is certain on a shared machine
+    (tmp_path / "s.toml").write_text(
+        'name = "s"\n[model]\npreset = "tiny"\nseq_len = 16\ndtype = "fp32"\n[training]\nrounds = 2\nlocal_steps = 2\n'
+        'batch_size = 1\ncompile = "off"\n[[nodes]]\nname = "a"\ngpus = { "cpu" = 1 }\nprofile = "p.csv"\n')
+    scenario = load_scenario(str(tmp_path / "s.toml"))
+    size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
+    cost = checkpoint_cost(scenario)
+    assert cost.snapshot_s == pytest.approx(snapshot_ns * 1e-9 * size) and cost.write_s == pytest.approx(write_ns * 1e-9 * size)

@@ -5,18 +5,28 @@ divide, Nesterov, weights back; no all-reduce) is timed with the weights on the 
 outer state on the CPU (OpenDiLoCo's place; on a GPU the weights' copies down and up are
 included) and, on a GPU, on the device, and written into the profile as nanoseconds per
 parameter (formats/profile.py OUTER_STEP_COLUMNS, the same on every row). The simulator prices
-that node's outer step from them (simulator/network.py). It runs here, in geodt/, because it
-times the executor's code (calibrate/ does not import real/).
+that node's outer step from them (simulator/network.py).
+
+Then the host's checkpoint (real.checkpoint.time_checkpoint: the snapshot into host memory that
+blocks training, and the write behind it, into the profile's own folder, the disk this host's
+runs are likeliest to use) goes in as nanoseconds per byte (CHECKPOINT_COLUMNS); the simulator
+prices checkpoints from them where no network profile measured them (simulator/checkpoints.py).
+Both run here, in geodt/, because they time the executor's code (calibrate/ does not import real/).
 """
 from __future__ import annotations
 
 import statistics
 import sys
+from pathlib import Path
 
 # Parameters timed: the step is memory-bound streams, linear in the count, so a model's rate per
 # parameter is measured on at most this many (4 fp32 buffers of 800 MB) to spare the host's memory.
 MAX_TIMED_PARAMS = 200_000_000
 REPEATS = 3
+# A checkpoint's rate per byte is timed on at most this many parameters' state (16 bytes each:
+# 800 MB in host memory and on disk), likewise linear in its size.
+MAX_CHECKPOINT_PARAMS = 50_000_000
+CHECKPOINT_REPEATS = 2
 
 
 def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
@@ -29,12 +39,23 @@ def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
             for where, state in places.items()}
 
 
+def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, float]:
+    """{"snapshot": ns, "write": ns} per checkpoint byte on this host (module docstring)."""
+    from real.checkpoint import time_checkpoint
+    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+
+    params = min(params, MAX_CHECKPOINT_PARAMS)
+    snapshots, writes = time_checkpoint(params, CHECKPOINT_REPEATS, device, directory)
+    size = CHECKPOINT_BYTES_PER_PARAM * params
+    return {"snapshot": statistics.median(snapshots) / size * 1e9, "write": statistics.median(writes) / size * 1e9}
+
+
 def main(argv: list[str]) -> int:
     from calibrate.cli import calibrate_main, calibrate_parser, out_paths
     from calibrate.harness import resolve_devices
     from calibrate.profile_writer import set_profile_columns
     from facts.presets import load_arch
-    from formats.profile import OUTER_STEP_COLUMNS
+    from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
 
     status = calibrate_main(argv)
     if status != 0 or "-h" in argv or "--help" in argv:
@@ -48,4 +69,8 @@ def main(argv: list[str]) -> int:
         print(f"{path}: outer step on this host, {min(params, MAX_TIMED_PARAMS):,} parameters: "
               + ", ".join(f"state on {'the device' if w == 'device' else 'the CPU'} {ns:.3f} ns per parameter"
                           for w, ns in figures.items()), file=sys.stderr)
+        ckpt = checkpoint_ns_per_byte(device, params, Path(path).resolve().parent)
+        set_profile_columns(path, {CHECKPOINT_COLUMNS[part]: ns for part, ns in ckpt.items()})
+        print(f"{path}: checkpoint on this host: snapshot {1 / ckpt['snapshot']:.2f} GB/s, "
+              f"write {1 / ckpt['write']:.2f} GB/s", file=sys.stderr)
     return 0
