@@ -4,11 +4,13 @@ For each strategy (baseline, measured-steps, rebalance, deadline) runs `geodt va
 nothing padded) on a scenario of CPU devices made by quotas (default benchmarks/fidelity/
 quota-mix.toml: `fast` 0.9 of core 0, `slow` 0.45 of core 1), with `nodes.<node>.drift = [{kind
 = "step", round = R/2, factor = 1.2}]`: at that round's start the node's process lowers its own
-cgroup quota to quota / 1.2 (real/worker.py, train/cpulimit.py), and the simulator predicts the
-run with that node's steps 1.2× longer from then on. Right before each run the scenario's
-devices are calibrated together under their quotas at the scenario's batch (`geodt calibrate
-scenario --scenario`, as benchmarks/bench_fidelity.py does; every plan here runs at that batch:
-the adaptive strategies change H_i, not b_i), and the plan comes from those profiles.
+cgroup quota to quota / 1.2 (real/worker.py, train/cpulimit.py). Right before each run the
+scenario's devices are calibrated together under their quotas at the scenario's batch (`geodt
+calibrate scenario --scenario`, as benchmarks/bench_fidelity.py does; every plan here runs at that
+batch: the adaptive strategies change H_i, not b_i), and the plan comes from those profiles; then
+again with the node's quota divided by 1.2, and the simulator predicts the run with that node's
+steps as much longer from the drift's round as that calibration measured (the drift's `factor`,
+its `cpu_quota_factor` 1.2: a quota / 1.2 does not make a step 1.2× longer, simulator/drift.py).
 
 `--wan shaped` (root): every node in a network namespace of its own with its link shaped by tbf
 (real/wan.py) at --bandwidth-gbps; the host's costs from `geodt calibrate network` once, the
@@ -51,13 +53,22 @@ def run_cmd(cmd: list[str], what: str) -> None:
         raise SystemExit(f"bench_adaptive_real: {what} failed ({proc.returncode}): {tail}")
 
 
-def calibrated(scenario: str, batch: int, work: Path) -> Path:
-    """The scenario with its devices' profiles measured just now, together, under their quotas."""
-    cal = work / "profiles"
-    cal.mkdir()
-    run_cmd([sys.executable, "-m", "geodt", "calibrate", "scenario", "--scenario", str(bf.SCENARIOS / f"{scenario}.toml"),
-             "--batch", str(batch), "--repeats", str(CAL_REPEATS), "--out-dir", str(cal)], "geodt calibrate scenario")
-    return bf.with_profiles(scenario, cal, work)
+def calibrated(scenario: str, batch: int, work: Path, node: str, quota_factor: float) -> tuple[Path, float]:
+    """The scenario with its devices' profiles measured just now, together, under their quotas;
+    and the drift's step-time factor, measured likewise with `node`'s quota divided by quota_factor
+    (the slowdown that quota gives, which is not quota_factor: simulator/drift.py)."""
+    from simulator.scenario import load_scenario
+
+    path = bf.SCENARIOS / f"{scenario}.toml"
+    quota = {n.name: n.cpu_quota for n in load_scenario(str(path), without_profiles=True).nodes}[node]
+    steps = []
+    for folder, sets in (("profiles", []), ("profiles-drifted", ["--set", f"nodes.{node}.cpu_quota={quota / quota_factor!r}"])):
+        (work / folder).mkdir()
+        run_cmd([sys.executable, "-m", "geodt", "calibrate", "scenario", "--scenario", str(path), "--batch", str(batch),
+                 "--repeats", str(CAL_REPEATS), "--out-dir", str(work / folder), *sets], "geodt calibrate scenario")
+        profile = next(p for p in (work / folder).glob("*.csv") if p.stem.rsplit("-", 1)[0] == node)
+        steps.append(float(pd.read_csv(profile)["step_s_mean"].iloc[0]))
+    return bf.with_profiles(scenario, work / "profiles", work), steps[1] / steps[0]
 
 
 def wan_sets(args, host: Path) -> list[str]:
@@ -130,8 +141,9 @@ def run_one(strategy: str, args, work: Path, host: Path | None) -> tuple[Path, d
                                    repeats=args.link_repeats)
         sets += [*net[:-1], f'network.profile="{profile}"']
     load_cal = os.getloadavg()[0]
-    path = calibrated(args.scenario, batch, work)
-    drift = f'nodes.{args.node}.drift=[{{kind="step", round={args.rounds // 2}, factor={args.factor}}}]'
+    path, factor = calibrated(args.scenario, batch, work, args.node, args.factor)
+    drift = (f'nodes.{args.node}.drift=[{{kind="step", round={args.rounds // 2}, factor={factor!r}, '
+             f'cpu_quota_factor={args.factor!r}}}]'
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--no-progress",
            "--threads", "1", "--out", str(out), "--set", drift]
@@ -140,7 +152,7 @@ def run_one(strategy: str, args, work: Path, host: Path | None) -> tuple[Path, d
     load_before = os.getloadavg()[0]
     run_cmd(cmd + (["--wan", "shaped"] if host is not None else []), f"geodt validate --strategy {strategy}")
     row = {"strategy": strategy, "load1_at_calibration": load_cal, "load1_before": load_before,
-           "load1_after": os.getloadavg()[0]}
+           "load1_after": os.getloadavg()[0], "drift_factor_calibrated": factor}
     for csv in sorted((work / "profiles").glob("*.csv")):
         row[f"{csv.stem.rsplit('-', 1)[0]}_calibrated_step_s"] = float(pd.read_csv(csv)["step_s_median"].iloc[0])
     row.update(step_means(pd.read_csv(out / "trace.csv"), args.rounds // 2))
@@ -161,7 +173,6 @@ def main() -> int:
     args = p.parse_args()
     from tqdm import tqdm
 
-    ba.DRIFT[args.node] = args.factor
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)
     change = args.rounds // 2
@@ -171,8 +182,9 @@ def main() -> int:
         host = bf.host_network_profile(Path(tmp)) if args.wan == "shaped" else None
         for k, (r, strategy) in enumerate(tqdm(jobs, desc="adaptive-real", unit="run", file=sys.stderr)):
             d, row = run_one(strategy, args, Path(tmp) / f"run{k}", host)
+            ba.DRIFT[args.node] = row["drift_factor_calibrated"]  # the idle unit: the node's drifted step
             table = ba.per_node(strategy, d, change, 1.0).assign(repeat=r)
-            tables.append(more_columns(d, table, change, args.factor, args.node))
+            tables.append(more_columns(d, table, change, row["drift_factor_calibrated"], args.node))
             runs.append({"repeat": r, **row, "wall_s": pd.read_csv(d / "trace.csv")["round_end_s"].max()})
             if r == 0:
                 curves[strategy] = ba.loss_curve(d, 1.0)

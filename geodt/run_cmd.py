@@ -143,7 +143,9 @@ def injected_drift(scenario, plan, opts):
         if not opts.emulate and node.cpu_quota is None and (factors[:, i] != 1).any():
             raise InputError(f"nodes.{node.node}.drift: a real run injects drift through the node's CPU quota; "
                              "expected cpu_quota on the node, or --emulate")
-    return replace(opts, drift=tuple(tuple(float(f) for f in factors[:, i]) for i in range(len(plan.nodes))))
+    quota = drift_factors(scenario, plan, quota=True)
+    return replace(opts, drift=tuple(tuple(float(f) for f in factors[:, i]) for i in range(len(plan.nodes))),
+                   drift_quota=tuple(tuple(float(f) for f in quota[:, i]) for i in range(len(plan.nodes))))
 
 
 def injected_outage(scenario, plan, opts):

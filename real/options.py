@@ -47,6 +47,7 @@ class ExecOptions:
     # plan node, per round, a step-time multiplier the node imposes on itself: under --emulate on the
     # padded step, for real on its CPU quota (cpu_quota / factor; real/worker.py _inject_drift).
     drift: tuple[tuple[float, ...], ...] | None = None
+    drift_quota: tuple[tuple[float, ...], ...] | None = None  # the quota's divisors where not drift's (cpu_quota_factor)
     # A node's process that dies: stop the run (exact --resume), or continue without it (real/elastic.py).
     on_node_loss: str = "stop"
     # continue: restart a lost node's process this many seconds after it died (once), to rejoin; None: never.
@@ -77,7 +78,8 @@ class ExecOptions:
             raise ValueError(f"--stop-after: expected a positive number of rounds, got {self.stop_after}")
         if self.wan not in WAN_MODES:
             raise ValueError(f"--wan: expected {' or '.join(WAN_MODES)}, got {self.wan!r}")
-        if self.drift is not None and not all(f > 0 for row in self.drift for f in row):
+        if any(table is not None and not all(f > 0 for row in table for f in row)
+               for table in (self.drift, self.drift_quota)):
             raise ValueError("drift: expected positive step-time multipliers")
         if self.checkpoint_every is not None and (isinstance(self.checkpoint_every, bool) or self.checkpoint_every <= 0):
             raise ValueError(f"--checkpoint-every: expected a positive number of rounds, got {self.checkpoint_every}")

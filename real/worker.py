@@ -228,7 +228,8 @@ class Node:
         factors = self.opts.drift[self.index]
         factor = factors[min(r, len(factors) - 1)]
         if factor != self.parts.steps.drift_factor and not self.opts.emulate:
-            set_own_quota(self.me.cpu_quota / factor)
+            divisors = (self.opts.drift_quota or self.opts.drift)[self.index]
+            set_own_quota(self.me.cpu_quota / divisors[min(r, len(divisors) - 1)])
         self.parts.steps.drift_factor = factor
 
     def finish(self) -> None:

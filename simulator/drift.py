@@ -8,6 +8,13 @@ every inner step's time of the rounds it covers; events compose by product:
     { kind = "walk",   spread = 0.05 }                            a random walk: round r's factor is
                                                                    exp(Σ_{k=1..r} ε_k), ε_k ~ N(0, spread)
 
+A step or window event may also give `cpu_quota_factor`: what a real run (`geodt run/validate`
+without --emulate) divides the node's CPU quota by to inject it, where `factor` is then the step
+time that quota was measured to give. A quota's effect on a step is not proportional (a step
+under 10 ms CFS periods takes more than work / quota, the more so as the quota falls), so
+dividing by `factor` itself slows the step by another amount; without it the quota is divided by
+`factor`.
+
 Time is counted in the scenario's rounds (training.rounds), not seconds: a round is what every
 engine, strategy and the executor share, and it keeps the drift independent of the plan a
 strategy makes (a rebalanced plan's rounds last longer or shorter, the drift is the same). A
@@ -38,6 +45,7 @@ class DriftEvent:
     to_round: int | None = None
     factor: float | None = None
     spread: float | None = None
+    cpu_quota_factor: float | None = None  # a real run's quota divisor (module docstring); default factor
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -58,20 +66,28 @@ class DriftEvent:
         if self.factor is not None and not 1 / MAX_FACTOR <= self.factor <= MAX_FACTOR:
             raise FieldError("factor", f"expected a step-time multiplier from {1 / MAX_FACTOR:g} to {MAX_FACTOR:g}, "
                              f"got {self.factor!r}")
+        if self.cpu_quota_factor is not None:
+            if self.kind == "walk":
+                raise FieldError("cpu_quota_factor", "not a key of a walk drift; expected spread")
+            if not 1 / MAX_FACTOR <= self.cpu_quota_factor <= MAX_FACTOR:
+                raise FieldError("cpu_quota_factor", f"expected a quota divisor from {1 / MAX_FACTOR:g} to "
+                                 f"{MAX_FACTOR:g}, got {self.cpu_quota_factor!r}")
         if self.spread is not None and not 0 <= self.spread <= 1:
             raise FieldError("spread", f"expected a standard deviation of log step time per round in [0, 1], "
                              f"got {self.spread!r}")
 
 
-def event_factors(events, rounds: int, rng_words) -> np.ndarray:
-    """(rounds,) step-time multipliers of one node's events; rng_words seed its walk."""
+def event_factors(events, rounds: int, rng_words, quota: bool = False) -> np.ndarray:
+    """(rounds,) step-time multipliers of one node's events; rng_words seed its walk. quota: a
+    real run's CPU quota divisors instead (each event's cpu_quota_factor where given)."""
     out = np.ones(rounds)
     r = np.arange(rounds)
     for k, e in enumerate(events):
+        factor = e.cpu_quota_factor if quota and e.cpu_quota_factor is not None else e.factor
         if e.kind == "step":
-            out *= np.where(r >= e.round, e.factor, 1.0)
+            out *= np.where(r >= e.round, factor, 1.0)
         elif e.kind == "window":
-            out *= np.where((r >= e.from_round) & (r < e.to_round), e.factor, 1.0)
+            out *= np.where((r >= e.from_round) & (r < e.to_round), factor, 1.0)
         else:
             steps = np.random.default_rng((*rng_words, k)).normal(0.0, e.spread, size=rounds)
             steps[0] = 0.0  # round 0 runs at the planned speed
@@ -83,8 +99,9 @@ def has_drift(scenario) -> bool:
     return any(node.drift for node in scenario.nodes)
 
 
-def drift_factors(scenario, plan) -> np.ndarray | None:
-    """(plan rounds, plan nodes) step-time multipliers, or None where no node drifts."""
+def drift_factors(scenario, plan, quota: bool = False) -> np.ndarray | None:
+    """(plan rounds, plan nodes) step-time multipliers (quota: a real run's CPU quota divisors), or
+    None where no node drifts."""
     if not has_drift(scenario):
         return None
     rounds = plan.rounds or scenario.training.rounds
@@ -93,7 +110,7 @@ def drift_factors(scenario, plan) -> np.ndarray | None:
     per_node = []
     for p in plan.nodes:
         i = position[p.node]
-        per_node.append(event_factors(scenario.nodes[i].drift or (), base, (scenario.seed, DRIFT_STREAM, i)))
+        per_node.append(event_factors(scenario.nodes[i].drift or (), base, (scenario.seed, DRIFT_STREAM, i), quota))
     table = np.column_stack(per_node)  # (scenario rounds, nodes)
     if rounds == base:
         return table

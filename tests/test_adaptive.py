@@ -72,6 +72,9 @@ def test_walk_is_seeded_per_scenario_and_node(write_scenario):
      "nodes[0].drift[0].to_round: expected a round after from_round (3), got 2"),
     ('[{kind="step", round=1, factor=2, x=1}]', "nodes[0].drift[0].x: unknown key; expected one of kind, round"),
     ('[{kind="step", round=1, factor=0}]', "nodes[0].drift[0].factor: expected a step-time multiplier"),
+    ('[{kind="walk", spread=0.1, cpu_quota_factor=1.2}]',
+     "nodes[0].drift[0].cpu_quota_factor: not a key of a walk drift; expected spread"),
+    ('[{kind="step", round=1, factor=1.2, cpu_quota_factor=0}]', "nodes[0].drift[0].cpu_quota_factor: expected a quota divisor"),
     ('3', "nodes[0].drift: expected a list, got 3"),
 ])
 def test_bad_drift_is_one_line_naming_the_key(write_scenario, value, message):
@@ -93,6 +96,23 @@ def test_a_step_change_multiplies_the_rounds_after_it(write_scenario):
     a = timeline[timeline["node"] == "a"]["compute_s"].to_numpy()
     assert a[:10].tolist() == [40 * 0.10] * 10
     np.testing.assert_allclose(a[10:], 40 * 0.10 * 1.2, rtol=1e-15)
+
+
+def test_a_real_runs_quota_divisor_may_differ_from_the_predicted_factor(write_scenario):
+    """cpu_quota_factor: what a real run divides the quota by; the simulator keeps `factor` (the step
+    time that quota was measured to give); without it the divisor is the factor."""
+    pytest.importorskip("torch")  # the executor's options
+    from geodt.run_cmd import injected_drift
+    from real.options import ExecOptions
+
+    both = ('nodes.a.drift=[{kind="step", round=2, factor=1.23, cpu_quota_factor=1.2}, '
+            '{kind="window", from_round=3, to_round=4, factor=1.5}]')
+    scenario = load_scenario(str(write_scenario(THREE)), [both, "nodes.a.cpu_quota=0.5", "training.rounds=5"])
+    plan = make_plan(scenario, "baseline")
+    np.testing.assert_array_equal(drift_factors(scenario, plan)[:, 0], [1, 1, 1.23, 1.23 * 1.5, 1.23])
+    np.testing.assert_array_equal(drift_factors(scenario, plan, quota=True)[:, 0], [1, 1, 1.2, 1.2 * 1.5, 1.2])
+    opts = injected_drift(scenario, plan, ExecOptions(out_dir="unused"))
+    assert opts.drift[0] == (1, 1, 1.23, 1.23 * 1.5, 1.23) and opts.drift_quota[0] == (1, 1, 1.2, 1.2 * 1.5, 1.2)
 
 
 def test_sync_ddp_maps_its_rounds_onto_the_scenarios(write_scenario):
