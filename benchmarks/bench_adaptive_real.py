@@ -143,7 +143,7 @@ def run_one(strategy: str, args, work: Path, host: Path | None) -> tuple[Path, d
     load_cal = os.getloadavg()[0]
     path, factor = calibrated(args.scenario, batch, work, args.node, args.factor)
     drift = (f'nodes.{args.node}.drift=[{{kind="step", round={args.rounds // 2}, factor={factor!r}, '
-             f'cpu_quota_factor={args.factor!r}}}]'
+             f'cpu_quota_factor={args.factor!r}}}]')
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--no-progress",
            "--threads", "1", "--out", str(out), "--set", drift]
