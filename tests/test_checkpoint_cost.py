@@ -5,7 +5,13 @@ import pandas as pd
 import pytest
 
 from simulator.checkpoints import CheckpointCost
-from tests.test_netprofile import SCENARIO, _rows
+from tests.test_netprofile import SCENARIO as CPU_SCENARIO, _rows
+
+# The same nodes as GPUs: a GPU node trains beside its background write (on a CPU node the write
+# takes the training's cores and is priced as blocking: test_on_a_cpu_node_the_write_blocks).
+SCENARIO = (CPU_SCENARIO.replace('gpus = { "cpu" = 1 }', 'gpus = { "t4" = 1 }')
+            .replace('gpus = { "cpu" = 2 }\nstep_time_s = 0.1\ncpu_quota = 0.5\ncpu_cores = [1]',
+                     'gpus = { "t4" = 2 }\nstep_time_s = 0.1'))
 
 
 def test_a_checkpoint_blocks_for_its_snapshot_and_for_a_write_still_running():
@@ -47,6 +53,18 @@ def test_checkpoint_every_k_rounds_delays_only_those_rounds(tmp_path, write_scen
     gaps = (by_round.round_start_s.min().iloc[1:].to_numpy() - by_round.round_end_s.max().iloc[:-1].to_numpy())
     # after rounds 2 and 4 (1-based) a snapshot; the write hides behind the rounds (they are seconds long)
     assert gaps == pytest.approx([0.0, cost.snapshot_s, 0.0, cost.snapshot_s], abs=1e-12)
+
+
+def test_on_a_cpu_node_the_write_blocks(tmp_path, write_scenario):
+    """A CPU node's background write takes the cores its training uses: snapshot and write block."""
+    from simulator.checkpoints import checkpoint_cost
+    from simulator.scenario import load_scenario
+
+    _snapshot_rows().to_csv(tmp_path / "net.csv", index=False)
+    gpu = checkpoint_cost(load_scenario(str(write_scenario(SCENARIO))))
+    cpu = checkpoint_cost(load_scenario(str(write_scenario(CPU_SCENARIO))))
+    assert gpu.write_s > 0 and (cpu.snapshot_s, cpu.write_s) == (pytest.approx(gpu.snapshot_s + gpu.write_s), 0.0)
+    assert cpu.note.endswith("on a CPU node it takes the cores training uses")
 
 
 def test_a_profile_without_snapshot_rows_prices_the_write_as_blocking(tmp_path, write_scenario):
@@ -144,7 +162,8 @@ def test_without_a_network_profile_the_nodes_profiles_price_checkpoints(tmp_path
     scenario = load_scenario(str(tmp_path / "s.toml"))
     size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
     cost = checkpoint_cost(scenario)
-    assert (cost.snapshot_s, cost.write_s) == (pytest.approx(0.5e-9 * size), pytest.approx(3.0e-9 * size))
+    # CPU nodes: the write (the slowest host's, 3.0 ns a byte) blocks after the snapshot (0.5)
+    assert (cost.snapshot_s, cost.write_s) == (pytest.approx(3.5e-9 * size), 0.0)
     assert "not c: no checkpoint columns" in cost.note
     (tmp_path / "s.toml").write_text(head + node.format("c", "step_time_s = 0.1"))
     bare = checkpoint_cost(load_scenario(str(tmp_path / "s.toml")))

@@ -169,7 +169,7 @@ def test_a_node_prices_its_outer_step_from_its_own_profile(tmp_path):
 def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it(tmp_path, capsys):
     """`geodt calibrate device` times real/checkpoint.py's snapshot and write on its host into the
     profile (ns per byte, every row alike; its timing file removed), and a scenario of that profile
-    prices its checkpoints from them: the snapshot blocks, the last write ends the run."""
+    prices its checkpoints from them."""
     import pandas as pd
 
     from geodt.cli import main
@@ -191,4 +191,5 @@ def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it
     scenario = load_scenario(str(tmp_path / "s.toml"))
     size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
     cost = checkpoint_cost(scenario)
-    assert cost.snapshot_s == pytest.approx(snapshot_ns * 1e-9 * size) and cost.write_s == pytest.approx(write_ns * 1e-9 * size)
+    # a CPU node: the write blocks after the snapshot (simulator/checkpoints.py)
+    assert cost.snapshot_s == pytest.approx((snapshot_ns + write_ns) * 1e-9 * size) and cost.write_s == 0.0
