@@ -170,6 +170,7 @@ def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it
     """`geodt calibrate device` times real/checkpoint.py's snapshot and write on its host into the
     profile (ns per byte, every row alike; its timing file removed), and a scenario of that profile
     prices its checkpoints from them."""
+    pytest.importorskip("torch")  # calibrate device times steps
     import pandas as pd
 
     from geodt.cli import main
