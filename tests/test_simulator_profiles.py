@@ -194,3 +194,24 @@ def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it
     cost = checkpoint_cost(scenario)
     # a CPU node: the write blocks after the snapshot (simulator/checkpoints.py)
     assert cost.snapshot_s == pytest.approx((snapshot_ns + write_ns) * 1e-9 * size) and cost.write_s == 0.0
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_the_profile_without_its_columns(tmp_path, capsys, monkeypatch):
+    """A full disk while timing the host's checkpoint: one line, the profile kept, its ckpt columns empty."""
+    pytest.importorskip("torch")
+    import errno
+
+    import pandas as pd
+
+    import real.checkpoint
+    from geodt.cli import main
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "x")
+    monkeypatch.setattr(real.checkpoint, "time_checkpoint", full)
+    out = tmp_path / "p.csv"
+    assert main(["calibrate", "device", "--device", "cpu", "--model", "tiny", "--seq-len", "16", "--batch", "1",
+                 "--repeats", "1", "--warmup", "0", "--compile", "off", "--out", str(out)]) == 0
+    assert f"{out}: checkpoint not timed (No space left on device); its columns left empty" in capsys.readouterr().err
+    frame = pd.read_csv(out)
+    assert frame["ckpt_write_ns_per_byte"].isna().all() and frame["outer_step_cpu_ns_per_param"].notna().all()

@@ -69,7 +69,11 @@ def main(argv: list[str]) -> int:
         print(f"{path}: outer step on this host, {min(params, MAX_TIMED_PARAMS):,} parameters: "
               + ", ".join(f"state on {'the device' if w == 'device' else 'the CPU'} {ns:.3f} ns per parameter"
                           for w, ns in figures.items()), file=sys.stderr)
-        ckpt = checkpoint_ns_per_byte(device, params, Path(path).resolve().parent)
+        try:
+            ckpt = checkpoint_ns_per_byte(device, params, Path(path).resolve().parent)
+        except OSError as exc:  # a full or read-only disk: the profile stands without these columns
+            print(f"{path}: checkpoint not timed ({exc.strerror or exc}); its columns left empty", file=sys.stderr)
+            continue
         set_profile_columns(path, {CHECKPOINT_COLUMNS[part]: ns for part, ns in ckpt.items()})
         print(f"{path}: checkpoint on this host: snapshot {1 / ckpt['snapshot']:.2f} GB/s, "
               f"write {1 / ckpt['write']:.2f} GB/s", file=sys.stderr)
