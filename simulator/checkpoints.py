@@ -21,7 +21,7 @@ sync waits for every node; otherwise checkpoints cost 0, and the note says so.
 
 Where a node trains on CPUs, its background write takes the cores (or the quota) its training
 uses: a CPU node's rounds stretched by about the write's time while one ran (a 103 M-parameter
-CPU node here: 5.4 s of compute a round became 10.0 s, its write 3.3 s alone and 7-8 s beside
+CPU node here: 5.4 s of compute a round became 9.2-10.0 s, its write 3.3 s alone and 7-8 s beside
 training). The write is then priced as blocking, after the snapshot, which every node waits for
 at the next sync; GPU nodes train beside it (on an H200 the rounds kept their time within 1%).
 """
