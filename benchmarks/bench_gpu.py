@@ -17,6 +17,9 @@ Stages, each a subprocess with its own time limit, each a row of the table print
 5. a short nccl run (two nodes, one process per GPU) when the machine has two GPUs, else
    skipped and said so.
 Nothing here is timed as a test; the table holds what the stages printed and measured.
+`--budget-s` (default 480) bounds the stages together, so that the analysis and the table still
+come within one device call (10 minutes, install and copying back included): a stage gets at
+most what is left, and one that would start with less than MIN_STAGE_S left is skipped, said so.
 OUT keeps the validate run's checkpoints (GBs): bring back its CSVs, not the folder
 (benchmarks/estimate/h200-2026-11-27/README.md has the command that ran).
 """
@@ -33,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 MODELS = {"llama-150m": 32, "llama-1b": 16}  # compiled batch: ../shared/gpu/README.md's lean table
+MIN_STAGE_S = 20  # a stage started with less would be cut off before its first measurement
 PEAK_TFLOPS = 989.4  # H100/H200 SXM dense bf16, the MFU denominator of ../shared/gpu/README.md
 
 
@@ -121,6 +125,21 @@ def run_stage(name: str, command: list[str], limit_s: int, log: Path) -> dict:
     return {"stage": name, "ok": code == 0, "figures": f"exit {code} in {time.perf_counter() - start:.0f} s; {tail[0][:110]}"}
 
 
+def run_all(runs: list[tuple[str, list[str], int]], budget_s: float, gpus: int, log: Path) -> list[dict]:
+    """Every stage in order within budget_s together (module docstring); a table row each."""
+    rows, end = [], time.monotonic() + budget_s
+    for name, command, limit in runs:
+        left = int(end - time.monotonic())
+        if name == "nccl run" and gpus < 2:
+            rows.append({"stage": name, "ok": True, "figures": "skipped: one GPU (nccl needs a GPU per process)"})
+        elif left < MIN_STAGE_S:
+            rows.append({"stage": name, "ok": False, "figures": f"skipped: {left} s of --budget-s left"})
+        else:
+            rows.append(run_stage(name, command, min(limit, left), log))
+            print(f"{name}: {'ok' if rows[-1]['ok'] else 'FAILED'} ({rows[-1]['figures']})", flush=True)
+    return rows
+
+
 def print_table(rows: list[dict]) -> None:
     width = max(len(r["stage"]) for r in rows)
     print(f"\n{'stage':{width}s}  ok    figures")
@@ -133,6 +152,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, help="directory for the profiles, runs and log (on the GPU machine: under $OUT)")
     p.add_argument("--analyse", type=Path, metavar="DIR", help="only the estimate and memory model against DIR's profiles")
     p.add_argument("--dry-run", action="store_true", help="print the stages' commands, run nothing")
+    p.add_argument("--budget-s", type=int, default=480, help="seconds for all stages together [480]")
     args = p.parse_args(argv)
     if args.analyse:
         print_table(analyse(args.analyse))
@@ -152,13 +172,7 @@ def main(argv=None) -> int:
     from calibrate.harness import gpu_key_for
 
     write_scenarios(args.out, gpu_key_for(torch.cuda.get_device_name(0)) or "h100-sxm")
-    log, rows = args.out / "bench_gpu.log", []
-    for name, command, limit in stages(args.out):
-        if name == "nccl run" and torch.cuda.device_count() < 2:
-            rows.append({"stage": name, "ok": True, "figures": "skipped: one GPU (nccl needs a GPU per process)"})
-            continue
-        rows.append(run_stage(name, command, limit, log))
-        print(f"{rows[-1]['stage']}: {'ok' if rows[-1]['ok'] else 'FAILED'} ({rows[-1]['figures']})", flush=True)
+    rows = run_all(stages(args.out), args.budget_s, torch.cuda.device_count(), args.out / "bench_gpu.log")
     rows += analyse(args.out)
     print_table(rows)
     return 0 if all(r["ok"] for r in rows) else 1

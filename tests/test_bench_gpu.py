@@ -34,3 +34,18 @@ def test_the_analysis_of_the_h200_profiles():
     rows = {r["stage"]: r for r in bench_gpu.analyse(ROOT / "benchmarks/estimate/h200")}
     assert set(rows) == {f"analyse h200-{m}.csv" for m in ("llama-150m-bf16", "llama-1b-bf16", "llama-1b-fp16")}
     assert "largest batch planned 39, measured 42" in rows["analyse h200-llama-1b-bf16.csv"]["figures"]
+
+
+def test_the_stages_share_one_budget(tmp_path, monkeypatch):
+    """A stage gets at most what is left of --budget-s; one that would start with less than
+    MIN_STAGE_S is skipped and said so, so the table comes within one device call."""
+    monkeypatch.setattr(bench_gpu, "MIN_STAGE_S", 1)
+    quick = [sys.executable, "-c", "print('done')"]
+    slow = [sys.executable, "-c", "import time; time.sleep(30)"]
+    rows = bench_gpu.run_all([("a", quick, 60), ("b", slow, 60), ("c", quick, 60), ("nccl run", quick, 60)],
+                             budget_s=3, gpus=1, log=tmp_path / "log")
+    assert [r["stage"] for r in rows] == ["a", "b", "c", "nccl run"]
+    assert rows[0]["ok"] and "done" in rows[0]["figures"]
+    assert not rows[1]["ok"] and rows[1]["figures"].startswith("exit timeout in")  # cut at the budget, not at 60 s
+    assert not rows[2]["ok"] and rows[2]["figures"].startswith("skipped:") and "of --budget-s left" in rows[2]["figures"]
+    assert rows[3]["ok"] and rows[3]["figures"].startswith("skipped: one GPU")
