@@ -143,9 +143,12 @@ def injected_drift(scenario, plan, opts):
         if not opts.emulate and node.cpu_quota is None and (factors[:, i] != 1).any():
             raise InputError(f"nodes.{node.node}.drift: a real run injects drift through the node's CPU quota; "
                              "expected cpu_quota on the node, or --emulate")
-    quota = drift_factors(scenario, plan, quota=True)
-    return replace(opts, drift=tuple(tuple(float(f) for f in factors[:, i]) for i in range(len(plan.nodes))),
-                   drift_quota=tuple(tuple(float(f) for f in quota[:, i]) for i in range(len(plan.nodes))))
+
+    def per_node(table):
+        return tuple(tuple(float(f) for f in table[:, i]) for i in range(len(plan.nodes)))
+    divisors = any(e.cpu_quota_factor is not None for node in scenario.nodes for e in node.drift or ())
+    return replace(opts, drift=per_node(factors),
+                   drift_quota=per_node(drift_factors(scenario, plan, quota=True)) if divisors else None)
 
 
 def injected_outage(scenario, plan, opts):

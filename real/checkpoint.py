@@ -25,6 +25,7 @@ refused naming the key.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 
 from real import ckpt_set
+from real.diloco import timing_sizes
 from real.ckpt_set import CheckpointWriteError, set_bytes  # noqa: F401 - re-exported for the launcher
 
 __all__ = ["CheckpointWriteError", "set_bytes", "due", "save", "wait_writes", "resume", "start_afresh",
@@ -61,8 +63,6 @@ def remove_stale(out_dir, index: int) -> list[Path]:
 def save_whole(obj, path) -> None:
     """torch.save `obj` to `path` whole or not at all (temp name, fsync, rename); the temp file
     is removed when the write fails (a full disk), and the OSError names `path`."""
-    import os
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
@@ -138,12 +138,7 @@ def time_checkpoint(params: int, repeats: int, device: str | torch.device, direc
     Its state is laid out as a node's (16 bytes a parameter): the two AdamW moments on `device`,
     the global weights and outer momentum on the host (outer_state = "cpu"), each in tensors of
     the outer step's timing size. The write goes to a temporary file in `directory`, removed after."""
-    import os
-
-    from real.diloco import OUTER_TIMING_LAYER_PARAMS
-
-    sizes = [OUTER_TIMING_LAYER_PARAMS] * (params // OUTER_TIMING_LAYER_PARAMS)
-    sizes += [params % OUTER_TIMING_LAYER_PARAMS] if params % OUTER_TIMING_LAYER_PARAMS else []
+    sizes = timing_sizes(params)
     state = {"inner_optimizer": [[torch.ones(n, device=device) for n in sizes] for _ in range(2)],
              "outer": [[torch.ones(n) for n in sizes] for _ in range(2)]}
     path = Path(directory) / f".geodt-ckpt-timing.tmp{os.getpid()}"

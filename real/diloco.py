@@ -113,6 +113,12 @@ class OuterState:
 OUTER_TIMING_LAYER_PARAMS = 2_359_296  # one 1536 x 1536 projection: tensors of a realistic size, not one huge block
 
 
+def timing_sizes(params: int) -> list[int]:
+    """`params` as the tensor sizes a host timing uses: layers of OUTER_TIMING_LAYER_PARAMS, the rest last."""
+    whole, rest = divmod(params, OUTER_TIMING_LAYER_PARAMS)
+    return [OUTER_TIMING_LAYER_PARAMS] * whole + ([rest] if rest else [])
+
+
 def time_outer_step(params: int, repeats: int, weights_device: str | torch.device = "cpu",
                     state_device: str | torch.device | None = None) -> list[float]:
     """Seconds of one outer step without the all-reduce (pseudo-gradient, divide, Nesterov, weights
@@ -121,8 +127,7 @@ def time_outer_step(params: int, repeats: int, weights_device: str | torch.devic
     copies the weights down and the new ones up, as outer_state = "cpu" does on a GPU). The
     benchmark (benchmarks/bench_outer_step.py) and `geodt calibrate device` time the host with it."""
     weights_device = torch.device(weights_device)
-    sizes = [OUTER_TIMING_LAYER_PARAMS] * (params // OUTER_TIMING_LAYER_PARAMS)
-    sizes += [params % OUTER_TIMING_LAYER_PARAMS] if params % OUTER_TIMING_LAYER_PARAMS else []
+    sizes = timing_sizes(params)
     gen = torch.Generator().manual_seed(0)
     weights = [torch.nn.Parameter(torch.randn(n, generator=gen).to(weights_device)) for n in sizes]
     state = OuterState(weights, device=state_device)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+from simulator.network import CHECKPOINT_BYTES_PER_PARAM, profiled_host_figure
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,13 @@ def _measured_cost(scenario) -> CheckpointCost:
 def profiled_checkpoint_ns_per_byte(scenario) -> dict[str, dict[str, float]]:
     """{profile path: {"snapshot": ns, "write": ns}} for each node profile that timed its host's
     checkpoint (`geodt calibrate device`); the slowest of a node's profiles, one entry per path."""
-    from simulator.timing import NodeTiming
-
     hosts = {}
-    for index, node in enumerate(scenario.nodes):
-        if not node.profile or node.profile in hosts:
-            continue
-        figures = [p.checkpoint_ns_per_byte for p in NodeTiming(scenario, node, index).profiles]
-        if figures and all(len(f) == 2 for f in figures):
-            hosts[node.profile] = {part: max(f[part] for f in figures) for part in ("snapshot", "write")}
+    for node in scenario.nodes:
+        if node.profile and node.profile not in hosts:
+            figures = {part: profiled_host_figure(scenario, node, "checkpoint_ns_per_byte", part)
+                       for part in ("snapshot", "write")}
+            if None not in figures.values():
+                hosts[node.profile] = figures
     return hosts
 
 

@@ -125,12 +125,10 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
     a, o = np.asarray(allreduce_s, dtype=float), np.asarray(outer_s, dtype=float)
     o_col = o[..., None] if o.ndim else o
     offsets = None if node_offsets_s is None else np.asarray(node_offsets_s, dtype=float)
-    clock = np.zeros(shape) if state is None else np.asarray(state[0], dtype=float)
-    link_free = np.full(shape[:-1], -np.inf) if state is None else np.asarray(state[1], dtype=float)
+    clock, link_free = _stream_start(shape, state)
     totals = {name: np.zeros(shape) for name in ("compute_s", "idle_s", "comm_s")}
-    fields = (*STREAM_FIELDS, "node_end_s")
-    rec = {name: np.empty((k_total, *shape)) for name in fields} if record else None
-    ends = np.empty((2, k_total, *shape[:-1])) if record else None
+    rec = ({**{name: np.empty((k_total, *shape)) for name in (*STREAM_FIELDS, "node_end_s")},
+            **{name: np.empty((k_total, *shape[:-1])) for name in ("start_s", "end_s")}} if record else None)
     ckpt = per_round(ckpt_s, -(-k_total // fragments))
     periodic = not record and period == fragments and k_total > period and bool(np.all(ckpt == ckpt[0]))
     seen = None  # at the end of the previous round: (normalised state, totals, latest clock)
@@ -147,14 +145,19 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
         totals["idle_s"] += idle
         totals["comm_s"] += exposed + (resume - waited)
         if record:
-            for name, value in zip(fields, (clock, sync_point, merge_point, resume, end_c)):
+            for name, value in zip(rec, (clock, sync_point, merge_point, resume, end_c, start, end)):
                 rec[name][k] = value
-            ends[0, k], ends[1, k] = start, end
         due = ckpt[k // fragments] if (k + 1) % fragments == 0 else 0.0
         clock = resume + due if due else resume
-    if not record:
-        return {**totals, "wall_s": resume.max(axis=-1)}
-    return {**rec, "start_s": ends[0], "end_s": ends[1]}
+    return rec if record else {**totals, "wall_s": resume.max(axis=-1)}
+
+
+def _stream_start(shape, state) -> tuple[np.ndarray, np.ndarray]:
+    """(each node's clock, when the group's link is next free) at the start of the run or after
+    the previous chunk's state (stream_state)."""
+    if state is None:
+        return np.zeros(shape), np.full(shape[:-1], -np.inf)
+    return np.asarray(state[0], dtype=float), np.asarray(state[1], dtype=float)
 
 
 def _fragment_sync(clock, pre, delay, link_free, allreduce, offsets):

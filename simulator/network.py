@@ -99,16 +99,22 @@ def outer_step_s(scenario: Scenario, layouts=None) -> float:
     return max(node_outer_step_s(scenario, node, layout) for node, layout in zip(scenario.nodes, layouts))
 
 
-def profiled_outer_step_ns(scenario: Scenario, node, where: str) -> float | None:
-    """The node's own outer step per parameter with the state on `where` ("cpu" | "device"), as its
-    profiles measured it on its host (`geodt calibrate device`; the slowest of its profiles), or None."""
+def profiled_host_figure(scenario: Scenario, node, figures: str, key: str) -> float | None:
+    """One of the figures `geodt calibrate device` measured on the node's host (ProfileModel's
+    dict `figures`, entry `key`): the slowest of its profiles, or None where one lacks it."""
     if not node.profile:
         return None
     from simulator.timing import NodeTiming
 
     index = scenario.nodes.index(node) if len(scenario.nodes) < 64 else None  # errors name nodes[i]
-    figures = [p.outer_step_ns_per_param.get(where) for p in NodeTiming(scenario, node, index).profiles]
-    return None if None in figures or not figures else max(figures)
+    values = [getattr(p, figures).get(key) for p in NodeTiming(scenario, node, index).profiles]
+    return None if None in values or not values else max(values)
+
+
+def profiled_outer_step_ns(scenario: Scenario, node, where: str) -> float | None:
+    """The node's own outer step per parameter with the state on `where` ("cpu" | "device"), as its
+    profiles measured it on its host (`geodt calibrate device`; the slowest of its profiles), or None."""
+    return profiled_host_figure(scenario, node, "outer_step_ns_per_param", where)
 
 
 def _host_outer_step_s(scenario: Scenario, node=None) -> float:
