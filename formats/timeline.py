@@ -11,6 +11,10 @@ from __future__ import annotations
 TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s",
                     "tokens"]
 SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
+# `geodt simulate`'s summary.csv adds the loss model's figures for the node's strategy (the same on
+# each of its rows; simulator/loss_prediction.py): the predicted loss at the run's end and the
+# wall-clock seconds to [training] target_loss (inf: not reached in the run; empty: no target).
+LOSS_COLUMNS = ["loss_end", "time_to_target_s"]
 # syncs.csv (`geodt simulate`), one row per node and fragment sync: when its compute towards the sync
 # began, reached the sync point, the all-reduce's start and end (the same for every node), the merge
 # point, and the wait there split into idle (before the all-reduce started: the wait for the other
@@ -26,4 +30,5 @@ VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",
                       "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s",
                       "predicted_tokens", "measured_tokens", "predicted_wall_s", "measured_wall_s",
-                      "wall_error_pct"]
+                      "wall_error_pct", "predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
+                      "measured_time_to_target_s"]

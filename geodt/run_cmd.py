@@ -27,7 +27,7 @@ from geodt.validation import (MODES, VARIABILITY_SAMPLES, device_kind, plot_vali
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
-    from formats.cli import OneLineParser
+    from formats.cli import OneLineParser, positive_float
     from real.cli import add_exec_arguments
 
     from simulator.strategies.registry import STRATEGIES
@@ -52,6 +52,9 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
         parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
                             help="simulator engine for the prediction")
         parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
+        parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
+                            help="the loss to reach ([training] target_loss): the time to it predicted and measured "
+                                 "(needs --data with the convergence profile's corpus, e.g. python-stdlib)")
         parser.add_argument("--trace", metavar="RUN_DIR",
                             help="instead of running: compare RUN_DIR/trace.csv of a finished run (geodt run, or "
                                  "rank 0's --out under torchrun, across machines) with its plan's prediction "
@@ -85,10 +88,12 @@ def _prepare(prog: str, args: argparse.Namespace):
     from simulator.cli import default_out
 
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
-    from simulator.cli import check_work
+    from simulator.cli import check_work, target_override
 
     try:
-        scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every))
+        scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every)
+                                 + target_override(getattr(args, "target_loss", None)))
+        loss = validate_loss_setup(scenario, args.data) if prog.endswith("validate") else None
         check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
@@ -125,7 +130,27 @@ def _prepare(prog: str, args: argparse.Namespace):
         lock.release()
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    return scenario, plan, opts, warnings, lock
+    return scenario, plan, opts, warnings, lock, loss
+
+
+def validate_loss_setup(scenario, data_path: str | None):
+    """The loss model for comparing with this run (simulator/loss_prediction.py), or None where it has no
+    curve of this model on this run's corpus; with a target that is an InputError (one line)."""
+    from formats.errors import InputError
+    from real.data import corpus_digest
+    from simulator.loss_prediction import loss_setup
+
+    setup = loss_setup(scenario)
+    corpus = corpus_digest(data_path)
+    if setup.same_model and corpus == setup.corpus:
+        return setup
+    if setup.target is None:
+        return None
+    why = (f"was measured on {setup.corpus} and this run trains on {corpus}; expected --data with its corpus "
+           f"(python-stdlib)" if setup.same_model else
+           f"trained another model; expected one of {scenario.model.preset or 'this model'} at seq_len "
+           f"{scenario.model.seq_len} (geodt calibrate convergence SCENARIO, then training.convergence_profile)")
+    raise InputError(f"--target-loss {setup.target:g}: the {setup.profile} convergence profile {why}")
 
 
 def injected_drift(scenario, plan, opts):
@@ -308,12 +333,12 @@ def validate_main(argv: list[str]) -> int:
     if isinstance(prepared, int):
         return prepared
     try:
-        return _validate(args, *prepared[:4])
+        return _validate(args, *prepared[:4], loss=prepared[5])
     finally:
         prepared[4].release()
 
 
-def _validate(args, scenario, plan, opts, machine_warnings) -> int:
+def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
     from dataclasses import replace
 
     opts = replace(opts, summary=False)  # validate prints its own table
@@ -336,7 +361,7 @@ def _validate(args, scenario, plan, opts, machine_warnings) -> int:
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
               if reproduction_warnings(scenario, plan, args.emulate) else "")
     report("geodt validate", scenario, plan, timeline, trace, out, args.emulate, args.time_scale, network_note(out),
-           caveat, wide=args.wide)
+           caveat, wide=args.wide, loss=loss)
     print_membership(trace, plan)
     return 0
 

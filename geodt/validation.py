@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from formats.timeline import VALIDATION_COLUMNS
 
 MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
@@ -176,9 +178,35 @@ def validation_text(table, wide: bool = False) -> str:
     return shown.to_string(index=False, float_format=lambda v: f"{v:.3f}", line_width=None if wide else TABLE_WIDTH)
 
 
+def loss_comparison(scenario, plan, timeline, trace, scale: float, setup) -> tuple[dict, list[str]]:
+    """The loss model against the run: validation.csv's loss columns and the lines to print (per round,
+    predicted and measured loss; the time to the target both ways)."""
+    from simulator.convergence import round_frame
+    from simulator.loss_prediction import format_time, measured, plan_rounds, predict
+
+    pred = predict(setup, scenario, plan, plan_rounds(plan, timeline))
+    seen = round_frame(trace.assign(round_end_s=trace["round_end_s"] / scale),
+                       {n.node: n.batch_size for n in plan.nodes}, {n.node: n.gpus for n in plan.nodes}, plan.seq_len)
+    got = measured(seen, setup.target)
+    both = pred["curve"].merge(seen[["round", "loss"]], on="round", suffixes=("_predicted", "_measured"))
+    lines = ["loss by round (predicted / measured, the nodes' inner-step mean weighted by tokens): " + ", ".join(
+        f"{a:.3f}/{b:.3f}" for a, b in zip(both["loss_predicted"], both["loss_measured"]))]
+    lines.append(f"loss at the end (mean of the last rounds): predicted {pred['loss_end']:.3f}, measured "
+                 f"{got['loss_end']:.3f} ({100 * (got['loss_end'] - pred['loss_end']) / pred['loss_end']:+.1f}%)")
+    if setup.target is not None:
+        p, m = pred["time_to_target_s"], got["time_to_target_s"]
+        err = f" ({100 * (m - p) / p:+.1f}%)" if np.isfinite(p) and np.isfinite(m) else ""
+        lines.append(f"time to loss {setup.target:g}: predicted {format_time(p)} s, measured {format_time(m)} s{err}")
+    columns = {"predicted_loss_end": pred["loss_end"], "measured_loss_end": got["loss_end"],
+               "predicted_time_to_target_s": pred["time_to_target_s"],
+               "measured_time_to_target_s": got["time_to_target_s"]}
+    return columns, lines
+
+
 def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool, time_scale: float,
-           network: str, caveat: str, wide: bool = False) -> None:
-    """Write validation.csv, trace.json and validation.png into out; print the table and the verdict."""
+           network: str, caveat: str, wide: bool = False, loss=None) -> None:
+    """Write validation.csv, trace.json and validation.png into out; print the table and the verdict
+    (loss: the loss model's setup, simulator/loss_prediction.py, when the run's corpus is the profile's)."""
     from simulator.outputs import write_csv
     from simulator.perfetto import validation_trace, write_trace_json
 
@@ -188,6 +216,9 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     scale = time_scale if emulated else 1.0
     wall = predicted_wall_clock(scenario, timeline)
     table = validation_table(timeline, trace, scale, emulated=emulated, network=network, wall=wall)
+    loss_columns, loss_lines = (loss_comparison(scenario, plan, timeline, trace, scale, loss) if loss is not None
+                                else ({}, ["loss: not compared (the loss model has no curve of this model on this run's corpus: geodt calibrate convergence, --data)"]))
+    table = table.assign(**{c: loss_columns.get(c, np.nan) for c in VALIDATION_COLUMNS if c not in table})
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {time_scale:g})" if emulated
@@ -196,8 +227,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
                     f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
                     device_kind(scenario))
     print(validation_text(table, wide))
-    losses = trace.groupby("round")["loss"].mean()
-    print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
+    for line in loss_lines:
+        print(line)
     worst = table["error_pct_of_round"].abs().max()
     label = "schedule check (emulated): " if emulated else "measured: "
     sync_errors = table["comm_error_pct"].dropna()

@@ -25,7 +25,8 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a checkpoint every K rounds and after the last (default: the scenario's "
                              "[training] checkpoint_every, else 1); written in the background")
     parser.add_argument("--data", default=None, metavar="FILE",
-                        help="train on FILE: .npy token array, otherwise raw bytes (default: synthetic Markov corpus)")
+                        help="train on FILE: .npy token array, otherwise raw bytes; python-stdlib: the Python standard "
+                             "library's sources as bytes (default: synthetic Markov corpus)")
     parser.add_argument("--replicate-data", action="store_true",
                         help="every node reads the same shard (checks the arithmetic; not for training)")
     parser.add_argument("--timeout-s", type=float, default=300.0,

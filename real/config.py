@@ -26,7 +26,8 @@ SCENARIO_TOP_KEYS = {"name", "seed", "model", "training", "network", "diloco", "
                      "simulation", "description"}
 # Keys the simulator may write in [training] that the executor does not need (the plan
 # carries per-node batch size and local steps).
-IGNORED_TRAINING_KEYS = {"local_steps", "batch_size", "sharding", "activation_checkpointing"}
+IGNORED_TRAINING_KEYS = {"local_steps", "batch_size", "sharding", "activation_checkpointing", "target_loss",
+                         "convergence_profile"}
 
 
 class ConfigError(ValueError):

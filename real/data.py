@@ -1,4 +1,4 @@
-"""Training data for the executor: a seeded synthetic Markov-chain corpus, or a file.
+"""Training data for the executor: a seeded synthetic Markov-chain corpus, real text, or a file.
 
 Synthetic: a first-order Markov chain over `states` tokens of the vocabulary, each state with
 `branching` successors (one of them the next state, so the chain is irreducible). Every
@@ -7,6 +7,12 @@ chain's entropy rate H = Σ_s π(s)·H(P(s,·)) as its best achievable loss (nat
 executor prints it, and a learning model approaches it. Samples are generated in blocks of
 `BLOCK` sequences from a generator seeded by (seed, shard, block), so a shard is a
 deterministic function of its position (resumable) and shards never share a stream.
+
+Real text (`--data python-stdlib`): the Python standard library's own sources, which every
+machine that runs geodt has, as bytes (tokens 0..255: a byte-level tokenizer). The files in
+name order, cut into CORPUS_BLOCK-byte blocks put in a seeded order, so that every node's shard
+holds code of every kind (in name order one node would read only `_pydecimal.py`).
+`corpus_digest` names the exact bytes (Python versions ship different sources).
 
 File: `.npy` (an integer token array) or anything else as raw bytes (tokens 0..255). The
 array is cut into one contiguous slice per shard; a shard yields consecutive windows of
@@ -23,6 +29,8 @@ from pathlib import Path
 import numpy as np
 
 BLOCK = 256  # sequences generated together (vectorised over rows, looped over positions)
+STDLIB_CORPUS = "python-stdlib"  # --data's name for the standard library's sources
+CORPUS_BLOCK = 512  # bytes kept together when the stdlib corpus is put in its seeded order
 
 
 class DataError(ValueError):
@@ -119,8 +127,37 @@ class ArrayShard:
         return torch.from_numpy(self.tokens[idx].astype(np.int64))
 
 
+def stdlib_corpus() -> np.ndarray:
+    """The standard library's top-level *.py sources as bytes, in the seeded block order above."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    data = b"".join(p.read_bytes() for p in sorted(root.glob("*.py")))
+    blocks = len(data) // CORPUS_BLOCK
+    tokens = np.frombuffer(data[:blocks * CORPUS_BLOCK], dtype=np.uint8).reshape(blocks, CORPUS_BLOCK)
+    order = np.random.default_rng(0x5354444C).permutation(blocks)  # "STDL": a stream of its own
+    return np.ascontiguousarray(tokens[order].reshape(-1))
+
+
+def corpus_digest(data_path: str | None) -> str:
+    """What a run trained on, in a few words: `markov`, `python-stdlib:<sha256 prefix>` or the file's."""
+    import hashlib
+
+    if data_path is None:
+        return "markov"
+    if data_path == STDLIB_CORPUS and not Path(data_path).exists():
+        return f"{STDLIB_CORPUS}:{hashlib.sha256(stdlib_corpus().tobytes()).hexdigest()[:12]}"
+    return f"file:{hashlib.sha256(Path(data_path).read_bytes()).hexdigest()[:12]}"
+
+
 def load_tokens(path: str | Path, vocab_size: int) -> np.ndarray:
-    """A .npy integer array, or the file's bytes; checked against the model's vocabulary."""
+    """A .npy integer array, or the file's bytes (python-stdlib: the standard library's sources,
+    where no file of that name exists); checked against the model's vocabulary."""
+    if str(path) == STDLIB_CORPUS and not Path(path).exists():
+        tokens = stdlib_corpus()
+        if vocab_size < 256:
+            raise DataError(f"{STDLIB_CORPUS}: bytes need a vocabulary of 256; the model has {vocab_size}")
+        return tokens
     path = Path(path)
     try:
         if path.suffix == ".npy":

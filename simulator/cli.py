@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from formats.cli import OneLineParser
+from formats.cli import OneLineParser, positive_float
 from formats.errors import FieldError, InputError
+from formats.timeline import LOSS_COLUMNS
+from simulator.loss_figure import loss_figure
+from simulator.loss_prediction import describe, format_time, loss_setup, plan_rounds, predict
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +24,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="override a scenario key, e.g. training.rounds=20 or nodes.node1.step_time_s=0.1")
     parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, e.g. "
                         "out/paper/simulate, out/paper/plan-hybrid)")
+    parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
+                        help="the loss the run must reach ([training] target_loss): each strategy's predicted time "
+                             "to it, and the recommendation ranks by it")
     parser.add_argument("--large", action="store_true",
                         help="allow work beyond the default limit (formats/limits.py: WORK_ROWS timeline rows) "
                              "up to WORK_ROWS_LARGE")
@@ -138,7 +144,8 @@ def _run(argv: list[str], plan_only: bool) -> int:
     args = _parser(prog, plan_only).parse_args(argv)
     engine = None if plan_only else args.engine
     try:
-        scenario = load_scenario(args.scenario, args.overrides)
+        scenario = load_scenario(args.scenario, args.overrides + target_override(args.target_loss))
+        setup = loss_setup(scenario)
         strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
         if engine is not None and engine not in ENGINES:
             raise InputError(f"--engine {engine}: unknown engine; expected one of {', '.join(ENGINES)}")
@@ -152,8 +159,9 @@ def _run(argv: list[str], plan_only: bool) -> int:
                 results, notes = [(p, None, None) for p in plans], []
                 stale = write_output_set(out, {"plan.csv": _plan_csv(scenario, plans),
                                                "scenario.toml": scenario.to_toml().encode()})
+                losses = _plan_losses(scenario, plans, setup) if setup.target is not None else None
             else:
-                results, notes, stale = _simulate(out, scenario, plans, args)
+                results, notes, stale, losses = _simulate(out, scenario, plans, args, setup)
         except OutputError as exc:
             raise InputError(f"--out {out}: {exc}") from None
     except InputError as exc:
@@ -165,8 +173,38 @@ def _run(argv: list[str], plan_only: bool) -> int:
         print(note)
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
         from simulator.report import answer
-        print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine))
+        print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine, losses, setup.target,
+                            loss_notes(setup, losses)))
+    elif losses:
+        print("\n" + loss_notes(setup, losses))
+        for name, pred in losses.items():
+            print(f"{name}: predicted loss {pred['loss_end']:.3f} at the end; loss {setup.target:g} at "
+                  f"{format_time(pred['time_to_target_s'])} s")
     return 0
+
+
+def target_override(target: float | None) -> list[str]:
+    """--target-loss L as the scenario's [training] target_loss, so scenario.toml records it."""
+    return [] if target is None else [f"training.target_loss={target!r}"]
+
+
+def loss_notes(setup, losses: dict) -> str:
+    """Where the loss figures come from, and what the model could not weigh for a strategy."""
+    lines = [describe(setup)]
+    for name, pred in losses.items():
+        if pred["uncalibrated"] or pred["clamped"]:
+            lines.append(f"  {name}: " + "; ".join(
+                ([f"not calibrated: {', '.join(pred['uncalibrated'])}"] if pred["uncalibrated"] else [])
+                + ([f"beyond the calibrated runs, held at their edge: {', '.join(pred['clamped'])}"]
+                   if pred["clamped"] else [])))
+    return "\n".join(lines)
+
+
+def _plan_losses(scenario, plans, setup) -> dict:
+    """`geodt plan --target-loss`: each plan's rounds simulated (the exact engine) for the loss model."""
+    from simulator.engine import simulate
+
+    return {p.strategy: predict(setup, scenario, p, plan_rounds(p, simulate(scenario, p, "auto"))) for p in plans}
 
 
 def _plans(scenario, source: str, strategies: list[str]) -> list:
@@ -184,7 +222,7 @@ def _plan_csv(scenario, plans) -> bytes:
     return csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True))
 
 
-def _simulate(out: Path, scenario, plans: list, args) -> tuple[list[tuple], list[str], list[str]]:
+def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple], list[str], list[str], dict]:
     """Simulate every plan into --out's stage, the tables written chunk by chunk as the engine
     produces them (simulator/run_outputs.py); then plan.csv, summary.csv, trace.json and
     scenario.toml, and the whole set renamed into place. ((plan, totals, summary) per strategy,
@@ -201,7 +239,7 @@ def _simulate(out: Path, scenario, plans: list, args) -> tuple[list[tuple], list
     rounds = [plan.rounds or scenario.training.rounds for plan in plans]
     blocks = [block_rounds(r, len(p.nodes), args.full_timeline) for r, p in zip(rounds, plans)]
     columns = TIMELINE_COLUMNS + (["rounds"] if max(blocks) > 1 else [])
-    names = ["plan.csv", f"timeline.{fmt}", "summary.csv", f"syncs.{fmt}", "trace.json", "scenario.toml"]
+    names = ["plan.csv", f"timeline.{fmt}", "summary.csv", f"syncs.{fmt}", "trace.json", "scenario.toml", "loss.png"]
     cap = None if args.full_trace else TRACE_MAX_NODE_ROUNDS
     engines = [pick_engine(scenario, plan, args.engine) for plan in plans]
     with StagedOutput(out, names) as stage:
@@ -211,18 +249,27 @@ def _simulate(out: Path, scenario, plans: list, args) -> tuple[list[tuple], list
                      for plan, (engine, _), r, block in zip(plans, engines, rounds, blocks)]
             for table in tables:
                 table.close()
-        results = [(s.plan, s.totals, summary(s.totals, s.plan)) for s in sinks]
+        losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
+                  for s in sinks}
+        results = [(s.plan, s.totals, with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]))
+                   for s in sinks]
         plan_frame = pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)
         trace, kept = _trace(sinks, plan_frame, cap)
         files = {"plan.csv": csv_bytes(plan_frame),
                  "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
-                 "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode()}
+                 "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode(),
+                 "loss.png": loss_figure(losses, setup)}
         for name, data in files.items():
             with stage.open(name) as handle:
                 handle.write(data)
         stale = stage.commit()
     notes = _notes(sinks, engines, fmt, kept)
-    return results, notes, stale
+    return results, notes, stale, losses
+
+
+def with_losses(summ: pd.DataFrame, pred: dict) -> pd.DataFrame:
+    """summary.csv's rows of one strategy with the loss model's columns (formats/timeline.py LOSS_COLUMNS)."""
+    return summ.assign(**{c: pred[c] for c in LOSS_COLUMNS})
 
 
 def _run_plan(scenario, plan, engine: str, rounds: int, block: int, tables, cap):

@@ -5,6 +5,11 @@ round_s = wall time / rounds; tokens_per_round (all nodes); tokens_per_s = the r
 wall time; speedup = tokens_per_s / the baseline's; idle_s = barrier idle summed over nodes and
 rounds (docs/DESIGN.md, "Time accounting").
 
+With a target loss (`[training] target_loss`, `--target-loss`) and the loss model's prediction per
+strategy (simulator/loss_prediction.py), the rule is the least time to the target, whatever the
+tokens (the loss weighs a strategy's other work); ties within TIE go to the least idle. Without
+one the rule below decides and the predicted loss at the end stands beside it.
+
 The rule (`recommend`): among the strategies that do the baseline's work, meaning the run's
 tokens within ±TOKENS_BAND of the baseline's (a strategy that trains on more tokens per sync
 changes the optimisation itself, so its throughput is not comparable), take the highest
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from simulator.sweep_table import timeline_metrics
@@ -35,21 +41,55 @@ class Recommendation:
         return f"recommended: {self.strategy} — {self.reason}" if self.strategy else f"no recommendation: {self.reason}"
 
 
-def answer_table(runs, baseline) -> tuple[pd.DataFrame, dict]:
+def answer_table(runs, baseline, losses: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """One row per (plan, timeline) in runs, in order, and the baseline's metrics (the ratios' reference).
 
-    baseline = (plan, timeline) of the baseline strategy.
+    baseline = (plan, timeline) of the baseline strategy; losses: strategy -> the loss model's
+    prediction (loss_end, time_to_target_s), which adds those columns.
     """
     base = timeline_metrics(*baseline)
     rows = pd.DataFrame([timeline_metrics(plan, timeline) for plan, timeline in runs])
     rows["tokens_vs_baseline"] = rows["tokens"] / base["tokens"]
     rows["speedup"] = rows["tokens_per_s"] / base["tokens_per_s"]
     rows["comparable"] = (rows["tokens_vs_baseline"] - 1).abs() <= TOKENS_BAND
-    return rows[ANSWER_COLUMNS], base
+    columns = list(ANSWER_COLUMNS)
+    if losses:
+        for column in ("loss_end", "time_to_target_s"):
+            rows[column] = [losses[s][column] for s in rows["strategy"]]
+        columns += ["loss_end", "time_to_target_s"]
+    return rows[columns], base
 
 
-def recommend(table: pd.DataFrame, base: dict) -> Recommendation:
+def recommend_by_target(table: pd.DataFrame, base: dict, target: float) -> Recommendation:
+    """The least predicted time to the target loss; ties within TIE to the least idle."""
+    reach = table[np.isfinite(table["time_to_target_s"])]
+    if reach.empty:
+        low = table.loc[table["loss_end"].idxmin()]
+        return Recommendation(None, f"no strategy reaches loss {target:g} in this run (predicted); the lowest at the "
+                                    f"end is {low['strategy']}'s {low['loss_end']:.3f}: more rounds, or a higher target")
+    best = reach["time_to_target_s"].min()
+    tied = reach[reach["time_to_target_s"] <= best * (1 + TIE)]
+    pick = tied.loc[tied["idle_s"].idxmin()]
+    why = f"ranked by the predicted time to loss {target:g}: {pick['time_to_target_s']:,.1f} s"
+    if len(tied) > 1:
+        why += f" (least idle of {', '.join(tied['strategy'])}, within {TIE:.0%})"
+    if "baseline" in set(table["strategy"]):
+        b = table[table["strategy"] == "baseline"].iloc[0]
+        why += (f", {pick['time_to_target_s'] / b['time_to_target_s']:.2f}× the baseline's"
+                if np.isfinite(b["time_to_target_s"]) else ", the baseline never reaches it")
+    why += f"; {pick['tokens_per_s']:,.0f} tokens/s, {pick['speedup']:.2f}× the baseline's"
+    fastest = table.loc[table["tokens_per_s"].idxmax()]
+    if fastest["strategy"] != pick["strategy"]:
+        when = fastest["time_to_target_s"]
+        why += (f"; {fastest['strategy']} has the most tokens/s ({fastest['speedup']:.2f}×) but reaches the loss "
+                + (f"at {when:,.1f} s" if np.isfinite(when) else "never"))
+    return Recommendation(str(pick["strategy"]), why)
+
+
+def recommend(table: pd.DataFrame, base: dict, target: float | None = None) -> Recommendation:
     """The rule of the module docstring, with its reason in words and numbers."""
+    if target is not None and "time_to_target_s" in table:
+        return recommend_by_target(table, base, target)
     band = f"run tokens within ±{TOKENS_BAND:.0%}"
     comparable = table[table["comparable"]]
     if comparable.empty:
@@ -81,25 +121,39 @@ def format_table(table: pd.DataFrame) -> str:
     width = max(8, *(len(s) for s in table["strategy"]))
     head = (f"{'strategy':<{width}}  {'round_s':>9}  {'tokens/round':>12}  {'run tokens/base':>15} "
             f"{'tokens/s':>11}  {'speed-up':>8}  {'idle_s':>10}")
+    losses = "loss_end" in table
+    if losses:
+        head += f"  {'loss_end':>8}  {'to_target_s':>11}"
     lines = [head]
     for r in table.itertuples():
-        lines.append(f"{r.strategy:<{width}}  {r.round_s:>9.2f}  {r.tokens_per_round:>12,}  "
-                     f"{r.tokens_vs_baseline:>14.3f}{' ' if r.comparable else '*'} {r.tokens_per_s:>11,.0f}  "
-                     f"{r.speedup:>7.2f}×  {r.idle_s:>10.2f}")
+        line = (f"{r.strategy:<{width}}  {r.round_s:>9.2f}  {r.tokens_per_round:>12,}  "
+                f"{r.tokens_vs_baseline:>14.3f}{' ' if r.comparable else '*'} {r.tokens_per_s:>11,.0f}  "
+                f"{r.speedup:>7.2f}×  {r.idle_s:>10.2f}")
+        if losses:
+            reach = r.time_to_target_s
+            line += f"  {r.loss_end:>8.3f}  " + (f"{'-':>11}" if np.isnan(reach) else
+                                                 f"{'never':>11}" if np.isinf(reach) else f"{reach:>11,.1f}")
+        lines.append(line)
     return "\n".join(lines)
 
 
-def format_answer(table: pd.DataFrame, base: dict) -> str:
+def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, loss_note: str = "") -> str:
     notes = [f"round_s: wall time / rounds; run tokens/base: the whole run's tokens / the baseline's (*: beyond "
              f"±{TOKENS_BAND:.0%}, other work);", "idle_s: barrier idle summed over nodes and rounds"]
+    if "loss_end" in table:
+        notes.append("loss_end: predicted training loss at the end (mean of the last rounds); to_target_s: "
+                     + (f"wall-clock seconds to loss {target:g}" if target is not None else "no target_loss given"))
+        if loss_note:
+            notes.append(loss_note)
     if base["strategy"] not in set(table["strategy"]):
         notes.append(f"baseline (for the ratios): {base['tokens_per_s']:,.0f} tokens/s, idle {base['idle_s']:.2f} s")
-    return "\n".join([format_table(table), *notes, recommend(table, base).line()])
+    return "\n".join([format_table(table), *notes, recommend(table, base, target).line()])
 
 
-def answer(scenario, runs, engine: str = "simpy") -> str:
+def answer(scenario, runs, engine: str = "simpy", losses: dict | None = None, target: float | None = None,
+           loss_note: str = "") -> str:
     """The text `geodt simulate` ends with; runs = [(plan, timeline or its RunTotals)], the baseline
-    simulated if absent."""
+    simulated if absent; losses: the loss model's predictions per strategy (answer_table)."""
     baseline = next(((p, t) for p, t in runs if p.strategy == "baseline"), None)
     if baseline is None:  # its totals only, chunk by chunk: no whole timeline of a long run in memory
         from simulator.engine import simulate_chunks
@@ -112,4 +166,4 @@ def answer(scenario, runs, engine: str = "simpy") -> str:
         simulate_chunks(scenario, plan, engine, lambda timeline, _: totals.add(timeline),
                         chunk_rounds(len(plan.nodes), 1))
         baseline = (plan, totals)
-    return format_answer(*answer_table(runs, baseline))
+    return format_answer(*answer_table(runs, baseline, losses), target, loss_note)

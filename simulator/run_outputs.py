@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from formats.timeline import SYNC_COLUMNS, TIMELINE_COLUMNS
+from simulator.loss_prediction import plan_rounds
 from simulator.outputs import csv_bytes
 from simulator.totals import RunTotals
 
@@ -106,9 +107,11 @@ class PlanSink:
         self.sync_rounds = rounds if block == 1 else max(1, TIMELINE_FULL_MAX_ROWS // (self.n * plan.fragments))
         self.trace_rounds = rounds if trace_rounds is None else trace_rounds
         self.heads: list[tuple[pd.DataFrame, pd.DataFrame]] = []
+        self.round_parts: list[pd.DataFrame] = []  # per round: what the loss model reads (simulator/convergence.py)
 
     def add(self, timeline: pd.DataFrame, syncs: pd.DataFrame) -> None:
         self.totals.add(timeline)
+        self.round_parts.append(plan_rounds(self.plan, timeline))
         first = int(timeline["round"].iat[0])
         if "rounds" in self.timeline.columns:
             self.timeline.write(aggregate(timeline, self.block, self.n))

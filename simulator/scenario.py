@@ -74,9 +74,13 @@ class TrainingConfig:
     activation_checkpointing: str = "auto"
     compile: str = "auto"  # the step's torch.compile'd blocks: auto (GPU nodes) | on | off (formats/scenario.py)
     checkpoint_every: int = CHECKPOINT_EVERY_DEFAULT  # rounds between checkpoints (simulator/checkpoints.py)
+    target_loss: float | None = None  # the loss a run must reach: rank strategies by the time to it
+    convergence_profile: str | None = None  # geodt calibrate convergence's CSV (simulator/loss_prediction.py)
 
     def __post_init__(self) -> None:
         check_checkpoint_every(self.checkpoint_every, "checkpoint_every")
+        if self.target_loss is not None:
+            require_positive(self, "target_loss")
         require_positive(self, "rounds", "local_steps", "batch_size")
         limit(self, "rounds", "local_steps", "batch_size")
         require_choice(self, "compile", COMPILE_MODES)
@@ -203,6 +207,8 @@ class Scenario:
             table["nodes"].append(row)
         if self.network.profile is not None:
             table["network"]["profile"] = str(self.resolve_path(self.network.profile))
+        if self.training.convergence_profile is not None:
+            table["training"]["convergence_profile"] = str(self.resolve_path(self.training.convergence_profile))
         if self.model.preset is not None and self.model.preset.endswith(".json"):
             table["model"]["preset"] = str(self.resolve_path(self.model.preset))
         return table

@@ -5,7 +5,8 @@
   -> a network profile (links.py); with `--wan shaped --scenario S`, on the scenario's own shaped
   links (wan_links.py);
 - `scenario`: every CPU device of a scenario at once, under its limits -> one profile each
-  (scenario.py).
+  (scenario.py);
+- `convergence`: short real runs of the strategies -> a convergence profile (convergence.py).
 
 The spellings before subcommands (`geodt calibrate --device ...`, `--network`, `--scenario`) still
 work, with a one-line note, until geodt 0.3.
@@ -24,10 +25,13 @@ MODES: dict[str, tuple[str, str, str]] = {
                 "(--wan shaped --scenario S: on the scenario's shaped links)"),
     "scenario": ("geodt.calibration.scenario", "main",
                  "every CPU device of a scenario at once, under its limits -> one profile each"),
+    "convergence": ("geodt.calibration.convergence", "main",
+                    "short real runs of the strategies on real text -> a convergence profile (loss per token)"),
 }
 PARSERS = {"device": ("calibrate.cli", "calibrate_parser"), "network": ("geodt.calibration.links", "parser"),
            "network --wan shaped": ("geodt.calibration.wan_links", "parser"),
-           "scenario": ("geodt.calibration.scenario", "parser")}
+           "scenario": ("geodt.calibration.scenario", "parser"),
+           "convergence": ("geodt.calibration.convergence", "parser")}
 
 
 def _has(argv: list[str], flag: str) -> bool:

@@ -1,0 +1,69 @@
+"""Convergence profiles on disk: the columns `geodt calibrate convergence` writes and the checked reader.
+
+One row per run, node and round of a short real training run (docs/DESIGN.md, "Convergence
+profile"): what the node trained on in that round and its mean inner-step loss, beside what
+the run was (strategy, averaging, payload, fragments, the model and corpus). The simulator
+fits its loss model from it (simulator/convergence.py). Torch-free.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pandas as pd
+
+from formats.files import read_regular_file, short
+
+# run-level columns (the same on every row of a run), then the node-round's own
+RUN_COLUMNS: tuple[str, ...] = (
+    "run", "strategy", "model", "params", "seq_len", "corpus", "seed", "nodes", "rounds", "base_local_steps",
+    "base_batch_size", "averaging", "payload_dtype", "fragments", "sync_delay_steps", "fragment_alpha",
+    "inner_lr", "host", "torch_version", "measured_at",
+)
+ROW_COLUMNS: tuple[str, ...] = ("node", "round", "gpus", "batch_size", "local_steps", "tokens", "loss", "round_end_s")
+COLUMNS: tuple[str, ...] = RUN_COLUMNS + ROW_COLUMNS
+NUMERIC: tuple[str, ...] = ("params", "seq_len", "seed", "nodes", "rounds", "base_local_steps", "base_batch_size",
+                            "fragments", "sync_delay_steps", "fragment_alpha", "inner_lr", "round", "gpus",
+                            "batch_size", "local_steps", "tokens", "loss", "round_end_s")
+MAX_PROFILE_BYTES = 64 << 20
+
+
+class ConvergenceProfileError(ValueError):
+    """A convergence profile that cannot be used: '<path>: <column or row>: expected ...'."""
+
+
+def read_convergence_profile(path: str | Path) -> pd.DataFrame:
+    """The profile as a frame (numeric columns as numbers), checked; ConvergenceProfileError otherwise."""
+    path = Path(path)
+    data = read_regular_file(path, "a convergence profile CSV", MAX_PROFILE_BYTES, ConvergenceProfileError)
+    try:
+        frame = pd.read_csv(io.BytesIO(data), dtype={c: str for c in COLUMNS if c not in NUMERIC},
+                            keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
+        raise ConvergenceProfileError(f"{short(path)}: unreadable ({type(exc).__name__}); expected a convergence "
+                                      "profile CSV (geodt calibrate convergence)") from None
+    missing = [c for c in COLUMNS if c not in frame.columns]
+    if missing:
+        raise ConvergenceProfileError(f"{short(path)}: no column {missing[0]!r}; expected the columns of "
+                                      "formats/convergence.py (geodt calibrate convergence writes them)")
+    for column in NUMERIC:
+        values = pd.to_numeric(frame[column], errors="coerce")
+        bad = values.isna() | ~values.abs().lt(float("inf"))
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0]) + 1
+            raise ConvergenceProfileError(f"{short(path)}: row {row}: {column} = {frame[column].iloc[row - 1]!r}; "
+                                          "expected a finite number")
+        frame[column] = values
+    if frame.empty:
+        raise ConvergenceProfileError(f"{short(path)}: no rows; expected a run's node-rounds")
+    if "baseline" not in set(frame["strategy"]):
+        raise ConvergenceProfileError(f"{short(path)}: no baseline run; expected one (its loss curve is the "
+                                      "reference every other run is measured against)")
+    one = frame.groupby("run")[list(RUN_COLUMNS[1:17])].nunique().max()
+    if (one > 1).any():
+        raise ConvergenceProfileError(f"{short(path)}: run-level column {one[one > 1].index[0]!r} differs within "
+                                      "a run; expected one value per run")
+    if frame[["model", "seq_len", "corpus"]].drop_duplicates().shape[0] > 1:
+        raise ConvergenceProfileError(f"{short(path)}: runs of several models, sequence lengths or corpora; "
+                                      "expected one (one profile per model and corpus)")
+    return frame

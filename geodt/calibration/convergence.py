@@ -1,0 +1,178 @@
+"""`geodt calibrate convergence SCENARIO`: short real runs of the strategies -> a convergence profile.
+
+Each run is `geodt run SCENARIO --strategy S --emulate` (real training on this machine's CPU,
+every process of every node, the plan's batches and local steps, each step padded to the plan's
+step time scaled by --time-scale, so adaptive plans decide as they would) on real text
+(`--data python-stdlib`: the standard library's sources as bytes), with the same seed. Each run
+varies one thing the loss model must weigh (formats/convergence.py and
+simulator/convergence.py): unequal local steps, unequal batches, deadline rounds averaged
+plainly or by tokens, stale fragments (Streaming DiLoCo's τ), a 16-bit payload, a node that
+leaves and rejoins. Every finished run's rows are added to the profile at once (written whole,
+temp name then rename), so an interrupted calibration keeps them and a rerun does only the rest.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from formats.cli import OneLineParser
+
+# name -> (strategy, scenario overrides, executor flags); "{node}" is the scenario's second-slowest node
+RUNS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "baseline": ("baseline", (), ()),
+    "unequal-steps": ("measured-steps", (), ()),
+    "unequal-batch": ("measured-batch", (), ()),
+    "deadline": ("deadline", (), ()),
+    "deadline-tokens": ("deadline", ("diloco.averaging=tokens",), ()),
+    "stale-fragments": ("baseline", ("diloco.fragments=2", "diloco.sync_delay_steps=2"), ()),
+    "fp16-payload": ("baseline", ("network.payload_dtype=fp16",), ()),
+    "node-lost": ("baseline", ("simulation.on_node_loss=continue", "nodes.{node}.outage.round={lost_round}",
+                               "nodes.{node}.outage.rounds={lost_rounds}"), ("--on-node-loss", "continue")),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    from formats.cli import positive_float
+
+    p = OneLineParser(prog="geodt calibrate convergence", description=__doc__.splitlines()[0])
+    p.add_argument("scenario", help="a scenario TOML file or a built-in name (hetero-cpu)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key for every run, e.g. training.rounds=30")
+    p.add_argument("--runs", default=",".join(RUNS), help=f"runs to make, of {', '.join(RUNS)} [all]")
+    p.add_argument("--data", default="python-stdlib",
+                   help="the corpus: python-stdlib (the standard library's sources as bytes) or a file [python-stdlib]")
+    p.add_argument("--time-scale", type=positive_float, default=1.0, metavar="X",
+                   help="each emulated step takes X times the plan's step time [1]; below the machine's own "
+                        "step time every node steps alike and the plans' unequal work is lost")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the profile CSV (default: out/<scenario>/convergence.csv); rows of finished runs are kept")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from formats.errors import InputError
+
+    args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        scenario, runs = _check(args)
+    except InputError as exc:
+        print(f"geodt calibrate convergence: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or Path("out") / scenario.name / "convergence.csv"
+    done = _done_runs(out)
+    todo = [r for r in runs if r not in done]
+    if done:
+        print(f"geodt calibrate convergence: {out} holds {', '.join(sorted(done))}; measuring "
+              f"{', '.join(todo) or 'nothing more'}")
+    from tqdm import tqdm
+
+    with tempfile.TemporaryDirectory(prefix="geodt-convergence-") as tmp:
+        for name in tqdm(todo, desc="convergence runs", unit="run", disable=None):
+            status, log = _run_one(args, scenario, name, Path(tmp) / name)
+            if status != 0:
+                tail = " | ".join(line for line in log.strip().splitlines()[-3:])
+                print(f"geodt calibrate convergence: run {name} failed (exit {status}): {tail}", file=sys.stderr)
+                return 1
+            _append(out, _rows(scenario, name, Path(tmp) / name, args.data))
+    print(f"geodt calibrate convergence: wrote {out} ({len(runs)} runs); the simulator fits its loss model from it "
+          f"(`[training] convergence_profile = \"{out}\"`)")
+    return 0
+
+
+def _check(args):
+    """(scenario, run names): the scenario loads, every run is known, the corpus is readable."""
+    from formats.errors import InputError
+    from simulator.scenario import load_scenario
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown or not runs:
+        raise InputError(f"--runs {args.runs}: unknown run {unknown[0] if unknown else '(none)'!r}; expected some "
+                         f"of {', '.join(RUNS)}")
+    if "baseline" not in runs and not _done_runs(args.out or Path("out") / scenario.name / "convergence.csv"):
+        raise InputError(f"--runs {args.runs}: expected baseline among them (every run is measured against it)")
+    if len(scenario.nodes) < 2 and "node-lost" in runs:
+        runs.remove("node-lost")  # one node cannot leave and leave the run going
+    return scenario, runs
+
+
+def _done_runs(out: Path) -> set[str]:
+    from formats.convergence import ConvergenceProfileError, read_convergence_profile
+
+    if not out.exists():
+        return set()
+    try:
+        return set(read_convergence_profile(out)["run"])
+    except ConvergenceProfileError:
+        return set()
+
+
+def _overrides(scenario, name: str) -> list[str]:
+    slow_order = sorted(scenario.nodes, key=lambda n: n.step_time_s or 0.0)
+    node = slow_order[-2].name if len(slow_order) > 1 else slow_order[0].name
+    rounds = scenario.training.rounds
+    fill = {"node": node, "lost_round": max(1, rounds // 3), "lost_rounds": max(1, rounds // 6)}
+    return [o.format(**fill) for o in RUNS[name][1]]
+
+
+def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
+    """`geodt run` of one calibration run (argument list, no shell); (exit status, its output)."""
+    strategy, _, flags = RUNS[name]
+    command = [sys.executable, "-m", "geodt", "run", args.scenario, "--strategy", strategy, "--emulate",
+               "--time-scale", str(args.time_scale), "--no-progress", "--data", args.data, "--out", str(run_dir),
+               "--checkpoint-every", str(scenario.training.rounds), *flags]
+    for override in [*args.overrides, *_overrides(scenario, name)]:
+        command += ["--set", override]
+    done = subprocess.run(command, capture_output=True, text=True)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _rows(scenario, name: str, run_dir: Path, data: str):
+    """The run's node-rounds with what the run was (formats/convergence.py's columns)."""
+    import pandas as pd
+    import torch
+
+    from formats.convergence import COLUMNS
+    from real.data import corpus_digest
+    from simulator.scenario import load_scenario
+
+    trace = pd.read_csv(run_dir / "trace.csv")
+    plan = pd.read_csv(run_dir / "plan.csv", keep_default_na=False)
+    ran = load_scenario(str(run_dir / "scenario.toml"))
+    rows = trace.merge(plan[["node", "gpus"]], on="node")
+    run = {"run": name, "strategy": RUNS[name][0], "model": ran.model.preset or "params",
+           "params": ran.model.param_count,
+           "seq_len": ran.model.seq_len, "corpus": corpus_digest(data), "seed": ran.seed, "nodes": len(plan),
+           "rounds": ran.training.rounds, "base_local_steps": ran.training.local_steps,
+           "base_batch_size": ran.training.batch_size, "averaging": ran.diloco.averaging,
+           "payload_dtype": plan["payload_dtype"].iloc[0], "fragments": int(plan["fragments"].iloc[0]),
+           "sync_delay_steps": int(plan["sync_delay_steps"].iloc[0]),
+           "fragment_alpha": float(plan["fragment_alpha"].iloc[0]), "inner_lr": ran.diloco.inner_lr,
+           "host": platform.node(), "torch_version": torch.__version__,
+           "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    for key, value in run.items():
+        rows[key] = value
+    rows["loss"] = rows["loss"].where(rows["tokens"] > 0, 0.0)  # a node away that round trained on nothing
+    return rows[list(COLUMNS)]
+
+
+def _append(out: Path, rows) -> None:
+    """The profile with this run's rows added, written whole (temp name, then rename)."""
+    import pandas as pd
+
+    from formats.convergence import read_convergence_profile
+    from simulator.outputs import write_csv
+
+    frame = rows
+    if out.exists():
+        kept = read_convergence_profile(out) if _done_runs(out) else None
+        if kept is not None:
+            frame = pd.concat([kept[kept["run"] != rows["run"].iloc[0]], rows], ignore_index=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_csv(frame, out)

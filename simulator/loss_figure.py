@@ -1,0 +1,34 @@
+"""`geodt simulate`'s loss.png: each strategy's predicted loss against wall-clock time, and the target."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+
+def loss_figure(losses: dict, setup) -> bytes:
+    """PNG bytes (no timestamp or software tag: the same inputs give the same bytes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    for name, pred in losses.items():
+        curve = pred["curve"]
+        label = name if setup.target is None or not np.isfinite(pred["time_to_target_s"]) else \
+            f"{name} (target at {pred['time_to_target_s']:,.0f} s)"
+        ax.plot(curve["end_s"], curve["loss"], marker="o", ms=2.5, lw=1.2, label=label)
+    if setup.target is not None:
+        ax.axhline(setup.target, color="black", lw=0.8, ls="--", label=f"target {setup.target:g}")
+    ax.set_xlabel("wall-clock time (s, simulated)")
+    ax.set_ylabel("predicted training loss (nats/token)")
+    ax.set_title("predicted loss against time, per strategy", fontsize=10)
+    ax.text(0.0, -0.16, setup.model.curve.source[:140], transform=ax.transAxes, fontsize=6.5, va="top")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    return buf.getvalue()
