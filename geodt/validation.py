@@ -227,6 +227,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
                     f"{scenario.name}: strategy {plan.strategy}, {len(set(trace['round']))} rounds ({mode})",
                     device_kind(scenario))
     print(validation_text(table, wide))
+    losses = trace.groupby("round")["loss"].mean()
+    print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
     for line in loss_lines:
         print(line)
     worst = table["error_pct_of_round"].abs().max()

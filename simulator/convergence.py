@@ -37,6 +37,7 @@ FEATURES: dict[str, str] = {
     "staleness": "fragments merged late: tau over a fragment's inner steps (Streaming DiLoCo)",
     "payload_bits": "pseudo-gradient precision lost (log2 of fp32 bytes over the payload's)",
     "missed": "node-rounds missed by nodes that left (share)",
+    "replicas_log2": "nodes against the profile baseline's (log2 ratio): DiLoCo's replicas M",
 }
 PAYLOAD_BITS = {"fp32": 0.0, "fp16": 1.0, "bf16": 1.0, "int8": 2.0}
 SMOOTH_ROUNDS = 3
@@ -113,20 +114,36 @@ def round_frame(timeline: pd.DataFrame, batch: dict, gpus: dict, seq_len: int) -
 
 
 def features(rounds: pd.DataFrame, *, base_batch: float, base_steps: float, averaging: str, fragments: int,
-             sync_delay_steps: int, payload_dtype: str) -> dict[str, float]:
-    """x_k of FEATURES for a run, from its round_frame."""
+             sync_delay_steps: int, payload_dtype: str, ref_nodes: int) -> dict[str, float]:
+    """x_k of FEATURES for a run, from its round_frame (ref_nodes: the profile baseline's node count)."""
     tokens = rounds["tokens"].sum()
+    x = feature_values(cv2=rounds["cv2"].mean(), log2_batch=rounds["log2_batch_w"].sum() / tokens,
+                       log2_steps=rounds["log2_steps_w"].sum() / tokens,
+                       missed=1.0 - rounds["present"].sum() / rounds["nodes"].sum(), base_batch=base_batch,
+                       base_steps=base_steps, averaging=averaging, fragments=fragments,
+                       sync_delay_steps=sync_delay_steps, payload_dtype=payload_dtype,
+                       nodes=rounds["nodes"].iloc[0], ref_nodes=ref_nodes)
+    return {k: float(v) for k, v in x.items()}
+
+
+def feature_values(*, cv2, log2_batch, log2_steps, missed, base_batch: float, base_steps: float, averaging: str,
+                   fragments, sync_delay_steps, payload_dtype, nodes, ref_nodes) -> dict:
+    """FEATURES from a run's aggregates (scalars, or numpy arrays of runs: the sweep's): cv2 the mean over
+    rounds of the nodes' squared CV of tokens, log2_batch and log2_steps token-weighted means, missed
+    the share of node-rounds without training, nodes the run's node count."""
     weighted = averaging != "uniform"
-    cv2 = float(rounds["cv2"].mean())
-    interval = base_steps / max(1, fragments)
+    fragments, delay = np.asarray(fragments), np.asarray(sync_delay_steps)
+    streaming = (fragments > 1) | (delay > 0)
+    bits = np.vectorize(lambda d: PAYLOAD_BITS.get(d, 0.0), otypes=[float])(np.asarray(payload_dtype))
     return {
-        "work_cv2_plain": 0.0 if weighted else cv2,
-        "work_cv2_weighted": cv2 if weighted else 0.0,
-        "batch_log2": float(rounds["log2_batch_w"].sum() / tokens - np.log2(base_batch)),
-        "steps_log2": float(rounds["log2_steps_w"].sum() / tokens - np.log2(base_steps)),
-        "staleness": float(sync_delay_steps / interval) if (fragments > 1 or sync_delay_steps > 0) else 0.0,
-        "payload_bits": PAYLOAD_BITS.get(payload_dtype, 0.0),
-        "missed": float(1.0 - rounds["present"].sum() / rounds["nodes"].sum()),
+        "work_cv2_plain": 0.0 * cv2 if weighted else cv2,
+        "work_cv2_weighted": cv2 if weighted else 0.0 * cv2,
+        "batch_log2": log2_batch - np.log2(base_batch),
+        "steps_log2": log2_steps - np.log2(base_steps),
+        "staleness": np.where(streaming, delay / (base_steps / np.maximum(1, fragments)), 0.0),
+        "payload_bits": bits,
+        "missed": missed,
+        "replicas_log2": np.log2(nodes / ref_nodes) + 0.0 * cv2,
     }
 
 
@@ -139,20 +156,32 @@ def curve_losses(curve: LossCurve, rounds: pd.DataFrame, efficiency: float) -> n
 
 def smoothed(loss: np.ndarray) -> np.ndarray:
     """The trailing mean over SMOOTH_ROUNDS rounds (fewer at the start)."""
-    return pd.Series(loss).rolling(SMOOTH_ROUNDS, min_periods=1).mean().to_numpy()
+    return smoothed_rows(np.asarray(loss, dtype=float)[None])[0]
+
+
+def smoothed_rows(loss: np.ndarray) -> np.ndarray:
+    """smoothed for each row of a (runs, rounds) array."""
+    csum = np.cumsum(loss, axis=1)
+    lagged = np.concatenate([np.zeros((len(loss), SMOOTH_ROUNDS)), csum[:, :-SMOOTH_ROUNDS]], axis=1)[:, :loss.shape[1]]
+    return (csum - lagged) / np.minimum(np.arange(1, loss.shape[1] + 1), SMOOTH_ROUNDS)
 
 
 def time_to_target(end_s: np.ndarray, loss: np.ndarray, target: float) -> float:
     """When the smoothed loss first reaches `target`: interpolated between round ends; inf if never."""
-    s = smoothed(np.asarray(loss, dtype=float))
-    hit = np.nonzero(s <= target)[0]
-    if len(hit) == 0:
-        return float("inf")
-    r = int(hit[0])
-    if r == 0:
-        return float(end_s[0])
-    share = (s[r - 1] - target) / (s[r - 1] - s[r])
-    return float(end_s[r - 1] + share * (end_s[r] - end_s[r - 1]))
+    return float(times_to_target(np.asarray(end_s, float)[None], np.asarray(loss, float)[None], target)[0])
+
+
+def times_to_target(end_s: np.ndarray, loss: np.ndarray, target: float) -> np.ndarray:
+    """time_to_target for each row of (runs, rounds) arrays."""
+    s = smoothed_rows(loss)
+    below = s <= target
+    r = np.argmax(below, axis=1)
+    rows = np.arange(len(s))
+    prev = np.maximum(r - 1, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(r > 0, (s[rows, prev] - target) / (s[rows, prev] - s[rows, r]), 1.0)
+    at = np.where(r > 0, end_s[rows, prev] + share * (end_s[rows, r] - end_s[rows, prev]), end_s[rows, 0])
+    return np.where(below.any(axis=1), at, np.inf)
 
 
 @dataclass(frozen=True)
@@ -162,6 +191,7 @@ class ConvergenceModel:
     curve: LossCurve
     coefficients: dict[str, float] = field(default_factory=dict)  # c_k of the calibrated features
     runs: pd.DataFrame | None = field(default=None, compare=False)
+    ref_nodes: int = 1  # the node count of the profile's baseline run (replicas_log2's reference)
 
     def efficiency(self, x: dict[str, float]) -> float:
         return float(np.exp(-sum(c * x.get(k, 0.0) for k, c in self.coefficients.items())))
@@ -171,7 +201,7 @@ class ConvergenceModel:
         return [k for k, v in x.items() if abs(v) > 1e-9 and k not in self.coefficients]
 
     def with_curve(self, curve: LossCurve) -> ConvergenceModel:
-        return ConvergenceModel(curve, self.coefficients, self.runs)
+        return ConvergenceModel(curve, self.coefficients, self.runs, self.ref_nodes)
 
 
 def run_efficiency(curve: LossCurve, rounds: pd.DataFrame) -> float:
@@ -186,6 +216,7 @@ def run_efficiency(curve: LossCurve, rounds: pd.DataFrame) -> float:
 def fit_model(profile: pd.DataFrame, source: str) -> ConvergenceModel:
     """The curve from the baseline run, each run's η, and c from all runs (module docstring)."""
     runs, rows = [], {}
+    ref_nodes = int(profile[profile["strategy"] == "baseline"]["nodes"].iloc[0])
     for name, g in profile.groupby("run", sort=False):
         first = g.iloc[0]
         batch = dict(zip(g["node"], g["batch_size"]))
@@ -196,9 +227,10 @@ def fit_model(profile: pd.DataFrame, source: str) -> ConvergenceModel:
         runs.append({"run": name, "strategy": first["strategy"], **features(
             frame, base_batch=first["base_batch_size"], base_steps=first["base_local_steps"],
             averaging=first["averaging"], fragments=int(first["fragments"]),
-            sync_delay_steps=int(first["sync_delay_steps"]), payload_dtype=first["payload_dtype"])})
+            sync_delay_steps=int(first["sync_delay_steps"]), payload_dtype=first["payload_dtype"],
+            ref_nodes=ref_nodes)})
     runs = pd.DataFrame(runs)
-    base = runs[runs["strategy"] == "baseline"]["run"].iloc[0]
+    base = runs[(runs["strategy"] == "baseline") & (runs["replicas_log2"] == 0)]["run"].iloc[0]
     b = rows[base]
     middle = b["tokens"].cumsum().to_numpy(float) - b["tokens"].to_numpy(float) / 2
     keep = b["round"].to_numpy() >= 1  # round 0 starts from the random init: not the curve's shape
@@ -214,7 +246,7 @@ def fit_model(profile: pd.DataFrame, source: str) -> ConvergenceModel:
         lhs = np.vstack([xv, np.sqrt(RIDGE) * np.eye(len(varied))])
         c, *_ = np.linalg.lstsq(lhs, np.concatenate([y, np.zeros(len(varied))]), rcond=None)
         coefficients = dict(zip(varied, map(float, c)))
-    model = ConvergenceModel(curve, coefficients, runs)
+    model = ConvergenceModel(curve, coefficients, runs, ref_nodes)
     runs["efficiency_fitted"] = [model.efficiency(r) for r in runs[list(FEATURES)].to_dict("records")]
     return model
 

@@ -15,8 +15,9 @@ import numpy as np
 import pandas as pd
 
 from formats.errors import InputError
-from simulator.convergence import (FEATURES, ConvergenceModel, curve_losses, features, fit_model, prior_curve,
-                                   replica_move, round_frame, smoothed, time_to_target)
+from simulator.convergence import (FEATURES, ConvergenceModel, curve_losses, feature_values, features, fit_model,
+                                   prior_curve, replica_move, round_frame, smoothed, smoothed_rows, time_to_target,
+                                   times_to_target)
 
 BUILT_IN_PROFILE = Path(__file__).resolve().parent / "scenarios" / "convergence-hetero-cpu.csv"
 CLAMP_MARGIN = 0.25  # a feature may go this share of the calibrated span beyond it before it is clamped
@@ -45,22 +46,25 @@ def _profile_model(path: Path, shown: str) -> tuple[ConvergenceModel, pd.DataFra
         raise InputError(f"training.convergence_profile: {exc}") from None
 
 
-def loss_setup(scenario, target: float | None = None) -> LossSetup:
-    """The model for this scenario and the target (an argument overrides [training] target_loss);
-    InputError (one line) for a profile of another model named explicitly, or a target below the floor."""
+def loss_setup(scenario, target: float | None = None, nodes: int | None = None) -> LossSetup:
+    """The model for this scenario and the target (an argument overrides [training] target_loss; nodes
+    the scenario's node count); InputError (one line) for a profile of another model named explicitly,
+    or a target below the floor."""
     named = scenario.training.convergence_profile
     path = scenario.resolve_path(named) if named else BUILT_IN_PROFILE
     model, frame = _profile_model(path, named or "built-in hetero-cpu profile")
     first = frame.iloc[0]
-    params, nodes = scenario.model.param_count, len(scenario.nodes)
-    same = (str(first["model"]) == str(scenario.model.preset or "params") and int(first["seq_len"]) == scenario.model.seq_len
-            and abs(float(first["params"]) - params) <= 1e-6 * params)
+    params, nodes = scenario.model.param_count, nodes or len(scenario.nodes)
+    # a model is its parameter count at its sequence length (a preset and its config.json are one model)
+    same = int(first["seq_len"]) == scenario.model.seq_len and abs(float(first["params"]) - params) <= 1e-6 * params
     if named and not same:
         raise InputError(f"training.convergence_profile: {named} was measured on model {first['model']} at seq_len "
                          f"{int(first['seq_len'])}; the scenario trains {scenario.model.preset or 'params'} at "
                          f"{scenario.model.seq_len}; expected a profile of this model (geodt calibrate convergence "
                          "SCENARIO), or no key: the literature prior with the built-in profile's effects")
-    curve = (replica_move(model.curve, params, int(first["nodes"]), nodes) if same else prior_curve(params, nodes))
+    # another node count: the profile's own measured effect where it has one, else the prior's factor
+    curve = (prior_curve(params, nodes) if not same else model.curve if "replicas_log2" in model.coefficients
+             else replica_move(model.curve, params, model.ref_nodes, nodes))
     setup = LossSetup(model.with_curve(curve), scenario.training.target_loss if target is None else target,
                       named or "built-in", same, str(first["corpus"]))
     if setup.target is not None and not setup.target > setup.floor:
@@ -69,18 +73,44 @@ def loss_setup(scenario, target: float | None = None) -> LossSetup:
     return setup
 
 
-def _clamped(setup: LossSetup, x: dict[str, float]) -> tuple[dict[str, float], list[str]]:
-    """x with each calibrated feature held within the profile runs' span (plus CLAMP_MARGIN); the clamped ones."""
+def _clamped(setup: LossSetup, x: dict) -> tuple[dict, list[str]]:
+    """x (scalars or arrays) with each calibrated feature held within the profile runs' span (plus
+    CLAMP_MARGIN); the features clamped anywhere."""
     runs = setup.model.runs
     out, clamped = dict(x), []
     for k in setup.model.coefficients:
         lo, hi = runs[k].min(), runs[k].max()
         pad = CLAMP_MARGIN * (hi - lo)
-        v = min(max(x[k], lo - pad), hi + pad)
-        if v != x[k]:
+        v = np.clip(x[k], lo - pad, hi + pad)
+        if np.any(v != x[k]):
             clamped.append(k)
         out[k] = v
     return out, clamped
+
+
+def sweep_losses(setup: LossSetup, scenario, d: dict, gpus: np.ndarray, round_s: np.ndarray) -> dict:
+    """loss_end and time_to_target_s of a sweep chunk's plans (simulator/sweep.py decide: batch, steps
+    (S, n), rounds, dtype, fragments, delay), each round taking round_s (S,): a static plan's rounds
+    train the same tokens, so its features are its one round's."""
+    work = (d["steps"] * d["batch"] * gpus).astype(float)
+    total = work.sum(axis=1)
+    x = feature_values(cv2=work.var(axis=1) / work.mean(axis=1) ** 2,
+                       log2_batch=(work * np.log2(d["batch"])).sum(axis=1) / total,
+                       log2_steps=(work * np.log2(d["steps"])).sum(axis=1) / total, missed=0.0 * total,
+                       base_batch=scenario.training.batch_size, base_steps=scenario.training.local_steps,
+                       averaging=scenario.diloco.averaging, fragments=d.get("fragments", 1),
+                       sync_delay_steps=d.get("delay", 0), payload_dtype=d["dtype"], nodes=work.shape[1],
+                       ref_nodes=setup.model.ref_nodes if setup.same_model else work.shape[1])
+    x, _ = _clamped(setup, x)
+    eta = np.exp(-sum(c * x[k] for k, c in setup.model.coefficients.items())) * np.ones(len(total))
+    rounds = int(np.ravel(d["rounds"])[0])
+    r = np.arange(rounds)
+    tokens_per_round = total * scenario.model.seq_len
+    loss = setup.model.curve.loss(eta[:, None] * tokens_per_round[:, None] * (r + 0.5))
+    end = np.asarray(round_s, dtype=float)[:, None] * (r + 1)
+    reach = (times_to_target(end, loss, setup.target) if setup.target is not None
+             else np.full(len(total), np.nan))
+    return {"loss_end": smoothed_rows(loss)[:, -1], "time_to_target_s": reach}
 
 
 def plan_rounds(plan, timeline: pd.DataFrame) -> pd.DataFrame:
@@ -94,7 +124,8 @@ def predict(setup: LossSetup, scenario, plan, rounds: pd.DataFrame) -> dict:
     x = features(rounds, base_batch=scenario.training.batch_size, base_steps=scenario.training.local_steps,
                  averaging=scenario.diloco.averaging, fragments=plan.fragments,
                  sync_delay_steps=plan.sync_delay_steps,
-                 payload_dtype=plan.payload_dtype or scenario.network.payload_dtype)
+                 payload_dtype=plan.payload_dtype or scenario.network.payload_dtype,
+                 ref_nodes=setup.model.ref_nodes if setup.same_model else len(plan.nodes))
     x, clamped = _clamped(setup, x)
     eta = setup.model.efficiency(x)
     loss = curve_losses(setup.model.curve, rounds, eta)

@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from formats.errors import InputError
+from simulator.loss_prediction import loss_setup, sweep_losses
 from simulator.network import outer_step_s
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
@@ -162,6 +163,13 @@ class KindTables:
         table = self.step_of(np.arange(len(kinds))[:, None], batches[None, :])  # (K, cap)
         self.step_table = np.where(batches[None, :] <= self.max_batch[:, None], table, np.inf)
 
+    def loss_setup(self, nodes: int):
+        """The loss model of the base scenario at this node count (once per sweep process and count)."""
+        cache = self.__dict__.setdefault("_loss_setups", {})
+        if nodes not in cache:
+            cache[nodes] = loss_setup(self.base, nodes=nodes)
+        return cache[nodes]
+
     def step_of(self, kind: np.ndarray, batch: np.ndarray) -> np.ndarray:
         """t_k(b) for kind indices and batches of one shape: slowest GPU type plus the intra-node all-reduce.
 
@@ -278,6 +286,8 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
         results[strategy] = m
         if strategy not in strategies:
             continue
+        if base.training.target_loss is not None:  # the loss model's columns (simulator/loss_prediction.py)
+            m = {**m, **sweep_losses(kt.loss_setup(kinds.shape[1]), base, d, gpus, m["wall_s"] / d["rounds"])}
         frame = pd.DataFrame({**describe, "strategy": strategy, **m,
                               "collective": d["collective"], "payload_dtype": d["dtype"],
                               "batches": [",".join(map(str, r)) for r in d["batch"].tolist()],

@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-from formats.cli import non_negative_int, positive_int
+from formats.cli import non_negative_int, positive_float, positive_int
 
 CHUNK = 500
 MAX_NODES = 1000
@@ -71,6 +71,9 @@ def parser():
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sample of mixes (default 0)")
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
+    p.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
+                   help="the loss to reach ([training] target_loss): the dataset gains loss_end and "
+                        "time_to_target_s per scenario and strategy (the loss model, simulator/loss_prediction.py)")
     p.add_argument("--no-figures", action="store_true", help="write the table only")
     p.add_argument("--csv", action="store_true", help="also sweep.csv (and its digest) beside the dataset sweep/")
     p.add_argument("--scheduler", metavar="ADDRESS",
@@ -386,6 +389,13 @@ def _table(args, strategies, out: Path | None) -> int:
         raise InputError(f"{args.table}: {exc.key}: {exc.expected}") from None
     timelines = [simulate(scenario, plan, "simpy") for plan in plans]
     table = table_frame(scenario, plans, timelines)
+    if scenario.training.target_loss is not None:  # the loss model's columns, as geodt simulate's summary
+        from simulator.loss_prediction import loss_setup, plan_rounds, predict
+
+        setup = loss_setup(scenario)
+        preds = [predict(setup, scenario, p, plan_rounds(p, t)) for p, t in zip(plans, timelines)]
+        table["loss_end"] = [pr["loss_end"] for pr in preds]
+        table["time_to_target_s"] = [pr["time_to_target_s"] for pr in preds]
     table = table[table["strategy"].isin(strategies)].reset_index(drop=True)
     files = {"table.csv": csv_bytes(table), "table.md": format_markdown(scenario, table).encode(),
              "plan.csv": csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)),
@@ -410,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors (one line, status 2) and --help (0) become return codes
         return int(exc.code or 0)
     strategies = list(dict.fromkeys(args.strategy or list(STRATEGIES)))
+    if args.target_loss is not None:  # as a scenario key, so the spec (and a resume) records it
+        args.overrides = [*args.overrides, f"training.target_loss={args.target_loss!r}"]
     try:
         check_table_options(args, p)
         for name in strategies:

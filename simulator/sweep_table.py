@@ -5,6 +5,7 @@ tests compare the sweep's fast path with it.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from simulator.totals import RunTotals
@@ -61,4 +62,9 @@ def format_markdown(scenario, table: pd.DataFrame) -> str:
               "change the work per round). Round: wall time / rounds (sync-ddp: one step and its all-reduce).",
               "", "Plans:", ""]
     lines += [f"- {r.strategy}: {r.note}" for r in table.itertuples() if r.note]
+    if "time_to_target_s" in table:
+        lines += ["", f"Predicted loss (simulator/loss_prediction.py), target {scenario.training.target_loss:g}:", ""]
+        lines += [f"- {r.strategy}: loss {r.loss_end:.3f} at the end, target "
+                  + (f"at {r.time_to_target_s:,.1f} s" if np.isfinite(r.time_to_target_s) else "never reached")
+                  for r in table.itertuples()]
     return "\n".join(lines) + "\n"

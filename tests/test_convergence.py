@@ -59,15 +59,16 @@ def test_features_of_unequal_work_and_a_missed_round():
     t = _rows({"a": [2 * 8 * 10, 2 * 8 * 10], "b": [4 * 8 * 10, 0]}, batch)
     rounds = round_frame(t, batch, gpus, 8)
     x = features(rounds, base_batch=2, base_steps=10, averaging="uniform", fragments=1, sync_delay_steps=0,
-                 payload_dtype="fp16")
+                 payload_dtype="fp16", ref_nodes=4)
     # round 0: tokens 160 and 320, CV = 80/240 = 1/3; round 1: one node present, CV 0
     assert x["work_cv2_plain"] == pytest.approx((1 / 9 + 0) / 2)
     assert x["work_cv2_weighted"] == 0
     assert x["batch_log2"] == pytest.approx(320 / 640 * 1.0)  # b's 320 tokens at log2(4/2) = 1, of 640
     assert x["steps_log2"] == pytest.approx(0.0)
     assert x["missed"] == pytest.approx(0.25) and x["payload_bits"] == 1.0
+    assert x["replicas_log2"] == -1.0  # two nodes against the profile baseline's four
     stale = features(rounds, base_batch=2, base_steps=10, averaging="tokens", fragments=2, sync_delay_steps=1,
-                     payload_dtype="fp32")
+                     payload_dtype="fp32", ref_nodes=2)
     assert stale["staleness"] == pytest.approx(1 / 5) and stale["work_cv2_weighted"] == pytest.approx(1 / 18)
 
 

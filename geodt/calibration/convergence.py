@@ -7,7 +7,7 @@ step time scaled by --time-scale, so adaptive plans decide as they would) on rea
 varies one thing the loss model must weigh (formats/convergence.py and
 simulator/convergence.py): unequal local steps, unequal batches, deadline rounds averaged
 plainly or by tokens, stale fragments (Streaming DiLoCo's τ), a 16-bit payload, a node that
-leaves and rejoins. Every finished run's rows are added to the profile at once (written whole,
+leaves and rejoins, one node fewer (the replicas M). Every finished run's rows are added to the profile at once (written whole,
 temp name then rename), so an interrupted calibration keeps them and a rerun does only the rest.
 """
 from __future__ import annotations
@@ -33,7 +33,9 @@ RUNS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "fp16-payload": ("baseline", ("network.payload_dtype=fp16",), ()),
     "node-lost": ("baseline", ("simulation.on_node_loss=continue", "nodes.{node}.outage.round={lost_round}",
                                "nodes.{node}.outage.rounds={lost_rounds}"), ("--on-node-loss", "continue")),
+    "fewer-nodes": ("baseline", (), ()),  # the scenario without its fastest node: DiLoCo's replicas M
 }
+FEWER_NODES = "fewer-nodes"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"geodt calibrate convergence: run {name} failed (exit {status}): {tail}", file=sys.stderr)
                 return 1
             _append(out, _rows(scenario, name, Path(tmp) / name, args.data))
-    print(f"geodt calibrate convergence: wrote {out} ({len(runs)} runs); the simulator fits its loss model from it "
+    print(f"geodt calibrate convergence: wrote {out} ({len(done | set(todo))} runs); the simulator fits its loss model from it "
           f"(`[training] convergence_profile = \"{out}\"`)")
     return 0
 
@@ -97,8 +99,9 @@ def _check(args):
                          f"of {', '.join(RUNS)}")
     if "baseline" not in runs and not _done_runs(args.out or Path("out") / scenario.name / "convergence.csv"):
         raise InputError(f"--runs {args.runs}: expected baseline among them (every run is measured against it)")
-    if len(scenario.nodes) < 2 and "node-lost" in runs:
-        runs.remove("node-lost")  # one node cannot leave and leave the run going
+    for name in ("node-lost", FEWER_NODES):
+        if len(scenario.nodes) < 2 and name in runs:
+            runs.remove(name)  # one node cannot leave, nor be left out, and leave a run
     return scenario, runs
 
 
@@ -124,13 +127,27 @@ def _overrides(scenario, name: str) -> list[str]:
 def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
     """`geodt run` of one calibration run (argument list, no shell); (exit status, its output)."""
     strategy, _, flags = RUNS[name]
-    command = [sys.executable, "-m", "geodt", "run", args.scenario, "--strategy", strategy, "--emulate",
+    source, overrides = args.scenario, [*args.overrides, *_overrides(scenario, name)]
+    if name == FEWER_NODES:
+        source, overrides = str(_without_fastest(scenario, run_dir.parent / f"{name}.toml")), []
+    command = [sys.executable, "-m", "geodt", "run", source, "--strategy", strategy, "--emulate",
                "--time-scale", str(args.time_scale), "--no-progress", "--data", args.data, "--out", str(run_dir),
                "--checkpoint-every", str(scenario.training.rounds), *flags]
-    for override in [*args.overrides, *_overrides(scenario, name)]:
+    for override in overrides:
         command += ["--set", override]
     done = subprocess.run(command, capture_output=True, text=True)
     return done.returncode, done.stdout + done.stderr
+
+
+def _without_fastest(scenario, path: Path) -> Path:
+    """The resolved scenario (overrides applied, paths absolute) less its fastest node, as a TOML file."""
+    import tomli_w
+
+    table = scenario.to_table()
+    fastest = min(range(len(scenario.nodes)), key=lambda i: scenario.nodes[i].step_time_s or float("inf"))
+    table["nodes"] = [n for i, n in enumerate(table["nodes"]) if i != fastest]
+    path.write_text(tomli_w.dumps(table))
+    return path
 
 
 def _rows(scenario, name: str, run_dir: Path, data: str):
