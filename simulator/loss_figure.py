@@ -14,13 +14,18 @@ def loss_figure(losses: dict, setup) -> bytes:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    for name, pred in losses.items():
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, pred) in enumerate(losses.items()):
         curve = pred["curve"]
         label = name if setup.target is None or not np.isfinite(pred["time_to_target_s"]) else \
             f"{name} (target at {pred['time_to_target_s']:,.0f} s)"
-        ax.plot(curve["end_s"], curve["loss"], marker="o", ms=2.5, lw=1.2, label=label)
+        ax.plot(curve["end_s"], curve["loss"], marker="o", ms=2.5, lw=1.2, label=label, color=colors[(2 * i) % 20
+                                                                                                   + (2 * i) // 20])
     if setup.target is not None:
         ax.axhline(setup.target, color="black", lw=0.8, ls="--", label=f"target {setup.target:g}")
+    # the first round's loss (from the untrained model) would flatten everything after it
+    later = [p["curve"]["loss"].iloc[min(1, len(p["curve"]) - 1)] for p in losses.values()]
+    ax.set_ylim(top=min(max(later), setup.model.curve.ceiling) * 1.05)
     ax.set_xlabel("wall-clock time (s, simulated)")
     ax.set_ylabel("predicted training loss (nats/token)")
     ax.set_title("predicted loss against time, per strategy", fontsize=10)

@@ -21,6 +21,8 @@ import pandas as pd
 NEEDED = ["scenario_id", "strategy", "bandwidth_gbps", "speed_ratio", "idle_left", "speedup", "tokens_per_s",
           "idle_s_equal_tokens"]
 CRITERIA = (("tokens_per_s", "max"), ("idle_s_equal_tokens", "min"))
+# With a target loss (geodt sweep --target-loss): the scenario's winner is also the earliest to it
+TARGET_CRITERION = ("time_to_target_s", "min")
 
 
 def part_bytes(frame: pd.DataFrame) -> bytes:
@@ -104,7 +106,10 @@ class SweepStats:
     def from_parts(cls, paths) -> "SweepStats":
         stats = cls()
         for path in paths:
-            stats._add(read_part(path, NEEDED))
+            import pyarrow.parquet as pq
+
+            has_target = TARGET_CRITERION[0] in pq.read_schema(path).names
+            stats._add(read_part(path, NEEDED + ([TARGET_CRITERION[0]] if has_target else [])))
         return stats._done()
 
     def _add(self, frame: pd.DataFrame) -> None:
@@ -120,8 +125,11 @@ class SweepStats:
             self.idle_left.setdefault(s, []).append(np.array(rows["idle_left"], dtype=float))
             for bw, at in rows.groupby("bandwidth_gbps", sort=False):
                 self.speedup.setdefault((s, bw), []).append(np.array(at["speedup"], dtype=float))
-        for column, best in CRITERIA:  # per scenario three numbers, not a frame (10^6 of them)
+        criteria = CRITERIA + ((TARGET_CRITERION,) if TARGET_CRITERION[0] in frame else ())
+        for column, best in criteria:  # per scenario three numbers, not a frame (10^6 of them)
             won = winners(frame, column, best)
+            if column == TARGET_CRITERION[0]:  # a scenario no strategy brings to the target has no winner
+                won = won[np.isfinite(won[column].to_numpy(dtype=float))]
             codes = pd.Categorical(won["strategy"], categories=self.strategies).codes.astype(np.int16)
             self.wins.setdefault(column, []).append((codes, np.array(won["bandwidth_gbps"], dtype=float),
                                                      np.array(won["speed_ratio"], dtype=float)))

@@ -86,6 +86,9 @@ def winners_figure(data, path: Path) -> Path:
     bws = stats.bandwidths
     rows = [("tokens_per_s", "max", "most tokens/s"),
             ("idle_s_equal_tokens", "min", "least idle at equal tokens (ties: first listed; alike nodes all tie at 0)")]
+    if "time_to_target_s" in stats.wins:  # geodt sweep --target-loss
+        rows.append(("time_to_target_s", "min", "earliest to the target loss (predicted; scenarios some strategy "
+                                                "brings to it)"))
     hetero = {col: stats.wins[col].assign(hetero=pd.cut(stats.wins[col]["speed_ratio"], HETERO_BINS,
                                                         labels=HETERO_LABELS, right=False)) for col, _, _ in rows}
     wins = {(r, bw): hetero[col][hetero[col]["bandwidth_gbps"] == bw]

@@ -41,4 +41,12 @@ def findings_text(data) -> str:
         best.append(f"at {bw:g} Gbit/s {counts.index[0]} ({100 * counts.iloc[0] / counts.sum():.0f}% of "
                     f"{counts.sum():,})")
     lines.append("Most tokens/s: " + "; ".join(best))
+    if "time_to_target_s" in stats.wins:  # geodt sweep --target-loss
+        first = stats.wins["time_to_target_s"]
+        earliest = []
+        for bw in bws:
+            counts = first.loc[first["bandwidth_gbps"] == bw, "strategy"].astype(str).value_counts()
+            earliest.append(f"at {bw:g} Gbit/s {counts.index[0]} ({100 * counts.iloc[0] / counts.sum():.0f}% of "
+                            f"{counts.sum():,} that reach it)" if len(counts) else f"at {bw:g} Gbit/s none reaches it")
+        lines.append("Earliest to the target loss (predicted): " + "; ".join(earliest))
     return "\n".join(lines)

@@ -135,3 +135,28 @@ def test_answer_table_carries_the_loss_columns():
     table, _ = answer_table([(plan, timeline)], (plan, timeline), {"baseline": {"loss_end": 3.0,
                                                                                "time_to_target_s": 7.0}})
     assert list(table[["loss_end", "time_to_target_s"]].iloc[0]) == [3.0, 7.0]
+
+
+def test_sweep_with_a_target_adds_the_loss_columns_and_the_finding(tmp_path, capsys):
+    from simulator.sweep_cli import main
+
+    out = tmp_path / "sw"
+    assert main(["--gpu-types", "a30,t4", "--samples", "6", "--bandwidth-gbps", "1", "--out", str(out),
+                 "--workers", "1", "--target-loss", "5.3", "--strategy", "baseline", "measured-steps", "B"]) == 0
+    assert "Earliest to the target loss (predicted)" in capsys.readouterr().out
+    data = pd.read_parquet(out / "sweep")
+    assert data["loss_end"].notna().all() and (data["time_to_target_s"] > 0).all()
+    # a strategy that trains on more tokens per round in the same rounds ends lower
+    per = data.pivot(index="scenario_id", columns="strategy", values="loss_end")
+    assert (per["B"] <= per["baseline"] + 1e-9).all()
+    assert "training.target_loss=5.3" in (out / "spec.json").read_text()
+
+
+def test_sweep_table_with_a_target(tmp_path, capsys):
+    from simulator.sweep_cli import main
+
+    assert main(["--table", "hetero-cpu", "--out", str(tmp_path / "t"), "--target-loss", "4",
+                 "--strategy", "baseline", "rebalance"]) == 0
+    table = pd.read_csv(tmp_path / "t" / "table.csv")
+    assert list(table["strategy"]) == ["baseline", "rebalance"] and table["loss_end"].notna().all()
+    assert "Predicted loss (simulator/loss_prediction.py), target 4" in capsys.readouterr().out

@@ -116,9 +116,16 @@ def _done_runs(out: Path) -> set[str]:
         return set()
 
 
+def _by_speed(scenario) -> list[str]:
+    """The scenario's nodes, fastest first, by the baseline plan's step times (given, profiled or estimated)."""
+    from simulator.strategies import make_plan
+
+    return [n.node for n in sorted(make_plan(scenario, "baseline").nodes, key=lambda n: n.step_s)]
+
+
 def _overrides(scenario, name: str) -> list[str]:
-    slow_order = sorted(scenario.nodes, key=lambda n: n.step_time_s or 0.0)
-    node = slow_order[-2].name if len(slow_order) > 1 else slow_order[0].name
+    order = _by_speed(scenario)
+    node = order[-2] if len(order) > 1 else order[0]
     rounds = scenario.training.rounds
     fill = {"node": node, "lost_round": max(1, rounds // 3), "lost_rounds": max(1, rounds // 6)}
     return [o.format(**fill) for o in RUNS[name][1]]
@@ -144,8 +151,8 @@ def _without_fastest(scenario, path: Path) -> Path:
     import tomli_w
 
     table = scenario.to_table()
-    fastest = min(range(len(scenario.nodes)), key=lambda i: scenario.nodes[i].step_time_s or float("inf"))
-    table["nodes"] = [n for i, n in enumerate(table["nodes"]) if i != fastest]
+    fastest = _by_speed(scenario)[0]
+    table["nodes"] = [n for n in table["nodes"] if n["name"] != fastest]
     path.write_text(tomli_w.dumps(table))
     return path
 
