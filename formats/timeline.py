@@ -31,4 +31,4 @@ VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s",
                       "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s",
                       "predicted_tokens", "measured_tokens", "predicted_wall_s", "measured_wall_s",
                       "wall_error_pct", "predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
-                      "measured_time_to_target_s"]
+                      "measured_time_to_target_s", "loss_model_time_to_target_s"]

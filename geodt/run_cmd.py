@@ -93,7 +93,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     try:
         scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every)
                                  + target_override(getattr(args, "target_loss", None)))
-        loss = validate_loss_setup(scenario, args.data) if prog.endswith("validate") else None
+        loss = validate_loss_setup(scenario, args) if prog.endswith("validate") else None
         check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
@@ -133,15 +133,21 @@ def _prepare(prog: str, args: argparse.Namespace):
     return scenario, plan, opts, warnings, lock, loss
 
 
-def validate_loss_setup(scenario, data_path: str | None):
+def validate_loss_setup(scenario, args):
     """The loss model for comparing with this run (simulator/loss_prediction.py), or None where it has no
-    curve of this model on this run's corpus; with a target that is an InputError (one line)."""
+    curve of this model on this run's corpus; with a target that is an InputError (one line). With a
+    target and no --data, the run trains on the profile's corpus where it is the standard library's
+    (args.data set, and said)."""
     from formats.errors import InputError
-    from real.data import corpus_digest
+    from real.data import STDLIB_CORPUS, corpus_digest
     from simulator.loss_prediction import loss_setup
 
     setup = loss_setup(scenario)
-    corpus = corpus_digest(data_path)
+    if setup.target is not None and args.data is None and setup.same_model and setup.corpus.startswith(STDLIB_CORPUS):
+        args.data = STDLIB_CORPUS
+        print(f"geodt validate: --target-loss: training on the convergence profile's corpus ({STDLIB_CORPUS}: "
+              "the Python standard library's sources as bytes)", file=sys.stderr)
+    corpus = corpus_digest(args.data)
     if setup.same_model and corpus == setup.corpus:
         return setup
     if setup.target is None:

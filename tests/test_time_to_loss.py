@@ -70,10 +70,13 @@ def test_validate_compares_loss_and_time_to_target(tmp_path, capsys):
     from geodt.run_cmd import validate_main
 
     out = tmp_path / "v"
+    # no --data: with a target the run trains on the profile's corpus, and says so
     assert validate_main(["hetero-cpu", "--strategy", "rebalance", "--out", str(out), "--no-progress", "--emulate",
-                          "--data", "python-stdlib", "--target-loss", "6.0", "--time-scale", "0.5",
+                          "--target-loss", "6.0", "--time-scale", "0.5",
                           "--set", "training.rounds=3", "--checkpoint-every", "3"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "training on the convergence profile's corpus (python-stdlib" in captured.err
+    printed = captured.out
     assert "time to loss 6: predicted" in printed and "loss by round (predicted / measured" in printed
     table = pd.read_csv(out / "validation.csv")
     assert list(table.columns) == VALIDATION_COLUMNS
@@ -87,10 +90,12 @@ def test_validate_target_on_another_corpus_is_refused_before_anything_is_written
     from geodt.run_cmd import validate_main
 
     out = tmp_path / "v"
+    data = tmp_path / "text.txt"
+    data.write_bytes(b"some other text " * 4096)
     assert validate_main(["hetero-cpu", "--strategy", "baseline", "--out", str(out), "--emulate",
-                          "--target-loss", "4"]) == 2
+                          "--target-loss", "4", "--data", str(data)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "was measured on python-stdlib:" in err[0] and "this run trains on markov" in err[0]
+    assert len(err) == 1 and "was measured on python-stdlib:" in err[0] and "this run trains on file:" in err[0]
     assert not out.exists()
 
 
