@@ -8,7 +8,8 @@ machine's CPU, on real text (`--data python-stdlib`):
    0.07 / 0.11 / 0.20 s a step), `geodt validate --emulate --target-loss L` for every strategy of
    STRATEGIES, L the fitted baseline curve's loss at half the baseline's tokens on that mix;
 3. prints per model and strategy the time to L predicted and measured, the error, and whether
-   the predicted best strategy is the measured best (or within 5% of it); writes DIR/time_to_loss.csv.
+   the predicted best strategy is the measured best (or within 5% of it); writes DIR/time_to_loss.csv
+   and the verdicts to DIR/verdicts.txt.
 
 Timing there is emulated (each inner step padded to the plan's step time, each sync to its comm_s),
 so the time axis is the plan's schedule as the executor ran it, and what is tested is the loss
@@ -186,6 +187,7 @@ def main() -> int:
     parser.add_argument("--real", choices=("none", "loopback", "shaped", "both"), default="loopback",
                         help="the real (not emulated) part: on loopback, the shaped WAN (root), both, or none")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # the profiles' paths reach scenarios in other folders
     sys.path.insert(0, str(ROOT / "benchmarks"))
     frames = []
     for name in filter(None, args.models.split(",")):
@@ -199,8 +201,10 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.out / "time_to_loss.csv", index=False, float_format="%.4g")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}" if np.isfinite(v) else "never"))
-    for line in lines + [prior_check(), simulate_cost()]:
+    lines += [prior_check(), simulate_cost()]
+    for line in lines:
         print(line)
+    (args.out / "verdicts.txt").write_text("\n".join(lines) + "\n")
     return 0
 
 

@@ -79,6 +79,21 @@ def table(summary: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def bench_section(bench: Path) -> str:
+    """bench_time_to_loss.py's table (bench/time_to_loss.csv) and its verdicts, as Markdown."""
+    t = pd.read_csv(bench / "time_to_loss.csv")
+    lines = ["## Predicted against measured (benchmarks/bench_time_to_loss.py)", "",
+             "Fitted on one node mix, reported on another; what each part is: the benchmark's docstring. "
+             "loss model alone: the predicted round losses on the run's own round ends.", "",
+             "| model | mix | strategy | target | predicted (s) | measured (s) | error | loss model alone |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in t.itertuples():
+        lines.append(f"| {r.model} | {r.mix} | {r.strategy} | {r.target_loss:g} | {r.predicted_s:.2f} "
+                     f"| {r.measured_s:.2f} | {r.error_pct:+.1f}% | {r.loss_model_error_pct:+.1f}% |")
+    verdicts = (bench / "verdicts.txt").read_text().strip().splitlines() if (bench / "verdicts.txt").exists() else []
+    return "\n".join(lines + [""] + [f"- {v}" for v in verdicts]) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "time-to-loss")
@@ -94,6 +109,9 @@ def main() -> int:
              "on this project's 2-core VM (simulator/scenarios/convergence-hetero-cpu.csv); features beyond "
              "its runs are held at their edge (the printed notes name them). The target is the baseline's "
              f"predicted loss at {TARGET_SHARE:.0%} of its run.\n"]
+    bench = args.out / "bench"
+    if (bench / "time_to_loss.csv").exists():  # bench_time_to_loss.py's table, rendered beside
+        parts.append(bench_section(bench))
     for name in SCENARIOS:
         summary, answer, target = run(name, args.out)
         parts.append(f"## {name}: {SCENARIOS[name][2]}\n\nTarget loss {target:g}.\n\n{table(summary)}\n\n"

@@ -1,7 +1,7 @@
 """The loss model: a run's loss as a function of the tokens each node trained on and how they were merged.
 
-Loss after D tokens (all nodes together) is a curve L(D) = floor + scale·D^(−exponent) times
-nothing else for identical replicas; a strategy that changes the optimisation trains on
+Loss after D tokens (all nodes together) is a curve L(D) = floor + scale·D^(−exponent) for
+identical replicas; a strategy that changes the optimisation trains on
 tokens worth η·D of the baseline's, with
 
     ln η = −Σ_k c_k·x_k(plan, rounds),
@@ -13,9 +13,10 @@ ln η = −X·c by least squares. A feature no profile run varied has no coeffic
 unaffected, and the model says so).
 
 The curve is the profile's baseline run fitted (where the profile trained the scenario's model
-at its sequence length; moved to the scenario's node count by the prior's replica factor), else
-the literature prior of simulator/convergence_prior.py (Chinchilla's data term × DiLoCo's
-replica factor) at the scenario's parameters. A round's loss is the curve at the middle of its
+at its sequence length; another node count is the feature replicas_log2 where a profile run
+measured it, else the prior's replica factor moves the curve), else the literature prior of
+simulator/convergence_prior.py (Chinchilla's data term × DiLoCo's replica factor) at the
+scenario's parameters. A round's loss is the curve at the middle of its
 tokens (what the executor logs: the mean of the round's inner-step losses); the loss that decides
 the time to a target is its trailing mean over SMOOTH_ROUNDS rounds (measured losses are noisy
 round to round; predicted and measured go through the same rule, `time_to_target`).
@@ -216,7 +217,8 @@ def run_efficiency(curve: LossCurve, rounds: pd.DataFrame) -> float:
 def fit_model(profile: pd.DataFrame, source: str) -> ConvergenceModel:
     """The curve from the baseline run, each run's η, and c from all runs (module docstring)."""
     runs, rows = [], {}
-    ref_nodes = int(profile[profile["strategy"] == "baseline"]["nodes"].iloc[0])
+    named = profile[profile["run"] == "baseline"]  # calibrate convergence's; else the first baseline-strategy run
+    ref_nodes = int((named if len(named) else profile[profile["strategy"] == "baseline"])["nodes"].iloc[0])
     for name, g in profile.groupby("run", sort=False):
         first = g.iloc[0]
         batch = dict(zip(g["node"], g["batch_size"]))

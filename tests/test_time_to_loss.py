@@ -165,3 +165,12 @@ def test_sweep_table_with_a_target(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "t" / "table.csv")
     assert list(table["strategy"]) == ["baseline", "rebalance"] and table["loss_end"].notna().all()
     assert "Predicted loss (simulator/loss_prediction.py), target 4" in capsys.readouterr().out
+
+
+def test_calibrate_convergence_refuses_an_unreadable_corpus_in_one_line(tmp_path, capsys):
+    from geodt.calibration.cli import main
+
+    assert main(["convergence", "hetero-cpu", "--data", str(tmp_path / "none.txt"),
+                 "--out", str(tmp_path / "c.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--data:" in err[0] and "not found" in err[0]

@@ -73,14 +73,19 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(todo) or 'nothing more'}")
     from tqdm import tqdm
 
-    with tempfile.TemporaryDirectory(prefix="geodt-convergence-") as tmp:
-        for name in tqdm(todo, desc="convergence runs", unit="run", disable=None):
-            status, log = _run_one(args, scenario, name, Path(tmp) / name)
-            if status != 0:
-                tail = " | ".join(line for line in log.strip().splitlines()[-3:])
-                print(f"geodt calibrate convergence: run {name} failed (exit {status}): {tail}", file=sys.stderr)
-                return 1
-            _append(out, _rows(scenario, name, Path(tmp) / name, args.data))
+    try:
+        with tempfile.TemporaryDirectory(prefix="geodt-convergence-") as tmp:
+            for name in tqdm(todo, desc="convergence runs", unit="run", disable=None):
+                status, log = _run_one(args, scenario, name, Path(tmp) / name)
+                if status != 0:
+                    tail = " | ".join(line for line in log.strip().splitlines()[-3:])
+                    print(f"geodt calibrate convergence: run {name} failed (exit {status}): {tail}", file=sys.stderr)
+                    return 1
+                _append(out, _rows(scenario, name, Path(tmp) / name, args.data))
+    except KeyboardInterrupt:
+        print(f"geodt calibrate convergence: interrupted; the runs finished are in {out}, a rerun measures the rest",
+              file=sys.stderr)
+        return 130
     print(f"geodt calibrate convergence: wrote {out} ({len(done | set(todo))} runs); the simulator fits its loss model from it "
           f"(`[training] convergence_profile = \"{out}\"`)")
     return 0
@@ -99,6 +104,12 @@ def _check(args):
                          f"of {', '.join(RUNS)}")
     if "baseline" not in runs and not _done_runs(args.out or Path("out") / scenario.name / "convergence.csv"):
         raise InputError(f"--runs {args.runs}: expected baseline among them (every run is measured against it)")
+    from real.data import DataError, load_tokens
+
+    try:  # a corpus that cannot be read is one line now, not a failed run later
+        load_tokens(args.data, scenario.model.arch.vocab_size if scenario.model.arch else 256)
+    except DataError as exc:
+        raise InputError(f"--data: {exc}") from None
     for name in ("node-lost", FEWER_NODES):
         if len(scenario.nodes) < 2 and name in runs:
             runs.remove(name)  # one node cannot leave, nor be left out, and leave a run
