@@ -147,6 +147,8 @@ def corpus_digest(data_path: str | None) -> str:
         return "markov"
     if data_path == STDLIB_CORPUS and not Path(data_path).exists():
         return f"{STDLIB_CORPUS}:{hashlib.sha256(stdlib_corpus().tobytes()).hexdigest()[:12]}"
+    if not Path(data_path).is_file():  # a FIFO or a device would block the read; the executor refuses it
+        return f"file:{data_path} (not a regular file)"
     return f"file:{hashlib.sha256(Path(data_path).read_bytes()).hexdigest()[:12]}"
 
 
