@@ -15,6 +15,9 @@ import numpy as np
 
 from formats.timeline import VALIDATION_COLUMNS
 
+LOSS_VALIDATION_COLUMNS = ("predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
+                           "measured_time_to_target_s", "loss_model_time_to_target_s")
+
 MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
 
 VARIABILITY_SAMPLES = 32
@@ -87,7 +90,9 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "wall_error_pct": _pct(measured_wall - predicted_wall, predicted_wall) if wall is not None else float("nan"),
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
-    return pd.DataFrame(rows)
+    # the loss model's columns, empty until report() compares the losses (loss_comparison)
+    frame = pd.DataFrame(rows).assign(**{c: float("nan") for c in LOSS_VALIDATION_COLUMNS})
+    return frame[VALIDATION_COLUMNS + [c for c in frame.columns if c not in VALIDATION_COLUMNS]]
 
 
 def wall_line(wall, measured_s: float) -> str:
@@ -223,7 +228,7 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     table = validation_table(timeline, trace, scale, emulated=emulated, network=network, wall=wall)
     loss_columns, loss_lines = (loss_comparison(scenario, plan, timeline, trace, scale, loss) if loss is not None
                                 else ({}, ["loss: not compared (the loss model has no curve of this model on this run's corpus: geodt calibrate convergence, --data)"]))
-    table = table.assign(**{c: loss_columns.get(c, np.nan) for c in VALIDATION_COLUMNS if c not in table})
+    table = table.assign(**loss_columns)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {time_scale:g})" if emulated

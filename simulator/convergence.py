@@ -148,11 +148,15 @@ def feature_values(*, cv2, log2_batch, log2_steps, missed, base_batch: float, ba
     }
 
 
+def token_middles(rounds: pd.DataFrame) -> np.ndarray:
+    """The run's tokens at the middle of each round (what a round's mean inner-step loss sees)."""
+    tokens = rounds["tokens"].to_numpy(dtype=float)
+    return np.cumsum(tokens) - tokens / 2
+
+
 def curve_losses(curve: LossCurve, rounds: pd.DataFrame, efficiency: float) -> np.ndarray:
     """Each round's loss: the curve at the middle of its tokens, the tokens worth `efficiency` of the baseline's."""
-    done = rounds["tokens"].cumsum().to_numpy(dtype=float)
-    middle = done - rounds["tokens"].to_numpy(dtype=float) / 2
-    return curve.loss(efficiency * middle)
+    return curve.loss(efficiency * token_middles(rounds))
 
 
 def smoothed(loss: np.ndarray) -> np.ndarray:
@@ -210,7 +214,8 @@ def run_efficiency(curve: LossCurve, rounds: pd.DataFrame) -> float:
     keep = rounds["round"].to_numpy() >= 1
     measured = rounds["loss"].to_numpy()[keep]
     grid = np.exp(np.linspace(-2.5, 2.5, 1001))
-    sse = [np.nansum((curve_losses(curve, rounds, eta)[keep] - measured) ** 2) for eta in grid]
+    middle = token_middles(rounds)[keep]
+    sse = np.nansum((curve.loss(grid[:, None] * middle[None, :]) - measured[None, :]) ** 2, axis=1)
     return float(grid[int(np.argmin(sse))])
 
 
@@ -234,7 +239,7 @@ def fit_model(profile: pd.DataFrame, source: str) -> ConvergenceModel:
     runs = pd.DataFrame(runs)
     base = runs[(runs["strategy"] == "baseline") & (runs["replicas_log2"] == 0)]["run"].iloc[0]
     b = rows[base]
-    middle = b["tokens"].cumsum().to_numpy(float) - b["tokens"].to_numpy(float) / 2
+    middle = token_middles(b)
     keep = b["round"].to_numpy() >= 1  # round 0 starts from the random init: not the curve's shape
     curve = fit_curve(middle[keep], b["loss"].to_numpy(float)[keep], f"fitted: {source}, run {base}")
     curve = replace(curve, ceiling=float(b["loss"].iloc[0]))

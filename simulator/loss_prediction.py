@@ -9,6 +9,7 @@ one strategy's simulated rounds into its loss at the end and its time to `target
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -37,13 +38,24 @@ class LossSetup:
 
 
 def _profile_model(path: Path, shown: str) -> tuple[ConvergenceModel, pd.DataFrame]:
-    from formats.convergence import ConvergenceProfileError, read_convergence_profile
+    from formats.convergence import ConvergenceProfileError
 
     try:
-        frame = read_convergence_profile(path)
-        return fit_model(frame, shown), frame
+        stat = path.stat()
+    except OSError:
+        stat = None
+    try:  # a file as it is now (its size and time), fitted once per process
+        return _fitted(str(path), shown, None if stat is None else (stat.st_size, stat.st_mtime_ns))
     except (ConvergenceProfileError, ValueError) as exc:
         raise InputError(f"training.convergence_profile: {exc}") from None
+
+
+@lru_cache(maxsize=8)
+def _fitted(path: str, shown: str, version) -> tuple[ConvergenceModel, pd.DataFrame]:
+    from formats.convergence import read_convergence_profile
+
+    frame = read_convergence_profile(path)
+    return fit_model(frame, shown), frame
 
 
 def loss_setup(scenario, target: float | None = None, nodes: int | None = None) -> LossSetup:
