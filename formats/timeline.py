@@ -25,10 +25,12 @@ SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "syn
 TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "overrun_steps", "ckpt_block_s", "ckpt_background_s",
                                     "local_steps", "batch_size",
                                     "bytes_sent", "peak_mem_bytes"]
+# validate's loss model against the run (geodt/validation.py loss_comparison); empty until compared
+LOSS_VALIDATION_COLUMNS = ["predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
+                           "measured_time_to_target_s", "loss_model_time_to_target_s"]
 # validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",
                       "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s",
                       "predicted_tokens", "measured_tokens", "predicted_wall_s", "measured_wall_s",
-                      "wall_error_pct", "predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
-                      "measured_time_to_target_s", "loss_model_time_to_target_s"]
+                      "wall_error_pct", *LOSS_VALIDATION_COLUMNS]

@@ -73,8 +73,8 @@ def _prepare(prog: str, args: argparse.Namespace):
     """Scenario + plan (simulator), checked by the executor and against this machine, then written
     into DIR under DIR's run lock.
 
-    Returns (scenario, plan, exec options, machine warnings, the lock: the caller releases it) or
-    an exit status. Nothing is written unless every input is good and the directory is this run's.
+    Returns (scenario, plan, exec options, machine warnings, the lock: the caller releases it, the
+    loss model's setup for validate or None) or an exit status. Nothing is written unless every input is good and the directory is this run's.
     """
     from formats.errors import InputError
     from real.cli import exec_options
@@ -84,11 +84,8 @@ def _prepare(prog: str, args: argparse.Namespace):
     from simulator.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
-
-    from simulator.cli import default_out
-
+    from simulator.cli import check_work, default_out, target_override
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
-    from simulator.cli import check_work, target_override
 
     try:
         scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every)

@@ -13,11 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from formats.timeline import VALIDATION_COLUMNS
+from formats.timeline import LOSS_VALIDATION_COLUMNS, VALIDATION_COLUMNS
 
-LOSS_VALIDATION_COLUMNS = ("predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
-                           "measured_time_to_target_s", "loss_model_time_to_target_s")
-
+NO_LOSS_COMPARISON = ("loss: not compared (the loss model has no curve of this model on this run's corpus: "
+                      "geodt calibrate convergence, --data)")
 MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
 
 VARIABILITY_SAMPLES = 32
@@ -186,12 +185,11 @@ def validation_text(table, wide: bool = False) -> str:
 def loss_comparison(scenario, plan, timeline, trace, scale: float, setup) -> tuple[dict, list[str]]:
     """The loss model against the run: validation.csv's loss columns and the lines to print (per round,
     predicted and measured loss; the time to the target both ways)."""
-    from simulator.convergence import round_frame, time_to_target
+    from simulator.convergence import time_to_target
     from simulator.loss_prediction import format_time, measured, plan_rounds, predict
 
     pred = predict(setup, scenario, plan, plan_rounds(plan, timeline))
-    seen = round_frame(trace.assign(round_end_s=trace["round_end_s"] / scale),
-                       {n.node: n.batch_size for n in plan.nodes}, {n.node: n.gpus for n in plan.nodes}, plan.seq_len)
+    seen = plan_rounds(plan, trace.assign(round_end_s=trace["round_end_s"] / scale))
     got = measured(seen, setup.target)
     both = pred["curve"].drop(columns="end_s").merge(seen[["round", "loss", "end_s"]], on="round",
                                                     suffixes=("_predicted", "_measured"))
@@ -199,10 +197,10 @@ def loss_comparison(scenario, plan, timeline, trace, scale: float, setup) -> tup
         f"{a:.3f}/{b:.3f}" for a, b in zip(both["loss_predicted"], both["loss_measured"]))]
     lines.append(f"loss at the end (mean of the last rounds): predicted {pred['loss_end']:.3f}, measured "
                  f"{got['loss_end']:.3f} ({100 * (got['loss_end'] - pred['loss_end']) / pred['loss_end']:+.1f}%)")
-    # the predicted losses at the run's own round ends: the loss model's part of the error, the clock's taken out
-    own_clock = (time_to_target(both["end_s"].to_numpy(), both["loss_predicted"].to_numpy(), setup.target)
-                 if setup.target is not None else float("nan"))
+    own_clock = float("nan")
     if setup.target is not None:
+        # the predicted losses at the run's own round ends: the loss model's part of the error, the clock's out
+        own_clock = time_to_target(both["end_s"].to_numpy(), both["loss_predicted"].to_numpy(), setup.target)
         p, m = pred["time_to_target_s"], got["time_to_target_s"]
         err = f" ({100 * (p - m) / m:+.1f}%)" if np.isfinite(p) and np.isfinite(m) else ""
         lines.append(f"time to loss {setup.target:g}: predicted {format_time(p)} s, measured {format_time(m)} s{err}; "
@@ -227,7 +225,7 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     wall = predicted_wall_clock(scenario, timeline)
     table = validation_table(timeline, trace, scale, emulated=emulated, network=network, wall=wall)
     loss_columns, loss_lines = (loss_comparison(scenario, plan, timeline, trace, scale, loss) if loss is not None
-                                else ({}, ["loss: not compared (the loss model has no curve of this model on this run's corpus: geodt calibrate convergence, --data)"]))
+                                else ({}, [NO_LOSS_COMPARISON]))
     table = table.assign(**loss_columns)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")

@@ -7,8 +7,9 @@ step time scaled by --time-scale, so adaptive plans decide as they would) on rea
 varies one thing the loss model must weigh (formats/convergence.py and
 simulator/convergence.py): unequal local steps, unequal batches, deadline rounds averaged
 plainly or by tokens, stale fragments (Streaming DiLoCo's τ), a 16-bit payload, a node that
-leaves and rejoins, one node fewer (the replicas M). Every finished run's rows are added to the profile at once (written whole,
-temp name then rename), so an interrupted calibration keeps them and a rerun does only the rest.
+leaves and rejoins, one node fewer (the replicas M). Every finished run's rows are added to the
+profile at once (written whole, temp name then rename), so an interrupted calibration keeps them
+and a rerun does only the rest.
 """
 from __future__ import annotations
 
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt calibrate convergence: interrupted; the runs finished are in {out}, a rerun measures the rest",
               file=sys.stderr)
         return 130
-    print(f"geodt calibrate convergence: wrote {out} ({len(done | set(todo))} runs); the simulator fits its loss model from it "
+    print(f"geodt calibrate convergence: wrote {out} ({len(done | set(todo))} runs); the simulator fits its loss "
+          "model from it "
           f"(`[training] convergence_profile = \"{out}\"`)")
     return 0
 
