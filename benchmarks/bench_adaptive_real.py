@@ -19,10 +19,10 @@ links calibrated on the shaped WAN right before each run (bench_fidelity.py's li
 Writes <out>/adaptive.csv (per repeat, strategy and node, from the drift's round on: predicted
 and measured compute, idle, tokens, and idle per round in the node's own inner steps, the
 issue's goal; also before the drift and `_settled` from the round after it; round, compute,
-idle and tokens errors), <out>/summary.csv (per strategy, median over repeats), <out>/runs.csv (per run: load average before and after, each node's calibrated
-step and its measured mean step before and after the drift), <out>/<strategy>/ (the first
-repeat's plan, timeline, trace, validation) and <out>/time_to_loss.png (first repeat), and
-prints the tables.
+idle and tokens errors), <out>/summary.csv (per strategy, median over repeats), <out>/runs.csv (per
+run: load average before and after, each node's calibrated step and its measured mean step before
+and after the drift), <out>/<strategy>/ (the first repeat's plan, timeline, trace, validation) and
+<out>/time_to_loss.png (first repeat), and prints the tables.
 
     python benchmarks/bench_adaptive_real.py [--repeats 3] [--wan shaped] [--out results/adaptive-real]
 """

@@ -36,9 +36,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from facts.catalog import get_gpu  # noqa: E402
-from facts.presets import load_arch  # noqa: E402
-from simulator.estimate import Shape, estimate_step, fsdp_collective_s  # noqa: E402
+from facts.catalog import get_gpu
+from facts.presets import load_arch
+from simulator.estimate import Shape, estimate_step, fsdp_collective_s
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
 H200_DIRS = sorted(Path(__file__).with_name("estimate").glob("h200*"))

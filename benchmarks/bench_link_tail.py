@@ -63,7 +63,7 @@ def _averages(rank: int, world: int, store: str, links, args: dict) -> tuple:
 
     barrier, _, _ = _join_gloo(rank, world, store, 1)
     elements = args["fp32_bytes"] // 4
-    sync = CrossNodeSync(None, world, rank, elements, "fp32", args["collective"], [l.link_gbps for l in links])
+    sync = CrossNodeSync(None, world, rank, elements, "fp32", args["collective"], [link.link_gbps for link in links])
     delta = torch.randn(elements, generator=torch.Generator().manual_seed(rank))
     busy = InnerSteps("tiny", None, 256, "fp32", 4, 1) if links[rank].node == args["busy"] else None
     comm = ThreadPoolExecutor(1, initializer=threads_for_comm)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     with wan.ShapedWan(nodes) as net, tempfile.TemporaryDirectory(prefix="geodt-tail-") as rdzv:
         procs = mp.start_processes(_node, args=(len(nodes), os.path.join(rdzv, "store"), net.links, quotas, spec, queue),
                                    nprocs=len(nodes), join=False, start_method="spawn")
-        results = dict((name, rest) for name, *rest in (queue.get()[1] for _ in nodes))
+        results = {name: rest for name, *rest in (queue.get()[1] for _ in nodes)}
         while not procs.join():
             pass
     depth = "geodt's" if args.queue_s is None else f"{args.queue_s:g} s"

@@ -45,9 +45,9 @@ def bench_inner_step(preset: str, seq_len: int, batch: int, steps: int, repeats:
     import torch
     import torch.distributed as dist
 
-    from train.step import train_step
     from real.config import load_plan, load_run_spec
     from real.worker import ExecOptions, Node
+    from train.step import train_step
 
     torch.set_num_threads(threads)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
@@ -94,10 +94,10 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
     import torch
     import torch.distributed as dist
 
-    from train.models import build_model
     from facts.presets import load_arch
     from formats.scenario import DilocoConfig
     from real.diloco import OuterState, outer_sync
+    from train.models import build_model
 
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=120))
@@ -114,7 +114,7 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
         inside.append(time.perf_counter() - start)
 
     bare, whole = [], []
-    for i in range(repeats + 1):  # the first of each is a warm-up
+    for _i in range(repeats + 1):  # the first of each is a warm-up
         dist.barrier()
         start = time.perf_counter()
         dist.all_reduce(bare_buf)

@@ -38,7 +38,7 @@ import simpy
 
 from simulator.engine import outer_share_s, simulate, simulate_syncs
 from simulator.engine_simpy import Barrier
-from simulator.scenario import NodeConfig, Scenario, TrainingConfig, ModelConfig
+from simulator.scenario import ModelConfig, NodeConfig, Scenario, TrainingConfig
 from simulator.strategies import make_plan
 
 
@@ -139,7 +139,7 @@ def planning(rounds: int) -> dict[str, tuple[float, float]]:
     long, short = (load_scenario("paper", [f"training.rounds={r}"]) for r in (rounds, 100))
     times = {}
     for name in STRATEGIES:
-        times[name] = tuple(best_of(1, lambda sc=sc: make_plan(sc, name)) for sc in (long, short))
+        times[name] = tuple(best_of(1, lambda sc=sc, name=name: make_plan(sc, name)) for sc in (long, short))
     return times
 
 

@@ -155,8 +155,12 @@ def verdicts(table: pd.DataFrame) -> list[str]:
 def prior_check() -> str:
     """The identical-replica prior's DiLoCo fit against the losses it cites (Charles et al. 2025, Table 4),
     as |ln(fit / measured)| against the fit error the paper reports (Table 11, per M)."""
-    from simulator.convergence_prior import (LOO_RESIDUAL_AVERAGE, LOO_RESIDUAL_INDEPENDENT, diloco_power_law_loss,
-                                             published_losses)
+    from simulator.convergence_prior import (
+        LOO_RESIDUAL_AVERAGE,
+        LOO_RESIDUAL_INDEPENDENT,
+        diloco_power_law_loss,
+        published_losses,
+    )
 
     rows = [r for r in published_losses() if r.source.endswith("Table 4")]
     errors = [(abs(np.log(diloco_power_law_loss(r.params, r.replicas) / r.loss_nats)),

@@ -86,8 +86,9 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: 
 
 
 def main() -> int:
-    import numpy as np
     from dataclasses import replace
+
+    import numpy as np
 
     from facts.presets import ModelArch
 

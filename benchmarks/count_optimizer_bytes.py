@@ -43,8 +43,8 @@ def count(preset: str = "tiny", dtype: str = "fp16", seq_len: int = 32, batch: i
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from train.models import build_model
     from facts.presets import load_arch
+    from train.models import build_model
     from train.step import make_optimizer, make_scaler, random_batch, train_step
 
     arch = load_arch(preset)

@@ -48,8 +48,8 @@ NOT_DISPATCHED = {"prim.device", "aten._local_scalar_dense"}
 OUT_PATH = Path(__file__).resolve().parents[1] / "facts" / "step_ops.csv"
 COLUMNS = ("variant", "dtype", "segment", "per_layer", "op", "kind", "phase", "flops", "bytes")
 # The traced model's sizes: every one distinct (and distinct from b·s) so a dimension names its symbol.
-TRACE = {"mha": dict(b=5, s=17, nh=3, nkv=3, hd=22, f=47, V=101),
-         "gqa": dict(b=5, s=17, nh=6, nkv=2, hd=22, f=47, V=101)}
+TRACE = {"mha": {"b": 5, "s": 17, "nh": 3, "nkv": 3, "hd": 22, "f": 47, "V": 101},
+         "gqa": {"b": 5, "s": 17, "nh": 6, "nkv": 2, "hd": 22, "f": 47, "V": 101}}
 # torch's CPU flash attention has no formula in the registry: the CUDA flash kernel's (same math).
 CPU_ATTENTION = {"aten._scaled_dot_product_flash_attention_for_cpu": "aten._scaled_dot_product_flash_attention",
                  "aten._scaled_dot_product_flash_attention_for_cpu_backward":

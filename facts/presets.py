@@ -104,7 +104,8 @@ def load_arch(preset_or_path: str, base_dir: Path | None = None) -> ModelArch:
     try:
         cfg = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError as exc:
-        raise PresetError(f"{short(path)}: not UTF-8 ({exc.reason} at byte {exc.start}); expected a JSON model config") from None
+        raise PresetError(f"{short(path)}: not UTF-8 ({exc.reason} at byte {exc.start}); "
+                          "expected a JSON model config") from None
     except (json.JSONDecodeError, ValueError, RecursionError) as exc:
         raise PresetError(f"{short(path)}: not a readable JSON model config ({exc})") from None
     if not isinstance(cfg, dict):
@@ -118,7 +119,7 @@ def load_arch(preset_or_path: str, base_dir: Path | None = None) -> ModelArch:
         hidden_size=_size(cfg, "hidden_size", path),
         num_layers=_size(cfg, "num_hidden_layers", path),
         num_heads=_size(cfg, "num_attention_heads", path),
-        num_kv_heads=_size(cfg, "num_key_value_heads", path) if kv is not None else _size(cfg, "num_attention_heads", path),
+        num_kv_heads=_size(cfg, "num_key_value_heads" if kv is not None else "num_attention_heads", path),
         ffn_size=_size(cfg, "intermediate_size", path),
         vocab_size=_size(cfg, "vocab_size", path),
         tie_embeddings=tie,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +56,7 @@ def _terms(text: str, where: str) -> list[tuple[float, tuple[int, ...]]]:
     return terms
 
 
-@lru_cache(maxsize=None)
+@cache
 def _table(path: Path = PATH) -> dict:
     """(variant, dtype) → (per-op (per_layer, segment, phase, attention), terms matrices) as read."""
     try:
@@ -75,7 +75,8 @@ def _table(path: Path = PATH) -> dict:
     table = {}
     for key, ops in grouped.items():
         # every term of every op as rows: (op index, which: 0 flops / 1 bytes, coefficient, exponents)
-        index = [(i, which, coef, powers) for i, op in enumerate(ops) for which in (0, 1) for coef, powers in op[4 + which]]
+        index = [(i, which, coef, powers)
+                 for i, op in enumerate(ops) for which in (0, 1) for coef, powers in op[4 + which]]
         table[key] = ([op[:4] for op in ops], np.array([t[0] for t in index]), np.array([t[1] for t in index]),
                       np.array([t[2] for t in index]), np.array([t[3] for t in index], dtype=float))
     return table

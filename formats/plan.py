@@ -265,7 +265,7 @@ class Plan:
         raise PlanError("rank", f"rank {rank} is beyond the plan's {self.world_size} processes")
 
     def resolved(self, rounds: int, collective: str = "ring", payload_dtype: str = "fp32",
-                 link_gbps: dict[str, float] | None = None, outer_state: str = "cpu") -> "Plan":
+                 link_gbps: dict[str, float] | None = None, outer_state: str = "cpu") -> Plan:
         """A copy with every None filled from the given defaults (the plan's own values win)."""
         links = link_gbps or {}
         nodes = tuple(replace(n, link_gbps=links.get(n.node) if n.link_gbps is None else n.link_gbps,
@@ -276,7 +276,7 @@ class Plan:
                        payload_dtype=self.payload_dtype or payload_dtype, sync=self.sync or "diloco",
                        outer_state=self.outer_state or outer_state)
 
-    def resolved_from(self, scenario) -> "Plan":
+    def resolved_from(self, scenario) -> Plan:
         """resolved() with a scenario's defaults: any object with training.rounds,
         network.{collective, payload_dtype, bandwidth_gbps}, nodes[*].{name, uplink_gbps} and
         optionally diloco.outer_state."""
@@ -324,8 +324,8 @@ def fragment_problem(local_steps: list[int], fragments: int, delay_steps: int) -
         if fragments > steps:
             return "fragments", i, f"expected at most local_steps fragments, got {fragments}"
         if delay_steps >= steps // fragments:
-            return ("sync_delay_steps", i, f"expected sync_delay_steps < local_steps // fragments = "
-                    f"{steps // fragments}, got {delay_steps}")
+            return ("sync_delay_steps", i, (f"expected sync_delay_steps < local_steps // fragments = "
+                    f"{steps // fragments}, got {delay_steps}"))
     return None
 
 

@@ -19,7 +19,6 @@ from formats.limits import limit
 from formats.plan import FRAGMENT_PATTERNS, OUTER_STATES
 from formats.wire import AVERAGING_MODES, MODEL_DTYPES
 
-
 # [training] compile: whether the step runs torch.compile'd blocks (train/step.py).
 COMPILE_MODES = ("auto", "on", "off")
 

@@ -67,7 +67,7 @@ def partition_shares(links_gbps) -> np.ndarray:
 def segment_lengths(total: int, shares) -> list[int]:
     """Split `total` elements by shares into integers summing to total (largest remainder)."""
     exact = [float(s) * total for s in shares]
-    lengths = [int(math.floor(e)) for e in exact]
+    lengths = [math.floor(e) for e in exact]
     order = sorted(range(len(exact)), key=lambda i: (-(exact[i] - lengths[i]), i))
     for i in order[:total - sum(lengths)]:
         lengths[i] += 1

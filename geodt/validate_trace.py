@@ -15,6 +15,7 @@ from pathlib import Path
 
 from formats.timeline import TRACE_COLUMNS
 
+
 def wants_trace(argv: list[str]) -> bool:
     return any(a == "--trace" or a.startswith("--trace=") for a in argv)
 
@@ -58,12 +59,14 @@ def load_run(run_dir: Path):
         raise InputError(f"{run_dir / 'trace.csv'}: not a readable CSV ({exc})") from None
     missing = [c for c in TRACE_COLUMNS[:6] + ["loss", "overrun_steps"] if c not in trace.columns]
     if missing or trace.empty:
-        raise InputError(f"{run_dir / 'trace.csv'}: expected a trace with rows and columns {', '.join(TRACE_COLUMNS[:6])}, "
+        raise InputError(f"{run_dir / 'trace.csv'}: expected a trace with rows and columns "
+                         f"{', '.join(TRACE_COLUMNS[:6])}, "
                          f"loss, overrun_steps" + (f"; missing {', '.join(missing)}" if missing else "; it is empty"))
     unknown = sorted(set(trace["node"]) - {n.node for n in plan.nodes})
     if unknown or set(trace["strategy"]) != {plan.strategy}:
         raise InputError(f"{run_dir / 'trace.csv'}: its nodes or strategy are not plan.csv's (nodes "
-                         f"{', '.join(map(str, unknown)) or 'as planned'}, strategy {', '.join(map(str, set(trace['strategy'])))}); "
+                         f"{', '.join(map(str, unknown)) or 'as planned'}, "
+                         f"strategy {', '.join(map(str, set(trace['strategy'])))}); "
                          "expected the trace of this plan")
     rounds = plan.rounds or scenario.training.rounds
     if trace["round"].max() >= rounds:

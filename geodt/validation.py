@@ -86,7 +86,8 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
             "predicted_tokens": int(p.at[node, "tokens"]), "measured_tokens": int(m.at[node, "tokens"]),
             "predicted_wall_s": predicted_wall, "measured_wall_s": measured_wall,
-            "wall_error_pct": _pct(measured_wall - predicted_wall, predicted_wall) if wall is not None else float("nan"),
+            "wall_error_pct": (_pct(measured_wall - predicted_wall, predicted_wall) if wall is not None
+                               else float("nan")),
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
     # the loss model's columns, empty until report() compares the losses (loss_comparison)
@@ -215,10 +216,9 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
            network: str, caveat: str, wide: bool = False, loss=None) -> None:
     """Write validation.csv, trace.json and validation.png into out; print the table and the verdict
     (loss: the loss model's setup, simulator/loss_prediction.py, when the run's corpus is the profile's)."""
+    from simulator.network import outer_step_source
     from simulator.outputs import write_csv
     from simulator.perfetto import validation_trace, write_trace_json
-
-    from simulator.network import outer_step_source
     from simulator.wallclock import predicted_wall_clock
 
     scale = time_scale if emulated else 1.0

@@ -2,11 +2,10 @@
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds, checkpoint_every, compile), `[diloco]` and `[network]`'s collective and payload_dtype (the defaults for plan.csv
-cells left empty); the rest of `[network]`, `[[nodes]]` and `[simulation]` belong to the
-simulator and are ignored. Unknown keys in the sections read here are errors. Every error is a
-`ConfigError` whose message names the file, the key and what was expected.
-"""
+(rounds, checkpoint_every, compile), `[diloco]` and `[network]`'s collective and payload_dtype (the
+defaults for plan.csv cells left empty); the rest of `[network]`, `[[nodes]]` and `[simulation]`
+belong to the simulator and are ignored. Unknown keys in the sections read here are errors. Every
+error is a `ConfigError` whose message names the file, the key and what was expected. """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,8 +15,7 @@ from formats.config import build
 from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
-from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, DilocoConfig, ModelSection,
-                               check_checkpoint_every)
+from formats.scenario import CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, DilocoConfig, ModelSection, check_checkpoint_every
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 

@@ -106,7 +106,8 @@ class OuterState:
         for key in ("global_flat", "momentum"):
             value = state[key]
             if value.shape != self.global_flat.shape:
-                raise ValueError(f"checkpoint {key} has {value.numel()} values; the model has {self.global_flat.numel()}")
+                raise ValueError(f"checkpoint {key} has {value.numel()} values; "
+                                 f"the model has {self.global_flat.numel()}")
             getattr(self, key).copy_(value)
 
 

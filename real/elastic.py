@@ -48,8 +48,16 @@ from real.adaptive import AdaptiveRounds
 from real.checkpoint import save_whole
 from real.config import RunSpec
 from real.diloco import averaging_weights
-from real.membership import (FAILURES, Epoch, agree, enter_next_epoch, first_line, join_requests, open_next_epoch,
-                             wait_for_admission)
+from real.membership import (
+    FAILURES,
+    Epoch,
+    agree,
+    enter_next_epoch,
+    first_line,
+    join_requests,
+    open_next_epoch,
+    wait_for_admission,
+)
 from real.options import ExecOptions, PeerLost, sleep_until
 from real.rounds import Origin, RoundClock, round_row
 from real.sharding import ShardingSpec, peak_memory_reset

@@ -12,12 +12,12 @@ import torch
 import torch.distributed as dist
 
 from formats.cli import whole_lines
-from train.cpulimit import CpuLimitError
 from formats.plan import Plan
 from real.config import RunSpec
 from real.data import make_chain
 from real.options import ExecOptions, PeerLost, resolve_backend
 from real.worker import Node
+from train.cpulimit import CpuLimitError
 
 STOPPED_KEY = "geodt/stopped-on-its-own/"
 SAID = 3  # exit status of a process that stopped for a failure it has named (real/launch.py adds nothing)
@@ -98,12 +98,12 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
     name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
     cleanup = lambda: None
     status = 0
-    liveness = store = None
+    _liveness = store = None  # the liveness socket is held open by this name until the process exits
     try:
         if links is not None and rank == plan.first_rank(plan.node_of_rank(rank)):
             from real.wan import serve_liveness
 
-            liveness = serve_liveness(links[plan.node_of_rank(rank)])  # open until this process exits
+            _liveness = serve_liveness(links[plan.node_of_rank(rank)])
         cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)

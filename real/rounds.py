@@ -169,5 +169,5 @@ class Round(ABC):
         """Round r: the node's inner steps and its syncs; returns the node's trace row. `bar`:
         a progress bar advanced once per inner step, or None."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (a default the rounds that run a thread override)
         """Stop what the round runs beside the main thread (nothing, unless it says)."""

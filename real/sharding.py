@@ -54,7 +54,6 @@ import torch.distributed as dist
 from train.step import compile_blocks
 
 
-
 @dataclass(frozen=True)
 class ShardingSpec:
     """How one node trains: its sharding, its recomputation, where its outer state lives (the
@@ -65,13 +64,13 @@ class ShardingSpec:
     outer_state: str = "cpu"
 
     @classmethod
-    def of(cls, plan, node) -> "ShardingSpec":
+    def of(cls, plan, node) -> ShardingSpec:
         """The spec of a plan's node (empty cells: none, none, cpu, as Plan.resolved())."""
         return cls(node.sharding or "none", node.activation_checkpointing or "none", plan.outer_state or "cpu")
 
 
 def prepare_model(model: torch.nn.Module, spec: ShardingSpec, node_group, gpus: int,
-                  device: torch.device, compiled: bool = False) -> "ShardLayout | None":
+                  device: torch.device, compiled: bool = False) -> ShardLayout | None:
     """Apply recomputation, the compiled blocks and sharding to a freshly built model, in
     torchtitan's order (same seed on every process, so every process starts from the same full
     weights); the shard layout, or None unsharded."""
@@ -94,7 +93,7 @@ def prepare_model(model: torch.nn.Module, spec: ShardingSpec, node_group, gpus: 
     return ShardLayout(list(model.parameters()), full_shapes, node_group, gpus)
 
 
-def node_scaler(scaler, layout: "ShardLayout | None", device: torch.device):
+def node_scaler(scaler, layout: ShardLayout | None, device: torch.device):
     """fp16's loss scaler for the node: a sharded node's processes each see only their shards'
     gradients, so whether any is inf/nan is agreed over the node (ShardedGradScaler all-reduces
     it) and every process skips or takes the same steps with the same scale."""

@@ -43,8 +43,8 @@ communication thread, is real/round_streaming.py.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -80,7 +80,7 @@ class StreamingSpec:
         object.__setattr__(self, "fragment_alpha", float(alpha))
 
     @classmethod
-    def from_plan(cls, plan) -> "StreamingSpec":
+    def from_plan(cls, plan) -> StreamingSpec:
         """The plan's streaming settings; a plan without them (or with empty ones) is classic."""
         values = {k: getattr(plan, k, None) for k in ("fragments", "sync_delay_steps", "fragment_alpha",
                                                       "fragment_pattern")}
@@ -113,17 +113,17 @@ class StreamingSpec:
 def fragment_layout(names: Sequence[str], fragments: int, pattern: str) -> list[list[int]]:
     """Indices into `names` (parameters in model order) of each fragment; see the module doc."""
     layers = [int(m.group(1)) if (m := _LAYER.search(n)) else None for n in names]
-    ids = sorted({l for l in layers if l is not None})
+    ids = sorted({layer for layer in layers if layer is not None})
     if len(ids) < fragments:
         raise ValueError(f"fragments: expected at most the model's {len(ids)} layers, got {fragments}")
-    rank = {l: i for i, l in enumerate(ids)}
+    rank = {layer: i for i, layer in enumerate(ids)}
     if pattern == "sequential":
-        of_layer = {l: rank[l] * fragments // len(ids) for l in ids}
+        of_layer = {layer: rank[layer] * fragments // len(ids) for layer in ids}
     elif pattern == "strided":
-        of_layer = {l: rank[l] % fragments for l in ids}
+        of_layer = {layer: rank[layer] % fragments for layer in ids}
     else:
         raise ValueError(f"fragment_pattern: expected one of {', '.join(FRAGMENT_PATTERNS)}, got {pattern!r}")
-    first = next(i for i, l in enumerate(layers) if l is not None)
+    first = next(i for i, layer in enumerate(layers) if layer is not None)
     out: list[list[int]] = [[] for _ in range(fragments)]
     for i, layer in enumerate(layers):
         out[of_layer[layer] if layer is not None else (0 if i < first else fragments - 1)].append(i)

@@ -9,11 +9,12 @@ launcher does not guess).
 A hung peer (stopped by SIGSTOP, spinning, or unreachable) does not exit: its peers time out
 in their collectives after --timeout-s and exit with 1. The launcher then gives the others
 `grace_s` to exit on their own (less when all those left are stopped: they cannot); the
-processes still running after that are the ones that stopped answering: they are named (with their state from /proc: stopped, running, sleeping),
-killed (SIGKILL, which also ends a stopped process), and the run ends within --timeout-s plus
-the grace. This is the launcher watching its children rather than heartbeats through the
-store: it needs no extra traffic, and a spinning process, whose threads would go on beating,
-is caught the same way. (Under torchrun the elastic agent watches the processes instead.)
+processes still running after that are the ones that stopped answering: they are named (with their
+state from /proc: stopped, running, sleeping), killed (SIGKILL, which also ends a stopped process),
+and the run ends within --timeout-s plus the grace. This is the launcher watching its children
+rather than heartbeats through the store: it needs no extra traffic, and a spinning process, whose
+threads would go on beating, is caught the same way. (Under torchrun the elastic agent watches the
+processes instead.)
 
 SIGTERM to the launcher ends the run as Ctrl-C does: the workers (which ignore SIGINT and
 SIGTERM: the launcher alone decides) are killed, one line is printed, and the status is 143

@@ -72,7 +72,8 @@ PIECE_BYTES = 32 * 1024
 def piece_bounds(length: int, pieces: int) -> list[tuple[int, int]]:
     """`pieces` (start, end) ranges of a segment of `length` elements, cut at multiples of
     INT8_CHUNK so that int8's scales (per chunk of the segment) are the unpipelined ones."""
-    step = -(-(-(-length // pieces)) // INT8_CHUNK) * INT8_CHUNK
+    per_piece = -(-length // pieces)
+    step = -(-per_piece // INT8_CHUNK) * INT8_CHUNK
     return [(min(k * step, length), min((k + 1) * step, length)) for k in range(pieces)]
 
 

@@ -105,7 +105,7 @@ def summary(frame: pd.DataFrame) -> str:
     """Per node, totals over the rounds: compute, idle, sync, tokens, and the final loss."""
     lines = [f"{'node':<16} {'compute_s':>10} {'idle_s':>9} {'sync_s':>9} {'tokens':>12} {'final_loss':>10}"]
     for node, rows in frame.groupby("node", sort=False):
-        lines.append(f"{str(node):<16} {rows['compute_s'].sum():>10.3f} {rows['idle_s'].sum():>9.3f} "
+        lines.append(f"{node!s:<16} {rows['compute_s'].sum():>10.3f} {rows['idle_s'].sum():>9.3f} "
                      f"{rows['comm_s'].sum():>9.3f} {int(rows['tokens'].sum()):>12d} {rows['loss'].iloc[-1]:>10.4f}")
     return "\n".join(lines)
 

@@ -37,8 +37,8 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from real.outdir import pid_alive
 
@@ -102,7 +102,7 @@ def _step(what: str, fn, *args, **kwargs):
     """Run one netlink step; a failure becomes one line naming the kernel feature."""
     try:
         return fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - NetlinkError, OSError: either way the feature is missing
+    except Exception as exc:
         reason = getattr(exc, "strerror", None) or (str(exc).strip() or type(exc).__name__)
         raise WanError(f"--wan shaped: cannot {what} ({reason}); this kernel or container lacks it") from None
 
@@ -121,7 +121,7 @@ def _shape(ns, ifname: str, rate_bps: float, delay_ms: float) -> None:
           **_token_bucket(rate_bps))
     if delay_ms > 0:
         _step(f"add a netem qdisc under tbf on {ifname}", ns.tc, "add", "netem", index=index, parent="1:1",
-              handle="10:", delay=int(round(delay_ms * 1000)))
+              handle="10:", delay=round(delay_ms * 1000))
 
 
 class ShapedWan:
@@ -143,7 +143,7 @@ class ShapedWan:
         self._created: list[str] = []
 
     # --- building -------------------------------------------------------------------------
-    def __enter__(self) -> "ShapedWan":
+    def __enter__(self) -> ShapedWan:
         if os.geteuid() != 0:
             raise WanError("--wan shaped: needs root (network namespaces, veth, bridge and tc); "
                            "run as root or use --wan loopback")
@@ -190,7 +190,8 @@ class ShapedWan:
         if self.netem:
             return f"latency emulated (netem, {self.latency_ms:g} ms one way)"
         if self.latency_ms > 0:
-            return f"latency not emulated (no netem qdisc in this kernel; the scenario's {self.latency_ms:g} ms is absent)"
+            return (f"latency not emulated (no netem qdisc in this kernel; the scenario's {self.latency_ms:g} ms "
+                    f"is absent)")
         return "latency not emulated (the scenario's latency is 0 ms)"
 
     def describe(self) -> str:
@@ -209,7 +210,7 @@ def _in_thread(fn, *args):
     def body():
         try:
             result["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+        except BaseException as exc:
             result["error"] = exc
 
     thread = threading.Thread(target=body, name="geodt-netns", daemon=True)
@@ -266,7 +267,7 @@ def _has_netem(ns) -> bool:
     lo = ns.link_lookup(ifname="lo")[0]
     try:
         ns.tc("add", "netem", index=lo, handle="1:", delay=1000)
-    except Exception:  # noqa: BLE001 - ENOENT: no such qdisc kind
+    except Exception:
         return False
     ns.tc("del", index=lo, handle="1:")
     return True

@@ -92,7 +92,8 @@ def adaptive_rounds(scenario: Scenario, plan: Plan, comm_s=0.0) -> tuple[np.ndar
             for i in np.flatnonzero(runs):
                 compute[r, i], steps[r, i] = _until_deadline(draws, i, factors[r, i], deadline)
             jittered = np.asarray(draws.cvs) > 0
-            measured = np.where(jittered, measured_step_s(compute[r], np.maximum(steps[r], 1)), draws.step_s * factors[r])
+            measured = np.where(jittered, measured_step_s(compute[r], np.maximum(steps[r], 1)),
+                                draws.step_s * factors[r])
             estimate = np.where(runs, measured, estimate)
         absent.after(r, compute[r])
     return compute, steps

@@ -69,7 +69,8 @@ def checkpoint_cost(scenario) -> CheckpointCost:
     cost = _measured_cost(scenario)
     if cost.write_s and any(set(node.gpus) == {"cpu"} for node in scenario.nodes):
         return CheckpointCost(cost.every, cost.snapshot_s + cost.write_s, 0.0,
-                              f"{cost.note}; the write priced as blocking: on a CPU node it takes the cores training uses")
+                              f"{cost.note}; the write priced as blocking: on a CPU node it takes the cores "
+                              "training uses")
     return cost
 
 

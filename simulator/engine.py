@@ -23,10 +23,9 @@ from formats.plan import Plan
 from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
 from simulator import outage
 from simulator.adaptive import adaptive_rounds
-from simulator.engine_analytic import (next_start_s, run_analytic, run_streaming_analytic, stream_state,
-                                       wait_split)
-from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.checkpoints import checkpoint_cost, round_s
+from simulator.engine_analytic import next_start_s, run_analytic, run_streaming_analytic, stream_state, wait_split
+from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import node_sync_offsets_s, outer_step_s
 from simulator.scenario import Scenario
 from simulator.totals import RunTotals

@@ -60,7 +60,7 @@ def next_start_s(out: dict[str, np.ndarray], ckpt_s: float = 0.0):
 
 def _run_aligned(compute: np.ndarray, comm_s: float, ckpt: list, start_s: float = 0.0) -> dict[str, np.ndarray]:
     """run_analytic when every node syncs for comm_s: every round starts at one time for all."""
-    rounds, n = compute.shape
+    rounds, _n = compute.shape
     start = np.empty(rounds)
     now = start_s
     slowest = compute.max(axis=1)
@@ -131,6 +131,7 @@ def run_streaming_analytic(pre: np.ndarray, delay: np.ndarray, allreduce_s, oute
             **{name: np.empty((k_total, *shape[:-1])) for name in ("start_s", "end_s")}} if record else None)
     ckpt = per_round(ckpt_s, -(-k_total // fragments))
     periodic = not record and period == fragments and k_total > period and bool(np.all(ckpt == ckpt[0]))
+    resume = clock  # each node's clock after the latest fragment's sync (none yet)
     seen = None  # at the end of the previous round: (normalised state, totals, latest clock)
     for k in range(k_total):
         if periodic and k % period == 0 and k:

@@ -196,7 +196,7 @@ class Shape:
     gated_mlp: bool = True
 
     @classmethod
-    def of(cls, arch) -> "Shape":
+    def of(cls, arch) -> Shape:
         """The shape of a `facts.presets.ModelArch`."""
         return cls(arch.hidden_size, arch.num_layers, arch.num_heads, arch.num_kv_heads, arch.ffn_size, arch.vocab_size)
 
@@ -454,6 +454,7 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
     pipeline = (dispatch_pipeline(shape, spec, dtype, seq_len, attention)
                 if step == "eager" and shape is not None and gpu_key != "cpu" else None)
     return StepEstimate(sample_s=sample_s, comm_s=comm_s, pipeline=pipeline,
-                        weights_s=(WEIGHT_BYTES_PER_PARAM[dtype] + (FSDP_BYTES_PER_PARAM if fsdp else 0)) * params / bandwidth,
+                        weights_s=((WEIGHT_BYTES_PER_PARAM[dtype] + (FSDP_BYTES_PER_PARAM if fsdp else 0))
+                                   * params / bandwidth),
                         launch_s=launch_s,
                         optimizer_s=OPTIMIZER_BYTES_PER_PARAM[dtype] * params / optimizer_shards / bandwidth)

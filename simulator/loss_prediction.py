@@ -16,9 +16,21 @@ import numpy as np
 import pandas as pd
 
 from formats.errors import InputError
-from simulator.convergence import (FEATURES, ConvergenceModel, curve_losses, feature_values, features, fit_model,
-                                   prior_curve, replica_move, round_frame, smoothed, smoothed_rows, time_to_target,
-                                   times_to_target)
+from simulator.convergence import (
+    FEATURES,
+    ConvergenceModel,
+    curve_losses,
+    feature_values,
+    features,
+    fit_model,
+    prior_curve,
+    replica_move,
+    round_frame,
+    smoothed,
+    smoothed_rows,
+    time_to_target,
+    times_to_target,
+)
 
 BUILT_IN_PROFILE = Path(__file__).resolve().parent / "scenarios" / "convergence-hetero-cpu.csv"
 CLAMP_MARGIN = 0.25  # a feature may go this share of the calibrated span beyond it before it is clamped

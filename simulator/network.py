@@ -306,7 +306,8 @@ def codec_s(scenario: Scenario, payload_dtype: str | None = None, collective: st
                                                   scenario.model.param_count / fragments, link_gbps(scenario)))
 
 
-def bytes_s(scenario: Scenario, collective: str, payload_dtype: str | None = None, params: float | None = None) -> float:
+def bytes_s(scenario: Scenario, collective: str, payload_dtype: str | None = None,
+            params: float | None = None) -> float:
     """The byte-count time of one all-reduce by `collective` of `params` parameters (default the
     model's) as payload_dtype on the scenario's links (no encoding, no measured links)."""
     count = scenario.model.param_count if params is None else params

@@ -8,10 +8,11 @@ node rejoins at round 8's boundary, first fetching the global weights and outer 
 live peer (2 × 4 bytes per parameter over its link: that round's comm_s carries it, the others
 wait for it at the barrier). A node whose restart takes longer (restart_s: the executor restarts
 a lost node's process at once, and it must start and build its model) rejoins at the first
-boundary after it is ready: round 5 + max(3, ⌈restart_s / the others' round⌉). With "stop" (the executor's behaviour before this issue) the whole
-run stops at round 5's barrier: after detect_s, the node's downtime (as long as `rounds` of the
-rounds before) and restart_s (relaunch and reload), every node re-runs round 5 from the
-checkpoint of round 4: its first pass is lost work, and all of it is the round's idle_s.
+boundary after it is ready: round 5 + max(3, ⌈restart_s / the others' round⌉). With "stop" (the
+executor's behaviour before this issue) the whole run stops at round 5's barrier: after detect_s,
+the node's downtime (as long as `rounds` of the rounds before) and restart_s (relaunch and reload),
+every node re-runs round 5 from the checkpoint of round 4: its first pass is lost work, and all of
+it is the round's idle_s.
 
 Both are made from the compute matrix the engines run (so both engines agree exactly) and a
 settlement of their arrays afterwards: `prepare` returns the matrix with the outage's time in

@@ -131,7 +131,7 @@ def source_slices(frame: pd.DataFrame, process: str, pid: int, plan_frame: pd.Da
     seconds = np.stack([frame[column].to_numpy(float)[order] / time_scale for _, column, _ in PARTS], axis=1)
     kept = seconds != 0  # a part that lasted 0 s (the slowest node's idle) has no slice
     tokens = _tokens(frame, np.asarray(uniques.astype(str))[codes] if len(frame) else np.zeros(0, str), plan_frame)
-    per_row = lambda values: np.repeat(values[order], len(PARTS)).reshape(-1, len(PARTS))[kept]  # noqa: E731
+    per_row = lambda values: np.repeat(values[order], len(PARTS)).reshape(-1, len(PARTS))[kept]
     slices = {"part": np.broadcast_to(np.arange(len(PARTS)), kept.shape)[kept], "ts": ts[kept], "dur": dur[kept],
               "tid": per_row(tids), "round": per_row(frame["round"].to_numpy(np.int64)), "seconds": seconds[kept],
               "tokens": per_row(tokens) if tokens is not None else np.full(int(kept.sum()), -1, np.int64)}
@@ -300,8 +300,9 @@ def streaming_events(syncs: pd.DataFrame, process: str, pid: int) -> list[dict]:
             for name, seconds, colour in parts:
                 if seconds <= 0:
                     continue
-                events.append({"name": name, "cat": "diloco", "ph": "X", "ts": float(ts), "dur": float(seconds * US_PER_S),
-                               "pid": pid, "tid": 2 * k + 1, "cname": colour, "args": {**args, "seconds": float(seconds)}})
+                events.append({"name": name, "cat": "diloco", "ph": "X", "ts": float(ts),
+                               "dur": float(seconds * US_PER_S), "pid": pid, "tid": 2 * k + 1, "cname": colour,
+                               "args": {**args, "seconds": float(seconds)}})
                 ts = ts + seconds * US_PER_S
             end_us = ts
             span = r.end_s - r.start_s

@@ -164,7 +164,7 @@ class ProfileModel:
 
     @classmethod
     def from_csv(cls, path: str | Path, *, seq_len: int | None = None, dtype: str | None = None,
-                 model: str | None = None, compiled: bool | None = None) -> "ProfileModel":
+                 model: str | None = None, compiled: bool | None = None) -> ProfileModel:
         """Read and check a profile; one measured at another seq_len/dtype/model, or with another
         step (compiled or not), is an error."""
         profile = cls(read_profile_frame(path), source=str(path))
@@ -254,7 +254,7 @@ def _startup_s(frame: pd.DataFrame, source: str) -> float:
     return max(extra)
 
 
-def leave_one_out(model_or_df: "ProfileModel | pd.DataFrame") -> pd.DataFrame:
+def leave_one_out(model_or_df: ProfileModel | pd.DataFrame) -> pd.DataFrame:
     """Predict each measured batch's step time from the other rows (needs two or more).
 
     Columns: batch_size, predicted_s, measured_s, error_pct (signed, of the measured value).

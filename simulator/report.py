@@ -65,8 +65,9 @@ def recommend_by_target(table: pd.DataFrame, base: dict, target: float) -> Recom
     reach = table[np.isfinite(table["time_to_target_s"])]
     if reach.empty:
         low = table.loc[table["loss_end"].idxmin()]
-        return Recommendation(None, f"no strategy reaches loss {target:g} in this run (predicted); the lowest at the "
-                                    f"end is {low['strategy']}'s {low['loss_end']:.3f}: more rounds, or a higher target")
+        return Recommendation(None, f"no strategy reaches loss {target:g} in this run (predicted); the lowest at "
+                                    f"the end is {low['strategy']}'s {low['loss_end']:.3f}: more rounds, or a "
+                                    "higher target")
     best = reach["time_to_target_s"].min()
     tied = reach[reach["time_to_target_s"] <= best * (1 + TIE)]
     pick = tied.loc[tied["idle_s"].idxmin()]
@@ -138,8 +139,8 @@ def format_table(table: pd.DataFrame) -> str:
 
 
 def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, loss_note: str = "") -> str:
-    notes = [f"round_s: wall time / rounds; run tokens/base: the whole run's tokens / the baseline's (*: beyond "
-             f"±{TOKENS_BAND:.0%}, other work);", "idle_s: barrier idle summed over nodes and rounds"]
+    notes = [(f"round_s: wall time / rounds; run tokens/base: the whole run's tokens / the baseline's (*: beyond "
+             f"±{TOKENS_BAND:.0%}, other work);"), "idle_s: barrier idle summed over nodes and rounds"]
     if "loss_end" in table:
         notes.append("loss_end: predicted training loss at the end (mean of the last rounds); to_target_s: "
                      + (f"wall-clock seconds to loss {target:g}" if target is not None else "no target_loss given"))

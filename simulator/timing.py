@@ -25,10 +25,11 @@ catalog `intra_node_gbps` (NVLink for SXM parts, PCIe for the rest).
 
 That is the unsharded node. Under a sharded layout or recomputation (simulator/memory.py's
 Layout, chosen per node by `NodeTiming.layout`) t0's optimizer work is per shard (N/G), c grows
-by a third (one more forward, `simulator.estimate`) under full recomputation, and the collectives are `intra_node_comm_s`'s: the
-all-reduce's volume after backward for zero1/zero2, and for fsdp two all-gathers and a
-reduce-scatter run behind the compute, which they slow (`simulator.estimate.overlapped_s`), except
-the first unit's gather and the last's reduce-scatter: t_opt + overlapped(t_w + c·b, comm) + exposed.
+by a third (one more forward, `simulator.estimate`) under full recomputation, and the collectives
+are `intra_node_comm_s`'s: the all-reduce's volume after backward for zero1/zero2, and for fsdp two
+all-gathers and a reduce-scatter run behind the compute, which they slow
+(`simulator.estimate.overlapped_s`), except the first unit's gather and the last's reduce-scatter:
+t_opt + overlapped(t_w + c·b, comm) + exposed.
 
 Precedence (docs/DESIGN.md): a node's `step_time_s` is its time at the scenario's baseline batch;
 other batches follow the catalog estimate's shape scaled to it,
@@ -41,11 +42,10 @@ import os
 from dataclasses import dataclass, field
 
 from facts.catalog import get_gpu
-from simulator.estimate import (OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step,  # noqa: F401  (re-exported)
-                                fsdp_payload_bytes)
 from formats.errors import FieldError
 from formats.scenario import compiled_step
 from formats.wire import ring_allreduce_s
+from simulator.estimate import OPTIMIZER_BYTES_PER_PARAM, Shape, StepEstimate, estimate_step, fsdp_payload_bytes  # noqa: F401  (re-exported)
 from simulator.layout_choice import choose_layout, memory_problem
 from simulator.memory import GIB, UNSHARDED, Layout, fsdp_unit_params
 from simulator.scenario import NodeConfig, Scenario
@@ -164,7 +164,9 @@ def intra_node_comm_s(scenario: Scenario, node: NodeConfig, layout: Layout) -> t
     p = fsdp_gather_bytes(scenario)
     total = intra_node_ring_s(scenario, node, fsdp_payload_bytes(n, p))
     arch = scenario.model.arch
-    exposed = 0.0 if arch is None else intra_node_ring_s(scenario, node, fsdp_payload_bytes(fsdp_unit_params(arch), p, 1))
+    if arch is None:
+        return total, 0.0
+    exposed = intra_node_ring_s(scenario, node, fsdp_payload_bytes(fsdp_unit_params(arch), p, 1))
     return total, exposed
 
 

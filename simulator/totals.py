@@ -28,7 +28,7 @@ class RunTotals:
     wall_s: float = 0.0
 
     @classmethod
-    def of(cls, timeline: pd.DataFrame) -> "RunTotals":
+    def of(cls, timeline: pd.DataFrame) -> RunTotals:
         totals = cls()
         totals.add(timeline)
         return totals

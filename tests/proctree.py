@@ -8,7 +8,6 @@ import subprocess
 import time
 from pathlib import Path
 
-
 TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
 
 

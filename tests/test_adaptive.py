@@ -10,7 +10,7 @@ import pytest
 
 from formats.adaptive import deadline_steps, keep_stepping, rebalance_steps, round_time_s
 from formats.errors import FieldError, InputError
-from simulator.drift import drift_factors, event_factors, DriftEvent
+from simulator.drift import DriftEvent, drift_factors, event_factors
 from simulator.engine import simulate, summary
 from simulator.scenario import load_scenario
 from simulator.strategies import STRATEGIES, make_plan
@@ -188,7 +188,7 @@ def test_adaptive_rounds_keep_idle_below_one_step_under_a_20pct_slowdown(write_s
 
 def test_adaptive_strategies_refuse_streaming(write_scenario):
     scenario = load_scenario(str(write_scenario(THREE)), ["diloco.fragments=2"])
-    with pytest.raises(FieldError, match="diloco.fragments: strategy rebalance re-plans whole rounds"):
+    with pytest.raises(FieldError, match=r"diloco.fragments: strategy rebalance re-plans whole rounds"):
         make_plan(scenario, "rebalance")
 
 
@@ -226,7 +226,7 @@ def test_sweep_drift_is_sampled_per_scenario_and_bad_drift_is_one_line():
     assert len({tuple(np.round(f[:, s, 0], 12)) for s in range(4)}) == 4
     with pytest.raises(InputError, match=r"^--drift: drift\[0\].spread: missing; a walk drift needs spread$"):
         parse_drift('[{kind="walk"}]')
-    with pytest.raises(InputError, match="^--drift x: expected a TOML list of drift events"):
+    with pytest.raises(InputError, match=r"^--drift x: expected a TOML list of drift events"):
         parse_drift("x")
 
 
@@ -266,7 +266,7 @@ def test_continue_rejoins_once_the_restart_is_done(write_scenario, restart_s, ba
     # a is restarted at its loss (round 2's start) and needs restart_s to start and build its model;
     # the others' round is b's 5.2 s of compute plus the sync: a rejoins at round
     # 2 + max(2, ceil(restart_s / round)), never before the outage's own 2 rounds are over
-    scenario, plan, t = _outage(write_scenario, "continue", sets=["training.rounds=10", f"simulation.restart_s={restart_s}"])
+    _scenario, plan, t = _outage(write_scenario, "continue", sets=["training.rounds=10", f"simulation.restart_s={restart_s}"])
     round_s = 5.2 + plan.comm_s
     assert back == 2 + max(2, int(np.ceil(restart_s / round_s)))
     tokens = t[t["node"] == "a"]["tokens"].to_numpy()
@@ -276,7 +276,7 @@ def test_continue_rejoins_once_the_restart_is_done(write_scenario, restart_s, ba
 def test_rebalance_under_continue_gives_the_lost_nodes_share_to_the_others(write_scenario):
     # a is lost at round 2's start for 2 rounds: round 2 was planned with it (b and c do their share
     # only), rounds 3 are planned over b and c at the plan's samples per round, and a is back at 4
-    scenario, plan, t = _outage(write_scenario, "continue", "rebalance", sets=["simulation.restart_s=0"])
+    _scenario, plan, t = _outage(write_scenario, "continue", "rebalance", sets=["simulation.restart_s=0"])
     steps = t.pivot(index="round", columns="node", values="tokens") / (plan.seq_len * 4)  # batch 4, 1 device
     samples = sum(p.local_steps * p.batch_size for p in plan.nodes)
     assert steps.loc[2:3, "a"].tolist() == [0, 0] and (steps.loc[[0, 1, 4, 5], "a"] > 0).all()
@@ -288,7 +288,7 @@ def test_rebalance_under_continue_gives_the_lost_nodes_share_to_the_others(write
 
 
 def test_deadline_under_continue_lengthens_the_others_rounds_while_a_node_is_away(write_scenario):
-    scenario, plan, t = _outage(write_scenario, "continue", "deadline", sets=["simulation.restart_s=0"])
+    _scenario, plan, t = _outage(write_scenario, "continue", "deadline", sets=["simulation.restart_s=0"])
     compute = t.pivot(index="round", columns="node", values="compute_s")
     tokens = t.pivot(index="round", columns="node", values="tokens")
     assert tokens.loc[2:3, "a"].tolist() == [0, 0]
@@ -300,7 +300,7 @@ def test_deadline_under_continue_lengthens_the_others_rounds_while_a_node_is_awa
 
 
 def test_stop_pauses_everyone_and_reruns_the_round(write_scenario):
-    scenario, plan, t = _outage(write_scenario, "stop")
+    _scenario, plan, t = _outage(write_scenario, "stop")
     round_s = 5.2 + plan.comm_s  # b is the slowest: 40 steps of 0.13 s
     pause = 5.2 + 1.5 + 2 * round_s + 20.0  # lost pass, detection, downtime of 2 rounds, restart
     idle = t.pivot(index="round", columns="node", values="idle_s")
@@ -315,5 +315,5 @@ def test_outage_is_validated_and_refused_where_not_modelled(write_scenario):
     with pytest.raises(InputError, match=r"--set: simulation.on_node_loss: expected one of stop, continue"):
         load_scenario(str(write_scenario(THREE)), ['simulation.on_node_loss="wait"'])
     scenario = load_scenario(str(write_scenario(THREE)), ["nodes.a.outage={round=2}"])  # on_node_loss stop
-    with pytest.raises(InputError, match="strategy deadline: nodes\\[\\].outage is modelled for classic DiLoCo"):
+    with pytest.raises(InputError, match=r"strategy deadline: nodes\[\].outage is modelled for classic DiLoCo"):
         simulate(scenario, make_plan(scenario, "deadline"), "analytic")

@@ -15,9 +15,9 @@ import torch
 
 import calibrate.harness as harness
 from calibrate.cli import calibrate_main
+from formats.profile import COLUMNS
 from simulator.profile_check import profile_main
 from simulator.profile_fit import ProfileModel
-from formats.profile import COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--device", "cpu", "--model", "tiny", "--seq-len", "16", "--repeats", "2", "--warmup", "1",
@@ -202,8 +202,8 @@ def test_bad_inputs(tmp_path, capsys, args, message):
 ])
 def test_malformed_config_json_values_are_one_line(tmp_path, capsys, value, message):
     config = tmp_path / "m.json"
-    config.write_text('{"hidden_size": %s, "num_hidden_layers": 2, "num_attention_heads": 2, '
-                      '"intermediate_size": 128, "vocab_size": 256}' % value)
+    config.write_text(f'{{"hidden_size": {value}, "num_hidden_layers": 2, "num_attention_heads": 2, '
+                      '"intermediate_size": 128, "vocab_size": 256}')
     out = tmp_path / "p.csv"
     assert calibrate_main(FAST + ["--batch", "1", "--model", str(config), "--out", str(out)]) == 2
     err = capsys.readouterr().err

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from calibrate.profile_writer import ProfileWriter, write_new_profile
-from simulator.profile_fit import ProfileModel, leave_one_out
 from formats.profile import COLUMNS, ProfileError
+from simulator.profile_fit import ProfileModel, leave_one_out
 
 ROOT = Path(__file__).resolve().parents[1]
 IDENTITY = {"device_name": "NVIDIA GeForce RTX 3090", "device_index": 0, "gpu_key": "rtx-3090",
@@ -39,7 +39,7 @@ def test_a_row_cut_mid_line_is_refused_by_readers_and_remeasured_by_the_writer(t
     path = write(tmp_path / "p.csv", [row(1, 0.1), row(2, 0.2)])
     text = path.read_text()
     path.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 1] + text.splitlines()[-1][:25])  # last row cut
-    with pytest.raises(ProfileError, match="row 2: .* cut mid-write"):
+    with pytest.raises(ProfileError, match=r"row 2: .* cut mid-write"):
         ProfileModel.from_csv(path)
     writer = ProfileWriter(path, IDENTITY)
     assert "the last row was cut mid-line" in capsys.readouterr().err
@@ -71,7 +71,7 @@ def test_a_profile_that_is_not_a_small_regular_file_is_refused_unread(tmp_path, 
     else:
         with open(path, "wb") as handle:
             handle.truncate(65 << 20)  # sparse: 65 MiB of zeros
-    with pytest.raises(ProfileError, match="not a regular file|bytes; expected"):
+    with pytest.raises(ProfileError, match=r"not a regular file|bytes; expected"):
         ProfileModel.from_csv(path)
 
 
@@ -184,7 +184,7 @@ def test_mismatch_with_scenario_is_an_error(tmp_path, kwargs, column):
 
 
 def test_missing_file_names_path(tmp_path):
-    with pytest.raises(ProfileError, match="nope.csv: file not found"):
+    with pytest.raises(ProfileError, match=r"nope.csv: file not found"):
         ProfileModel.from_csv(tmp_path / "nope.csv")
 
 

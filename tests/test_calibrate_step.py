@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.models import build_model
 from facts.presets import PRESETS
+from train.models import build_model
 from train.step import CLIP_NORM, make_optimizer, make_scaler, random_batch, torch_dtype, train_step
 
 ARCH = PRESETS["tiny"]

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 from simulator.checkpoints import CheckpointCost
-from tests.test_netprofile import SCENARIO as CPU_SCENARIO, _rows
+from tests.test_netprofile import SCENARIO as CPU_SCENARIO
+from tests.test_netprofile import _rows
 
 # The same nodes as GPUs: a GPU node trains beside its background write (on a CPU node the write
 # takes the training's cores and is priced as blocking: test_on_a_cpu_node_the_write_blocks).
@@ -97,7 +98,7 @@ def test_checkpoint_every_is_checked_like_every_training_key(write_scenario):
     from simulator.scenario import load_scenario
 
     text = SCENARIO.replace('profile = "net.csv"\n', "").replace("rounds = 2\n", "rounds = 2\ncheckpoint_every = 0\n")
-    with pytest.raises(InputError, match="training.checkpoint_every: expected a positive integer"):
+    with pytest.raises(InputError, match=r"training.checkpoint_every: expected a positive integer"):
         load_scenario(str(write_scenario(text)))
 
 
@@ -124,10 +125,10 @@ def test_checkpoints_every_k_rounds_chunk_exactly_and_agree_across_engines(tmp_p
     plan = make_plan(scenario, strategy)
     results = {}
     for engine in ("simpy", "analytic"):
-        timeline, syncs = simulate_syncs(scenario, plan, engine)
+        timeline, _syncs = simulate_syncs(scenario, plan, engine)
         for chunk in (1, 3, 100):
             parts = []
-            simulate_chunks(scenario, plan, engine, lambda t, s: parts.append((t, s)), chunk)
+            simulate_chunks(scenario, plan, engine, lambda t, s, parts=parts: parts.append((t, s)), chunk)
             pd.testing.assert_frame_equal(pd.concat([t for t, _ in parts], ignore_index=True), timeline,
                                           check_exact=True)
         results[engine] = timeline

@@ -5,8 +5,8 @@ node victim's write of round 5 had failed on a full disk, noticed only when roun
 was due (after round 6's sync): the nodes shared no round and --resume refused."""
 import torch
 
-from real.ckpt_set import set_rounds, write_set
 from real.checkpoint import verified_sets
+from real.ckpt_set import set_rounds, write_set
 
 
 def _parts(round_: int) -> dict:

@@ -9,8 +9,7 @@ import pytest
 
 from formats.convergence import COLUMNS, ConvergenceProfileError, read_convergence_profile
 from formats.errors import InputError
-from simulator.convergence import (LossCurve, features, fit_curve, fit_model, prior_curve, round_frame,
-                                   time_to_target)
+from simulator.convergence import LossCurve, features, fit_curve, fit_model, prior_curve, round_frame, time_to_target
 from simulator.convergence_prior import prior_loss
 from simulator.loss_prediction import BUILT_IN_PROFILE, loss_setup, plan_rounds, predict
 from simulator.scenario import load_scenario

@@ -8,10 +8,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.estimate import (ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, ATTENTION_EFFICIENCY,
-                                LOSS_BYTES_PER_VOCAB, MATMUL_EFFICIENCY, OVERLAP_SLOWDOWN, EstimateError, Shape,
-                                estimate_step, fsdp_collective_s, overlapped_s)
 from facts.presets import PRESETS
+from simulator.estimate import (
+    ACT_BYTES_FFN_GATED,
+    ACT_BYTES_H,
+    ACT_BYTES_KV,
+    ATTENTION_EFFICIENCY,
+    LOSS_BYTES_PER_VOCAB,
+    MATMUL_EFFICIENCY,
+    OVERLAP_SLOWDOWN,
+    EstimateError,
+    Shape,
+    estimate_step,
+    fsdp_collective_s,
+    overlapped_s,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_1B = Shape.of(PRESETS["llama-1b"])
@@ -84,8 +95,8 @@ def test_constants_are_the_cited_figures():
     assert OVERLAP_SLOWDOWN == 0.189
 
 
-@pytest.mark.parametrize("bad", [dict(attention="sparse"), dict(optimizer_shards=0), dict(recompute=True),
-                                 dict(recompute="selective-op", flops_per_token=1e9)])
+@pytest.mark.parametrize("bad", [{"attention": "sparse"}, {"optimizer_shards": 0}, {"recompute": True},
+                                 {"recompute": "selective-op", "flops_per_token": 1e9}])
 def test_bad_requests_are_refused(bad):
     with pytest.raises(EstimateError):
         estimate_step("a100-80gb", "bf16", 2048, shape=LLAMA_1B, **bad)
@@ -162,8 +173,7 @@ def test_the_eager_step_is_priced_from_its_counted_work():
     per layer, 54 per vocabulary entry) at 88.4% of the bandwidth, 144 kernels per layer."""
     from facts.catalog import get_gpu
     from facts.presets import load_arch
-    from simulator.estimate import (ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, EstimateError, Shape,
-                                    estimate_step)
+    from simulator.estimate import ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, EstimateError, Shape, estimate_step
 
     shape = Shape.of(load_arch("llama-150m"))  # h 1024, kv 1024, f 2688, 12 layers, V 32000
     lean = estimate_step("h200", "bf16", 1024, shape=shape)
@@ -181,8 +191,9 @@ def test_the_eager_step_is_priced_from_its_counted_work():
 
 def test_an_eager_step_takes_at_least_the_hosts_dispatch_of_its_ops():
     """The eager step's ops (facts/step_ops.csv, bf16: 248 per layer, 263 with GQA, 110 once, and 15
-    of the optimizer's) at 15 µs each: the host's time per micro-step; the step (the pipeline, tests/test_estimate_pipeline.py) is
-    at least that and at least the device's; a compiled step and a CPU's have no host time."""
+    of the optimizer's) at 15 µs each: the host's time per micro-step; the step (the pipeline,
+    tests/test_estimate_pipeline.py) is at least that and at least the device's; a compiled step and
+    a CPU's have no host time."""
     from facts.presets import load_arch
     from simulator.estimate import Shape, estimate_step
 

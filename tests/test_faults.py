@@ -320,8 +320,8 @@ def test_a_second_run_on_a_busy_out_is_refused_naming_the_first(tmp_path, capsys
         second = _start(d, out)
         err = _finish(second, 120)
         assert second.returncode == 2
-        assert _lines(err) == [f"real: {out}: another run (pid {first.pid}) is using this directory; wait for it "
-                               f"to end or choose another --out"]
+        assert _lines(err) == [(f"real: {out}: another run (pid {first.pid}) is using this directory; wait for it "
+                               f"to end or choose another --out")]
         from geodt.run_cmd import run_main, validate_main
 
         for main, prog in ((run_main, "geodt run"), (validate_main, "geodt validate")):

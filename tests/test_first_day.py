@@ -62,7 +62,7 @@ def test_gpu_machine_checks_each_gpu_memory():
     scenario = load_scenario("paper")
     plan = make_plan(scenario, "baseline")
     small_gpus = Machine(cores=64, memory_bytes=512e9, gpu_memory_bytes=(4e9,) * 16)
-    with pytest.raises(PreflightError, match="smallest GPU holds 4.0 GB"):
+    with pytest.raises(PreflightError, match=r"smallest GPU holds 4.0 GB"):
         check_machine(scenario, plan, "auto", small_gpus)
     big_gpus = Machine(cores=64, memory_bytes=512e9, gpu_memory_bytes=(80e9,) * 16)
     assert check_machine(scenario, plan, "auto", big_gpus) == []
@@ -70,7 +70,7 @@ def test_gpu_machine_checks_each_gpu_memory():
 
 def test_nccl_without_gpus_is_refused():
     scenario = load_scenario("hetero-cpu")
-    with pytest.raises(PreflightError, match="--backend nccl: .* 4 processes of tiny need a GPU each"):
+    with pytest.raises(PreflightError, match=r"--backend nccl: .* 4 processes of tiny need a GPU each"):
         check_machine(scenario, make_plan(scenario, "baseline"), "nccl", CPU_MACHINE)
 
 

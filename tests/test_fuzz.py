@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import tomli_w
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from geodt.cli import main as geodt
 

@@ -3,10 +3,10 @@ strategies and model presets everywhere (issue 31); `geodt --version`."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from facts.presets import PRESETS
 from geodt.cli import COMMANDS, NEEDS_TORCH, main
@@ -40,7 +40,7 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == f"geodt {version}"
 
 
-@pytest.mark.parametrize("command", [c for c in COMMANDS])
+@pytest.mark.parametrize("command", list(COMMANDS))
 def test_every_command_has_help(capsys, command):
     if command in NEEDS_TORCH:
         pytest.importorskip("torch")

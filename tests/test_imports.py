@@ -106,8 +106,8 @@ def test_an_inserted_import_is_caught(tmp_path, package, statement, name):
     (target / "bad.py").write_text(body)
     for other in FORBIDDEN:
         (tmp_path / other).mkdir(exist_ok=True)
-    assert violations(tmp_path) == [f"{package}/bad.py:{2 if statement.startswith(' ') else 1}: "
-                                    f"{package} imports {name}"]
+    assert violations(tmp_path) == [(f"{package}/bad.py:{2 if statement.startswith(' ') else 1}: "
+                                    f"{package} imports {name}")]
 
 
 def module_name(path: Path, root: Path) -> str:

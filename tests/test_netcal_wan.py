@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
-from real import wan  # noqa: E402
+from real import wan
 
 MISSING = wan.missing_support()
 
@@ -43,9 +43,9 @@ step_time_s = 0.1
 @pytest.mark.wan
 @pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 def test_shaped_calibration_measures_each_dtype_on_the_scenario_links(tmp_path, write_scenario, capsys):
-    from simulator.netfit import read_network_profile
     from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, SHAPED_BACKEND
     from geodt.cli import main
+    from simulator.netfit import read_network_profile
 
     out = tmp_path / "net.csv"
     assert main(["calibrate", "network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
@@ -134,8 +134,8 @@ def test_each_node_runs_its_round_between_averages(write_scenario):
     """As in a run, each node computes between two syncs: a CPU node its real inner steps (the
     scenario's model at its batch, H of them), a GPU node planned here a busy loop for H × its
     step time (2 × 0.1 s here), run untimed between timed averages."""
-    from geodt.calibration.wan_links import between_averages
     from geodt.calibration.links import _computing, _time_all
+    from geodt.calibration.wan_links import between_averages
     from simulator.scenario import load_scenario
 
     gpu = SCENARIO.replace('name = "b"\ngpus = { "cpu" = 1 }', 'name = "b"\ngpus = { "a100-80gb" = 1 }')
@@ -280,8 +280,8 @@ def test_with_a_plan_each_node_runs_its_plan_round_between_averages(tmp_path, wr
     from dataclasses import replace
 
     from formats.plan import load_plan
-    from geodt.cli import main
     from geodt.calibration.wan_links import between_averages
+    from geodt.cli import main
     from simulator.scenario import load_scenario
 
     scenario_path = write_scenario(SCENARIO)
@@ -297,5 +297,5 @@ def test_with_a_plan_each_node_runs_its_plan_round_between_averages(tmp_path, wr
                  str(tmp_path / "other.csv"), "--out", str(tmp_path / "net.csv")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and not (tmp_path / "net.csv").exists()
-    assert err == [f"geodt calibrate network --wan shaped: {tmp_path}/other.csv: node: expected the scenario's "
-                   "nodes ['a', 'b'], got ['a', 'z']"]
+    assert err == [(f"geodt calibrate network --wan shaped: {tmp_path}/other.csv: node: expected the scenario's "
+                   "nodes ['a', 'b'], got ['a', 'z']")]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from simulator.netfit import fit_affine, fit_ring, read_network_profile
 from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, NetProfileError
+from simulator.netfit import fit_affine, fit_ring, read_network_profile
 
 # Encode / decode cost per fp32 byte (fixed, per byte) by payload dtype: about what
 # `geodt calibrate network` measured on the 2-core VM (int8 quantisation costs the most).
@@ -303,8 +303,8 @@ def test_old_profile_prices_encoding_at_zero_and_says_so(tmp_path, write_scenari
     _rows().to_csv(tmp_path / "net.csv", index=False)
     scenario = load_scenario(str(write_scenario(SCENARIO)))
     assert codec_s(scenario, "int8", "ring") == 0.0
-    assert codec_note(scenario) == f"encode/decode of the payload priced at 0 (no encode/decode rows: " \
-                                   f"{tmp_path / 'net.csv'} predates them)"
+    assert codec_note(scenario) == (f"encode/decode of the payload priced at 0 (no encode/decode rows: "
+                                    f"{tmp_path / 'net.csv'} predates them)")
 
 
 def test_network_aware_keeps_fp32_where_int8_encoding_costs_more_than_it_saves(tmp_path, write_scenario):
@@ -327,7 +327,7 @@ def test_network_aware_keeps_fp32_where_int8_encoding_costs_more_than_it_saves(t
     before, after = make_plan(unpriced, "network-aware"), make_plan(priced, "network-aware")
     assert before.payload_dtype == "int8"
     assert after.payload_dtype != "int8"
-    dtypes = [d for d in PAYLOAD_BYTES]
+    dtypes = list(PAYLOAD_BYTES)
     fastest = min(dtypes, key=lambda d: min(sync_s(priced, d, c) for c in ("ring", "partitioned")))
     assert after.payload_dtype == fastest
     assert after.comm_s == pytest.approx(min(sync_s(priced, fastest, c) for c in ("ring", "partitioned")), rel=1e-9)
@@ -336,8 +336,8 @@ def test_network_aware_keeps_fp32_where_int8_encoding_costs_more_than_it_saves(t
 def _shaped_rows(scenario, dtype: str, collective: str, factors) -> pd.DataFrame:
     """Shaped-WAN all-reduce rows made exactly: codec + f · byte-count time, f = factors[k] at the
     k-th size (64 KiB, 256 KiB, 1 MiB, 4 MiB of fp32)."""
-    from simulator.network import codec_cost, link_gbps, wire_bytes_s_raw
     from formats.wire import PAYLOAD_BYTES
+    from simulator.network import codec_cost, link_gbps, wire_bytes_s_raw
 
     links, rows = link_gbps(scenario), []
     for fp32_bytes, factor in zip((1 << 16, 1 << 18, 1 << 20, 1 << 22), factors):
@@ -359,11 +359,10 @@ def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
     the 1 MiB point 16% short."""
     import numpy as np
 
-    from simulator.network import WireCost, allreduce_s, codec_s, wire_cost, wire_note
+    from simulator.network import WireCost, allreduce_s, bytes_s, codec_s, wire_cost, wire_note
     from simulator.scenario import load_scenario
     from simulator.strategies.tables import from_scenario
     from simulator.timing import node_timings
-    from simulator.network import bytes_s
 
     host = pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()])
     host.to_csv(tmp_path / "net.csv", index=False)

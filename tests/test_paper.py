@@ -10,8 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from geodt.paper import facts, main
-from geodt.paper import readme
+from geodt.paper import facts, main, readme
 from geodt.paper.infer import c_idle_s, c_row_checks, fit_t_max, infer, inferred_scenario
 from geodt.paper.related import fit_batch_time, share_curves
 from geodt.paper.tables import best_geodt_strategy, predict, table1, table2, table3
@@ -222,21 +221,21 @@ def test_repository_readme_paper_findings_match_the_csvs():
         f"needs {st.loc[st['node'] == 'node1', 'implied_tflops_per_gpu'].iloc[0]:.0f} TFLOPS per RTX 2080 Ti",
         f"idle by {(1 - var('catalog', 'fp16', 'fp16', 'C', 'idle_vs_baseline')) * 100:.0f}%; in bf16",
         f"C adds {(var('catalog', 'bf16', 'fp16', 'C', 'idle_vs_baseline') - 1) * 100:.0f}%",
-        f"from a {(1 - var('catalog', 'fp16', 'fp16', 'C-slowest', 'idle_vs_baseline')) * 100:.0f}% cut into a "
-        f"{(var('catalog', 'bf16', 'fp16', 'C-slowest', 'idle_vs_baseline') - 1) * 100:.0f}% increase",
-        f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s per round with fp16 pseudo-gradients, "
-        f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_share_of_round') * 100:.0f}% of a baseline round",
-        f"({var('inferred', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s and "
-        f"{var('inferred', 'fp16', 'fp32', 'baseline', 'sync_share_of_round') * 100:.0f}% with fp32)",
+        (f"from a {(1 - var('catalog', 'fp16', 'fp16', 'C-slowest', 'idle_vs_baseline')) * 100:.0f}% cut into a "
+        f"{(var('catalog', 'bf16', 'fp16', 'C-slowest', 'idle_vs_baseline') - 1) * 100:.0f}% increase"),
+        (f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s per round with fp16 pseudo-gradients, "
+        f"{var('inferred', 'fp16', 'fp16', 'baseline', 'sync_share_of_round') * 100:.0f}% of a baseline round"),
+        (f"({var('inferred', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s and "
+        f"{var('inferred', 'fp16', 'fp32', 'baseline', 'sync_share_of_round') * 100:.0f}% with fp32)"),
         f"`{readme.best_strategy(totals)}` idles {inf(readme.best_strategy(totals), 'total_idle_s'):.2f} s in 10 rounds",
         f"at {inf(readme.best_strategy(totals), 'tokens_per_s') / inf('baseline', 'tokens_per_s'):.2f}× its throughput",
         f"`measured-steps` leaves **{beyond['measured-steps']:.1f}%**",
         f"`network-aware` {beyond['network-aware']:.1f}% and `hybrid` {beyond['hybrid']:.1f}%",
         f"the paper's C leaves {beyond['C']:.1f}% by this model",
-        f"takes {var('catalog', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s with fp16 pseudo-gradients "
-        f"({var('catalog', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s with fp32)",
-        f"batch 32 needs {m.loc['node3', 'need_gib_at_paper_B_nominal']:.1f} GiB, "
-        f"{m.loc['node3', 'need_gib_at_paper_B_low']:.1f}-{m.loc['node3', 'need_gib_at_paper_B_high']:.1f}",
+        (f"takes {var('catalog', 'fp16', 'fp16', 'baseline', 'sync_s_per_round'):.2f} s with fp16 pseudo-gradients "
+        f"({var('catalog', 'fp16', 'fp32', 'baseline', 'sync_s_per_round'):.2f} s with fp32)"),
+        (f"batch 32 needs {m.loc['node3', 'need_gib_at_paper_B_nominal']:.1f} GiB, "
+        f"{m.loc['node3', 'need_gib_at_paper_B_low']:.1f}-{m.loc['node3', 'need_gib_at_paper_B_high']:.1f}"),
         f"{OUTER_STEP_NS_PER_PARAM:.2f} ns per parameter",
         f"{OUTER_STEP_NS_PER_PARAM * 1e-9 * load_scenario('paper').model.param_count:.2f} s for 215M parameters",
     ]

@@ -6,6 +6,7 @@ of each node never overlap, and that they add up to the timeline's numbers.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -15,9 +16,20 @@ import pytest
 
 from simulator.cli import simulate_main
 from simulator.engine import simulate
-from simulator.perfetto import (SIMULATION_NOTE, _by_strategy, run_trace, simulation_trace, simulation_trace_text,
-                                trace_csv_to_json, trace_document, trace_json_text, trace_rounds, trace_text,
-                                validation_trace, write_trace_json)
+from simulator.perfetto import (
+    SIMULATION_NOTE,
+    _by_strategy,
+    run_trace,
+    simulation_trace,
+    simulation_trace_text,
+    trace_csv_to_json,
+    trace_document,
+    trace_json_text,
+    trace_rounds,
+    trace_text,
+    validation_trace,
+    write_trace_json,
+)
 from simulator.scenario import load_scenario
 from simulator.strategies import STRATEGIES, make_plan
 
@@ -62,7 +74,7 @@ def tracks(slices: list[dict]) -> dict[tuple[int, int], list[dict]]:
 
 def assert_no_overlap(slices: list[dict]) -> None:
     for track in tracks(slices).values():
-        for first, second in zip(track, track[1:]):
+        for first, second in itertools.pairwise(track):
             assert second["ts"] >= first["ts"] + first["dur"]  # exactly as a viewer adds them
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_real_runs import SEQ_LEN, _distance, final_weights, plain_model, scenario_text
 
 from formats.adaptive import rebalance_steps, round_time_s
 from real.config import load_plan, load_run_spec
@@ -18,7 +19,6 @@ from real.diloco import inner_lr
 from real.launch import launch
 from real.worker import ExecOptions
 from train.step import train_step
-from test_real_runs import SEQ_LEN, _distance, final_weights, plain_model, scenario_text
 
 # The plan's step times are far below what the tiny model takes here, so the rounds must adapt:
 # the plan gives a 9× the steps of b, the real steps are about alike (on a loaded machine one

@@ -147,7 +147,8 @@ def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
 
 
 def test_plan_round_trips_through_the_shared_schema(tmp_path):
-    from formats.plan import NodePlan, Plan, load_plan as load_schema
+    from formats.plan import NodePlan, Plan
+    from formats.plan import load_plan as load_schema
 
     plan = Plan(strategy="C", seq_len=32, comm_s=0.5, rounds=4, collective="partitioned", payload_dtype="int8",
                 outer_state="device",

@@ -78,7 +78,7 @@ def test_unsupported_quota_is_one_line(monkeypatch):
     import train.cpulimit as cl
 
     monkeypatch.setattr(cl, "_base", lambda: None)
-    with pytest.raises(CpuLimitError, match="^cpu_quota: this machine offers no writable cgroup"):
+    with pytest.raises(CpuLimitError, match=r"^cpu_quota: this machine offers no writable cgroup"):
         cl.apply_cpu_limits(None, 0.5, "geodt-test-none")
     assert not cl.cpu_quota_supported()
 

@@ -1,6 +1,7 @@
 """DiLoCo arithmetic in one process: LR schedule, averaging weights, outer step, data corpus."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ def test_inner_lr_warmup_then_cosine_to_min_ratio():
     assert lrs[4] == pytest.approx(1e-3)                       # cosine starts at the peak
     assert lrs[9] == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))   # halfway down
     assert lrs[14] == pytest.approx(1e-4) and lrs[15] == pytest.approx(1e-4)  # floor, held
-    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:]))
+    assert all(a >= b for a, b in itertools.pairwise(lrs))
 
 
 def test_averaging_weights_match_their_definitions():

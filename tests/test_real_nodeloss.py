@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from proctree import launcher_env, spawned_children
 from tiny_run import tiny_scenario
 

@@ -12,16 +12,16 @@ import pandas as pd
 import pytest
 import torch
 
-from train.models import build_model
 from facts.presets import load_arch
-from train.step import make_optimizer, train_step
+from real.checkpoint import latest_state
+from real.ckpt_set import load_set, read_manifest, write_set
 from real.config import load_plan, load_run_spec
 from real.data import make_shard
 from real.diloco import inner_lr
-from real.checkpoint import latest_state
-from real.ckpt_set import load_set, read_manifest, write_set
 from real.launch import launch
 from real.worker import ExecOptions
+from train.models import build_model
+from train.step import make_optimizer, train_step
 
 SEQ_LEN = 32
 

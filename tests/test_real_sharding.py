@@ -19,22 +19,22 @@ import pandas as pd
 import pytest
 import torch
 
-from train.models import build_model
 from facts.presets import load_arch
+from formats.plan import NodePlan, Plan
+from formats.wire import bytes_sent_per_sync
 from real.checkpoint import latest_state
 from real.launch import launch
 from real.options import ExecOptions
-from formats.plan import NodePlan, Plan
-from formats.wire import bytes_sent_per_sync
 from real.sharding import ShardingSpec
 from tests.test_real_runs import SEQ_LEN, _distance, scenario_text
+from train.models import build_model
 
 NODES = [("a", 2, 2, 3), ("b", 1, 3, 2)]
 
 
 def _plan_text(per_node: dict[str, dict], collective: str = "", payload_dtype: str = "") -> str:
-    lines = ["strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sharding,"
-             "activation_checkpointing,collective,payload_dtype,link_gbps"]
+    lines = [("strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sharding,"
+             "activation_checkpointing,collective,payload_dtype,link_gbps")]
     for name, g, b, h in NODES:
         cells = per_node.get(name, {})
         lines.append(f"test,{name},{g},{b},{h},0.01,{g * b * h * SEQ_LEN},0.0,{cells.get('sharding', '')},"
@@ -127,10 +127,10 @@ def test_sharding_spec_reads_the_resolved_plan():
 
 def _layout_worker(rank: int, world: int, store_path: str, results) -> None:
     import torch.distributed as dist
-
-    from real.sharding import ShardLayout
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
+
+    from real.sharding import ShardLayout
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)

@@ -75,9 +75,9 @@ def test_simulate_ends_with_the_answer(tmp_path, capsys, write_scenario):
                           "--engine", "analytic"]) == 0
     lines = capsys.readouterr().out.rstrip().splitlines()
     assert lines[-1].startswith(("recommended: ", "no recommendation: "))
-    table = lines[lines.index(next(l for l in lines if l.startswith("strategy "))):]
-    assert [l.split()[0] for l in table[1:3]] == ["C", "measured-steps"]
-    assert any(l.startswith("baseline (for the ratios): ") for l in table)  # not asked for: simulated for reference
+    table = lines[lines.index(next(line for line in lines if line.startswith("strategy "))):]
+    assert [line.split()[0] for line in table[1:3]] == ["C", "measured-steps"]
+    assert any(line.startswith("baseline (for the ratios): ") for line in table)  # not asked for: simulated for reference
     assert (tmp_path / "trace.json").exists()
 
 

@@ -10,10 +10,17 @@ import pandas as pd
 import pytest
 
 from facts.catalog import get_gpu
-from simulator.estimate import OVERLAP_SLOWDOWN
 from simulator.cli import plan_main, simulate_main
-from simulator.memory import LAYOUT_ORDER, Layout, activation_bytes_per_sample, state_bytes, step_memory_bytes, transient_bytes
+from simulator.estimate import OVERLAP_SLOWDOWN
 from simulator.layout_choice import memory_problem
+from simulator.memory import (
+    LAYOUT_ORDER,
+    Layout,
+    activation_bytes_per_sample,
+    state_bytes,
+    step_memory_bytes,
+    transient_bytes,
+)
 from simulator.network import HOST_LINK_GBPS, node_outer_step_s, sync_s
 from simulator.scenario import builtin_names, load_scenario
 from simulator.strategies import STRATEGIES, make_plan

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from formats.plan import merge_steps
 from simulator.engine import simulate, simulate_syncs, summary
 from simulator.engine_analytic import run_analytic, run_streaming_analytic
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import sync_s
-from formats.plan import merge_steps
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 from simulator.workload import compute_matrix

@@ -4,9 +4,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import SMALL
 
 from simulator.cli import plan_main, simulate_main
-from conftest import SMALL
 
 
 def edit(old: str, new: str, count: int = 1) -> str:

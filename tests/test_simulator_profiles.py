@@ -67,7 +67,7 @@ def test_exact_at_measured_and_linear_between(profiled):
 
 
 def test_node_follows_slowest_gpu_plus_allreduce(profiled):
-    one, mixed = node_timings(profiled)
+    _one, mixed = node_timings(profiled)
     assert mixed.step_s(2) > 0.26  # the T4's 0.26 s plus the intra-node gradient all-reduce
     assert mixed.step_s(2) == pytest.approx(0.26 + (mixed.step_s(1) - 0.20))
 
@@ -149,7 +149,7 @@ def test_a_node_prices_its_outer_step_from_its_own_profile(tmp_path):
                 "seq_len": 32, "dtype": "bf16"}
     writer = ProfileWriter(tmp_path / "p.csv", identity)
     for batch, step in ((1, 0.01), (2, 0.015)):
-        writer.append({c: None for c in COLUMNS} | identity | {"batch_size": batch, "step_s_median": step, "oom": False})
+        writer.append(dict.fromkeys(COLUMNS) | identity | {"batch_size": batch, "step_s_median": step, "oom": False})
     writer.close()
     set_profile_columns(tmp_path / "p.csv", {"outer_step_cpu_ns_per_param": 1.33, "outer_step_device_ns_per_param": 0.02})
     (tmp_path / "s.toml").write_text(

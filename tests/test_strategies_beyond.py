@@ -6,15 +6,20 @@ import pytest
 
 from formats.wire import partition_shares
 from simulator.engine import simulate, summary
-from simulator.network import (allreduce_s, link_gbps, partitioned_allreduce_s, partitioned_seconds_per_gbit,
-                               ring_allreduce_s, sync_s)
+from simulator.network import (
+    allreduce_s,
+    link_gbps,
+    partitioned_allreduce_s,
+    partitioned_seconds_per_gbit,
+    ring_allreduce_s,
+    sync_s,
+)
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 from simulator.strategies.hybrid import TOLERANCE, capacity, least_round_s
 from simulator.strategies.network_aware import TARGET_UTILIZATION
 from simulator.strategies.tables import from_scenario
 from simulator.timing import node_timings
-
 
 # These tests were written for the paper scenario in bf16 with fp32 payloads (its defaults until
 # it took OpenDiLoCo's fp16 / fp16); they pin those settings so their thresholds keep their meaning.

@@ -24,7 +24,7 @@ FIXTURE_CASES = [(0, 0.0), (0, 0.5), (0, 1.0), (1, 0.0), (1, 0.5), (1, 1.0)]  # 
 
 
 def test_layout_sequential_and_strided_with_embedding_first_and_head_last():
-    names = ["model.embed_tokens.weight"] + [f"model.layers.{l}.{w}.weight" for l in range(4) for w in ("q", "mlp")] \
+    names = ["model.embed_tokens.weight"] + [f"model.layers.{k}.{w}.weight" for k in range(4) for w in ("q", "mlp")] \
         + ["model.norm.weight", "lm_head.weight"]
     layer = lambda i: [1 + 2 * i, 2 + 2 * i]
     assert fragment_layout(names, 2, "sequential") == [[0] + layer(0) + layer(1), layer(2) + layer(3) + [9, 10]]
@@ -159,8 +159,8 @@ def test_fragments_travel_in_every_payload_and_collective(tmp_path, collective, 
     with the same θ_g bits, and each fragment's bytes are the schema's formula for its size."""
     d = _run(tmp_path, "run", _plan(HETERO, collective, payload, streaming=(2, 0, 0.5, pattern)))
     assert torch.equal(_global(d, 0), _global(d, 1))
-    from train.models import build_model
     from facts.presets import load_arch
+    from train.models import build_model
 
     names = [n for n, _ in build_model(load_arch("tiny"), 32, seed=0).named_parameters()]
     sizes = [p.numel() for p in build_model(load_arch("tiny"), 32, seed=0).parameters()]
@@ -215,8 +215,8 @@ def test_delay_hides_the_sync_behind_inner_steps(tmp_path):
 def test_bad_streaming_settings_are_one_line_errors(tmp_path, capfd):
     """Settings the plan cannot carry (formats/plan.py) or the model cannot (more fragments than
     layers): one line naming the file and key, status 2, nothing written."""
-    cases = {"delay": ((2, 2, 0.0, "sequential"), "sync_delay_steps: node a (local_steps 4): expected "
-                       "sync_delay_steps < local_steps // fragments = 2, got 2"),
+    cases = {"delay": ((2, 2, 0.0, "sequential"), ("sync_delay_steps: node a (local_steps 4): expected "
+                       "sync_delay_steps < local_steps // fragments = 2, got 2")),
              "layers": ((3, 0, 0.0, "strided"), "fragments: expected at most the model's 2 layers, got 3")}
     for name, (streaming, message) in cases.items():
         d = tmp_path / name

@@ -1,20 +1,21 @@
-"""Streaming DiLoCo in the simulator (the executor's side: tests/test_streaming.py): the scenario keys and plan columns, the fragment-sync engines
-(hand-worked rounds, SimPy against the analytic recurrence, classic DiLoCo unchanged) and the
-`streaming` strategy."""
+"""Streaming DiLoCo in the simulator (the executor's side: tests/test_streaming.py): the scenario
+keys and plan columns, the fragment-sync engines (hand-worked rounds, SimPy against the analytic
+recurrence, classic DiLoCo unchanged) and the `streaming` strategy."""
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from formats.plan import PlanError, load_plan, merge_steps
+from formats.plan import NodePlan, Plan, PlanError, load_plan, merge_steps
+from formats.timeline import SYNC_COLUMNS
 from simulator.cli import simulate_main
 from simulator.engine import simulate, simulate_syncs
 from simulator.engine_analytic import run_analytic, run_streaming_analytic
 from simulator.engine_simpy import run_streaming_simpy
 from simulator.network import outer_step_s
-from formats.plan import NodePlan, Plan
-from formats.timeline import SYNC_COLUMNS
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 from simulator.workload import segment_matrices
@@ -60,8 +61,8 @@ def test_plan_columns_round_trip_and_empty_cells_mean_classic(tmp_path, write_sc
 @pytest.mark.parametrize("column, value, expected", [
     ("fragments", "0", "fragments: expected an integer >= 1"),
     ("fragments", "11", "fragments: node a (local_steps 10): expected at most local_steps fragments"),
-    ("sync_delay_steps", "5", "sync_delay_steps: node a (local_steps 10): expected sync_delay_steps < "
-                              "local_steps // fragments = 5, got 5"),
+    ("sync_delay_steps", "5", ("sync_delay_steps: node a (local_steps 10): expected sync_delay_steps < "
+                              "local_steps // fragments = 5, got 5")),
     ("sync_delay_steps", "-1", "sync_delay_steps: expected an integer >= 0"),
     ("fragment_alpha", "1.5", "fragment_alpha: expected a number in [0, 1], got 1.5"),
     ("fragment_pattern", "random", "fragment_pattern: expected one of sequential, strided, got 'random'"),
@@ -86,8 +87,8 @@ def test_gradient_sync_refuses_fragments():
 @pytest.mark.parametrize("setting, expected", [
     ("diloco.fragments=0", "diloco.fragments: expected a positive finite number, got 0"),
     ("diloco.fragments=3", "diloco.fragments: expected at most the model's 2 layers"),
-    ("diloco.sync_delay_steps=10", "diloco.sync_delay_steps: expected 0 <= sync_delay_steps < "
-                                   "training.local_steps // fragments = 10, got 10"),
+    ("diloco.sync_delay_steps=10", ("diloco.sync_delay_steps: expected 0 <= sync_delay_steps < "
+                                   "training.local_steps // fragments = 10, got 10")),
     ("diloco.fragment_alpha=-0.1", "diloco.fragment_alpha: expected a number in [0, 1], got -0.1"),
     ("diloco.fragment_pattern=zigzag", "diloco.fragment_pattern: expected one of sequential, strided"),
 ])
@@ -245,7 +246,7 @@ def test_trace_draws_all_reduces_on_their_own_track_overlapping_compute(tmp_path
     timeline = pd.read_parquet(out / "timeline.parquet")
     mine = sorted((e for e in slices if e["pid"] == streaming_pid and names[streaming_pid, e["tid"]] == "node1"),
                   key=lambda e: e["ts"])
-    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(mine, mine[1:]))
+    assert all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in itertools.pairwise(mine))
     row = timeline[(timeline.strategy == "streaming") & (timeline.node == "node1")]
     for part, column in (("compute", "compute_s"), ("idle", "idle_s"), ("sync", "comm_s")):
         total = sum(e["dur"] for e in mine if e["name"] == part) / 1e6

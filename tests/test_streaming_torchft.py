@@ -13,25 +13,24 @@ from __future__ import annotations
 
 import itertools
 import os
-from pathlib import Path
 
 import pytest
 import torch
 
 pytest.importorskip("torchft", reason="torchft (the test extra) is not installed")
 
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from train.models import build_model  # noqa: E402
-from facts.presets import load_arch  # noqa: E402
-from train.step import make_optimizer, train_step  # noqa: E402
-from real.config import load_run_spec  # noqa: E402
-from real.data import make_shard  # noqa: E402
-from real.diloco import inner_lr  # noqa: E402
-from real.launch import launch  # noqa: E402
-from real.options import ExecOptions  # noqa: E402
-from tests.test_real_runs import SEQ_LEN, plan_text, scenario_text  # noqa: E402
+from facts.presets import load_arch
+from real.config import load_run_spec
+from real.data import make_shard
+from real.diloco import inner_lr
+from real.launch import launch
+from real.options import ExecOptions
+from tests.test_real_runs import SEQ_LEN, plan_text, scenario_text
+from train.models import build_model
+from train.step import make_optimizer, train_step
 
 CASES = list(itertools.product((1, 2), (0, 1), (0.0, 0.5)))  # (P, τ, α)
 NODES = [("a", 2, 4), ("b", 2, 4)]  # (name, batch, H): H = 4 allows τ = 1 with P = 2

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from simulator.engine import simulate
-from simulator.scenario import load_scenario
 from simulator.network import outer_step_s
+from simulator.scenario import load_scenario
 from simulator.strategies import STRATEGIES, make_plan
 from simulator.sweep import KindTables, SweepSpec, decide, metrics, node_kinds, scenario_grid
 from simulator.sweep_cli import main as sweep

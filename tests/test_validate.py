@@ -160,8 +160,8 @@ def test_more_cpu_devices_than_cores_is_said():
     plan = make_plan(scenario, "baseline")
     assert reproduction_warnings(scenario, plan, emulate=False, cores=2) == []  # 4 x 0.5 = 2 cores
     assert reproduction_warnings(scenario, plan, emulate=False, cores=1) == [
-        "4 CPU device processes need 2 cores and this machine offers 1: devices share cores, so the prediction "
-        "(every device its own) cannot hold; use fewer devices, or cpu_quota / cpu_cores limits that fit the machine"]
+        ("4 CPU device processes need 2 cores and this machine offers 1: devices share cores, so the prediction "
+        "(every device its own) cannot hold; use fewer devices, or cpu_quota / cpu_cores limits that fit the machine")]
     plain = load_scenario("hetero-cpu")
     warnings = reproduction_warnings(plain, make_plan(plain, "baseline"), emulate=False, cores=2)
     assert any(w.startswith("4 CPU device processes need 4 cores") for w in warnings)

@@ -105,7 +105,7 @@ def _set_quota(quota: float, tag: str) -> Callable[[], None]:
     home = _own_cgroup_v2() if _v2() else _own_cgroup_v1()
     group = base / f"{tag}.{os.getpid()}"
     group.mkdir(exist_ok=True)
-    quota_us = max(1000, int(round(quota * PERIOD_US)))  # the kernel's minimum is 1 ms (a quota >= 0.1 core)
+    quota_us = max(1000, round(quota * PERIOD_US))  # the kernel's minimum is 1 ms (a quota >= 0.1 core)
     try:
         if _v2():
             (group / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")
@@ -143,8 +143,9 @@ def set_own_quota(quota: float) -> None:
     mid-run: real/worker.py). CpuLimitError where this process is not in a group of its own."""
     group = _own_cgroup_v2() if _v2() else _own_cgroup_v1()
     if not group.name.endswith(f".{os.getpid()}"):  # never a parent group shared with others
-        raise CpuLimitError(f"cpu_quota: this process has no cgroup of its own ({group}); expected a node with cpu_quota")
-    quota_us = max(1000, int(round(quota * PERIOD_US)))
+        raise CpuLimitError(f"cpu_quota: this process has no cgroup of its own ({group}); "
+                            "expected a node with cpu_quota")
+    quota_us = max(1000, round(quota * PERIOD_US))
     try:
         if _v2():
             (group / "cpu.max").write_text(f"{quota_us} {PERIOD_US}")

@@ -14,8 +14,16 @@ from geodt.paper import facts
 from geodt.paper.fmt import csv_text
 from geodt.paper.infer import c_row_checks
 from geodt.paper.related import BatchFit, ShareCurves, fit_batch_time, share_curves
-from geodt.paper.tables import (DTYPES, Predictions, best_geodt_strategy, predict, strategy_totals, table1,
-                                table2, table3)
+from geodt.paper.tables import (
+    DTYPES,
+    Predictions,
+    best_geodt_strategy,
+    predict,
+    strategy_totals,
+    table1,
+    table2,
+    table3,
+)
 from geodt.paper.variants import memory_band, variants
 from simulator.engine import simulate
 from simulator.scenario import Scenario
@@ -46,7 +54,8 @@ class Artifacts:
 
     @cached_property
     def step_times(self) -> pd.DataFrame:
-        """Per node: the inferred step time, the catalog's (fp16 and bf16), and the throughput the inferred one implies."""
+        """Per node: the inferred step time, the catalog's (fp16 and bf16), and the throughput the
+        inferred one implies."""
         inf = self.pred.inference
         scenario = self.catalog
         b = scenario.training.batch_size

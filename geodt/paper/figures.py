@@ -77,7 +77,8 @@ def idle_per_node(table3: pd.DataFrame, c_checks: pd.DataFrame) -> bytes:
             bars = ax.bar(x + (k - 1) * width, np.maximum(values, floor), width, color=color, hatch=hatch,
                           edgecolor="white" if hatch else None)
             for bar, v in zip(bars, values):
-                ax.annotate("0" if v == 0 else f"{v:.3g}" if v < 1000 else f"{v:,.0f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                label = "0" if v == 0 else f"{v:.3g}" if v < 1000 else f"{v:,.0f}"
+                ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                             xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=6.5,
                             rotation=90)
         ax.set_yscale("log")
@@ -125,7 +126,8 @@ def timeline(timelines: dict[str, pd.DataFrame], subtitles: dict[str, str], roun
         ax.set_xlim(0, end * 1.01)
     axes[-1].set_xlabel("wall-clock time (s)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in (COMPUTE_COLOR, IDLE_COLOR, SYNC_COLOR)]
-    fig.legend(handles, ["compute (H inner steps)", "idle (waiting at the barrier)", "outer sync (WAN all-reduce + outer step)"],
+    labels = ["compute (H inner steps)", "idle (waiting at the barrier)", "outer sync (WAN all-reduce + outer step)"]
+    fig.legend(handles, labels,
                loc="upper center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 0.94))
     fig.suptitle(f"The first {rounds} DiLoCo rounds on the paper's cluster ({title_note})")
     fig.tight_layout()

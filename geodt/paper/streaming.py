@@ -52,7 +52,7 @@ def figure(syncs: pd.DataFrame, f: dict) -> bytes:
     fragment all-reduces. Each sync row of syncs.csv gives compute from compute_start_s to merge_point_s
     (light where it runs beside its own fragment's all-reduce, from sync_point_s on), then the wait before
     the all-reduce started (idle), the wait while it ran (exposed), and the outer step."""
-    from geodt.paper.figures import png_bytes, agg_pyplot
+    from geodt.paper.figures import agg_pyplot, png_bytes
 
     plt = agg_pyplot()
     strategies = list(dict.fromkeys(syncs["strategy"]))
@@ -81,7 +81,8 @@ def figure(syncs: pd.DataFrame, f: dict) -> bytes:
     labels = ["compute", "compute beside its fragment's all-reduce", "idle (all-reduce not started)",
               "exposed sync (all-reduce still running)", "outer step", "fragment all-reduce (WAN)"]
     fig.legend(handles, labels, loc="lower center", ncol=3, frameon=False)
-    fig.suptitle(f"scenario paper (catalog estimate, fp16, 1 Gbit/s): the first {ROUNDS_DRAWN} rounds", x=0.01, ha="left")
+    fig.suptitle(f"scenario paper (catalog estimate, fp16, 1 Gbit/s): the first {ROUNDS_DRAWN} rounds",
+                 x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0.1, 1, 0.96))
     return png_bytes(fig)
 
@@ -91,14 +92,15 @@ def render(f: dict) -> str:
     return "\n".join([
         "# results/streaming/",
         "",
-        "Made by `geodt simulate paper --strategy hybrid --strategy streaming --engine simpy --csv --out results/streaming`, then "
+        ("Made by `geodt simulate paper --strategy hybrid --strategy streaming --engine simpy --csv "
+         "--out results/streaming`, then "
         "`python -m geodt.paper.streaming` (geodt/paper/streaming.py), which draws `timeline.png` and writes this "
         "file from the run's CSVs; do not edit by hand. `paper` with the catalog's step times (fp16, fp16 "
-        "pseudo-gradients, 1 Gbit/s); nothing here is measured.",
+        "pseudo-gradients, 1 Gbit/s); nothing here is measured."),
         "",
         "![timeline](timeline.png)",
         "",
-        f"`hybrid` balances the nodes (H = {h['steps']}) and then blocks on the sync: each round is "
+        (f"`hybrid` balances the nodes (H = {h['steps']}) and then blocks on the sync: each round is "
         f"{h['compute_s']:.2f} s of compute on the slowest node and {h['sync_s']:.2f} s of all-reduce and outer step "
         f"during which every GPU waits ({h['exposed_s']:.2f} s exposed per node and round), "
         f"{h['round_s']:.2f} s in all, {h['tokens_per_s']:,.0f} tokens/s. `streaming` keeps its b and H, cuts the "
@@ -108,11 +110,11 @@ def render(f: dict) -> str:
         f"{(s['round_s'] / s['bound_s'] - 1) * 100:.1f}% above its bound max(slowest compute {s['compute_s']:.2f} s, "
         f"sync {s['sync_s']:.2f} s) = {s['bound_s']:.2f} s. What stays on the critical path is each fragment's "
         f"outer step (purple: applied at the merge point, as torchft does) and the wait of a node whose τ steps "
-        f"end before the all-reduce does (red; {s['exposed_s']:.2f} s per node and round on average).",
+        f"end before the all-reduce does (red; {s['exposed_s']:.2f} s per node and round on average)."),
         "",
-        "The gain is in the clock; the optimisation pays for it: with torchft's default α = 0 the τ steps a "
+        ("The gain is in the clock; the optimisation pays for it: with torchft's default α = 0 the τ steps a "
         "node computes after taking a fragment's pseudo-gradient are dropped at that fragment's merge. "
-        "The README's sweep findings say where `streaming` wins across 1,500 scenarios.",
+        "The README's sweep findings say where `streaming` wins across 1,500 scenarios."),
         "",
     ])
 
@@ -135,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         same = (folder / "README.md").read_text() == text and (folder / "timeline.png").read_bytes() == png
         if not same:
-            print(f"{folder}: README.md or timeline.png differ from its CSVs; re-render without --check", file=sys.stderr)
+            print(f"{folder}: README.md or timeline.png differ from its CSVs; re-render without --check",
+                  file=sys.stderr)
         return 0 if same else 1
     write_bytes(folder / "timeline.png", png)
     write_text(folder / "README.md", text)

@@ -79,7 +79,8 @@ def _streaming(frame: pd.DataFrame, by: dict, win: pd.DataFrame, bandwidths: lis
     and where it wins, its median margin over the best other strategy and which that is most often."""
     st = by["streaming"].set_index("scenario_id")
     over_hybrid = st["tokens_per_s"] / by["hybrid"].set_index("scenario_id")["tokens_per_s"]
-    others = frame[frame["strategy"] != "streaming"].sort_values(["scenario_id", "tokens_per_s"], ascending=[True, False])
+    others = frame[frame["strategy"] != "streaming"].sort_values(["scenario_id", "tokens_per_s"],
+                                                                 ascending=[True, False])
     runner = others.groupby("scenario_id").head(1).set_index("scenario_id")
     margin = st["tokens_per_s"] / runner["tokens_per_s"]
     won = set(win.loc[win["strategy"] == "streaming", "scenario_id"])
@@ -104,9 +105,9 @@ def render(frame: pd.DataFrame, dtype: str) -> str:
     med, tok = f["median_left_pct"], f["median_tokens_x"]
     bw_text = ", ".join(f"{b:g}" for b in f["bandwidths"])
     lines = [
-        f"From `results/sweep/` (`geodt sweep`: {f['mixes']:,} mixes of four nodes of four GPUs over eight GPU types, "
+        (f"From `results/sweep/` (`geodt sweep`: {f['mixes']:,} mixes of four nodes of four GPUs over eight GPU types, "
         f"each at {bw_text} Gbit/s: {f['scenarios']:,} scenarios; base scenario `paper` in {dtype} with "
-        f"{f['payload']} payloads; `sweep.csv` has one row per scenario × strategy).",
+        f"{f['payload']} payloads; `sweep.csv` has one row per scenario × strategy)."),
         "",
         "![idle left per strategy](results/sweep/idle_left.png)",
         "![which strategy wins](results/sweep/winners.png)",
@@ -196,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     from simulator.outputs import write_text
 
     p = argparse.ArgumentParser(prog="python -m geodt.paper.sweep_findings", description=__doc__.splitlines()[0])
-    p.add_argument("--sweep", default="results/sweep", help="directory with sweep.csv (or the dataset sweep/) and scenario.toml")
+    p.add_argument("--sweep", default="results/sweep",
+                   help="directory with sweep.csv (or the dataset sweep/) and scenario.toml")
     p.add_argument("--readme", default="README.md")
     p.add_argument("--check", action="store_true", help="only compare; exit 1 if the README differs")
     args = p.parse_args(argv)

@@ -115,7 +115,7 @@ def plan_for(scenario: Scenario, name: str) -> Plan:
 def paper_scenarios(extra: list[str] | None = None) -> tuple[dict[str, Scenario], Inference]:
     """Every source of SOURCES as a scenario (`extra`: more overrides, e.g. the payload dtype)."""
     extra = extra or []
-    inferred, inference = inferred_scenario(extra)
+    _inferred, inference = inferred_scenario(extra)
     scenarios = {}
     for source, (steps, dtype) in SOURCES.items():
         base = [*extra, f"model.dtype={dtype}"]

@@ -22,9 +22,10 @@ import numpy as np
 from formats.errors import FieldError, InputError
 from formats.plan import NodePlan, Plan, PlanError
 from simulator.scenario import Scenario
-from simulator.timing import NodeTiming, node_timings
 from simulator.strategies.registry import STRATEGIES, Strategy, register  # noqa: F401 (the package's API)
 from simulator.strategies.tables import NetTables, NodeTables, from_scenario
+from simulator.timing import NodeTiming, node_timings
+
 
 def round_half_up(x: float) -> int:
     """Round to nearest, halves up (the paper's 4 × 1.45 = 5.8 → 6; Python's round() is banker's)."""
@@ -120,4 +121,4 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
 
 
 # Registration happens on import; keep this list in the order strategies are printed.
-from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware, streaming, adaptive  # noqa: E402,F401,E501
+from simulator.strategies import adaptive, hybrid, measured, network_aware, paper, slowest, streaming, sync_ddp  # noqa: E402, F401

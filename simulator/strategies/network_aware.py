@@ -15,9 +15,10 @@ The paper's second item of future work. Rule:
    scenario's payload dtype, then each smaller one (fp32 → fp16 → int8) at m = 1; then the
    payload whose sync is the shortest at m = 2, 4, 8: the smallest, unless the network
    profile measured an encoding that costs more than its bytes save (simulator/network.py,
-   t_codec), as on a fast link int8's quantisation can cost more than fp32's 4× bytes. Compression comes before longer rounds because 16-bit
-   pseudo-gradients are what OpenDiLoCo all-reduces and 8-bit ones what INTELLECT-1 used,
-   while DiLoCo's own ablation loses quality as H grows past a few hundred steps.
+   t_codec), as on a fast link int8's quantisation can cost more than fp32's 4× bytes. Compression
+   comes before longer rounds because 16-bit pseudo-gradients are what OpenDiLoCo all-reduces and
+   8-bit ones what INTELLECT-1 used, while DiLoCo's own ablation loses quality as H grows past a few
+   hundred steps.
 
 TARGET_UTILIZATION = 0.90: the sync may take a tenth of each round. That is the ratio the
 paper's own cluster had (10.3 s of sync after 96.7 s of balanced compute at 1 Gbit/s:
@@ -29,8 +30,8 @@ from __future__ import annotations
 import numpy as np
 
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
-from simulator.strategies.registry import register
 from simulator.strategies.hybrid import hybrid_decide
+from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
 TARGET_UTILIZATION = 0.90

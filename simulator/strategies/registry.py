@@ -5,8 +5,8 @@ every strategy (no import cycle).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from simulator.strategies.tables import NetTables, NodeTables
 

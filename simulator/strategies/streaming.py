@@ -5,10 +5,11 @@ Rule (arXiv 2501.18512, torchft's semantics: formats/plan.py's docstring):
 1. b_i and H_i as `hybrid` decides them (within memory, the baseline's samples per round, +1%
    at most), so the work per round is the baseline's.
 2. P from FRAGMENT_CHOICES (at most the model's layers, a fragment being a group of them, and
-   at most every node's H_i), τ from 0 to ⌊min_i H_i / P⌋ − 1 and at most MAX_OVERLAP·min_i H_i. Each (P, τ) is timed by the
-   analytic engine's fragment-sync recurrence (engine_analytic.run_streaming_analytic) over the
-   scenario's rounds, deterministic steps: each fragment's all-reduce is 1/P of the payload (its
-   full latency), its outer step 1/P of the outer step.
+   at most every node's H_i), τ from 0 to ⌊min_i H_i / P⌋ − 1 and at most MAX_OVERLAP·min_i H_i.
+   Each (P, τ) is timed by the analytic engine's fragment-sync recurrence
+   (engine_analytic.run_streaming_analytic) over the scenario's rounds, deterministic steps: each
+   fragment's all-reduce is 1/P of the payload (its full latency), its outer step 1/P of the outer
+   step.
 3. The least round time over every (P, τ) is the target; of the pairs within TIE of it, the
    least τ, then the least P. Least τ because the τ steps a fragment computes after its
    pseudo-gradient was taken are dropped at the merge (α = 0, torchft's default) or only partly
@@ -31,8 +32,8 @@ from dataclasses import replace
 import numpy as np
 
 from simulator.engine_analytic import run_streaming_analytic
-from simulator.strategies.registry import register
 from simulator.strategies.hybrid import hybrid_decide
+from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
 FRAGMENT_CHOICES = (1, 2, 3, 4, 6, 8, 12, 16)

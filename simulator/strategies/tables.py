@@ -15,15 +15,14 @@ that scale the batch by a rule (A, B, measured-batch) may go beyond the cap, nev
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
 from facts.catalog import get_gpu, spec_tflops
 from formats.wire import PAYLOAD_BYTES
-from simulator.network import (CodecCost, WireCost, codec_cost, link_gbps, outer_step_s, wire_bytes_s_raw,
-                               wire_cost)
+from simulator.network import CodecCost, WireCost, codec_cost, link_gbps, outer_step_s, wire_bytes_s_raw, wire_cost
 
 MAX_BATCH_FACTOR = 16
 
@@ -59,7 +58,7 @@ class NodeTables:
         rows = np.arange(len(self.gpus)) if self.row_index is None else self.row_index
         return self.lookup(rows, np.asarray(batch, dtype=np.int64))
 
-    def rows(self, index: np.ndarray) -> "NodeTables":
+    def rows(self, index: np.ndarray) -> NodeTables:
         parent = np.arange(len(self.gpus)) if self.row_index is None else self.row_index
         return NodeTables(self.step_s[index], self.gpus[index], self.batch_size, self.local_steps, self.rounds,
                           self.max_batch[index], self.spec_mean_tflops[index], self.spec_slowest_tflops[index],
@@ -82,8 +81,8 @@ class NetTables:
     fragment_alpha: float = 0.0
     fragment_pattern: str = "sequential"
     max_fragments: int = 1 << 20  # the model's layers (a fragment groups layers), if known
-    codec: CodecCost = CodecCost()  # encode/decode of the payload (the network profile's; none: 0)
-    wire: WireCost = WireCost()  # the links as measured on a shaped WAN (none: the byte count)
+    codec: CodecCost = field(default_factory=CodecCost)  # encode/decode of the payload (the network profile's; none: 0)
+    wire: WireCost = field(default_factory=WireCost)  # the links as measured on a shaped WAN (none: the byte count)
 
     def payload_bytes(self, dtype: str) -> float:
         return self.params * PAYLOAD_BYTES[dtype]
