@@ -52,6 +52,10 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from facts.fidelity import IDLE_MEDIAN, IDLE_WORST, ROUND_MEDIAN, SYNC_MEDIAN, SYNC_WORST
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "benchmarks" / "fidelity"
 CASES = [  # (scenario, strategy): device mixes × strategies × batch mixes
@@ -99,8 +103,10 @@ WAN_LOCAL_STEPS = 8
 WAN_ROUNDS = 32
 LINK_REPEATS = 32
 LINK_MAX_MIB = 1
-GOAL_ROUND_PCT, GOAL_IDLE_MEDIAN_PCT, GOAL_IDLE_WORST_PCT = 5.0, 3.0, 6.0
-GOAL_SYNC_MEDIAN_PCT, GOAL_SYNC_WORST_PCT = 5.0, 10.0
+# the goals, defined once (facts/fidelity.py; `geodt validate` prints its verdicts against them)
+GOAL_ROUND_PCT, GOAL_IDLE_MEDIAN_PCT, GOAL_IDLE_WORST_PCT = (ROUND_MEDIAN.limit_pct, IDLE_MEDIAN.limit_pct,
+                                                             IDLE_WORST.limit_pct)
+GOAL_SYNC_MEDIAN_PCT, GOAL_SYNC_WORST_PCT = SYNC_MEDIAN.limit_pct, SYNC_WORST.limit_pct
 CAL_REPEATS = 20  # timed steps per batch (the mean of each batch: less sampling noise than 10 gave)
 IDLE_FLOOR = 0.05  # % of idle only where the node waited at least this share of its round
 # The batches calibrated: every batch a plan may use (strategies go up to MAX_BATCH_FACTOR = 16 times

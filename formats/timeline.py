@@ -33,4 +33,4 @@ VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",
                       "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s",
                       "predicted_tokens", "measured_tokens", "predicted_wall_s", "measured_wall_s",
-                      "wall_error_pct", *LOSS_VALIDATION_COLUMNS]
+                      "wall_error_pct", *LOSS_VALIDATION_COLUMNS, "round_error_pct", "verdict"]

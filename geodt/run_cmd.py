@@ -298,7 +298,7 @@ def _run(args, prepared) -> int:
         trace = pd.read_csv(out / "trace.csv")
         print(summary(trace))
         print_membership(trace, prepared[1])
-        naming(out / "trace.json", trace_csv_to_json, out / "trace.csv", out / "trace.json")  # ui.perfetto.dev
+        naming(out / "trace.json", trace_csv_to_json, out / "trace.csv", out / "trace.json", args.emulate)
         from real.wan import network_note
 
         print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}; network: {network_note(out)}")

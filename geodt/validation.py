@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from facts.fidelity import judge, node_verdict
 from formats.timeline import LOSS_VALIDATION_COLUMNS, VALIDATION_COLUMNS
 
 NO_LOSS_COMPARISON = ("loss: not compared (the loss model has no curve of this model on this run's corpus: "
@@ -82,6 +83,7 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
             "error_pct_of_round": 100.0 * (m.at[node, "idle_s"] - p.at[node, "idle_s"]) / p.at[node, "round_s"],
             "predicted_comm_s": p.at[node, "comm_s"], "measured_comm_s": m.at[node, "comm_s"],
             "comm_error_pct": _pct(m.at[node, "comm_s"] - p.at[node, "comm_s"], p.at[node, "comm_s"]),
+            "round_error_pct": _pct(m.at[node, "round_s"] - p.at[node, "round_s"], p.at[node, "round_s"]),
             "mode": MODES[emulated], "network": network,
             "predicted_compute_s": p.at[node, "compute_s"], "measured_compute_s": m.at[node, "compute_s"],
             "predicted_tokens": int(p.at[node, "tokens"]), "measured_tokens": int(m.at[node, "tokens"]),
@@ -90,6 +92,9 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
                                else float("nan")),
             "overrun_steps": int(m.at[node, "overrun_steps"]),
         })
+        row = rows[-1]
+        row["verdict"] = node_verdict(row["round_error_pct"], row["error_pct_of_round"], row["comm_error_pct"],
+                                      shaped_wan(network))
     # the loss model's columns, empty until report() compares the losses (loss_comparison)
     frame = pd.DataFrame(rows).assign(**{c: float("nan") for c in LOSS_VALIDATION_COLUMNS})
     return frame[VALIDATION_COLUMNS + [c for c in frame.columns if c not in VALIDATION_COLUMNS]]
@@ -101,6 +106,23 @@ def wall_line(wall, measured_s: float) -> str:
             f"between them {wall.rounds_s:.2f} s, last checkpoint {wall.last_checkpoint_s:.2f} s), measured "
             f"{measured_s:.2f} s ({_pct(measured_s - wall.wall_s, wall.wall_s):+.1f}%)"
             + (f"; {wall.note}" if wall.note else ""))
+
+
+def shaped_wan(network: str) -> bool:
+    """Whether the run's processes talked over a shaped WAN (real.wan.network_note's words)."""
+    return network.startswith("shaped")
+
+
+def verdict_lines(table, emulated: bool, network: str) -> list[str]:
+    """One line per fidelity goal (facts/fidelity.py): within, outside by how much, or not judged."""
+    ttt = None
+    if "measured_time_to_target_s" in table:
+        p, m = table["predicted_time_to_target_s"].iloc[0], table["measured_time_to_target_s"].iloc[0]
+        ttt = _pct(p - m, m) if np.isfinite(p) and np.isfinite(m) else None
+    verdicts = judge(list(table["round_error_pct"]), list(table["error_pct_of_round"]),
+                     list(table["comm_error_pct"]), shaped_wan(network), ttt)
+    kind = "schedule check (emulated)" if emulated else "measured run"
+    return [f"verdict ({kind}): {v.line()}" for v in verdicts]
 
 
 def _pct(difference: float, reference: float) -> float:
@@ -228,7 +250,7 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
                                 else ({}, [NO_LOSS_COMPARISON]))
     table = table.assign(**loss_columns)
     write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
-    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario)), out / "trace.json")
+    write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario), emulated), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {time_scale:g})" if emulated
             else "measured, not emulated") + f"; {network}"
     plot_validation(table, out / "validation.png",
@@ -246,6 +268,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}")
     print(wall_line(wall, table["measured_wall_s"].iloc[0]))
     print(outer_step_source(scenario))
+    for line in verdict_lines(table, emulated, network):
+        print(line)
     print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
     overruns = int(table["overrun_steps"].sum())
     if emulated and overruns:

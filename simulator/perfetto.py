@@ -315,23 +315,27 @@ def streaming_events(syncs: pd.DataFrame, process: str, pid: int) -> list[dict]:
     return events
 
 
-def run_trace(trace: pd.DataFrame) -> dict:
-    """`geodt run`: trace.csv as measured (each node on its own clock, real seconds)."""
-    return trace_document(_by_strategy(trace, "measured: "), note="measured trace.csv; real seconds")
+def run_trace(trace: pd.DataFrame, emulated: bool = False) -> dict:
+    """`geodt run`: trace.csv as measured, or as emulated (steps padded to the plan's): each node on
+    its own clock, real seconds."""
+    kind = "emulated" if emulated else "measured"
+    return trace_document(_by_strategy(trace, f"{kind}: "), note=f"{kind} trace.csv; real seconds")
 
 
 def validation_trace(timeline: pd.DataFrame, trace: pd.DataFrame, time_scale: float = 1.0,
-                     plan_frame: pd.DataFrame | None = None) -> dict:
-    """`geodt validate`: predicted (timeline, the trace's rounds only) and measured (trace) side by side.
+                     plan_frame: pd.DataFrame | None = None, emulated: bool = False) -> dict:
+    """`geodt validate`: predicted (timeline, the trace's rounds only) and measured (trace) side by side;
+    an emulated run's track is named "emulated", never "measured".
 
     Measured times are divided by time_scale, as in validation.csv, so both are in the scenario's seconds.
     """
     rounds = set(trace["round"])
     predicted = timeline[timeline["round"].isin(rounds)]
     strategy = str(timeline["strategy"].iloc[0]) if len(timeline) else ""
-    note = "predicted vs measured" + (f"; measured times divided by the time scale {time_scale:g}"
-                                      if time_scale != 1.0 else "")
-    return trace_document([(f"predicted: {strategy}", predicted), (f"measured: {strategy}", trace)],
+    kind = "emulated" if emulated else "measured"
+    note = f"predicted vs {kind}" + (f"; {kind} times divided by the time scale {time_scale:g}"
+                                     if time_scale != 1.0 else "")
+    return trace_document([(f"predicted: {strategy}", predicted), (f"{kind}: {strategy}", trace)],
                           plan_frame, [1.0, time_scale], note=note)
 
 
@@ -345,6 +349,7 @@ def write_trace_json(doc: dict, path: str | Path) -> Path:
     return Path(path)
 
 
-def trace_csv_to_json(trace_csv: str | Path, json_path: str | Path) -> Path:
-    """trace.csv of `geodt run` -> trace.json beside it (or where given)."""
-    return write_trace_json(run_trace(pd.read_csv(trace_csv)), json_path)
+def trace_csv_to_json(trace_csv: str | Path, json_path: str | Path, emulated: bool = False) -> Path:
+    """trace.csv of `geodt run` -> trace.json beside it (or where given); emulated: the run's steps
+    were padded (--emulate), and its track says so."""
+    return write_trace_json(run_trace(pd.read_csv(trace_csv), emulated), json_path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from facts.fidelity import PROFILE_LOO_PCT
 from formats.cli import OneLineParser
 from formats.profile import ProfileError, read_profile_frame
 from simulator.profile_fit import ProfileModel, leave_one_out
@@ -48,4 +49,22 @@ def profile_main(argv: list[str] | None = None) -> int:
           f"(batch {int(worst['batch_size'])})")
     if model.max_batch() is not None:
         print(f"largest batch that fits: {model.max_batch()}")
+    print(profile_verdict(table))
     return 0
+
+
+def profile_verdict(table) -> str:
+    """Whether the fit is usable for planning: the median leave-one-out |error| within
+    PROFILE_LOO_PCT (facts/fidelity.py, the band a profiled prediction is held to), and the batches
+    predicted worse than that named, since a plan at those batches may be off by as much."""
+    abs_err = table["error_pct"].abs()
+    off = table[abs_err > PROFILE_LOO_PCT]
+    named = ", ".join(f"{int(b)} ({e:+.1f}%)" for b, e in zip(off["batch_size"], off["error_pct"]))
+    if abs_err.median() > PROFILE_LOO_PCT:
+        return (f"verdict: not usable for planning as it is: the median batch is predicted from the others "
+                f"{abs_err.median():.1f}% off (goal ≤ {PROFILE_LOO_PCT:g}%; batch {named}); the step time is not "
+                "linear in the batch, or the rows are noisy: re-measure (geodt calibrate device, more --repeats)")
+    beyond = (f"; batch {named} beyond {PROFILE_LOO_PCT:g}%: a plan at those batches may be off by as much"
+              if len(off) else "")
+    return (f"verdict: usable for planning (median leave-one-out error {abs_err.median():.1f}% ≤ "
+            f"{PROFILE_LOO_PCT:g}%){beyond}")

@@ -103,7 +103,7 @@ def test_validate_emulated_is_a_schedule_check(tmp_path, capsys):
         assert (out / name).stat().st_size > 0
     processes = {e["args"]["name"] for e in json.loads((out / "trace.json").read_text())["traceEvents"]
                  if e.get("name") == "process_name"}
-    assert processes == {"predicted: baseline", "measured: baseline"}
+    assert processes == {"predicted: baseline", "emulated: baseline"}  # never called measured
     table = pd.read_csv(out / "validation.csv")
     assert list(table.columns) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert list(table["node"]) == ["fast", "medium", "slow", "slowest"]
@@ -116,6 +116,8 @@ def test_validate_emulated_is_a_schedule_check(tmp_path, capsys):
         assert row["compute_s"] >= 3 * steps[row["node"]] * 0.5 - 1e-3
     printed = capsys.readouterr().out
     assert "schedule check (emulated)" in printed and "mean loss by round" in printed
+    assert "verdict (schedule check (emulated)): round time, median over nodes |error| " in printed
+    assert set(table["verdict"].str.split(":").str[0]) <= {"within", "outside"}
 
 
 def test_validate_measures_by_default(tmp_path, capsys):
