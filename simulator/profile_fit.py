@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from facts.catalog import CatalogError, get_gpu, load_catalog
+from facts.presets import PresetError, load_arch
 from formats.profile import CHECKPOINT_COLUMNS, IDENTITY, OUTER_STEP_COLUMNS, ProfileError, read_profile_frame
 from formats.wire import MODEL_DTYPES
 
@@ -71,6 +73,48 @@ class _Curve:
             near = 0 if x < xs[0] else -1
             value = float(ys[near] * x / xs[near])
         return value
+
+
+# A calibrated training step slower than this is a unit slip (milliseconds written as seconds), not a
+# measurement: calibrate times single steps of batches that fit, seconds each on the slowest devices.
+MAX_STEP_S = 60.0
+
+
+def _peak_flops(gpu_key: str) -> float:
+    """The most FLOP/s the profile's device can do at any precision: its catalog entry's largest
+    figure, or for a nominal entry (a CPU) or an unknown key the fastest device in the catalog."""
+    def best(spec) -> float:
+        figures = (spec.fp32_tflops, spec.fp16_tflops, spec.fp16_acc16_tflops, spec.bf16_tflops)
+        return 1e12 * max(f for f in figures if f is not None)
+    try:
+        spec = get_gpu(gpu_key)
+    except CatalogError:
+        spec = None
+    if spec is not None and not spec.nominal:
+        return best(spec)
+    return max(best(s) for s in load_catalog().values())
+
+
+def check_step_units(source: str, batches: list[int], times: list[float], gpu_key: str, model: str,
+                     seq_len: int) -> None:
+    """Refuse (ProfileError, one line) step times no device could have measured: slower than
+    MAX_STEP_S, or more training FLOPs per second (Kaplan's 6·N + attention, a floor on the step's
+    work) than the device's peak: a profile written in milliseconds, or scaled."""
+    for batch, step_s in zip(batches, times):
+        if step_s > MAX_STEP_S:
+            raise ProfileError(f"{source}: column 'step_s_median': batch {batch}: {step_s:g} s; expected seconds, "
+                               f"under {MAX_STEP_S:g} (is it in milliseconds?)")
+    try:
+        flops_per_sample = load_arch(model).train_flops_per_token(seq_len) * seq_len
+    except (PresetError, OSError, ValueError):
+        return  # a model geodt cannot count: only the minute applies
+    peak = _peak_flops(gpu_key)
+    for batch, step_s in zip(batches, times):
+        achieved = flops_per_sample * batch / step_s
+        if achieved > peak:
+            raise ProfileError(f"{source}: column 'step_s_median': batch {batch}: {step_s:.3g} s would be "
+                               f"{achieved / 1e12:,.0f} TFLOP/s of {model}, beyond the device's peak "
+                               f"({peak / 1e12:,.0f}); expected seconds (is it scaled?)")
 
 
 def _measured_rows(frame: pd.DataFrame, source: str) -> tuple[list, ...]:
@@ -150,6 +194,7 @@ class ProfileModel:
         if not batches:
             raise ProfileError(f"{source}: column 'step_s_median': no batch ran without OOM; "
                                "expected at least one timed batch")
+        check_step_units(source, batches, times, self.gpu_key, self.model, self.seq_len)
         if ooms and min(ooms) <= max(batches):
             raise ProfileError(f"{source}: column 'oom': batch {min(ooms)} ran out of memory but "
                                f"{max(batches)} did not; expected OOM only above every fitting batch")

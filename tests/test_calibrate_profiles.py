@@ -14,8 +14,9 @@ from formats.profile import COLUMNS, ProfileError
 from simulator.profile_fit import ProfileModel, leave_one_out
 
 ROOT = Path(__file__).resolve().parents[1]
+# seq 128: the step times below are ones an RTX 3090 could measure (check_step_units)
 IDENTITY = {"device_name": "NVIDIA GeForce RTX 3090", "device_index": 0, "gpu_key": "rtx-3090",
-            "model": "llama-150m", "seq_len": 1024, "dtype": "bf16"}
+            "model": "llama-150m", "seq_len": 128, "dtype": "bf16"}
 
 
 def row(batch, step_s=None, mem=None, oom=False, total=24e9):
@@ -23,7 +24,7 @@ def row(batch, step_s=None, mem=None, oom=False, total=24e9):
     values.update(IDENTITY)
     values.update(batch_size=batch, step_s_median=step_s, step_s_p10=step_s, step_s_p90=step_s,
                   repeats=None if oom else 5, peak_mem_bytes=mem, mem_total_bytes=total, oom=oom,
-                  tokens_per_s=None if oom else batch * 1024 / step_s)
+                  tokens_per_s=None if oom else batch * 128 / step_s)
     return values
 
 
@@ -180,7 +181,7 @@ def test_mismatch_with_scenario_is_an_error(tmp_path, kwargs, column):
     path = write(tmp_path / "p.csv", [row(1, 0.1)])
     with pytest.raises(ProfileError, match=rf"p.csv: column '{column}'"):
         ProfileModel.from_csv(path, **kwargs)
-    assert ProfileModel.from_csv(path, seq_len=1024, dtype="bf16", model="llama-150m").step_s(1) == 0.1
+    assert ProfileModel.from_csv(path, seq_len=128, dtype="bf16", model="llama-150m").step_s(1) == 0.1
 
 
 def test_missing_file_names_path(tmp_path):
