@@ -120,5 +120,7 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
         raise FieldError(f"diloco.{exc.key}", f"strategy {strategy}: {exc.expected}") from None
 
 
-# Registration happens on import; keep this list in the order strategies are printed.
-from simulator.strategies import adaptive, hybrid, measured, network_aware, paper, slowest, streaming, sync_ddp  # noqa: E402, F401
+# Registration happens on import; keep this list in the order strategies are printed (not sorted).
+# isort: off
+from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware, streaming, adaptive  # noqa: E402, F401
+# isort: on
