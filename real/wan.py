@@ -102,7 +102,7 @@ def _step(what: str, fn, *args, **kwargs):
     """Run one netlink step; a failure becomes one line naming the kernel feature."""
     try:
         return fn(*args, **kwargs)
-    except Exception as exc:
+    except Exception as exc:  # NetlinkError, OSError: either way the feature is missing
         reason = getattr(exc, "strerror", None) or (str(exc).strip() or type(exc).__name__)
         raise WanError(f"--wan shaped: cannot {what} ({reason}); this kernel or container lacks it") from None
 
@@ -210,7 +210,7 @@ def _in_thread(fn, *args):
     def body():
         try:
             result["value"] = fn(*args)
-        except BaseException as exc:
+        except BaseException as exc:  # re-raised in the caller
             result["error"] = exc
 
     thread = threading.Thread(target=body, name="geodt-netns", daemon=True)
@@ -267,7 +267,7 @@ def _has_netem(ns) -> bool:
     lo = ns.link_lookup(ifname="lo")[0]
     try:
         ns.tc("add", "netem", index=lo, handle="1:", delay=1000)
-    except Exception:
+    except Exception:  # ENOENT: no such qdisc kind
         return False
     ns.tc("del", index=lo, handle="1:")
     return True
