@@ -5,6 +5,12 @@ stage that replaces --out's files only once all are written (simulator/outputs.p
 """
 from __future__ import annotations
 
+SIMULATE_HELP = ("Load a scenario, plan each strategy, simulate its rounds and compare: a summary on the screen, "
+                 "and the tables and figures in --out. The new files replace --out's old ones only once all are "
+                 "written, so an interrupted run leaves the old ones whole.")
+PLAN_HELP = ("Load a scenario and make one strategy's plan: print it and write plan.csv, scenario.toml and a "
+             "figure of its idle time per node (plan.png).")
+
 import argparse
 import sys
 from pathlib import Path
@@ -27,9 +33,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
                         help="the loss the run must reach ([training] target_loss): each strategy's predicted time "
                              "to it, and the recommendation ranks by it")
-    parser.add_argument("--large", action="store_true",
-                        help="allow work beyond the default limit (formats/limits.py: WORK_ROWS timeline rows) "
-                             "up to WORK_ROWS_LARGE")
+    from formats.limits import large_help
+
+    parser.add_argument("--large", action="store_true", help=large_help())
 
 
 def default_out(scenario_name: str, command: str, strategy: str | None = None) -> Path:
@@ -110,7 +116,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
     from simulator.run_outputs import TIMELINE_FULL_MAX_ROWS
     from simulator.strategies import STRATEGIES
 
-    parser = OneLineParser(prog=prog, description=__doc__)
+    parser = OneLineParser(prog=prog, description=PLAN_HELP if plan_only else SIMULATE_HELP)
     _common(parser)
     if plan_only:
         parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
