@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("geodt.run_cmd", "run_main", "real DiLoCo training with a strategy's plan"),
     "validate": ("geodt.run_cmd", "validate_main", "simulate and run a plan, compare them"),
     "paper": ("geodt.paper", "main", "regenerate the papers' tables and figures"),
+    "catalog": ("geodt.catalog_cmd", "catalog_main", "list the GPU types and model presets a scenario can name"),
 }
 
 # subcommand -> the extra that installs torch for it (the core install has no torch)
