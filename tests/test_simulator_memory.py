@@ -177,13 +177,13 @@ SMALL_ARGS = ["hetero-cpu", "--set", "training.rounds=2"]
 def test_plan_after_simulate_removes_and_names_the_stale_outputs(tmp_path, capsys):
     out = tmp_path / "o"
     assert simulate_main([*SMALL_ARGS, "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["loss.png", "plan.csv", "scenario.toml", "summary.csv",
+    assert sorted(p.name for p in out.iterdir()) == ["idle.png", "loss.png", "plan.csv", "scenario.toml", "summary.csv",
                                                       "syncs.parquet", "timeline.parquet", "trace.json"]
     capsys.readouterr()
     assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out)]) == 0
     assert ("removed summary.csv, trace.json, timeline.parquet, syncs.parquet, loss.png of an earlier command"
             in capsys.readouterr().out)
-    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml"]
+    assert sorted(p.name for p in out.iterdir()) == ["idle.png", "plan.csv", "scenario.toml"]
 
 
 def test_a_directory_where_a_file_goes_writes_nothing(tmp_path, capsys):
