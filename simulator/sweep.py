@@ -185,6 +185,9 @@ class KindTables:
         """t_k(b) for kind indices and batches of one shape: slowest GPU type plus the intra-node collectives.
 
         The same float operations as NodeTiming.estimate_s (gpu_step_s per type, max, + collectives)."""
+        if len(self.estimates) == 1:  # one layout for every kind (the common case): no masks
+            per_type = np.stack([_step_s(est, np.asarray(batch)) for est in self.estimates[0]], axis=-1)
+            return np.where(self.present[kind], per_type, -np.inf).max(axis=-1) + self.intra_s[kind]
         kind, batch = np.broadcast_arrays(np.asarray(kind), np.asarray(batch))
         out = np.empty(kind.shape, dtype=float)
         group = self.group[kind]
