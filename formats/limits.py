@@ -71,6 +71,12 @@ SWEEP_STEPS = 3_000_000
 SWEEP_STEPS_LARGE = 60_000_000
 
 
+def large_help(unit: str = "timeline rows (nodes x rounds, summed over the strategies)",
+               limits: tuple[int, int] = (WORK_ROWS, WORK_ROWS_LARGE)) -> str:
+    """--large's help, in the user's words: the two limits and what they count."""
+    return f"allow work beyond {limits[0]:,} {unit}, up to {limits[1]:,} (it takes longer)"
+
+
 def check_work(rows_by_strategy: dict[str, int], large: bool = False, unit: str = "timeline rows",
                output: str | None = None, limits: tuple[int, int] = (WORK_ROWS, WORK_ROWS_LARGE),
                duration: str = "about a minute") -> str | None:

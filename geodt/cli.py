@@ -1,6 +1,7 @@
 """The `geodt` command: a table of subcommands, each a `main(argv) -> int` imported lazily.
 
-Lazy imports keep `geodt simulate` free of torch: only the subcommand that runs is imported.
+Lazy imports keep `geodt simulate` free of torch: only the subcommand that runs is imported, and
+the commands that need torch import it only once they run (their --help reads without it).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": ("geodt.run_cmd", "run_main", "real DiLoCo training with a strategy's plan"),
     "validate": ("geodt.run_cmd", "validate_main", "simulate and run a plan, compare them"),
     "paper": ("geodt.paper", "main", "regenerate the papers' tables and figures"),
+    "catalog": ("geodt.catalog_cmd", "catalog_main", "list the GPU types and model presets a scenario can name"),
 }
 
 # subcommand -> the extra that installs torch for it (the core install has no torch)
@@ -33,9 +35,9 @@ def version() -> str:
     try:
         return installed("geodt")
     except PackageNotFoundError:
-        import tomllib
         from pathlib import Path
 
+        import tomllib
         return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -59,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
-    missing = [p for p in ("torch", "transformers") if name in NEEDS_TORCH and importlib.util.find_spec(p) is None]
+    # --help reads without torch: every command's parser is built from torch-free modules (tests/test_help.py)
+    wants_help = any(a in ("-h", "--help") for a in rest)
+    missing = [p for p in ("torch", "transformers")
+               if name in NEEDS_TORCH and not wants_help and importlib.util.find_spec(p) is None]
     if missing:
         extra = NEEDS_TORCH[name]
         print(f"geodt {name}: needs {' and '.join(missing)}, not installed; install with pip install 'geodt[{extra}]' "

@@ -28,6 +28,7 @@ from geodt.validation import (MODES, VARIABILITY_SAMPLES, device_kind, plot_vali
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     from formats.cli import OneLineParser, positive_float
+    from formats.limits import large_help
     from real.cli import add_exec_arguments
 
     from simulator.strategies.registry import STRATEGIES
@@ -44,8 +45,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")
     add_exec_arguments(parser)
-    parser.add_argument("--large", action="store_true",
-                        help="allow a plan beyond the default work limit (formats/limits.py) up to WORK_ROWS_LARGE")
+    parser.add_argument("--large", action="store_true", help=large_help())
     if validate:
         parser.add_argument("--no-emulate", action="store_true",
                             help="run for real (the default; kept for older command lines)")

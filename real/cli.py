@@ -46,7 +46,7 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--on-node-loss", choices=("stop", "continue"), default="stop",
                         help="stop: a node whose process dies stops the run (--resume continues it); continue: "
                              "the others average among themselves from the next round (one process per node, "
-                             "CPU, classic DiLoCo; real/elastic.py)")
+                             "CPU, classic DiLoCo)")
     parser.add_argument("--rejoin-after-s", type=float, default=None, metavar="S",
                         help="with --on-node-loss continue: restart a lost node's process S seconds after it "
                              "died (once); it rejoins at a round boundary from a live peer's weights")

@@ -16,6 +16,13 @@ from formats.errors import FieldError, InputError
 from formats.timeline import LOSS_COLUMNS
 from simulator.loss_figure import loss_figure
 from simulator.loss_prediction import describe, format_time, loss_setup, plan_rounds, predict
+from simulator.run_figure import idle_figure
+
+SIMULATE_HELP = ("Load a scenario, plan each strategy, simulate its rounds and compare: a summary on the screen, "
+                 "and the tables and figures in --out. The new files replace --out's old ones only once all are "
+                 "written, so an interrupted run leaves the old ones whole.")
+PLAN_HELP = ("Load a scenario and make one strategy's plan: print it and write plan.csv, scenario.toml and a "
+             "figure of its idle time per node and its first rounds (idle.png).")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +34,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
                         help="the loss the run must reach ([training] target_loss): each strategy's predicted time "
                              "to it, and the recommendation ranks by it")
-    parser.add_argument("--large", action="store_true",
-                        help="allow work beyond the default limit (formats/limits.py: WORK_ROWS timeline rows) "
-                             "up to WORK_ROWS_LARGE")
+    from formats.limits import large_help
+
+    parser.add_argument("--large", action="store_true", help=large_help())
 
 
 def default_out(scenario_name: str, command: str, strategy: str | None = None) -> Path:
@@ -110,7 +117,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
     from simulator.run_outputs import TIMELINE_FULL_MAX_ROWS
     from simulator.strategies import STRATEGIES
 
-    parser = OneLineParser(prog=prog, description=__doc__)
+    parser = OneLineParser(prog=prog, description=PLAN_HELP if plan_only else SIMULATE_HELP)
     _common(parser)
     if plan_only:
         parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
@@ -157,18 +164,22 @@ def _run(argv: list[str], plan_only: bool) -> int:
         try:
             if plan_only:
                 results, notes = [(p, None, None) for p in plans], []
-                stale = write_output_set(out, {"plan.csv": _plan_csv(scenario, plans),
-                                               "scenario.toml": scenario.to_toml().encode()})
-                losses = _plan_losses(scenario, plans, setup) if setup.target is not None else None
+                timelines = _plan_timelines(scenario, plans)
+                files = {"plan.csv": _plan_csv(scenario, plans), "scenario.toml": scenario.to_toml().encode(),
+                         "idle.png": idle_figure([_idle_run(p.strategy, timelines[p.strategy]) for p in plans])}
+                stale = write_output_set(out, files)
+                written = list(files)
+                losses = _plan_losses(scenario, plans, setup, timelines) if setup.target is not None else None
             else:
-                results, notes, stale, losses = _simulate(out, scenario, plans, args, setup)
+                results, notes, stale, losses, written = _simulate(out, scenario, plans, args, setup)
         except OutputError as exc:
             raise InputError(f"--out {out}: {exc}") from None
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     _print_results(scenario, results, plan_only, getattr(args, "wide", False))
-    print(f"\nwrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
+    print(f"\nwrote {out}/: {', '.join(written)}"
+          + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     for note in notes:
         print(note)
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
@@ -200,11 +211,24 @@ def loss_notes(setup, losses: dict) -> str:
     return "\n".join(lines)
 
 
-def _plan_losses(scenario, plans, setup) -> dict:
-    """`geodt plan --target-loss`: each plan's rounds simulated (the exact engine) for the loss model."""
+def _plan_timelines(scenario, plans) -> dict:
+    """`geodt plan`: each plan's rounds simulated (the exact engine), for idle.png and the loss model."""
     from simulator.engine import simulate
 
-    return {p.strategy: predict(setup, scenario, p, plan_rounds(p, simulate(scenario, p, "auto"))) for p in plans}
+    return {p.strategy: simulate(scenario, p, "auto") for p in plans}
+
+
+def _plan_losses(scenario, plans, setup, timelines: dict) -> dict:
+    """`geodt plan --target-loss`: the loss model over each plan's simulated rounds."""
+    return {p.strategy: predict(setup, scenario, p, plan_rounds(p, timelines[p.strategy])) for p in plans}
+
+
+def _idle_run(strategy: str, timeline: pd.DataFrame) -> tuple:
+    """idle_figure's entry of one strategy from its whole timeline."""
+    from simulator.totals import RunTotals
+
+    totals = RunTotals.of(timeline)
+    return strategy, totals.nodes, totals.per_node[:, 1], timeline
 
 
 def _plans(scenario, source: str, strategies: list[str]) -> list:
@@ -222,11 +246,11 @@ def _plan_csv(scenario, plans) -> bytes:
     return csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True))
 
 
-def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple], list[str], list[str], dict]:
+def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple], list[str], list[str], dict, list]:
     """Simulate every plan into --out's stage, the tables written chunk by chunk as the engine
     produces them (simulator/run_outputs.py); then plan.csv, summary.csv, trace.json and
-    scenario.toml, and the whole set renamed into place. ((plan, totals, summary) per strategy,
-    the notes to print, the stale files removed)."""
+    scenario.toml, loss.png and idle.png, and the whole set renamed into place. ((plan, totals,
+    summary) per strategy, the notes to print, the stale files removed, the files written)."""
     from formats.timeline import SYNC_COLUMNS, TIMELINE_COLUMNS
     from simulator.engine import check_size, pick_engine, summary
     from simulator.outputs import StagedOutput, csv_bytes
@@ -239,7 +263,8 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
     rounds = [plan.rounds or scenario.training.rounds for plan in plans]
     blocks = [block_rounds(r, len(p.nodes), args.full_timeline) for r, p in zip(rounds, plans)]
     columns = TIMELINE_COLUMNS + (["rounds"] if max(blocks) > 1 else [])
-    names = ["plan.csv", f"timeline.{fmt}", "summary.csv", f"syncs.{fmt}", "trace.json", "scenario.toml", "loss.png"]
+    names = ["plan.csv", f"timeline.{fmt}", "summary.csv", f"syncs.{fmt}", "trace.json", "scenario.toml", "loss.png",
+             "idle.png"]
     cap = None if args.full_trace else TRACE_MAX_NODE_ROUNDS
     engines = [pick_engine(scenario, plan, args.engine) for plan in plans]
     with StagedOutput(out, names) as stage:
@@ -258,13 +283,15 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
         files = {"plan.csv": csv_bytes(plan_frame),
                  "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
                  "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode(),
-                 "loss.png": loss_figure(losses, setup)}
+                 "loss.png": loss_figure(losses, setup),
+                 "idle.png": idle_figure([(s.plan.strategy, s.totals.nodes, s.totals.per_node[:, 1],
+                                           pd.concat([t for t, _ in s.heads], ignore_index=True)) for s in sinks])}
         for name, data in files.items():
             with stage.open(name) as handle:
                 handle.write(data)
         stale = stage.commit()
     notes = _notes(sinks, engines, fmt, kept)
-    return results, notes, stale, losses
+    return results, notes, stale, losses, names
 
 
 def with_losses(summ: pd.DataFrame, pred: dict) -> pd.DataFrame:

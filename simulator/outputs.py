@@ -64,7 +64,7 @@ def save_figure(fig, path: str | Path, **savefig_kwargs) -> Path:
 # What simulate, plan and sweep --table write: one of them found in --out but not written by
 # the command now running is an earlier command's output, stale beside the new ones.
 OWNED = ("plan.csv", "timeline.csv", "summary.csv", "syncs.csv", "scenario.toml", "table.csv", "table.md",
-         "trace.json", "timeline.parquet", "syncs.parquet", "loss.png")
+         "trace.json", "timeline.parquet", "syncs.parquet", "loss.png", "idle.png")
 
 
 class OutputError(OSError):

@@ -8,9 +8,10 @@ A node kind is K GPUs: one type (homogeneous nodes) or any multiset of the given
 independently and uniformly from the kinds), each at every bandwidth.
 
 The fast path decides a chunk of scenarios at once. Step times come from the per-GPU-type
-coefficients of `simulator.timing.gpu_step_s` on the base scenario, combined exactly as
-`NodeTiming` does (slowest GPU, then the intra-node all-reduce), so the floats are the same
-ones `make_plan` sees. Every strategy is decided by its one registered, batched rule (the
+coefficients of `simulator.timing.gpu_step_s` on the base scenario, each node kind under the
+memory layout `geodt plan` chooses for it (sharding, recomputation: simulator/sweep_fit.py),
+combined exactly as `NodeTiming` does (slowest GPU, then the intra-node collectives), so the
+floats are the same ones `make_plan` sees. Every strategy is decided by its one registered, batched rule (the
 function make_plan runs on a batch of one), so any registered strategy sweeps. Rounds
 are deterministic, so the metrics are closed forms of the plan (the analytic engine's
 sums, in another order: they agree with `simulate` to rounding, and the plans agree
@@ -40,13 +41,13 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from formats.errors import InputError
 from simulator.loss_prediction import loss_setup, sweep_losses
-from simulator.network import outer_step_s
+from simulator.network import node_outer_step_s, outer_step_s
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
 from simulator.strategies.tables import NetTables, NodeTables, batch_cap, fragment_keys, node_spec_tflops
-from simulator.timing import NodeTiming, gpu_estimate, intra_node_allreduce_s
+from simulator.sweep_fit import check_kinds_fit, kind_node, kind_timing
+from simulator.timing import gpu_estimate, intra_node_comm_s
 
 Kind = tuple[tuple[str, int], ...]  # ((gpu key, count), ...) in the order of --gpu-types
 
@@ -128,40 +129,50 @@ def scenario_grid(spec: SweepSpec, n_kinds: int) -> tuple[np.ndarray, np.ndarray
     return np.repeat(mixes, len(bws), axis=0), np.tile(bws, len(mixes))
 
 
-# The sweep's closed form is the unsharded one (t0 + c·b plus the gradient all-reduce): its nodes
-# are planned unsharded, without recomputation, whatever the base scenario's [training] says.
-UNSHARDED_NODE = {"sharding": "none", "activation_checkpointing": "none"}
-
-
 class KindTables:
-    """Per node kind, what the strategies need, computed from the base scenario exactly as NodeTiming does."""
+    """Per node kind, what the strategies need, computed from the base scenario exactly as NodeTiming does
+    (each kind under the memory layout plan chooses for it: simulator/sweep_fit.py)."""
 
     def __init__(self, base: Scenario, kinds: list[Kind]):
         self.base, self.kinds = base, kinds
         b = base.training.batch_size
-        single = {}
-        for key in sorted({k for kind in kinds for k, _ in kind}):
-            node = NodeConfig(name="x", gpus={key: 1}, **UNSHARDED_NODE)
-            single[key] = NodeTiming(replace(base, nodes=(node,)), node, 0)
-        for key, timing in single.items():  # every node must hold the baseline batch (and so batch 1)
-            problem = timing.memory_problem(b)
-            if problem is not None:
-                raise InputError(f"--gpu-types {key}: cannot hold the base scenario's batch {b}: {problem}; "
-                                 "expected GPU types that hold it (or a smaller training.batch_size)")
-        type_max = {key: t.max_batch() for key, t in single.items()}
-        self.max_batch = np.array([min(type_max[key] for key, _ in kind) for kind in kinds], dtype=np.int64)
-        self.types = tuple(single)
-        self.estimates = [gpu_estimate(base, key) for key in self.types]
+        self.types = tuple(dict.fromkeys(key for kind in kinds for key, _ in kind))
+        check_kinds_fit(base, self.types, sum(c for _, c in kinds[0]))  # every node must hold batch b
+        timings: dict[frozenset, object] = {}  # kinds of the same types share layout, limits, collectives
+        for kind in kinds:
+            timings.setdefault(frozenset(key for key, _ in kind), kind_timing(base, kind))
+        per_kind = [timings[frozenset(key for key, _ in kind)] for kind in kinds]
+        self.max_batch = np.array([t.max_batch() for t in per_kind], dtype=np.int64)
+        self._estimate_groups(per_kind)
         self.present = np.array([[key in dict(kind) for key in self.types] for kind in kinds])
         self.gpus = np.array([sum(c for _, c in kind) for kind in kinds], dtype=np.int64)
         configs = [self.node_config(kind, "x") for kind in kinds]
-        self.intra_s = np.array([intra_node_allreduce_s(base, node) for node in configs])
+        self.intra_s = np.array([t.intra_s for t in per_kind])
+        self.outer_kind_s = np.array([node_outer_step_s(base, node, t.layout) for node, t in zip(configs, per_kind)])
         spec = np.array([node_spec_tflops(base, node) for node in configs]).reshape(len(kinds), 2)
         self.mean_tflops, self.slowest_tflops = spec[:, 0], spec[:, 1]
         cap = batch_cap(b)
         batches = np.arange(1, cap + 1, dtype=np.int64)
         table = self.step_of(np.arange(len(kinds))[:, None], batches[None, :])  # (K, cap)
         self.step_table = np.where(batches[None, :] <= self.max_batch[:, None], table, np.inf)
+
+    def _estimate_groups(self, per_kind) -> None:
+        """Per-type estimates of each distinct (layout, overlapped collectives), as NodeTiming.estimate_s
+        takes them: fsdp overlaps its collectives with compute, the other layouts add them after."""
+        groups: dict = {}
+        self.group = np.empty(len(per_kind), dtype=np.int64)
+        for k, timing in enumerate(per_kind):
+            layout = timing.layout
+            overlapped = intra_node_comm_s(timing.scenario, timing.node, layout)[0] if layout.sharding == "fsdp" else 0.0
+            self.group[k] = groups.setdefault((layout, overlapped), len(groups))
+        self.estimates = [[gpu_estimate(self.base, key, layout, overlapped) for key in self.types]
+                          for layout, overlapped in groups]
+
+    def outer_s(self, kinds: np.ndarray) -> np.ndarray:
+        """(S,) the outer step each scenario's plan prices: its slowest node's under the node's layout
+        (make_plan's). The engines time a fragment's outer step as outer_step_s(scenario), without
+        layouts, and so do the sweep's metrics (chunk_frame)."""
+        return self.outer_kind_s[kinds].max(axis=1)
 
     def loss_setup(self, nodes: int):
         """The loss model of the base scenario at this node count (once per sweep process and count)."""
@@ -171,12 +182,21 @@ class KindTables:
         return cache[nodes]
 
     def step_of(self, kind: np.ndarray, batch: np.ndarray) -> np.ndarray:
-        """t_k(b) for kind indices and batches of one shape: slowest GPU type plus the intra-node all-reduce.
+        """t_k(b) for kind indices and batches of one shape: slowest GPU type plus the intra-node collectives.
 
-        The same float operations as NodeTiming.estimate_s (gpu_step_s per type, max, + all-reduce)."""
-        per_type = np.stack([est.step_s(batch) for est in self.estimates], axis=-1)  # (..., T)
-        slowest = np.where(self.present[kind], per_type, -np.inf).max(axis=-1)
-        return slowest + self.intra_s[kind]
+        The same float operations as NodeTiming.estimate_s (gpu_step_s per type, max, + collectives)."""
+        if len(self.estimates) == 1:  # one layout for every kind (the common case): no masks
+            per_type = np.stack([_step_s(est, np.asarray(batch)) for est in self.estimates[0]], axis=-1)
+            return np.where(self.present[kind], per_type, -np.inf).max(axis=-1) + self.intra_s[kind]
+        kind, batch = np.broadcast_arrays(np.asarray(kind), np.asarray(batch))
+        out = np.empty(kind.shape, dtype=float)
+        group = self.group[kind]
+        for g, estimates in enumerate(self.estimates):
+            sel = group == g
+            if sel.any():
+                per_type = np.stack([_step_s(est, batch[sel]) for est in estimates], axis=-1)  # (m, T)
+                out[sel] = np.where(self.present[kind[sel]], per_type, -np.inf).max(axis=-1) + self.intra_s[kind[sel]]
+        return out
 
     def tables(self, kinds: np.ndarray) -> NodeTables:
         """The strategies' arrays for a chunk of scenarios (kinds (S, n))."""
@@ -191,7 +211,7 @@ class KindTables:
 
     @staticmethod
     def node_config(kind: Kind, name: str) -> NodeConfig:
-        return NodeConfig(name=name, gpus=dict(kind), **UNSHARDED_NODE)
+        return kind_node(kind, name)
 
     def scenario(self, kinds_row, bandwidth_gbps: float) -> Scenario:
         """The Scenario a sweep row stands for (what make_plan + simulate would be given)."""
@@ -201,10 +221,19 @@ class KindTables:
         return scenario
 
 
+def _step_s(estimate, batch: np.ndarray) -> np.ndarray:
+    """estimate.step_s elementwise: at once, or batch by batch where collectives overlap the compute
+    (fsdp: its scalar overlap rule), so that the floats are NodeTiming's."""
+    if not estimate.comm_s:
+        return estimate.step_s(batch)
+    values, where = np.unique(batch, return_inverse=True)
+    return np.array([estimate.step_s(int(v)) for v in values], dtype=float)[where.reshape(batch.shape)]
+
+
 def _net(kt: KindTables, kinds: np.ndarray, bw: np.ndarray) -> NetTables:
     base = kt.base
     return NetTables(links_gbps=np.broadcast_to(bw[:, None], kinds.shape).astype(float),
-                     outer_step_s=np.full(len(kinds), outer_step_s(base)), params=base.model.param_count,
+                     outer_step_s=kt.outer_s(kinds), params=base.model.param_count,
                      latency_ms=base.network.latency_ms, payload_dtype=base.network.payload_dtype,
                      collective=base.network.collective, **fragment_keys(base))
 
@@ -314,5 +343,14 @@ def validate_strategies(names) -> None:
         raise KeyError(unknown[0])
 
 
-__all__ = ["SweepSpec", "KindTables", "node_kinds", "scenario_grid", "decide", "metrics", "chunk_frame",
-           "round_half_up", "spec_digest"]
+__all__ = [
+    "KindTables",
+    "SweepSpec",
+    "chunk_frame",
+    "decide",
+    "metrics",
+    "node_kinds",
+    "round_half_up",
+    "scenario_grid",
+    "spec_digest",
+]

@@ -26,6 +26,19 @@ from pathlib import Path
 
 from formats.cli import non_negative_int, positive_float, positive_int
 
+SWEEP_HELP = """\
+    geodt sweep --nodes 4 --gpus-per-node 4 --gpu-types a30,v100,t4 [--mixed-nodes]
+                --bandwidth-gbps 0.1,1,10 [--strategy S ...] --samples N --seed S --out DIR
+    geodt sweep --table paper --out DIR       every strategy on one scenario (event-by-event engine)
+
+A sweep plans and scores every strategy on many node mixes and bandwidths at once, on every
+core (or on a Dask cluster with --scheduler). Each node is laid out in memory (sharding,
+recomputation) as `geodt plan` lays it out. Finished chunks are kept in DIR/parts-chunkN/, so
+an interrupted sweep resumes when rerun with the same arguments. At the end DIR/sweep/ holds
+the dataset (one row per scenario and strategy, Parquet; --csv adds DIR/sweep.csv), with
+DIR/sweep.sha256 (its digests, written last), spec.json, scenario.toml, the figures and the
+findings. A second identical sweep into the same DIR waits for the first, then finds it done.
+"""
 CHUNK = 500
 MAX_NODES = 1000
 MAX_GPUS_PER_NODE = 64
@@ -49,8 +62,9 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def parser():
     from formats.cli import OneLineParser
+    from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
 
-    p = OneLineParser(prog="geodt sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(prog="geodt sweep", description=SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", metavar="SCENARIO", help="instead of a sweep: every strategy on this scenario")
     p.add_argument("--base", default="paper", help="scenario whose model, training and network a sweep keeps (default paper)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -73,7 +87,7 @@ def parser():
     p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
     p.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
                    help="the loss to reach ([training] target_loss): the dataset gains loss_end and "
-                        "time_to_target_s per scenario and strategy (the loss model, simulator/loss_prediction.py)")
+                        "time_to_target_s per scenario and strategy (the predicted loss curve)")
     p.add_argument("--no-figures", action="store_true", help="write the table only")
     p.add_argument("--csv", action="store_true", help="also sweep.csv (and its digest) beside the dataset sweep/")
     p.add_argument("--scheduler", metavar="ADDRESS",
@@ -81,7 +95,8 @@ def parser():
                         "instead of local processes; the results are the same bytes")
     p.add_argument("--out", help="output directory (a sweep: required; --table: default out/<scenario name>/table)")
     p.add_argument("--large", action="store_true",
-                   help="allow work beyond the default limit (formats/limits.py), up to WORK_ROWS_LARGE (SWEEP_STEPS_LARGE for its streaming)")
+                   help=large_help() + "; for streaming, " + large_help(
+                       "fragment-sync steps (chunks x rounds x nodes x 17)", (SWEEP_STEPS, SWEEP_STEPS_LARGE)))
     return p
 
 

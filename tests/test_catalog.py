@@ -226,3 +226,33 @@ def test_missing_catalog_file(tmp_path):
 def test_shipped_catalog_reads_cleanly():
     assert read_catalog(CATALOG_PATH) == load_catalog()
     assert isinstance(next(iter(load_catalog().values())), GpuSpec)
+
+
+def test_geodt_catalog_lists_every_gpu_with_its_figures_and_the_presets(capsys):
+    """`geodt catalog` (issue 42): every GPU type of facts/ with memory, peak TFLOPS by dtype and
+    memory bandwidth, then the model presets, in one table each."""
+    from facts.presets import PRESETS
+    from geodt.cli import main
+
+    assert main(["catalog"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+    for key, spec in load_catalog().items():
+        row = lines[key]
+        assert f"{spec.memory_gb:g}" in row and f"{spec.memory_bandwidth_gbs:g}" in row, row
+        assert f"{spec.fp32_tflops:g}" in row, row
+    assert "memory_gb" in out and "fp32_tflops" in out and "memory_bandwidth_gbs" in out
+    for name, arch in PRESETS.items():
+        assert name in lines and f"{arch.params:,}" in lines[name], lines.get(name)
+    row = lines["v100"]
+    assert row[row.index(f"{get_gpu('v100').fp32_tflops:g}") + 1] == f"{get_gpu('v100').fp16_tflops:g}"
+
+
+def test_geodt_catalog_refuses_arguments_in_one_line(capsys):
+    from geodt.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["catalog", "--bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--bogus" in err, err

@@ -47,7 +47,7 @@ def test_overrides_and_engine(tmp_path):
 
 def test_plan_writes_plan_only(tmp_path, capsys):
     assert plan_main(["paper", "--strategy", "A", "--out", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.csv", "scenario.toml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["idle.png", "plan.csv", "scenario.toml"]
     assert list(pd.read_csv(tmp_path / "plan.csv").batch_size) == [4, 4, 6, 5]
 
 

@@ -153,11 +153,12 @@ def test_a_newly_registered_strategy_sweeps_and_plans_alike(monkeypatch):
 
 def test_sweep_refuses_a_gpu_type_that_cannot_hold_the_batch(tmp_path, capsys):
     from simulator.sweep_cli import main as sweep
+    # one GPU per node: nothing to shard over (with 4, plan and sweep both shard the t4 and fit it)
     args = ["--gpu-types", "a100-80gb,t4", "--set", 'model.preset="llama-1b"', "--set", "model.seq_len=2048",
-            "--samples", "4", "--out", str(tmp_path / "o")]
+            "--gpus-per-node", "1", "--samples", "4", "--out", str(tmp_path / "o")]
     assert sweep(args) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--gpu-types t4: cannot hold" in err and "t4: batch 4 needs" in err
+    assert len(err.splitlines()) == 1 and "--gpu-types t4: 1 of 2 GPU types cannot hold" in err and "t4: batch 4 needs" in err
     assert not (tmp_path / "o").exists()
 
 
@@ -177,13 +178,13 @@ SMALL_ARGS = ["hetero-cpu", "--set", "training.rounds=2"]
 def test_plan_after_simulate_removes_and_names_the_stale_outputs(tmp_path, capsys):
     out = tmp_path / "o"
     assert simulate_main([*SMALL_ARGS, "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["loss.png", "plan.csv", "scenario.toml", "summary.csv",
+    assert sorted(p.name for p in out.iterdir()) == ["idle.png", "loss.png", "plan.csv", "scenario.toml", "summary.csv",
                                                       "syncs.parquet", "timeline.parquet", "trace.json"]
     capsys.readouterr()
     assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out)]) == 0
     assert ("removed summary.csv, trace.json, timeline.parquet, syncs.parquet, loss.png of an earlier command"
             in capsys.readouterr().out)
-    assert sorted(p.name for p in out.iterdir()) == ["plan.csv", "scenario.toml"]
+    assert sorted(p.name for p in out.iterdir()) == ["idle.png", "plan.csv", "scenario.toml"]
 
 
 def test_a_directory_where_a_file_goes_writes_nothing(tmp_path, capsys):

@@ -15,6 +15,12 @@ def test_readme_section_is_rendered_from_the_committed_sweep():
     frame, dtype = sf.load(ROOT / "results" / "sweep")
     readme = (ROOT / "README.md").read_text()
     assert sf.replace_section(readme, sf.render(frame, dtype)) == readme
+    details = (ROOT / "results" / "sweep" / "README.md").read_text()
+    assert sf.details_file(details, sf.render_details(frame)) == details
+    # the README keeps a summary and a pointer; the long throughput paragraph lives in results/sweep (issue 42)
+    section = readme[readme.index(sf.START):readme.index(sf.END)]
+    assert max(len(line) for line in section.splitlines()) < 800 and "results/sweep/README.md" in section
+    assert "`network-aware`'s payload" in details and "`network-aware`'s payload" not in section
     assert sf.main(["--sweep", str(ROOT / "results" / "sweep"), "--readme", str(ROOT / "README.md"), "--check"]) == 0
 
 
@@ -79,4 +85,4 @@ def test_streaming_findings_by_hand():
     assert s["margin"] == pytest.approx(2.0 / 1.5)
     assert s["over_hybrid"] == pytest.approx(1.25 / 1.2)
     assert "at 1 Gbit/s it wins 1 of 3 (0 of them with the slowest node's step within 3× of the fastest's), by a median 33.3% over the next best (most often `B`)" \
-        in sf.render(frame, "fp16")
+        in sf.render_details(frame)

@@ -52,14 +52,15 @@ def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, flo
 
 def main(argv: list[str]) -> int:
     from calibrate.cli import calibrate_main, calibrate_parser, out_paths
-    from calibrate.harness import resolve_devices
-    from calibrate.profile_writer import set_profile_columns
-    from facts.presets import load_arch
-    from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
 
     status = calibrate_main(argv)
     if status != 0 or "-h" in argv or "--help" in argv:
         return status
+    from calibrate.harness import resolve_devices  # torch: only once the help is past
+    from calibrate.profile_writer import set_profile_columns
+    from facts.presets import load_arch
+    from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
+
     args = calibrate_parser().parse_args(argv)
     devices = resolve_devices(args.device)
     params = load_arch(args.model).params

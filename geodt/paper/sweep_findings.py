@@ -2,11 +2,13 @@
 
 Every number in that section is computed here from sweep.csv (and the base scenario's dtype and
 payload from the scenario.toml beside it), and the README holds the rendered text between two
-markers. After a new sweep, re-render it:
+markers: the idle each strategy leaves, and a one-line pointer to results/sweep/README.md, which
+this also writes, with the throughput details (per bandwidth: the winners, the speed-ups, the
+payloads, streaming, B and sync-ddp). After a new sweep, re-render both:
 
     python -m geodt.paper.sweep_findings [--sweep results/sweep] [--readme README.md] [--check]
 
---check only compares (exit 1 if the README's section differs); tests/test_sweep_findings.py
+--check only compares (exit 1 if either differs); tests/test_sweep_findings.py
 runs the same comparison, so the README cannot drift from the committed CSV. The text names
 no winner in advance: which strategy wins, and by how much, is read off the CSV.
 """
@@ -101,6 +103,7 @@ def _bws(values: dict, fmt) -> str:
 
 
 def render(frame: pd.DataFrame, dtype: str) -> str:
+    """The README's section: what the sweep covers, the figures, the idle left, the pointer to the details."""
     f = findings(frame)
     med, tok = f["median_left_pct"], f["median_tokens_x"]
     bw_text = ", ".join(f"{b:g}" for b in f["bandwidths"])
@@ -132,6 +135,16 @@ def render(frame: pd.DataFrame, dtype: str) -> str:
                  f"{lo_all:.1f}-{hi_all:.1f}%.")
     lines.append(text)
     lines.append("")
+    wins = ", ".join(f"`{w}` at {bw:g} Gbit/s" for bw, (w, _) in f["wins"].items())
+    lines.append(f"Most tokens per second: {wins}; per bandwidth, by how much, and with which payload: "
+                 "[results/sweep/README.md](results/sweep/README.md).")
+    return "\n".join(lines)
+
+
+def render_details(frame: pd.DataFrame) -> str:
+    """results/sweep/README.md's findings: throughput per bandwidth, strategy by strategy."""
+    f = findings(frame)
+    bw_text = ", ".join(f"{b:g}" for b in f["bandwidths"])
     wins = ", ".join(f"at {bw:g} Gbit/s `{w}` ({p:.0f}% of the scenarios)" for bw, (w, p) in f["wins"].items())
     text = f"Most tokens per second: {wins}."
     sp = f["speedup"]
@@ -152,8 +165,19 @@ def render(frame: pd.DataFrame, dtype: str) -> str:
     if "sync-ddp" in sp:
         text += (" `sync-ddp` pays an all-reduce per step: " + _bws(sp["sync-ddp"], lambda v: f"{v:.2f}×")
                  + f" the baseline's throughput; it wins {f['win_counts'].get('sync-ddp', 0)} scenarios.")
-    lines.append(text)
-    return "\n".join(lines)
+    return text
+
+
+DETAILS_HEAD = ("# results/sweep: what-ifs over node mixes\n\n"
+                "`geodt sweep`'s dataset (`sweep/`, `sweep.csv`), its figures and base scenario; the top-level "
+                "README's \"When each strategy wins\" summarises it. Throughput, per bandwidth:\n\n")
+
+
+def details_file(old: str | None, section: str) -> str:
+    """results/sweep/README.md with its marked section replaced (the whole file when it has none yet)."""
+    if old is not None and START in old:
+        return replace_section(old, section)
+    return f"{DETAILS_HEAD}{START}\n{section}\n{END}\n"
 
 
 def _streaming_text(per_bw: dict) -> str:
@@ -202,22 +226,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--readme", default="README.md")
     p.add_argument("--check", action="store_true", help="only compare; exit 1 if the README differs")
     args = p.parse_args(argv)
-    readme = Path(args.readme)
+    readme, details = Path(args.readme), Path(args.sweep) / "README.md"
     try:
         frame, dtype = load(Path(args.sweep))
         text = readme.read_text()
-        new = replace_section(text, render(frame, dtype))
+        old = details.read_text() if details.exists() else None
+        pages = {readme: (text, replace_section(text, render(frame, dtype))),
+                 details: (old, details_file(old, render_details(frame)))}
     except (OSError, KeyError, ValueError) as exc:
         print(f"sweep_findings: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        if new != text:
-            print(f"{readme}: the sweep findings differ from {args.sweep}/sweep.csv; re-render without --check",
-                  file=sys.stderr)
+        differ = [str(path) for path, (was, new) in pages.items() if was != new]
+        if differ:
+            print(f"{', '.join(differ)}: the sweep findings differ from {args.sweep}/sweep.csv; re-render without "
+                  "--check", file=sys.stderr)
             return 1
         return 0
-    write_text(readme, new)
-    print(f"wrote {readme}")
+    for path, (_, new) in pages.items():
+        write_text(path, new)
+        print(f"wrote {path}")
     return 0
 
 
