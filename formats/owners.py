@@ -1,5 +1,6 @@
-"""Whose files an output folder holds: each command's own outputs, the --force rule, and geodt's
-own temporary names (torch-free; simulator/, real/ and geodt/ all use it).
+"""Whose files an output folder holds: each command's outputs, --force, geodt's temporary names.
+
+Torch-free: simulator/, real/ and geodt/ all use it.
 
 - Outputs: OUTPUTS names, per command, the entries it writes at the top of its --out. A
   command writing into a folder that holds another command's outputs (a name of OUTPUTS that
