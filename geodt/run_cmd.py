@@ -81,9 +81,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     from formats.errors import InputError
     from real.cli import exec_options
     from real.config import ConfigError
-    from formats.owners import check_owner
-    from real.launch import LaunchError, check_inputs, saved_checkpoints
-    from real.outdir import OutDirError, take_lock
+    from real.launch import LaunchError, check_inputs
     from simulator.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
@@ -119,17 +117,9 @@ def _prepare(prog: str, args: argparse.Namespace):
             print(f"{prog}: this machine cannot hold the run: {exc}", file=sys.stderr)
             return 2
     out = Path(args.out)
-    try:  # one run per directory (real/outdir.py): a second is refused naming the first's pid
-        out.mkdir(parents=True, exist_ok=True)
-        lock = take_lock(out)
-    except (OSError, OutDirError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
-    why = check_owner(out, prog.split()[-1], args.force, checkpoints=bool(saved_checkpoints(out)) and not opts.resume)
-    if why is not None:  # another command's folder, or an earlier run's checkpoints: nothing written
-        lock.release()
-        print(f"{prog}: {why}", file=sys.stderr)
-        return 2
+    lock = _claim(prog, out, args.force, opts.resume)
+    if isinstance(lock, int):
+        return lock
     try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs.py)
         write_output_set(out, {"plan.csv": csv_bytes(frame), "scenario.toml": toml_text.encode()}, owned=())
     except OutputError as exc:
@@ -137,6 +127,28 @@ def _prepare(prog: str, args: argparse.Namespace):
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     return scenario, plan, opts, warnings, lock, loss
+
+
+def _claim(prog: str, out: Path, force: bool, resume: bool):
+    """DIR's run lock, once DIR may take this run; else the exit status, one line said and nothing
+    written: another run holds it (real/outdir.py), or it holds another command's outputs or an
+    earlier run's checkpoints that this run does not resume (formats/owners.py; --force)."""
+    from formats.owners import check_owner
+    from real.launch import saved_checkpoints
+    from real.outdir import OutDirError, take_lock
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = take_lock(out)
+    except (OSError, OutDirError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    why = check_owner(out, prog.split()[-1], force, checkpoints=bool(saved_checkpoints(out)) and not resume)
+    if why is not None:
+        lock.release()
+        print(f"{prog}: {why}", file=sys.stderr)
+        return 2
+    return lock
 
 
 def check_resumable(spec, plan, opts) -> None:
