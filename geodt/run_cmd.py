@@ -164,15 +164,17 @@ def check_resumable(spec, plan, opts) -> None:
     if not opts.resume:
         return
     mine = run_identity(run_config(spec, plan, opts), [(n.node, n.gpus, n.batch_size, n.local_steps) for n in plan.nodes])
+    theirs = {}
     for manifest in saved_checkpoints(opts.out_dir):
         try:
-            theirs = json.loads(manifest.read_text()).get("run_identity")
+            theirs[manifest] = json.loads(manifest.read_text()).get("run_identity")
         except (OSError, ValueError, AttributeError):
-            continue  # a damaged set: the nodes' own checks name it
-        if theirs != mine:
-            raise LaunchError(f"--resume: {manifest}: run_identity: the checkpoints were made by another plan or "
-                              f"settings ({theirs}, this run is {mine}); expected the scenario, strategy, --set and "
-                              f"options of the run being resumed (or a new --out)")
+            theirs[manifest] = None  # a damaged set: the nodes' own checks name it and fall back
+    if theirs and mine not in theirs.values():  # one set of this run is enough: the nodes pick what verifies
+        manifest, other = next(iter(theirs.items()))
+        raise LaunchError(f"--resume: {manifest}: run_identity: the checkpoints were made by another plan or "
+                          f"settings ({other}, this run is {mine}); expected the scenario, strategy, --set and "
+                          f"options of the run being resumed (or a new --out)")
 
 
 def validate_loss_setup(scenario, args):
