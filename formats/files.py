@@ -40,6 +40,14 @@ def read_regular_file(path: str | Path, what: str, max_bytes: int, error: type[E
     return data
 
 
+def child_path(directory: str | Path, name: str) -> Path:
+    """directory/name, `name` one plain file name (no / or \\, not starting with .): a name taken
+    from input never makes a path outside `directory`; ValueError otherwise."""
+    if not name or "/" in name or "\\" in name or "\0" in name or name.startswith("."):
+        raise ValueError(f"{name!r}: expected a plain file name (no / or \\, not starting with .)")
+    return Path(directory) / name
+
+
 class FileLock:
     """An exclusive fcntl.flock on a lock file, removed again on release.
 

@@ -30,7 +30,9 @@ def limit(obj: Any, *names: str) -> None:
 
 def check_node_name(name: str) -> str | None:
     """Why a node name is refused, or None. Names become CSV cells and lines of printed tables:
-    a leading = + - @ would be a formula in a spreadsheet, a control character breaks the line."""
+    a leading = + - @ would be a formula in a spreadsheet, a control character breaks the line;
+    and file names (calibrate's <node>-<j>.csv): a / or \\ or a leading . (.., a hidden file) would
+    make a path outside the output folder or one that is not plain."""
     if not name:
         return "expected a non-empty node name"
     if len(name) > MAX_NAME_CHARS:
@@ -39,6 +41,9 @@ def check_node_name(name: str) -> str | None:
         return f"{name!r} starts with {name[0]!r}; expected a name that does not start with = + - @ (CSV formulas)"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return f"{name!r} holds a control character; expected printable characters"
+    if "/" in name or "\\" in name or name.startswith("."):
+        return (f"{name!r}: expected a name without / or \\ that does not start with . (it names files such as "
+                "<node>-0.csv in an output folder)")
     return None
 
 

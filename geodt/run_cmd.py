@@ -29,6 +29,7 @@ from geodt.validation import (MODES, VARIABILITY_SAMPLES, device_kind, plot_vali
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     from formats.cli import OneLineParser, positive_float
     from formats.limits import large_help
+    from formats.owners import add_force_argument
     from real.cli import add_exec_arguments
 
     from simulator.strategies.registry import STRATEGIES
@@ -45,6 +46,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")
     add_exec_arguments(parser)
+    add_force_argument(parser)
     parser.add_argument("--large", action="store_true", help=large_help())
     if validate:
         parser.add_argument("--no-emulate", action="store_true",
@@ -80,7 +82,6 @@ def _prepare(prog: str, args: argparse.Namespace):
     from real.cli import exec_options
     from real.config import ConfigError
     from real.launch import LaunchError, check_inputs
-    from real.outdir import OutDirError, take_lock
     from simulator.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
@@ -104,7 +105,8 @@ def _prepare(prog: str, args: argparse.Namespace):
         write_csv(frame, Path(tmp) / "plan.csv")
         write_text(Path(tmp) / "scenario.toml", toml_text)
         try:
-            check_inputs(Path(tmp) / "plan.csv", Path(tmp) / "scenario.toml", opts)
+            spec, real_plan = check_inputs(Path(tmp) / "plan.csv", Path(tmp) / "scenario.toml", opts)
+            check_resumable(spec, real_plan, opts)
             check_host(args.host)
             warnings = check_machine(scenario, plan, opts.backend, this_machine())
         except (ConfigError, LaunchError) as exc:  # an option's own error names the option first
@@ -115,12 +117,9 @@ def _prepare(prog: str, args: argparse.Namespace):
             print(f"{prog}: this machine cannot hold the run: {exc}", file=sys.stderr)
             return 2
     out = Path(args.out)
-    try:  # one run per directory (real/outdir.py): a second is refused naming the first's pid
-        out.mkdir(parents=True, exist_ok=True)
-        lock = take_lock(out)
-    except (OSError, OutDirError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2
+    lock = _claim(prog, out, args.force, opts.resume)
+    if isinstance(lock, int):
+        return lock
     try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs.py)
         write_output_set(out, {"plan.csv": csv_bytes(frame), "scenario.toml": toml_text.encode()}, owned=())
     except OutputError as exc:
@@ -128,6 +127,54 @@ def _prepare(prog: str, args: argparse.Namespace):
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
     return scenario, plan, opts, warnings, lock, loss
+
+
+def _claim(prog: str, out: Path, force: bool, resume: bool):
+    """DIR's run lock, once DIR may take this run; else the exit status, one line said and nothing
+    written: another run holds it (real/outdir.py), or it holds another command's outputs or an
+    earlier run's checkpoints that this run does not resume (formats/owners.py; --force)."""
+    from formats.owners import check_owner
+    from real.launch import saved_checkpoints
+    from real.outdir import OutDirError, take_lock
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = take_lock(out)
+    except (OSError, OutDirError) as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    why = check_owner(out, prog.split()[-1], force, checkpoints=bool(saved_checkpoints(out)) and not resume)
+    if why is not None:
+        lock.release()
+        print(f"{prog}: {why}", file=sys.stderr)
+        return 2
+    return lock
+
+
+def check_resumable(spec, plan, opts) -> None:
+    """--resume: the checkpoints in --out were made by this run's plan and settings (their manifests'
+    run_identity, real/checkpoint.py), checked before plan.csv and scenario.toml are replaced; a
+    LaunchError naming the first set that differs."""
+    import json
+
+    from real.ckpt_set import run_identity
+    from real.launch import LaunchError, saved_checkpoints
+    from real.options import run_config
+
+    if not opts.resume:
+        return
+    mine = run_identity(run_config(spec, plan, opts), [(n.node, n.gpus, n.batch_size, n.local_steps) for n in plan.nodes])
+    theirs = {}
+    for manifest in saved_checkpoints(opts.out_dir):
+        try:
+            theirs[manifest] = json.loads(manifest.read_text()).get("run_identity")
+        except (OSError, ValueError, AttributeError):
+            theirs[manifest] = None  # a damaged set: the nodes' own checks name it and fall back
+    if theirs and mine not in theirs.values():  # one set of this run is enough: the nodes pick what verifies
+        manifest, other = next(iter(theirs.items()))
+        raise LaunchError(f"--resume: {manifest}: run_identity: the checkpoints were made by another plan or "
+                          f"settings ({other}, this run is {mine}); expected the scenario, strategy, --set and "
+                          f"options of the run being resumed (or a new --out)")
 
 
 def validate_loss_setup(scenario, args):

@@ -5,9 +5,10 @@ what killed runs left behind removed, and room for the run's checkpoints checked
   pid written in it, so that a second `geodt run`, `geodt validate` or `python -m real` on the
   same --out is refused in one line naming the first (exit 2) instead of interleaving its
   checkpoints and replacing its outputs.
-- Stale temporaries: `.NAME.tmp*` files and staging directories of the run's outputs
-  (final_weights.pt, trace.csv, syncs.csv, plan.csv, ...) that a killed run left; the nodes'
-  own checkpoint temporaries are removed by each node (real/ckpt_set.py).
+- Stale temporaries: the temporary files and staging folders of geodt's outputs that a killed
+  writer left, by their own names only and once their process is gone (formats/owners.py:
+  a user's `.tmp/` is not geodt's); the nodes' own checkpoint temporaries are removed by each
+  node (real/ckpt_set.py).
 - Rendezvous folders: a local run's FileStore lives in `$TMPDIR/geodt-rdzv-<pid>-*`; a launcher
   killed with SIGKILL cannot remove its own, so every launch removes those of launchers that
   are gone (same user only).
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from formats.files import FileLock
+from formats.owners import pid_alive, remove_orphan_temps
 
 LOCK_NAME = ".run.lock"
 RDZV_PREFIX = "geodt-rdzv-"
@@ -58,14 +60,8 @@ def _holder(path: Path) -> str:
 
 
 def remove_stale_outputs(out_dir: str | Path) -> list[Path]:
-    """Temporary files and staging directories killed writers left in DIR (hold the lock)."""
-    out = Path(out_dir)
-    stale = [p for p in out.glob(".*") if p.name != LOCK_NAME and (".tmp" in p.name or re.fullmatch(
-        r"\.(plan\.csv|scenario\.toml|trace\.csv|trace\.json|syncs\.csv|timeline\.csv|validation\.csv|"
-        r"validation\.png|final_weights\.pt)\.\w{8}", p.name))]
-    for path in stale:
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
-    return stale
+    """geodt's temporary files and staging folders in DIR whose writer is gone (hold the lock)."""
+    return remove_orphan_temps(out_dir)
 
 
 def rendezvous_dir() -> tempfile.TemporaryDirectory:
@@ -88,17 +84,6 @@ def remove_orphan_rendezvous(root: str | None = None) -> list[Path]:
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
     return removed
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process pid exists (one of another user counts as alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _tree_bytes(path: Path) -> int:

@@ -13,6 +13,7 @@ import pandas as pd
 
 from formats.cli import OneLineParser, positive_float
 from formats.errors import FieldError, InputError
+from formats.owners import add_force_argument, check_owner
 from formats.timeline import LOSS_COLUMNS
 from simulator.loss_figure import loss_figure
 from simulator.loss_prediction import describe, format_time, loss_setup, plan_rounds, predict
@@ -37,6 +38,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     from formats.limits import large_help
 
     parser.add_argument("--large", action="store_true", help=large_help())
+    add_force_argument(parser)
 
 
 def default_out(scenario_name: str, command: str, strategy: str | None = None) -> Path:
@@ -161,6 +163,9 @@ def _run(argv: list[str], plan_only: bool) -> int:
         plans = _plans(scenario, args.scenario, strategies)
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
+        why = check_owner(out, "plan" if plan_only else "simulate", args.force)
+        if why is not None:
+            raise InputError(why)
         try:
             if plan_only:
                 results, notes = [(p, None, None) for p in plans], []

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from formats.owners import TEMP_SUFFIX, remove_orphan_temps, temp_prefix
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -29,7 +31,7 @@ def _umask() -> int:
 def write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(path.name), suffix=TEMP_SUFFIX, dir=path.parent)
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; outputs are ordinary files
         with os.fdopen(fd, "wb") as f:
@@ -169,11 +171,13 @@ class StagedOutput:
                 raise OutputError(f"{target}: exists and is not a regular file; expected a file path for {name}")
         if os.path.lexists(out) and not out.is_dir():
             raise OutputError(f"{out}: exists and is not a directory; expected an output directory")
-        # Staged inside out if it exists (its parent may not be writable: --out .), else beside it.
+        # Staged inside out if it exists (its parent may not be writable: --out .), else beside it;
+        # there, the stages of writers that were killed (SIGKILL leaves them) go first.
         where = out if out.is_dir() else out.absolute().parent
+        remove_orphan_temps(where, only=None if where == out else out.absolute().name)
         try:
             where.mkdir(parents=True, exist_ok=True)
-            self.path = Path(tempfile.mkdtemp(prefix=f".{out.absolute().name}.", suffix=".tmp", dir=where))
+            self.path = Path(tempfile.mkdtemp(prefix=temp_prefix(out.absolute().name), suffix=TEMP_SUFFIX, dir=where))
         except OSError as exc:
             raise OutputError(f"{out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
 

@@ -97,6 +97,9 @@ def parser():
     p.add_argument("--large", action="store_true",
                    help=large_help() + "; for streaming, " + large_help(
                        "fragment-sync steps (chunks x rounds x nodes x 17)", (SWEEP_STEPS, SWEEP_STEPS_LARGE)))
+    from formats.owners import add_force_argument
+
+    add_force_argument(p)
     return p
 
 
@@ -212,8 +215,19 @@ def _spec_from_args(args, strategies):
                      base=args.base, overrides=tuple(args.overrides), drift=args.drift)
 
 
+def claim(out: Path, command: str, force: bool) -> None:
+    """InputError (one line) when --out holds another command's outputs (formats/owners.py)."""
+    from formats.errors import InputError
+    from formats.owners import check_owner
+
+    why = check_owner(out, command, force)
+    if why is not None:
+        raise InputError(why)
+
+
 def _sweep(args, strategies, out: Path) -> int:
     from formats.errors import InputError
+    from formats.owners import remove_orphan_temps
     from simulator.outputs import check_writable, write_text
     from simulator.scenario import load_scenario
 
@@ -223,12 +237,14 @@ def _sweep(args, strategies, out: Path) -> int:
         raise InputError(f"{spec.base}: simulation.jitter_cv: expected 0 for a sweep (the fast path is deterministic)")
     check_sweep_work(args, spec, base)
     _init_worker(spec)  # here first: a GPU type that cannot hold the batch is refused before anything is written
+    claim(out, "sweep", args.force)
     try:
         check_writable(out)
     except OSError as exc:
         raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
     lock = _lock(out)
     try:
+        remove_orphan_temps(out)  # the stages of a sweep that was killed (SIGKILL: up to the size of sweep.csv)
         spec_path = out / "spec.json"
         if spec_path.exists() and spec_path.read_text() != spec.to_json():
             raise InputError(f"--out {out}: holds a sweep with other arguments ({spec_path}); expected a new or matching directory")
@@ -345,6 +361,7 @@ def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
     import tempfile
 
     from formats.errors import InputError
+    from formats.owners import TEMP_SUFFIX, temp_prefix
     from simulator.outputs import OutputError, StagedOutput
     from simulator.sweep_dataset import SweepStats
 
@@ -352,7 +369,7 @@ def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
     files = {"scenario.toml": base.to_toml().encode()}
     if not args.no_figures:
         from simulator.sweep_figures import write_figures
-        stage = Path(tempfile.mkdtemp(prefix=".figures.", dir=out))
+        stage = Path(tempfile.mkdtemp(prefix=temp_prefix("figures"), suffix=TEMP_SUFFIX, dir=out))
         try:
             for path in write_figures(stats, stage):
                 files[path.name] = path.read_bytes()
@@ -398,6 +415,7 @@ def _table(args, strategies, out: Path | None) -> int:
     scenario = load_scenario(args.table, args.overrides)
     check_work(scenario, args.table, list(dict.fromkeys(["baseline", *strategies])), args.large)
     out = out or default_out(scenario.name, "table")
+    claim(out, "table", args.force)
     try:
         plans = [make_plan(scenario, s) for s in ["baseline", *[s for s in strategies if s != "baseline"]]]
     except FieldError as exc:

@@ -181,7 +181,11 @@ def test_plan_after_simulate_removes_and_names_the_stale_outputs(tmp_path, capsy
     assert sorted(p.name for p in out.iterdir()) == ["idle.png", "loss.png", "plan.csv", "scenario.toml", "summary.csv",
                                                       "syncs.parquet", "timeline.parquet", "trace.json"]
     capsys.readouterr()
-    assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out)]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out)]) == 2  # simulate's folder: --force
+    assert "holds another command's outputs" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert plan_main([*SMALL_ARGS, "--strategy", "C", "--out", str(out), "--force"]) == 0
     assert ("removed summary.csv, trace.json, timeline.parquet, syncs.parquet, loss.png of an earlier command"
             in capsys.readouterr().out)
     assert sorted(p.name for p in out.iterdir()) == ["idle.png", "plan.csv", "scenario.toml"]

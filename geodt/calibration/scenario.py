@@ -141,9 +141,10 @@ def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
 def _write_profiles(out_dir: Path, jobs: list[tuple], rows: dict[int, list]) -> None:
     """One profile per device, <node>-<j>.csv, replacing any earlier one; a line each."""
     from calibrate.profile_writer import write_new_profile
+    from formats.files import child_path
 
     for rank, (node, j, *_rest) in enumerate(jobs):
-        path = out_dir / f"{node}-{j}.csv"
+        path = child_path(out_dir, f"{node}-{j}.csv")  # node names hold no / (formats/limits.py)
         write_new_profile(path, rows[rank])  # a scenario calibration is one measurement: the whole set is new
         medians = ", ".join(f"b{r['batch_size']} {r['step_s_median'] * 1e3:.1f} ms" for r in rows[rank]
                             if r["step_s_median"] is not None)

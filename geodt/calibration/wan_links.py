@@ -220,6 +220,7 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
     from train.cpulimit import describe_limits
     from calibrate.profile_writer import write_new_profile
+    from formats.files import child_path
 
     lines = []
     for (cores, quota), node, b in zip(leader_limits(scenario), scenario.nodes, batches):
@@ -230,7 +231,7 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
                                     "between shaped-WAN averages")
         row = profile_row(DeviceInfo("cpu", name, None, "cpu", None, None, None), scenario.model.arch.name,
                           scenario.model.seq_len, scenario.model.dtype, Measurement(b, list(by_size[size])))
-        path = out_dir / f"{node.name}-0.csv"
+        path = child_path(out_dir, f"{node.name}-0.csv")  # node names hold no / (formats/limits.py)
         write_new_profile(path, [row])
         lines.append(f"{path}: {node.name}: b{b} {row['step_s_mean'] * 1e3:.1f} ms mean over {row['repeats']} "
                      f"steps between averages of {size >> 10} KiB")
