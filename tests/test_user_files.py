@@ -110,7 +110,7 @@ def test_commands_rerun_into_their_own_folder(tmp_path, capsys):
     assert simulate_main(["hetero-cpu", "--out", str(tmp_path / "sim")]) == 0
     assert simulate_main(["hetero-cpu", "--out", str(tmp_path / "sim"), "--csv"]) == 0  # its own parquet goes
     assert sorted(p.name for p in (tmp_path / "sim").iterdir()) == [
-        "loss.png", "plan.csv", "scenario.toml", "summary.csv", "syncs.csv", "timeline.csv", "trace.json"]
+        "idle.png", "loss.png", "plan.csv", "scenario.toml", "summary.csv", "syncs.csv", "timeline.csv", "trace.json"]
     assert plan_main(["hetero-cpu", "--strategy", "baseline", "--out", str(tmp_path / "sim")]) == 2
     assert "holds another command's outputs (loss.png, summary.csv, syncs.csv, timeline.csv, ...)" in capsys.readouterr().err
 
@@ -140,7 +140,7 @@ def test_run_into_a_simulate_folder_is_refused(tmp_path, capsys):
     before = _tree(out)
     capsys.readouterr()
     assert run_main([*RUN, "--out", str(out)]) == 2
-    assert "holds another command's outputs (summary.csv, syncs.parquet, timeline.parquet)" in capsys.readouterr().err
+    assert "holds another command's outputs (idle.png, summary.csv, syncs.parquet, timeline.parquet)" in capsys.readouterr().err
     assert _tree(out) == before
 
 
