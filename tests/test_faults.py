@@ -107,9 +107,9 @@ def stopped(tmp_path_factory) -> dict:
 
 
 def _flip_json_digest(path: Path) -> None:
-    """One flipped bit in the first sha256 the manifest records (the JSON stays readable)."""
+    """One flipped bit in the first file digest the manifest records (the JSON stays readable)."""
     data = bytearray(path.read_bytes())
-    at = data.index(b'"sha256": "') + len(b'"sha256": "')
+    at = data.index(b'"blake2b": "') + len(b'"blake2b": "')
     data[at] ^= 0x01
     path.write_bytes(bytes(data))
 
@@ -121,8 +121,8 @@ def _flip_middle(path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind, reason", [
-    ("global.pt", "global.pt fails its sha256 digest"),
-    ("node.pt", "node.pt fails its sha256 digest"),
+    ("global.pt", "global.pt fails its blake2b digest"),
+    ("node.pt", "node.pt fails its blake2b digest"),
     ("manifest.json", "manifest.json fails its own digest"),
 ])
 def test_a_flipped_bit_is_caught_and_resume_uses_the_previous_round_bitwise(stopped, tmp_path, capfd, kind,
