@@ -13,8 +13,8 @@ a sharded node's gather) and for the previous set's write if it has not finished
 itself (torch.save, sha256, fsync, rename) runs in a thread while the next rounds train. The
 trace's `ckpt_block_s` is the blocking part, `ckpt_background_s` the write (filled in when it
 has finished; real/trace.py). A round's set is due every `checkpoint_every` rounds (`due_here`:
-given, or the Young/Daly interval for the first checkpoint's measured cost and the scenario's
-MTBF), and after the last round the run makes only when --stop-after or --checkpoint-final asks
+given, or the Young/Daly interval for a checkpoint's cost, timed on a stand-in beside the first
+round, and the scenario's MTBF), and after the last round the run makes only when --stop-after or --checkpoint-final asks
 (so a stopped run is resumable, and a finished one pays for no write it will not use).
 
 Resuming (`resume`): each node verifies its sets (every digest, its manifest), the nodes
@@ -51,8 +51,9 @@ def due(rounds_done: int, every: int, last: int, final: bool = False) -> bool:
 def due_here(node, last: int) -> bool:
     """Whether this round (node.rounds_done rounds done) ends in a checkpoint. Called by every
     process of the run after every round (the cadence's choice is a collective). Every
-    --checkpoint-every K, else [training] checkpoint_every K rounds; neither given, the first
-    round's checkpoint is timed and the next round chooses the Young/Daly interval. The run's
+    --checkpoint-every K, else [training] checkpoint_every K rounds; neither given, a checkpoint
+    is timed in the background during the first round (`probe_cost_s`) and the next round
+    chooses the Young/Daly interval. The run's
     last round ends in one only when asked (--checkpoint-final) or when it stops early
     (--stop-after), so that --resume continues it."""
     opts = node.opts
@@ -63,22 +64,37 @@ def due_here(node, last: int) -> bool:
     if k:
         return due(node.rounds_done, k, last, final)
     first = getattr(node, "ckpt_first", None)
-    if first is None:  # the first round of this process: its checkpoint is timed
+    if first is None:  # the first round of this process: a checkpoint's cost is timed beside the next
         node.ckpt_first, node.ckpt_mark = node.rounds_done, time.perf_counter()
-        return True
+        if node.is_leader and node.rounds_done < last:
+            _writer(node).submit(lambda: probe_cost_s(node), None)
+        return final and node.rounds_done == last
     if getattr(node, "ckpt_every", None) is None:
         _choose_every(node, time.perf_counter() - node.ckpt_mark)
     return due(node.rounds_done - first, node.ckpt_every, last - first, final)
 
 
+PROBE_PARAMS = 1 << 22  # the timed stand-in's parameters: 64 MiB of state, whatever the model's size
+
+
+def probe_cost_s(node) -> float:
+    """About the seconds one of the node's checkpoints costs (snapshot + write), timed on a
+    stand-in of at most PROBE_PARAMS parameters (`time_checkpoint`, in the node's checkpoint
+    folder) and scaled by bytes: the model's own state is not copied, so the timing takes no
+    more memory than the stand-in's."""
+    params = node.layout.full_numel if node.layout is not None else node.outer.global_flat.numel()
+    probe = min(params, PROBE_PARAMS)
+    folder = ckpt_set.node_dir(node.opts.out_dir, node.index)
+    folder.mkdir(parents=True, exist_ok=True)
+    snapshots, writes = time_checkpoint(probe, 1, node.device, folder)
+    return (snapshots[0] + writes[0]) * set_bytes(params, node.streaming is not None) / set_bytes(probe, False)
+
+
 def _choose_every(node, round_s: float) -> int:
-    """The Young/Daly cadence in rounds, the same on every process: the timed checkpoint's cost
-    (its blocking snapshot plus its write, which on a CPU node takes the cores training uses)
-    and this round's seconds, the largest over the processes, and [simulation] mtbf_s."""
-    cost_s = 0.0
-    if node.is_leader:
-        written_s = _finished(node)
-        cost_s = getattr(node, "ckpt_block_s", 0.0) + (written_s or 0.0)
+    """The Young/Daly cadence in rounds, the same on every process: a checkpoint's cost
+    (`probe_cost_s`: its blocking snapshot plus its write, which on a CPU node takes the cores
+    training uses) and the round's seconds, the largest over the processes, and [simulation] mtbf_s."""
+    cost_s = (_finished(node) or 0.0) if node.is_leader else 0.0  # probe_cost_s's
     cost_s, round_s = node.groups.max_float(cost_s), node.groups.max_float(round_s)
     node.ckpt_every = rounds_between_checkpoints(cost_s, node.spec.mtbf_s, round_s)
     if node.rank == 0:
@@ -219,7 +235,7 @@ def save(node, row: dict | None) -> float:
         node_state(node)  # its part of the sharded node's gathers; the leader writes
         return time.perf_counter() - start
     parts = snapshot(node)
-    block_s = node.ckpt_block_s = time.perf_counter() - start
+    block_s = time.perf_counter() - start
     out_dir, index, round_, ident = node.opts.out_dir, node.index, node.rounds_done, identity(node)
     _writer(node).submit(lambda: ckpt_set.write_set(out_dir, index, round_, ident, parts, block_s), row)
     return block_s

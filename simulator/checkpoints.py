@@ -55,10 +55,9 @@ class CheckpointCost:
 
     def due(self, round_s: np.ndarray) -> np.ndarray:
         """Per round (0-based), whether it ends in a checkpoint: every `rounds_every`-th (none after
-        the last unless it is one: the executor writes a final one only when asked); with the
-        Young/Daly interval also the first round's, which the executor times to choose it."""
+        the last unless it is one: the executor writes a final one only when asked)."""
         done = np.arange(1, len(round_s) + 1)
-        return (done % self.rounds_every(round_s) == 0) | ((done == 1) & (self.every is None))
+        return done % self.rounds_every(round_s) == 0
 
     def block_s(self, round_s: np.ndarray) -> np.ndarray:
         """Seconds training stops after each round, from each round's own time without checkpoints."""

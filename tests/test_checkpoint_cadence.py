@@ -26,13 +26,13 @@ def test_the_young_daly_interval_by_arithmetic():
     assert rounds_between_checkpoints(2.0, 3600.0, 500.0) == 1
 
 
-def test_the_simulator_prices_the_same_cadence_and_the_timed_first_checkpoint():
+def test_the_simulator_prices_the_same_cadence():
     from simulator.checkpoints import CheckpointCost
 
     cost = CheckpointCost(every=None, snapshot_s=0.5, write_s=1.5, note="", mtbf_s=3600.0)
     rounds = np.full(30, 10.0)
     assert cost.rounds_every(rounds) == 12  # as above: 2 s a checkpoint, 10 s a round
-    assert np.flatnonzero(cost.due(rounds)).tolist() == [0, 11, 23]  # round 1 timed, then every 12th
+    assert np.flatnonzero(cost.due(rounds)).tolist() == [11, 23]  # every 12th round
 
 
 class _Groups:
@@ -65,15 +65,36 @@ def test_a_fixed_cadence_writes_no_final_set_unless_asked_or_stopping_early():
     assert _due_rounds(_node(every=3, stop_after=5), 5) == [3, 5]
 
 
-def test_the_default_cadence_times_the_first_checkpoint_then_follows_young_daly(monkeypatch):
-    clock = iter([100.0, 110.0])  # the first checkpoint's round, then the next: 10 s a round
+def test_the_default_cadence_follows_young_daly_from_the_second_round(monkeypatch):
+    clock = iter([100.0, 110.0])  # the first round's end, then the next: 10 s a round
     monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: next(clock))
     node = _node()
     node.rounds_done = 4  # resumed after round 4: the cadence counts from the first round run here
-    # a non-leader brings 0 s; the leader's 2 s checkpoint would win the max: stand it in directly
+    # a non-leader brings 0 s; the leader's timed 2 s checkpoint wins the max: stand it in directly
     node.groups.max_float = lambda value: {0.0: 2.0}.get(value, value)
-    assert _due_rounds(node, 40) == [5, 17, 29]
+    assert _due_rounds(node, 40) == [17, 29]
     assert node.ckpt_every == 12
+    node = _node(stop_after=30)
+    node.groups.max_float = lambda value: {0.0: 2.0}.get(value, value)
+    clock = iter([100.0, 110.0])
+    assert _due_rounds(node, 30) == [13, 25, 30]  # and the round --stop-after stops at
+
+
+def test_a_checkpoint_cost_is_timed_on_a_stand_in_and_scaled_by_bytes(tmp_path, monkeypatch):
+    seen = []
+
+    def timed(params, repeats, device, directory):
+        seen.append((params, repeats, directory))
+        return [0.25], [0.75]
+
+    monkeypatch.setattr(checkpoint, "time_checkpoint", timed)
+    node = SimpleNamespace(layout=None, outer=SimpleNamespace(global_flat=torch.empty(3 * checkpoint.PROBE_PARAMS)),
+                           opts=SimpleNamespace(out_dir=str(tmp_path)), index=1, device=torch.device("cpu"),
+                           streaming=None)
+    cost = checkpoint.probe_cost_s(node)
+    assert seen == [(checkpoint.PROBE_PARAMS, 1, ckpt_set.node_dir(tmp_path, 1))]
+    big, small = ckpt_set.set_bytes(3 * checkpoint.PROBE_PARAMS, False), ckpt_set.set_bytes(checkpoint.PROBE_PARAMS, False)
+    assert cost == pytest.approx(1.0 * big / small, rel=1e-12)
 
 
 def test_sets_digested_with_sha256_before_blake2b_still_verify(tmp_path):
