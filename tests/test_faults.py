@@ -163,14 +163,15 @@ def test_a_node_without_any_set_resumes_everyone_from_the_start_bitwise(tmp_path
     assert _same(_weights(out), _weights(reference))
 
 
-def test_trace_splits_checkpoint_time_into_blocking_and_background(tmp_path):
+@pytest.mark.parametrize("final", [False, True])
+def test_trace_splits_checkpoint_time_into_blocking_and_background(tmp_path, final):
     d = _inputs(tmp_path / "in", rounds=5, every=2)
-    assert _launch(d, tmp_path / "out") == 0
+    assert _launch(d, tmp_path / "out", checkpoint_final=final) == 0
     trace = pd.read_csv(tmp_path / "out" / "trace.csv")
-    written = trace["round"].isin([1, 3, 4])  # every 2 rounds, and the last
+    written = trace["round"].isin([1, 3, 4] if final else [1, 3])  # every 2 rounds (and the last, when asked)
     assert (trace.loc[written, "ckpt_background_s"] > 0).all() and (trace.loc[written, "ckpt_block_s"] > 0).all()
     assert (trace.loc[~written, ["ckpt_block_s", "ckpt_background_s"]] == 0).all().all()
-    assert sorted(set_rounds(tmp_path / "out", 0)) == [2, 4, 5]  # the newest KEEP = 3
+    assert sorted(set_rounds(tmp_path / "out", 0)) == ([2, 4, 5] if final else [2, 4])  # the newest KEEP = 3
 
 
 # --- disk space --------------------------------------------------------------------------------
