@@ -66,8 +66,9 @@ def measured(cmd: list[str], env: dict) -> dict:
     import psutil
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    log = tempfile.TemporaryFile("w+")  # not a pipe: a chatty child must never block on a full one
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
     peak, root = 0, psutil.Process(proc.pid)
     while proc.poll() is None:
         try:
@@ -77,7 +78,8 @@ def measured(cmd: list[str], env: dict) -> dict:
             pass
         time.sleep(0.05)
     wall = time.perf_counter() - start
-    output = proc.stdout.read()
+    log.seek(0)
+    output = log.read()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         raise SystemExit(f"bench_peer: {' '.join(cmd[:4])}... exited {proc.returncode}:\n{output[-3000:]}")
