@@ -221,7 +221,10 @@ def write(out: Path, table, host: dict, same: bool, cadence: list[str], args, th
         lines.append(f"| {row.measure} | {unit(row.geodt)} | {unit(row.torchft)} | {row.ratio:.2f} | "
                      f"<= {row.goal} {'(met)' if row.meets else '(missed)'} |")
     lines += ["", f"Final weights' largest difference (geodt - torchft): {same:.3g}. " + (cadence[0] if cadence else ""), "",
-              f"Machine: {json.dumps(host)}", ""]
+              f"Machine: {json.dumps(host)}", "",
+              "One run of each, torchft first, on a machine shared with other work (the load average is "
+              "above): the ratios carry that noise. torchft's teardown (Manager shutdown, lighthouse) is in its "
+              "whole-command wall; each side's training wall excludes start-up.", ""]
     tmp = out / f".README.md.tmp{os.getpid()}"
     tmp.write_text("\n".join(lines))
     os.replace(tmp, out / "README.md")
