@@ -91,16 +91,42 @@ class DilocoConfig:
         require_choice(self, "averaging", AVERAGING_MODES)
 
 
-# [training] checkpoint_every: a checkpoint after every k-th round (and after the run's last round,
-# so that the end and --stop-after are resumable). 1, every round, is the default: it loses at
-# most one round to a crash, and since checkpoints are written in the background (real/checkpoint.py)
-# training blocks only for the snapshot to host memory.
-CHECKPOINT_EVERY_DEFAULT = 1
+# [training] checkpoint_every: a checkpoint after every k-th round. Absent (None), the executor
+# chooses k itself from the checkpoint's measured cost and the expected time between failures
+# ([simulation] mtbf_s): the Young/Daly interval (`young_daly_interval_s`, docs/PAPERS.md).
+CHECKPOINT_EVERY_DEFAULT = None
+
+# [simulation] mtbf_s: the expected seconds between failures of the run (any node); with the
+# checkpoint's cost it sets the default checkpoint interval. A day unless the scenario says.
+MTBF_S_DEFAULT = 86400.0
 
 
-def check_checkpoint_every(value, key: str = "training.checkpoint_every") -> int:
-    """`value` as rounds between checkpoints (a positive integer); FieldError naming `key` otherwise."""
+def check_checkpoint_every(value, key: str = "training.checkpoint_every") -> int | None:
+    """`value` as rounds between checkpoints (a positive integer, or None: chosen by cost); FieldError naming `key` otherwise."""
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise FieldError(key, f"expected a positive integer (rounds between checkpoints), got {value!r}")
     return value
+
+
+def check_mtbf_s(value, key: str = "simulation.mtbf_s") -> float:
+    """`value` as seconds between failures (positive, finite, up to ten years); FieldError naming `key` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3.2e8:
+        raise FieldError(key, f"expected seconds between failures, positive and at most 3.2e8, got {value!r}")
+    return float(value)
+
+
+def young_daly_interval_s(cost_s: float, mtbf_s: float) -> float:
+    """Seconds of work between checkpoints that lose the least expected time: Young (1974) and
+    Daly (2006), tau = sqrt(2 * cost * MTBF) - cost, for a checkpoint costing `cost_s`; Daly's
+    bound tau = MTBF where the checkpoint costs at least twice the MTBF."""
+    if cost_s >= 2 * mtbf_s:
+        return mtbf_s
+    return (2 * cost_s * mtbf_s) ** 0.5 - cost_s
+
+
+def rounds_between_checkpoints(cost_s: float, mtbf_s: float, round_s: float) -> int:
+    """The Young/Daly interval in whole rounds of `round_s` seconds (at least 1)."""
+    return max(1, round(young_daly_interval_s(cost_s, mtbf_s) / max(round_s, 1e-9)))
 

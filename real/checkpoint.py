@@ -12,8 +12,10 @@ Saving (`save`) blocks training only for the snapshot (a copy of the state into 
 a sharded node's gather) and for the previous set's write if it has not finished; the write
 itself (torch.save, sha256, fsync, rename) runs in a thread while the next rounds train. The
 trace's `ckpt_block_s` is the blocking part, `ckpt_background_s` the write (filled in when it
-has finished; real/trace.py). A round's set is due every `checkpoint_every` rounds and after the
-last round the run makes (so --stop-after and the end of the run are always resumable).
+has finished; real/trace.py). A round's set is due every `checkpoint_every` rounds (`due_here`:
+given, or the Young/Daly interval for a checkpoint's cost, timed on a stand-in beside the first
+round, and the scenario's MTBF), and after the last round the run makes only when --stop-after or --checkpoint-final asks
+(so a stopped run is resumable, and a finished one pays for no write it will not use).
 
 Resuming (`resume`): each node verifies its sets (every digest, its manifest), the nodes
 agree on the newest round every node holds intact (an all-gather), and each node says which
@@ -33,26 +35,73 @@ from pathlib import Path
 import torch
 
 from real import ckpt_set
+from formats.scenario import rounds_between_checkpoints
 from real.diloco import timing_sizes
 from real.ckpt_set import CheckpointWriteError, set_bytes  # noqa: F401 - re-exported for the launcher
 
-__all__ = ["CheckpointWriteError", "set_bytes", "due", "save", "wait_writes", "resume", "start_afresh",
+__all__ = ["CheckpointWriteError", "set_bytes", "due", "due_here", "save", "wait_writes", "resume", "start_afresh",
            "latest_state", "verified_sets", "weights_digest"]
 
 
-def due(rounds_done: int, every: int, last: int) -> bool:
-    """Whether the set after `rounds_done` rounds is written: every `every`, and the run's last."""
-    return rounds_done % every == 0 or rounds_done == last
-
-
-def every(node) -> int:
-    """Rounds between checkpoints: --checkpoint-every, else [training] checkpoint_every (default 1)."""
-    return node.opts.checkpoint_every or node.spec.checkpoint_every
+def due(rounds_done: int, every: int, last: int, final: bool = False) -> bool:
+    """Whether the set after `rounds_done` rounds is written: every `every`, and the run's last when `final`."""
+    return rounds_done % every == 0 or (final and rounds_done == last)
 
 
 def due_here(node, last: int) -> bool:
-    """Whether this round (node.rounds_done rounds done) ends in a checkpoint."""
-    return node.opts.checkpoint and due(node.rounds_done, every(node), last)
+    """Whether this round (node.rounds_done rounds done) ends in a checkpoint. Called by every
+    process of the run after every round (the cadence's choice is a collective). Every
+    --checkpoint-every K, else [training] checkpoint_every K rounds; neither given, a checkpoint
+    is timed in the background during the first round (`probe_cost_s`) and the next round
+    chooses the Young/Daly interval. The run's
+    last round ends in one only when asked (--checkpoint-final) or when it stops early
+    (--stop-after), so that --resume continues it."""
+    opts = node.opts
+    if not opts.checkpoint:
+        return False
+    final = opts.checkpoint_final or opts.stop_after is not None
+    k = opts.checkpoint_every or node.spec.checkpoint_every
+    if k:
+        return due(node.rounds_done, k, last, final)
+    first = getattr(node, "ckpt_first", None)
+    if first is None:  # the first round of this process: a checkpoint's cost is timed beside the next
+        node.ckpt_first, node.ckpt_mark = node.rounds_done, time.perf_counter()
+        if node.is_leader and node.rounds_done < last:
+            _writer(node).submit(lambda: probe_cost_s(node), None)
+        return final and node.rounds_done == last
+    if getattr(node, "ckpt_every", None) is None:
+        _choose_every(node, time.perf_counter() - node.ckpt_mark)
+    return due(node.rounds_done - first, node.ckpt_every, last - first, final)
+
+
+PROBE_PARAMS = 1 << 22  # the timed stand-in's parameters: 64 MiB of state, whatever the model's size
+
+
+def probe_cost_s(node) -> float:
+    """About the seconds one of the node's checkpoints costs (snapshot + write), timed on a
+    stand-in of at most PROBE_PARAMS parameters (`time_checkpoint`, in the node's checkpoint
+    folder) and scaled by bytes: the model's own state is not copied, so the timing takes no
+    more memory than the stand-in's."""
+    params = node.layout.full_numel if node.layout is not None else node.outer.global_flat.numel()
+    probe = min(params, PROBE_PARAMS)
+    folder = ckpt_set.node_dir(node.opts.out_dir, node.index)
+    folder.mkdir(parents=True, exist_ok=True)
+    snapshots, writes = time_checkpoint(probe, 1, node.device, folder)
+    return (snapshots[0] + writes[0]) * set_bytes(params, node.streaming is not None) / set_bytes(probe, False)
+
+
+def _choose_every(node, round_s: float) -> int:
+    """The Young/Daly cadence in rounds, the same on every process: a checkpoint's cost
+    (`probe_cost_s`: its blocking snapshot plus its write, which on a CPU node takes the cores
+    training uses) and the round's seconds, the largest over the processes, and [simulation] mtbf_s."""
+    cost_s = (_finished(node) or 0.0) if node.is_leader else 0.0  # probe_cost_s's
+    cost_s, round_s = node.groups.max_float(cost_s), node.groups.max_float(round_s)
+    node.ckpt_every = rounds_between_checkpoints(cost_s, node.spec.mtbf_s, round_s)
+    if node.rank == 0:
+        print(f"real: a checkpoint every {node.ckpt_every} round{'s' if node.ckpt_every > 1 else ''} (Young/Daly: "
+              f"{cost_s:.2f} s a checkpoint, {round_s:.2f} s a round, MTBF {node.spec.mtbf_s:g} s; "
+              f"--checkpoint-every sets it)", file=sys.stderr, flush=True)
+    return node.ckpt_every
 
 
 def remove_stale(out_dir, index: int) -> list[Path]:
@@ -164,12 +213,15 @@ def _writer(node) -> ckpt_set.BackgroundWriter:
     return node.ckpt_writer
 
 
-def _finished(node) -> None:
-    """Wait for the write in flight; put its duration in its round's trace row."""
+def _finished(node) -> float | None:
+    """Wait for the write in flight; put its duration in its round's trace row; its seconds (None: none in flight)."""
     outcome = _writer(node).wait()
-    if outcome is not None:
-        row, seconds = outcome
+    if outcome is None:
+        return None
+    row, seconds = outcome
+    if row is not None:
         row["ckpt_background_s"] = seconds
+    return seconds
 
 
 def save(node, row: dict | None) -> float:
@@ -211,6 +263,12 @@ def start_afresh(node) -> None:
 
 def restore_node_state(node, state: dict, source: str, manifest: dict | None = None) -> None:
     """Load `state` into the Node; ValueError naming the key when it was made by another plan or settings."""
+    check_settings(node, state, source, manifest)
+    apply_state(node, state, manifest)
+
+
+def check_settings(node, state: dict, source: str, manifest: dict | None = None) -> None:
+    """ValueError naming the key when `state` was made by another plan, settings or run."""
     for key, mine in (("nodes", len(node.plan.nodes)), ("node", node.me.node), ("gpus", node.me.gpus),
                       ("local_steps", node.me.local_steps), ("batch_size", node.batch)):
         if state[key] != mine:
@@ -224,6 +282,10 @@ def restore_node_state(node, state: dict, source: str, manifest: dict | None = N
     if manifest is not None and manifest["run_identity"] != identity(node):
         raise ValueError(f"{source}: run_identity: the checkpoints were made by another run "
                          f"({manifest['run_identity']}, this run is {identity(node)}); refusing to resume")
+
+
+def apply_state(node, state: dict, manifest: dict | None = None) -> None:
+    """Load a checked `state` (check_settings) into the Node's model, optimizers, position, RNG and trace."""
     outer = state["outer"]
     node.loaded_digest = weights_digest(outer["global_flat"], outer["momentum"], round_=int(state["rounds_done"]))
     if node.layout is not None:
@@ -323,6 +385,30 @@ def _check_same_state(node, path: Path, round_: int) -> None:
                          f"a checkpoint was altered or mixed from another run; refusing to resume")
 
 
+def _loaded(node, directory: Path, manifest: dict) -> bool:
+    """Load the set into the Node; whether every process of the run did (an all-gather). A set
+    that passes its digests but will not load (torch.load refuses it, or a tensor does not fit
+    the model) is named in one line and skipped; other settings or another run still refuse."""
+    try:
+        state = ckpt_set.load_set(directory)
+        check_settings(node, state, str(directory), manifest)
+    except ValueError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch.load's unpickler raises many kinds
+        state = exc
+    if not isinstance(state, Exception):
+        try:
+            apply_state(node, state, manifest)
+        except Exception as exc:  # noqa: BLE001 - load_state_dict raises RuntimeError, KeyError, ...
+            state = exc
+    failed = isinstance(state, Exception)
+    if failed:
+        reason = str(state).strip().splitlines()[0] if str(state).strip() else type(state).__name__
+        print(f"real: {directory}: skipped: passes its digests but does not load ({type(state).__name__}: "
+              f"{reason[:200]}); trying the previous set", file=sys.stderr, flush=True)
+    return not any(flag for (flag,) in node.groups.all_gather_ints([int(failed)]))
+
+
 def resume(node) -> None:
     """Load the newest round whose sets verify on every node, then check that every node
     loaded the same global weights, outer momentum and round."""
@@ -331,11 +417,19 @@ def resume(node) -> None:
     if not mine and legacy.exists():
         raise ValueError(f"{legacy}: a checkpoint of an earlier geodt (one file per node, without digests); "
                          f"this version resumes only checkpoint sets (format {ckpt_set.FORMAT}): rerun the run")
-    round_ = _common_round(node, mine)
-    if round_ is None:
-        return  # nothing saved yet: start from the beginning
-    directory, manifest = mine[round_]
-    restore_node_state(node, ckpt_set.load_set(directory), str(directory), manifest)
+    unloadable = []
+    while True:
+        round_ = _common_round(node, mine)
+        if round_ is None and unloadable:  # a failed load may have changed part of the state
+            raise ValueError(f"{unloadable[-1]}: no earlier set that every node holds loads; cannot resume "
+                             f"(start afresh in another --out)")
+        if round_ is None:
+            return  # nothing saved yet: start from the beginning
+        directory, manifest = mine[round_]
+        if _loaded(node, directory, manifest):
+            break
+        unloadable.append(directory)
+        del mine[round_]  # a process could not load it: every node tries the previous round they share
     _check_same_state(node, directory, round_)
     # Every node's offset becomes the latest, so the resumed timeline stays common.
     node.time_offset_s = node.groups.max_float(node.time_offset_s)

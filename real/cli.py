@@ -22,8 +22,11 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after", type=int, default=None, metavar="R",
                         help="stop cleanly after R rounds (checkpointed; --resume continues)")
     parser.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
-                        help="a checkpoint every K rounds and after the last (default: the scenario's "
-                             "[training] checkpoint_every, else 1); written in the background")
+                        help="a checkpoint every K rounds (default: the scenario's [training] checkpoint_every, "
+                             "else the Young/Daly interval from the first checkpoint's measured cost and "
+                             "[simulation] mtbf_s); written in the background")
+    parser.add_argument("--checkpoint-final", action="store_true",
+                        help="a checkpoint after the run's last round too (always with --stop-after)")
     parser.add_argument("--data", default=None, metavar="FILE",
                         help="train on FILE: .npy token array, otherwise raw bytes; python-stdlib: the Python standard "
                              "library's sources as bytes (default: synthetic Markov corpus)")
@@ -58,7 +61,7 @@ def exec_options(args: argparse.Namespace, out_dir: str):
     return ExecOptions(out_dir=out_dir, emulate=args.emulate, time_scale=args.time_scale, resume=args.resume,
                        data_path=args.data, replicate_data=args.replicate_data, timeout_s=args.timeout_s,
                        backend=args.backend, stop_after=args.stop_after, threads=args.threads,
-                       checkpoint_every=args.checkpoint_every,
+                       checkpoint_every=args.checkpoint_every, checkpoint_final=args.checkpoint_final,
                        progress=not args.no_progress, wan=args.wan, on_node_loss=args.on_node_loss,
                        rejoin_after_s=args.rejoin_after_s)
 

@@ -15,7 +15,8 @@ from formats.config import build
 from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
-from formats.scenario import CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, DilocoConfig, ModelSection, check_checkpoint_every
+from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, MTBF_S_DEFAULT, DilocoConfig, ModelSection,
+                               check_checkpoint_every, check_mtbf_s)
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
@@ -49,7 +50,8 @@ class RunSpec:
     # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
     collective: str = "ring"
     payload_dtype: str = "fp32"
-    checkpoint_every: int = 1  # [training].checkpoint_every (formats/scenario.py)
+    checkpoint_every: int | None = None  # [training].checkpoint_every; None: Young/Daly (formats/scenario.py)
+    mtbf_s: float = MTBF_S_DEFAULT  # [simulation].mtbf_s: with the measured checkpoint cost, the default cadence
     latency_ms: float = 1.0  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
     compile: str = "auto"    # [training] compile: the step's torch.compile'd blocks (train/step.py use_compile)
 
@@ -105,6 +107,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
         payload_dtype=network.get("payload_dtype", "fp32"),
         latency_ms=network.get("latency_ms", 1.0),
         compile=training.get("compile", "auto"),
+        mtbf_s=check_mtbf_s(_table(data, "simulation").get("mtbf_s", MTBF_S_DEFAULT)),
     )
 
 

@@ -37,7 +37,8 @@ class ExecOptions:
     threads: int = 0               # torch threads per process; 0 = cores / local processes
     progress: bool = True
     checkpoint: bool = True
-    checkpoint_every: int | None = None  # rounds between checkpoints; None: the scenario's [training] value
+    checkpoint_every: int | None = None  # rounds between checkpoints; None: the scenario's [training] value, else Young/Daly
+    checkpoint_final: bool = False  # a set after the run's last round too (always with stop_after: resumable)
     summary: bool = True           # rank 0 prints per-node totals at the end
     wan: str = "loopback"          # loopback | shaped (real/wan.py: node namespaces, shaped links)
     # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for

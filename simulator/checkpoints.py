@@ -1,6 +1,7 @@
 """What a run's checkpoints cost its timeline (the executor's: real/checkpoint.py).
 
-After every `[training] checkpoint_every`-th round and after the run's last, the executor stops
+After every `[training] checkpoint_every`-th round (absent: the Young/Daly interval from one
+checkpoint's cost and `[simulation] mtbf_s`, in rounds of the mean round; formats/scenario.py), the executor stops
 training for a snapshot of the state into host memory, then writes it in the background while
 the next rounds train; a checkpoint that comes due while the previous write still runs waits
 for it, and the run ends when the last write has. With the network profile's fits
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from formats.scenario import MTBF_S_DEFAULT, rounds_between_checkpoints
 from simulator.network import CHECKPOINT_BYTES_PER_PARAM, profiled_host_figure
 
 
@@ -38,19 +40,28 @@ from simulator.network import CHECKPOINT_BYTES_PER_PARAM, profiled_host_figure
 class CheckpointCost:
     """One checkpoint's seconds: the snapshot that blocks training, the write behind it."""
 
-    every: int          # rounds between checkpoints
+    every: int | None   # rounds between checkpoints; None: the Young/Daly interval (`rounds_every`)
     snapshot_s: float   # blocks every node
     write_s: float      # in the background (0 where the profile prices the write as blocking)
     note: str           # how it was priced, for a summary line
+    mtbf_s: float = MTBF_S_DEFAULT
 
-    def due(self, rounds: int) -> np.ndarray:
-        """Per round (0-based), whether it ends in a checkpoint: every `every`-th, and the last."""
-        done = np.arange(1, rounds + 1)
-        return (done % self.every == 0) | (done == rounds)
+    def rounds_every(self, round_s: np.ndarray) -> int:
+        """`every`, else the Young/Daly interval for a checkpoint of snapshot + write seconds, in mean rounds."""
+        if self.every is not None:
+            return self.every
+        mean_s = float(np.mean(round_s)) if len(round_s) else 1.0
+        return rounds_between_checkpoints(self.snapshot_s + self.write_s, self.mtbf_s, mean_s)
+
+    def due(self, round_s: np.ndarray) -> np.ndarray:
+        """Per round (0-based), whether it ends in a checkpoint: every `rounds_every`-th (none after
+        the last unless it is one: the executor writes a final one only when asked)."""
+        done = np.arange(1, len(round_s) + 1)
+        return done % self.rounds_every(round_s) == 0
 
     def block_s(self, round_s: np.ndarray) -> np.ndarray:
         """Seconds training stops after each round, from each round's own time without checkpoints."""
-        due = self.due(len(round_s))
+        due = self.due(round_s)
         block = np.zeros(len(round_s))
         if not (self.snapshot_s or self.write_s):
             return block
@@ -70,11 +81,16 @@ def checkpoint_cost(scenario) -> CheckpointCost:
     if cost.write_s and any(set(node.gpus) == {"cpu"} for node in scenario.nodes):
         return CheckpointCost(cost.every, cost.snapshot_s + cost.write_s, 0.0,
                               f"{cost.note}; the write priced as blocking: on a CPU node it takes the cores "
-                              "training uses")
+                              "training uses", cost.mtbf_s)
     return cost
 
 
 def _measured_cost(scenario) -> CheckpointCost:
+    cost = _priced(scenario)
+    return CheckpointCost(cost.every, cost.snapshot_s, cost.write_s, cost.note, scenario.simulation.mtbf_s)
+
+
+def _priced(scenario) -> CheckpointCost:
     every = scenario.training.checkpoint_every
     model = scenario.network_model
     size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count

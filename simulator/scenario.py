@@ -24,8 +24,8 @@ from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_na
                             limit)
 # Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
 from formats.plan import CHECKPOINTING, SHARDINGS
-from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, DilocoConfig, ModelSection,
-                              check_checkpoint_every)
+from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, MTBF_S_DEFAULT, DilocoConfig, ModelSection,
+                              check_checkpoint_every, check_mtbf_s)
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from simulator.drift import DriftEvent
@@ -73,7 +73,7 @@ class TrainingConfig:
     sharding: str = "auto"
     activation_checkpointing: str = "auto"
     compile: str = "auto"  # the step's torch.compile'd blocks: auto (GPU nodes) | on | off (formats/scenario.py)
-    checkpoint_every: int = CHECKPOINT_EVERY_DEFAULT  # rounds between checkpoints (simulator/checkpoints.py)
+    checkpoint_every: int | None = CHECKPOINT_EVERY_DEFAULT  # rounds between checkpoints; None: Young/Daly (simulator/checkpoints.py)
     target_loss: float | None = None  # the loss a run must reach: rank strategies by the time to it
     convergence_profile: str | None = None  # geodt calibrate convergence's CSV (simulator/loss_prediction.py)
 
@@ -118,10 +118,12 @@ class SimulationConfig:
     on_node_loss: str = "stop"
     detect_s: float = 0.0   # how long the others wait at the barrier before they notice the loss
     restart_s: float = 0.0  # stop: relaunching every node and reloading; continue: the lost node's restart
+    mtbf_s: float = MTBF_S_DEFAULT  # expected seconds between failures: sets the default checkpoint interval
 
     def __post_init__(self) -> None:
         require_choice(self, "variability", ("given", "profile"))
         require_choice(self, "on_node_loss", POLICIES)
+        check_mtbf_s(self.mtbf_s, "mtbf_s")
         for name in ("detect_s", "restart_s"):
             if not 0 <= getattr(self, name) <= 1e7:
                 raise FieldError(name, f"expected seconds from 0 to 1e7, got {getattr(self, name)!r}")

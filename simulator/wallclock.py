@@ -49,7 +49,7 @@ def predicted_wall_clock(scenario, timeline) -> WallClock:
     by_round = timeline.groupby("round")
     round_s = (by_round["round_end_s"].max() - by_round["round_start_s"].min()).to_numpy()
     cost = checkpoint_cost(scenario)
-    last = float(cost.block_s(round_s)[-1]) + cost.write_s if len(round_s) else 0.0
+    last = float(cost.block_s(round_s)[-1]) + cost.write_s if len(round_s) and cost.due(round_s)[-1] else 0.0
     if not (cost.snapshot_s or cost.write_s):
         note = "; ".join(filter(None, [note, cost.note]))
     return WallClock(startup_s=max(t.startup_s for t in timings), rounds_s=float(timeline["round_end_s"].max()),

@@ -107,9 +107,9 @@ def stopped(tmp_path_factory) -> dict:
 
 
 def _flip_json_digest(path: Path) -> None:
-    """One flipped bit in the first sha256 the manifest records (the JSON stays readable)."""
+    """One flipped bit in the first file digest the manifest records (the JSON stays readable)."""
     data = bytearray(path.read_bytes())
-    at = data.index(b'"sha256": "') + len(b'"sha256": "')
+    at = data.index(b'"blake2b": "') + len(b'"blake2b": "')
     data[at] ^= 0x01
     path.write_bytes(bytes(data))
 
@@ -121,8 +121,8 @@ def _flip_middle(path: Path) -> None:
 
 
 @pytest.mark.parametrize("kind, reason", [
-    ("global.pt", "global.pt fails its sha256 digest"),
-    ("node.pt", "node.pt fails its sha256 digest"),
+    ("global.pt", "global.pt fails its blake2b digest"),
+    ("node.pt", "node.pt fails its blake2b digest"),
     ("manifest.json", "manifest.json fails its own digest"),
 ])
 def test_a_flipped_bit_is_caught_and_resume_uses_the_previous_round_bitwise(stopped, tmp_path, capfd, kind,
@@ -163,14 +163,15 @@ def test_a_node_without_any_set_resumes_everyone_from_the_start_bitwise(tmp_path
     assert _same(_weights(out), _weights(reference))
 
 
-def test_trace_splits_checkpoint_time_into_blocking_and_background(tmp_path):
+@pytest.mark.parametrize("final", [False, True])
+def test_trace_splits_checkpoint_time_into_blocking_and_background(tmp_path, final):
     d = _inputs(tmp_path / "in", rounds=5, every=2)
-    assert _launch(d, tmp_path / "out") == 0
+    assert _launch(d, tmp_path / "out", checkpoint_final=final) == 0
     trace = pd.read_csv(tmp_path / "out" / "trace.csv")
-    written = trace["round"].isin([1, 3, 4])  # every 2 rounds, and the last
+    written = trace["round"].isin([1, 3, 4] if final else [1, 3])  # every 2 rounds (and the last, when asked)
     assert (trace.loc[written, "ckpt_background_s"] > 0).all() and (trace.loc[written, "ckpt_block_s"] > 0).all()
     assert (trace.loc[~written, ["ckpt_block_s", "ckpt_background_s"]] == 0).all().all()
-    assert sorted(set_rounds(tmp_path / "out", 0)) == [2, 4, 5]  # the newest KEEP = 3
+    assert sorted(set_rounds(tmp_path / "out", 0)) == ([2, 4, 5] if final else [2, 4])  # the newest KEEP = 3
 
 
 # --- disk space --------------------------------------------------------------------------------

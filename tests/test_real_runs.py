@@ -197,7 +197,8 @@ def test_resume_after_stop_equals_uninterrupted(tmp_path):
 def test_trains_on_a_text_file_as_byte_tokens(tmp_path):
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 200)
-    d = run(tmp_path, "text", [("a", 2, 3), ("b", 2, 3)], scenario_text(rounds=2), data_path=str(text))
+    d = run(tmp_path, "text", [("a", 2, 3), ("b", 2, 3)], scenario_text(rounds=2), data_path=str(text),
+            checkpoint_final=True)
     trace = pd.read_csv(d / "out" / "trace.csv")
     assert len(trace) == 4 and trace["loss"].notna().all()
     assert trace.groupby("round")["loss"].mean().is_monotonic_decreasing

@@ -122,6 +122,7 @@ def _run(tmp: Path, name: str, plan: str, rounds: int = 2, streaming: StreamingS
         d.mkdir()
         (d / "plan.csv").write_text(plan)
         (d / "scenario.toml").write_text(scenario_text(rounds))
+    opts.setdefault("checkpoint_final", True)  # the tests read the end's θ_g from its set
     options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, summary=False, streaming=streaming, **opts)
     assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
     return d
