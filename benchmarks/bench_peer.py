@@ -156,9 +156,10 @@ def torchft_run(args) -> None:
 # --- the comparison --------------------------------------------------------------------------------
 
 def machine() -> dict:
+    from importlib.metadata import version
+
     import torch
     import torchft  # noqa: F401
-    from importlib.metadata import version
 
     return {"cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
             "torch_version": torch.__version__, "torchft_version": version("torchft"), "platform": platform.platform()}
@@ -213,8 +214,8 @@ def write(out: Path, table, host: dict, same: bool, cadence: list[str], args, th
     table.to_csv(tmp, index=False)
     os.replace(tmp, out / "peer.csv")
     lines = ["# geodt beside torchft 0.2.0 (benchmarks/bench_peer.py)", "",
-             f"Two CPU replicas, preset {args.preset}, seq_len {args.seq_len}, batch {args.batch}, H = {args.steps}, "
-             f"{args.rounds} rounds, {threads} torch thread(s) a process; geodt with its default settings.", "",
+             (f"Two CPU replicas, preset {args.preset}, seq_len {args.seq_len}, batch {args.batch}, H = {args.steps}, "
+             f"{args.rounds} rounds, {threads} torch thread(s) a process; geodt with its default settings."), "",
              "| measure | geodt | torchft | geodt/torchft | goal |", "|---|---|---|---|---|"]
     for row in table.itertuples():
         unit = (lambda v: f"{v / 2**30:.2f} GiB") if row.measure == "peak_rss" else (lambda v: f"{v:.2f} s")
@@ -222,9 +223,9 @@ def write(out: Path, table, host: dict, same: bool, cadence: list[str], args, th
                      f"<= {row.goal} {'(met)' if row.meets else '(missed)'} |")
     lines += ["", f"Final weights' largest difference (geodt - torchft): {same:.3g}. " + (cadence[0] if cadence else ""), "",
               f"Machine: {json.dumps(host)}", "",
-              "One run of each, torchft first, on a machine shared with other work (the load average is "
+              ("One run of each, torchft first, on a machine shared with other work (the load average is "
               "above): the ratios carry that noise. torchft's teardown (Manager shutdown, lighthouse) is in its "
-              "whole-command wall; each side's training wall excludes start-up.", ""]
+              "whole-command wall; each side's training wall excludes start-up."), ""]
     tmp = out / f".README.md.tmp{os.getpid()}"
     tmp.write_text("\n".join(lines))
     os.replace(tmp, out / "README.md")

@@ -52,7 +52,8 @@ def foreign_outputs(out: str | Path, command: str) -> list[str]:
     except (FileNotFoundError, NotADirectoryError):
         return []
     own = OUTPUTS[command]
-    return sorted(n for n in names if output_name(n) and n not in own and not (command == "sweep" and _PARTS.fullmatch(n)))
+    return sorted(n for n in names
+                  if output_name(n) and n not in own and not (command == "sweep" and _PARTS.fullmatch(n)))
 
 
 def check_owner(out: str | Path, command: str, force: bool, checkpoints: bool = False) -> str | None:

@@ -102,7 +102,8 @@ MTBF_S_DEFAULT = 86400.0
 
 
 def check_checkpoint_every(value, key: str = "training.checkpoint_every") -> int | None:
-    """`value` as rounds between checkpoints (a positive integer, or None: chosen by cost); FieldError naming `key` otherwise."""
+    """`value` as rounds between checkpoints (a positive integer, or None: chosen by cost);
+    FieldError naming `key` otherwise."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -11,7 +11,8 @@ of the predicted sync (both signed). `--emulate` pads every step
 and sync to the plan's times instead: that checks the schedule (the executor reproduces
 the predicted timeline), not the prediction, and the outputs say so (mode = emulated).
 
-It composes the simulator (the plan and the prediction) with the executor, as geodt/calibration/wan_links.py does for link calibration.
+It composes the simulator (the plan and the prediction) with the executor, as
+geodt/calibration/wan_links.py does for link calibration.
 """
 from __future__ import annotations
 
@@ -20,10 +21,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from geodt.preflight import available_cores  # noqa: F401 (reproduction_warnings' default; tests)
-from geodt.validation import (MODES, VARIABILITY_SAMPLES, device_kind, plot_validation, wall_line,  # noqa: F401,E501
-                              predicted_timeline, validation_table)
-
+from geodt.preflight import available_cores
+from geodt.validation import (  # noqa: F401
+    MODES,
+    VARIABILITY_SAMPLES,
+    device_kind,
+    plot_validation,
+    predicted_timeline,
+    validation_table,
+    wall_line,
+)
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
@@ -31,7 +38,6 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     from formats.limits import large_help
     from formats.owners import add_force_argument
     from real.cli import add_exec_arguments
-
     from simulator.strategies.registry import STRATEGIES
 
     description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
@@ -76,17 +82,18 @@ def _prepare(prog: str, args: argparse.Namespace):
     into DIR under DIR's run lock.
 
     Returns (scenario, plan, exec options, machine warnings, the lock: the caller releases it, the
-    loss model's setup for validate or None) or an exit status. Nothing is written unless every input is good and the directory is this run's.
+    loss model's setup for validate or None) or an exit status. Nothing is written unless every
+    input is good and the directory is this run's.
     """
     from formats.errors import InputError
+    from geodt.preflight import PreflightError, check_host, check_machine, this_machine
     from real.cli import exec_options
     from real.config import ConfigError
     from real.launch import LaunchError, check_inputs
+    from simulator.cli import check_work, default_out, target_override
     from simulator.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
-    from simulator.cli import check_work, default_out, target_override
-    from geodt.preflight import PreflightError, check_host, check_machine, this_machine
 
     try:
         scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every)
@@ -163,7 +170,8 @@ def check_resumable(spec, plan, opts) -> None:
 
     if not opts.resume:
         return
-    mine = run_identity(run_config(spec, plan, opts), [(n.node, n.gpus, n.batch_size, n.local_steps) for n in plan.nodes])
+    nodes = [(n.node, n.gpus, n.batch_size, n.local_steps) for n in plan.nodes]
+    mine = run_identity(run_config(spec, plan, opts), nodes)
     theirs = {}
     for manifest in saved_checkpoints(opts.out_dir):
         try:

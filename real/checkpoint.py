@@ -14,8 +14,9 @@ itself (torch.save, sha256, fsync, rename) runs in a thread while the next round
 trace's `ckpt_block_s` is the blocking part, `ckpt_background_s` the write (filled in when it
 has finished; real/trace.py). A round's set is due every `checkpoint_every` rounds (`due_here`:
 given, or the Young/Daly interval for a checkpoint's cost, timed on a stand-in beside the first
-round, and the scenario's MTBF), and after the last round the run makes only when --stop-after or --checkpoint-final asks
-(so a stopped run is resumable, and a finished one pays for no write it will not use).
+round, and the scenario's MTBF), and after the last round only when --stop-after or
+--checkpoint-final asks (so a stopped run is resumable, and a finished one pays for no write it
+will not use).
 
 Resuming (`resume`): each node verifies its sets (every digest, its manifest), the nodes
 agree on the newest round every node holds intact (an all-gather), and each node says which
@@ -34,13 +35,24 @@ from pathlib import Path
 
 import torch
 
-from real import ckpt_set
 from formats.scenario import rounds_between_checkpoints
+from real import ckpt_set
+from real.ckpt_set import CheckpointWriteError, set_bytes
 from real.diloco import timing_sizes
-from real.ckpt_set import CheckpointWriteError, set_bytes  # noqa: F401 - re-exported for the launcher
 
-__all__ = ["CheckpointWriteError", "set_bytes", "due", "due_here", "save", "wait_writes", "resume", "start_afresh",
-           "latest_state", "verified_sets", "weights_digest"]
+__all__ = [
+    "CheckpointWriteError",
+    "due",
+    "due_here",
+    "latest_state",
+    "resume",
+    "save",
+    "set_bytes",
+    "start_afresh",
+    "verified_sets",
+    "wait_writes",
+    "weights_digest",
+]
 
 
 def due(rounds_done: int, every: int, last: int, final: bool = False) -> bool:
@@ -181,7 +193,8 @@ def snapshot(node) -> dict[str, dict]:
             "node.pt": state}
 
 
-def time_checkpoint(params: int, repeats: int, device: str | torch.device, directory) -> tuple[list[float], list[float]]:
+def time_checkpoint(params: int, repeats: int, device: str | torch.device,
+                    directory) -> tuple[list[float], list[float]]:
     """Seconds of `snapshot`'s copy and of the background write (ckpt_set.save_file: torch.save,
     sha256, fsync) of a checkpoint of `params` parameters, one pair per repeat after a warm-up.
     Its state is laid out as a node's (16 bytes a parameter): the two AdamW moments on `device`,
@@ -345,7 +358,7 @@ def _common_round(node, mine: dict) -> int | None:
     width = ckpt_set.KEEP + 1
     rounds = sorted(mine, reverse=True)[:width]
     everyone = groups.all_gather_ints(rounds + [-1] * (width - len(rounds)))
-    per_node = [set(r for r in everyone[plan.first_rank(i)] if r >= 0) for i in range(len(plan.nodes))]
+    per_node = [{r for r in everyone[plan.first_rank(i)] if r >= 0} for i in range(len(plan.nodes))]
     common = set.intersection(*per_node)
     if not common and any(per_node) and not all(per_node):
         # A node has none (its first write was cut short: an interrupt kills the workers while a
@@ -381,7 +394,8 @@ def _check_same_state(node, path: Path, round_: int) -> None:
     if len(set(digests)) != 1:
         odd = [plan.nodes[i].node for i, d in enumerate(leaders) if leaders.count(d) <= len(leaders) // 2]
         raise ValueError(f"{path.parent}: round {round_}: the nodes' checkpoints hold different global "
-                         f"weights (node {', '.join(odd) or 'processes of one node'} differ{'s' if len(odd) == 1 else ''}); "
+                         f"weights (node {', '.join(odd) or 'processes of one node'} "
+                         f"differ{'s' if len(odd) == 1 else ''}); "
                          f"a checkpoint was altered or mixed from another run; refusing to resume")
 
 
@@ -394,12 +408,12 @@ def _loaded(node, directory: Path, manifest: dict) -> bool:
         check_settings(node, state, str(directory), manifest)
     except ValueError:
         raise
-    except Exception as exc:  # noqa: BLE001 - torch.load's unpickler raises many kinds
+    except Exception as exc:
         state = exc
     if not isinstance(state, Exception):
         try:
             apply_state(node, state, manifest)
-        except Exception as exc:  # noqa: BLE001 - load_state_dict raises RuntimeError, KeyError, ...
+        except Exception as exc:
             state = exc
     failed = isinstance(state, Exception)
     if failed:

@@ -144,7 +144,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def save_file(obj, path: Path) -> dict:
-    """torch.save to `path`, fsynced; its digest (keyed by DIGEST) and size. A failed write is an OSError naming `path`."""
+    """torch.save to `path`, fsynced; its digest (keyed by DIGEST) and size. A failed write is an
+    OSError naming `path`."""
     with open(path, "wb") as handle:
         sink = _HashingFile(handle)
         try:
@@ -216,7 +217,7 @@ class BackgroundWriter:
         def target():
             try:
                 self.outcome = (row, fn())
-            except BaseException as exc:  # noqa: BLE001 - handed to the main thread at wait()
+            except BaseException as exc:
                 self.outcome = exc
 
         self.thread = threading.Thread(target=target, name="geodt-checkpoint", daemon=True)

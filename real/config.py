@@ -15,8 +15,15 @@ from formats.config import build
 from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
-from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, MTBF_S_DEFAULT, DilocoConfig, ModelSection,
-                               check_checkpoint_every, check_mtbf_s)
+from formats.scenario import (
+    CHECKPOINT_EVERY_DEFAULT,
+    COMPILE_MODES,
+    MTBF_S_DEFAULT,
+    DilocoConfig,
+    ModelSection,
+    check_checkpoint_every,
+    check_mtbf_s,
+)
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 

@@ -42,15 +42,14 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+from formats.plan import Plan
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
-from formats.plan import Plan
 from real.options import ExecOptions
 from real.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
 from real.process import worker_main
 from real.streaming import StreamingSpec
 from real.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
-
 
 LIVENESS_GRACE_S = 6.0  # > real.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
 # After a worker lost contact, how long its peers get to time out too before the processes still

@@ -44,7 +44,8 @@ def take_lock(out_dir: str | Path) -> FileLock:
         raise OutDirError(f"{out_dir}: another run (pid {_holder(path)}) is using this directory; wait for it to "
                           f"end or choose another --out") from None
     except OSError as exc:
-        raise OutDirError(f"{path}: cannot open the lock file ({exc.strerror}); expected a writable directory") from None
+        raise OutDirError(f"{path}: cannot open the lock file ({exc.strerror}); "
+                          "expected a writable directory") from None
     lock.handle.truncate(0)
     lock.handle.write(f"{os.getpid()}\n")
     lock.handle.flush()

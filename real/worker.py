@@ -87,7 +87,8 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
              if groups.is_leader else None)
     return NodeParts(plan=plan, me=me, opts=opts, diloco=d, groups=groups, device=device, outer_device=outer_device,
                      model=model, layout=layout, outer=outer, steps=steps, cross=cross, coef=coefs[groups.index],
-                     divisor=divisor, grad_scale=me.batch_size / sum(node.gpus * node.batch_size for node in plan.nodes),
+                     divisor=divisor,
+                     grad_scale=me.batch_size / sum(node.gpus * node.batch_size for node in plan.nodes),
                      tokens_per_round=me.tokens_per_round(seq_len))
 
 
@@ -150,7 +151,8 @@ class Node:
         self.vocab_size = arch.vocab_size
         self.parts = build_parts(spec, plan, opts, self.groups, arch, sharding, self.outer_device, data_tokens)
         self.model, self.layout, self.outer = self.parts.model, self.parts.layout, self.parts.outer
-        self.optimizer, self.scaler, self.shard = self.parts.steps.optimizer, self.parts.steps.scaler, self.parts.steps.shard
+        steps = self.parts.steps
+        self.optimizer, self.scaler, self.shard = steps.optimizer, steps.scaler, steps.shard
         self.batch = self.me.batch_size  # per device
         self.config = run_config(spec, plan, opts)
         self.rounds_done = 0

@@ -179,9 +179,10 @@ class StagedOutput:
             where.mkdir(parents=True, exist_ok=True)
             self.path = Path(tempfile.mkdtemp(prefix=temp_prefix(out.absolute().name), suffix=TEMP_SUFFIX, dir=where))
         except OSError as exc:
-            raise OutputError(f"{out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
+            raise OutputError(f"{out}: cannot write there ({exc.strerror or exc}); "
+                              "expected a writable directory") from None
 
-    def __enter__(self) -> "StagedOutput":
+    def __enter__(self) -> StagedOutput:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,12 +20,19 @@ from formats.config import as_table, build, coerce, require_choice, require_posi
 from formats.errors import FieldError, InputError
 from formats.files import read_regular_file
 from formats.files import short as _short
-from formats.limits import (LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name,  # noqa: F401
-                            limit)
+from formats.limits import LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name, limit
+
 # Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
 from formats.plan import CHECKPOINTING, SHARDINGS
-from formats.scenario import (CHECKPOINT_EVERY_DEFAULT, COMPILE_MODES, MTBF_S_DEFAULT, DilocoConfig, ModelSection,
-                              check_checkpoint_every, check_mtbf_s)
+from formats.scenario import (
+    CHECKPOINT_EVERY_DEFAULT,
+    COMPILE_MODES,
+    MTBF_S_DEFAULT,
+    DilocoConfig,
+    ModelSection,
+    check_checkpoint_every,
+    check_mtbf_s,
+)
 from formats.toml import tomllib
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from simulator.drift import DriftEvent
@@ -73,7 +80,8 @@ class TrainingConfig:
     sharding: str = "auto"
     activation_checkpointing: str = "auto"
     compile: str = "auto"  # the step's torch.compile'd blocks: auto (GPU nodes) | on | off (formats/scenario.py)
-    checkpoint_every: int | None = CHECKPOINT_EVERY_DEFAULT  # rounds between checkpoints; None: Young/Daly (simulator/checkpoints.py)
+    # rounds between checkpoints; None: Young/Daly (simulator/checkpoints.py)
+    checkpoint_every: int | None = CHECKPOINT_EVERY_DEFAULT
     target_loss: float | None = None  # the loss a run must reach: rank strategies by the time to it
     convergence_profile: str | None = None  # geodt calibrate convergence's CSV (simulator/loss_prediction.py)
 
@@ -162,7 +170,8 @@ class NodeConfig:
             except CatalogError as exc:
                 raise FieldError(f"gpus.{key}", str(exc)) from None
             if not 1 <= count <= LIMITS["gpu_count"][1]:
-                raise FieldError(f"gpus.{key}", f"expected a positive GPU count (at most {LIMITS['gpu_count'][1]}), got {count!r}")
+                raise FieldError(f"gpus.{key}",
+                                 f"expected a positive GPU count (at most {LIMITS['gpu_count'][1]}), got {count!r}")
         require_positive(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
         limit(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
         if self.cpu_quota is not None and not 0.01 <= self.cpu_quota <= 1024:
@@ -257,7 +266,8 @@ def _read_source(source: str) -> tuple[dict, str]:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InputError(f"{_short(source)}: cannot read scenario file (not UTF-8: {exc.reason} at byte {exc.start})") from None
+        raise InputError(f"{_short(source)}: cannot read scenario file "
+                         f"(not UTF-8: {exc.reason} at byte {exc.start})") from None
     try:
         return tomllib.loads(text), str(path.resolve())
     except tomllib.TOMLDecodeError as exc:
@@ -405,8 +415,8 @@ def _with_network_profile(scenario: Scenario) -> Scenario:
     """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
     if scenario.network.profile is None:
         return scenario
-    from simulator.netfit import read_network_profile  # pandas: only when used
     from formats.netprofile import NetProfileError
+    from simulator.netfit import read_network_profile  # pandas: only when used
 
     try:
         model = read_network_profile(scenario.resolve_path(scenario.network.profile))

@@ -163,7 +163,8 @@ class KindTables:
         self.group = np.empty(len(per_kind), dtype=np.int64)
         for k, timing in enumerate(per_kind):
             layout = timing.layout
-            overlapped = intra_node_comm_s(timing.scenario, timing.node, layout)[0] if layout.sharding == "fsdp" else 0.0
+            overlapped = (intra_node_comm_s(timing.scenario, timing.node, layout)[0] if layout.sharding == "fsdp"
+                          else 0.0)
             self.group[k] = groups.setdefault((layout, overlapped), len(groups))
         self.estimates = [[gpu_estimate(self.base, key, layout, overlapped) for key in self.types]
                           for layout, overlapped in groups]

@@ -97,13 +97,13 @@ class SweepStats:
         return sorted({bw for _, bw in self.speedup})
 
     @classmethod
-    def of_frame(cls, frame: pd.DataFrame) -> "SweepStats":
+    def of_frame(cls, frame: pd.DataFrame) -> SweepStats:
         stats = cls()
         stats._add(frame)
         return stats._done()
 
     @classmethod
-    def from_parts(cls, paths) -> "SweepStats":
+    def from_parts(cls, paths) -> SweepStats:
         stats = cls()
         for path in paths:
             import pyarrow.parquet as pq
@@ -134,7 +134,7 @@ class SweepStats:
             self.wins.setdefault(column, []).append((codes, np.array(won["bandwidth_gbps"], dtype=float),
                                                      np.array(won["speed_ratio"], dtype=float)))
 
-    def _done(self) -> "SweepStats":
+    def _done(self) -> SweepStats:
         self.idle_left = {s: np.concatenate(v) for s, v in self.idle_left.items()}
         self.speedup = {k: np.concatenate(v) for k, v in self.speedup.items()}
         self.wins = {c: pd.DataFrame({"strategy": pd.Categorical.from_codes(np.concatenate([w[0] for w in v]),

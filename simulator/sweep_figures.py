@@ -87,8 +87,8 @@ def winners_figure(data, path: Path) -> Path:
     rows = [("tokens_per_s", "max", "most tokens/s"),
             ("idle_s_equal_tokens", "min", "least idle at equal tokens (ties: first listed; alike nodes all tie at 0)")]
     if "time_to_target_s" in stats.wins:  # geodt sweep --target-loss
-        rows.append(("time_to_target_s", "min", "earliest to the target loss (predicted; scenarios some strategy "
-                                                "brings to it)"))
+        rows.append(("time_to_target_s", "min", ("earliest to the target loss (predicted; scenarios some strategy "
+                                                "brings to it)")))
     hetero = {col: stats.wins[col].assign(hetero=pd.cut(stats.wins[col]["speed_ratio"], HETERO_BINS,
                                                         labels=HETERO_LABELS, right=False)) for col, _, _ in rows}
     wins = {(r, bw): hetero[col][hetero[col]["bandwidth_gbps"] == bw]
@@ -102,7 +102,7 @@ def winners_figure(data, path: Path) -> Path:
     fig = plt.figure(figsize=(4.6 * len(bws), 1.6 + 0.55 * sum(heights)), layout="constrained")
     subfigs = fig.subfigures(len(rows), 1, height_ratios=[h + 1.2 for h in heights], hspace=0.04)
     cmap = plt.get_cmap("Blues")
-    for r, (column, best, title) in enumerate(rows):
+    for r, (_column, _best, title) in enumerate(rows):
         names = shown[r]
         axes = subfigs[r].subplots(1, len(bws), squeeze=False)[0]
         for c, bw in enumerate(bws):

@@ -32,8 +32,8 @@ def findings_text(data) -> str:
     scenarios = stats.scenarios
     width = max(len("strategy"), *map(len, strategies))
     numbers = pd.DataFrame(rows).drop(columns="strategy").to_string(index=False).splitlines()
-    lines = [f"Over {scenarios:,} scenarios, per strategy: median idle left at the baseline's token count (% of the "
-             "baseline's idle), median speed-up in tokens/s over the baseline, scenarios won by tokens/s:"]
+    lines = [(f"Over {scenarios:,} scenarios, per strategy: median idle left at the baseline's token count (% of the "
+             "baseline's idle), median speed-up in tokens/s over the baseline, scenarios won by tokens/s:")]
     lines += [f"{name:<{width}} {line}" for name, line in zip(["strategy", *strategies], numbers)]
     best = []
     for bw in bws:

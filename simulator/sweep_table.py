@@ -47,8 +47,8 @@ def format_markdown(scenario, table: pd.DataFrame) -> str:
     """The table as Markdown, with the definitions under it."""
     head = ("| strategy | tokens/round vs baseline | round (s) | idle (s) | one-step bound (s) | idle / bound "
             "| idle at baseline's tokens, % of baseline's | utilization | tokens/s | speed-up |")
-    lines = [f"# Every strategy on `{scenario.name}` ({len(scenario.nodes)} nodes, "
-             f"{scenario.network.bandwidth_gbps:g} Gbit/s, {scenario.training.rounds} rounds, SimPy engine)", "",
+    lines = [(f"# Every strategy on `{scenario.name}` ({len(scenario.nodes)} nodes, "
+             f"{scenario.network.bandwidth_gbps:g} Gbit/s, {scenario.training.rounds} rounds, SimPy engine)"), "",
              head, "|" + "---|" * 10]
     for r in table.itertuples():
         lines.append(f"| {r.strategy} | {r.tokens_vs_baseline:.3f} | {r.round_s:.2f} | {r.idle_s:.2f} "

@@ -113,7 +113,7 @@ def test_sets_digested_with_sha256_before_blake2b_still_verify(tmp_path):
     data = bytearray((directory / "node.pt").read_bytes())
     data[len(data) // 2] ^= 0x10
     (directory / "node.pt").write_bytes(bytes(data))
-    with pytest.raises(ValueError, match="node.pt fails its sha256 digest"):
+    with pytest.raises(ValueError, match=r"node.pt fails its sha256 digest"):
         ckpt_set.verify(directory, 1, 0)
 
 

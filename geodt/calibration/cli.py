@@ -21,8 +21,8 @@ MODES: dict[str, tuple[str, str, str]] = {
     "device": ("geodt.calibration.device", "main",
                "step time and peak memory per batch size on a device -> a profile CSV"),
     "network": ("geodt.calibration.links", "main",
-                "the executor's sync, outer step and checkpoint between processes -> a network profile "
-                "(--wan shaped --scenario S: on the scenario's shaped links)"),
+                ("the executor's sync, outer step and checkpoint between processes -> a network profile "
+                "(--wan shaped --scenario S: on the scenario's shaped links)")),
     "scenario": ("geodt.calibration.scenario", "main",
                  "every CPU device of a scenario at once, under its limits -> one profile each"),
     "convergence": ("geodt.calibration.convergence", "main",
@@ -42,7 +42,7 @@ def usage() -> str:
     lines = ["usage: geodt calibrate MODE [options]   (geodt calibrate MODE --help for each)", "", "modes:"]
     lines += [f"  {name:<9} {text}" for name, (_, _, text) in MODES.items()]
     lines += ["", "options of each mode:"]
-    for name, (module, function) in PARSERS.items():
+    for _name, (module, function) in PARSERS.items():
         text = getattr(importlib.import_module(module), function)().format_usage().strip()
         lines.append("  " + text.removeprefix("usage: ").replace("\n", "\n  "))
     return "\n".join(lines)

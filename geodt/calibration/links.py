@@ -355,9 +355,9 @@ def wan_node(link, cores, quota, parent_pid: int, cgroup: str):
     """This spawned process as one node of a shaped WAN: it dies with `parent_pid`, enters the
     node's namespace (before any socket exists) and runs under the CPU limits (None, None: none)
     until the block ends."""
+    from real.wan import enter
     from train.children import die_with_parent
     from train.cpulimit import apply_cpu_limits
-    from real.wan import enter
 
     die_with_parent(parent_pid)
     enter(link)
@@ -476,8 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tqdm import tqdm
 
-    from simulator.netfit import read_network_profile
     from formats.netprofile import NetProfileError
+    from simulator.netfit import read_network_profile
 
     sizes = sizes_bytes(args.max_mib)
     rows_by_n = {}

@@ -218,9 +218,9 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     per node) from the steps run between the averages of `size` (replacing any earlier file);
     the lines to print."""
     from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
-    from train.cpulimit import describe_limits
     from calibrate.profile_writer import write_new_profile
     from formats.files import child_path
+    from train.cpulimit import describe_limits
 
     lines = []
     for (cores, quota), node, b in zip(leader_limits(scenario), scenario.nodes, batches):
@@ -241,10 +241,10 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
 def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) -> int:
     from tqdm import tqdm
 
-    from simulator.netfit import read_network_profile
     from formats.netprofile import SHAPED_BACKEND
     from geodt.calibration.links import codec_summary, measure_shaped, to_frame
     from real.wan import WanError
+    from simulator.netfit import read_network_profile
 
     prog = "geodt calibrate network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
