@@ -171,11 +171,12 @@ def test_resume_after_stop_equals_uninterrupted(tmp_path):
     nodes = [("a", 2, 2), ("b", 1, 3)]
     scenario = scenario_text(rounds=3)
     whole = run(tmp_path, "whole", nodes, scenario)
-    part = run(tmp_path, "part", nodes, scenario, stop_after=1)
+    every = {"checkpoint_every": 1}  # a set every round, as the test reasons about them
+    part = run(tmp_path, "part", nodes, scenario, stop_after=1, **every)
     assert pd.read_csv(part / "out" / "trace.csv")["round"].max() == 0
 
     def resume(**extra) -> None:
-        options = ExecOptions(out_dir=str(part / "out"), threads=1, progress=False, resume=True, **extra)
+        options = ExecOptions(out_dir=str(part / "out"), threads=1, progress=False, resume=True, **every, **extra)
         assert launch(part / "plan.csv", part / "scenario.toml", options) == 0
 
     resume(stop_after=2)
@@ -216,7 +217,7 @@ def test_resume_skips_a_corrupt_checkpoint_and_stale_temps(tmp_path, capfd):
     nodes = [("a", 2, 2), ("b", 1, 3)]
     scenario = scenario_text(rounds=3)
     whole = run(tmp_path, "whole", nodes, scenario)
-    part = run(tmp_path, "part", nodes, scenario, stop_after=2)
+    part = run(tmp_path, "part", nodes, scenario, stop_after=2, checkpoint_every=1)  # a set every round
     ckpts = part / "out" / "checkpoints"
     (ckpts / "node0" / ".round-000003.tmp4242").mkdir()  # a run killed mid-write
     (ckpts / "node0" / ".round-000003.tmp4242" / "node.pt").write_bytes(b"half a checkpoint")
