@@ -150,17 +150,19 @@ def calibrate_main(argv: list[str] | None = None) -> int:
     except (HarnessError, ProfileError) as exc:
         print(f"geodt calibrate: {exc}", file=sys.stderr)
         return 2
-    for info, writer in jobs:
-        try:
-            largest = _measure(args, arch, dtype, batches, max_batch, info, writer)
-        except KeyboardInterrupt:
-            for _, w in jobs:
-                w.close()
-            print(f"geodt calibrate: interrupted; {len(writer.rows)} row(s) kept in {writer.path}; "
-                  "rerun the same command to finish", file=sys.stderr)
-            return 130
-        writer.close()
-        _report(args, arch, dtype, batches, max_batch, info, writer, largest)
+    try:  # every way out releases the writers' locks and removes their files (an error too)
+        for info, writer in jobs:
+            try:
+                largest = _measure(args, arch, dtype, batches, max_batch, info, writer)
+            except KeyboardInterrupt:
+                print(f"geodt calibrate: interrupted; {len(writer.rows)} row(s) kept in {writer.path}; "
+                      "rerun the same command to finish", file=sys.stderr)
+                return 130
+            writer.close()
+            _report(args, arch, dtype, batches, max_batch, info, writer, largest)
+    finally:
+        for _, writer in jobs:
+            writer.close()
     return 0
 
 
@@ -188,6 +190,10 @@ def _open_jobs(args, arch, batches) -> tuple[str, int, list]:
                            f"{' (the default on CPU)' if cpu and not args.max_batch else ''}; "
                            "expected smaller batches, or a larger --max-batch")
     if args.threads:
+        from formats.limits import check_threads
+
+        if check_threads(args.threads, least=1):
+            raise HarnessError(f"--threads: {check_threads(args.threads, least=1)}")
         torch.set_num_threads(args.threads)
     limits = _apply_cpu_limits(args, cpu)
     jobs = []

@@ -20,18 +20,18 @@ import gc
 import platform
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
 
 import numpy as np
 import torch
 
-from train.models import build_model
+from calibrate.telemetry import NvmlSampler, nvml_info
 from facts.catalog import CATALOG_PATH
 from facts.presets import ModelArch
+from train.models import build_model
 from train.step import compile_blocks, make_optimizer, make_scaler, random_batch, train_step, use_compile
-from calibrate.telemetry import NvmlSampler, nvml_info
 
 # Doubling never goes past this on CUDA without --max-batch (OOM comes long before).
 UNBOUNDED_MAX_BATCH = 1 << 20
@@ -77,7 +77,7 @@ def resolve_devices(spec: str) -> list[str]:
             raise HarnessError(f"--device {spec}: expected cuda:N with N a device index")
         if int(index_text) >= count:
             raise HarnessError(f"--device {spec}: {count} CUDA device(s) visible; expected "
-                               f"{'cuda:0..cuda:%d' % (count - 1) if count else 'cpu (no CUDA here)'}")
+                               f"{f'cuda:0..cuda:{count - 1}' if count else 'cpu (no CUDA here)'}")
         return [f"cuda:{int(index_text)}"]
     raise HarnessError(f"--device {spec!r}: expected cpu, cuda:N or all")
 
@@ -128,7 +128,8 @@ def scenario_device_name(cpu: str, limits: str, scenario: str, node: str, index:
     name in the measuring process, 'AMD EPYC (1 thread)') with its limits, scenario, node, device
     (1-based) of the node's and where it was timed: 'AMD EPYC (1 thread, quota 0.9 cores;
     wan-three q90 1/1)'."""
-    return f"{cpu[:-1]}{', ' + limits if limits else ''}; {scenario} {node} {index + 1}/{gpus}{', ' + where if where else ''})"
+    return (f"{cpu[:-1]}{', ' + limits if limits else ''}; {scenario} {node} {index + 1}/{gpus}"
+            f"{', ' + where if where else ''})")
 
 
 def describe_device(device: str) -> DeviceInfo:

@@ -6,6 +6,7 @@ vanish in float64). Names become CSV cells and output paths, so they are checked
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from formats.config import require_range
@@ -18,14 +19,33 @@ LIMITS = {
     "latency_ms": (0.0, 1e7), "step_time_s": (1e-7, 1e6), "gpu_count": (1, 10**5), "seed": (0, 2**63 - 1),
 }
 MAX_NODES = 100_000
-MAX_NAME_CHARS = 200
-MAX_SCENARIO_BYTES = 16 << 20  # a scenario or config.json larger than this is refused unread
+# Names become file names (calibrate scenario's DIR/<node>-<j>.csv and its .<name>.lock, out/<scenario>):
+# a file name holds at most 255 bytes (NAME_MAX), so the limit counts UTF-8 bytes, not characters
+# (200 'é' are 400 bytes), with room left for the prefix and suffixes added to it.
+MAX_NAME_BYTES = 200
+MAX_SCENARIO_BYTES = 16 << 20
+# --threads: torch threads per process. More than a few per logical CPU only contend, and an
+# absurd count (100000) crashes OpenMP's thread pool (SIGSEGV) instead of failing cleanly.
+THREADS_PER_CPU = 4  # a scenario or config.json larger than this is refused unread
 
 
 def limit(obj: Any, *names: str) -> None:
     for name in names:
         lo, hi = LIMITS[name]
         require_range(obj, name, lo, hi)
+
+
+def max_threads() -> int:
+    """The most torch threads a process may ask for here: THREADS_PER_CPU per logical CPU."""
+    return THREADS_PER_CPU * (os.cpu_count() or 1)
+
+
+def check_threads(threads: int, least: int = 0) -> str | None:
+    """Why a --threads value is refused, or None (least: 0 where 0 means automatic)."""
+    if least <= threads <= max_threads():
+        return None
+    return (f"expected {'0 (auto) or ' if least == 0 else ''}1 to {max_threads()} ({THREADS_PER_CPU} per logical "
+            f"CPU of this machine's {os.cpu_count() or 1}), got {threads}")
 
 
 def check_node_name(name: str) -> str | None:
@@ -35,8 +55,8 @@ def check_node_name(name: str) -> str | None:
     make a path outside the output folder or one that is not plain."""
     if not name:
         return "expected a non-empty node name"
-    if len(name) > MAX_NAME_CHARS:
-        return f"expected at most {MAX_NAME_CHARS} characters, got {len(name)}"
+    if _name_bytes(name) > MAX_NAME_BYTES:
+        return f"expected at most {MAX_NAME_BYTES} bytes in UTF-8 (it names files), got {_name_bytes(name)}"
     if name[0] in "=+-@":
         return f"{name!r} starts with {name[0]!r}; expected a name that does not start with = + - @ (CSV formulas)"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
@@ -51,9 +71,14 @@ def check_scenario_name(name: str) -> str | None:
     """Why a scenario name is refused, or None: it names the default output directory out/<name>."""
     if not name or name in (".", "..") or "/" in name or "\\" in name:
         return f"{name!r}: expected a name that is not a path (no / or \\, not . or ..); it names out/<name>"
-    if len(name) > MAX_NAME_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in name):
-        return f"{name!r}: expected at most {MAX_NAME_CHARS} printable characters"
+    if _name_bytes(name) > MAX_NAME_BYTES or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return (f"{name!r}: expected printable characters, at most {MAX_NAME_BYTES} bytes in UTF-8 "
+                "(it names a directory)")
     return None
+
+
+def _name_bytes(name: str) -> int:
+    return len(name.encode("utf-8", "surrogatepass"))
 
 
 # The work a command takes on, estimated before it plans: timeline rows (one per node and round;

@@ -59,8 +59,11 @@ def read_profile_frame(path: str | Path, *, drop_truncated: bool = False) -> pd.
         raise ProfileError(f"{short(path)}: unreadable (not UTF-8); expected a profile CSV") from None
     lines = text.splitlines(keepends=True)
     if lines and len(lines) > 1:
-        header_fields = len(next(csv.reader([lines[0]])))
-        rows = list(csv.reader(lines[1:]))
+        try:
+            header_fields = len(next(csv.reader([lines[0]])))
+            rows = list(csv.reader(lines[1:]))
+        except csv.Error as exc:  # e.g. a field over csv's limit (128 KiB): no profile holds one
+            raise ProfileError(f"{short(path)}: unreadable ({exc}); expected a profile CSV") from None
         cut = [i for i, row in enumerate(rows, start=1) if row and len(row) != header_fields]
         if not lines[-1].endswith("\n") and rows and (not cut or cut[-1] != len(rows)):
             cut.append(len(rows))

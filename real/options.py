@@ -37,7 +37,8 @@ class ExecOptions:
     threads: int = 0               # torch threads per process; 0 = cores / local processes
     progress: bool = True
     checkpoint: bool = True
-    checkpoint_every: int | None = None  # rounds between checkpoints; None: the scenario's [training] value, else Young/Daly
+    # rounds between checkpoints; None: the scenario's [training] value, else Young/Daly
+    checkpoint_every: int | None = None
     checkpoint_final: bool = False  # a set after the run's last round too (always with stop_after: resumable)
     summary: bool = True           # rank 0 prints per-node totals at the end
     wan: str = "loopback"          # loopback | shaped (real/wan.py: node namespaces, shaped links)
@@ -48,7 +49,8 @@ class ExecOptions:
     # plan node, per round, a step-time multiplier the node imposes on itself: under --emulate on the
     # padded step, for real on its CPU quota (cpu_quota / factor; real/worker.py _inject_drift).
     drift: tuple[tuple[float, ...], ...] | None = None
-    drift_quota: tuple[tuple[float, ...], ...] | None = None  # the quota's divisors where not drift's (cpu_quota_factor)
+    # the quota's divisors where not drift's (cpu_quota_factor)
+    drift_quota: tuple[tuple[float, ...], ...] | None = None
     # A node's process that dies: stop the run (exact --resume), or continue without it (real/elastic.py).
     on_node_loss: str = "stop"
     # continue: restart a lost node's process this many seconds after it died (once), to rejoin; None: never.
@@ -82,7 +84,8 @@ class ExecOptions:
         if any(table is not None and not all(f > 0 for row in table for f in row)
                for table in (self.drift, self.drift_quota)):
             raise ValueError("drift: expected positive step-time multipliers")
-        if self.checkpoint_every is not None and (isinstance(self.checkpoint_every, bool) or self.checkpoint_every <= 0):
+        every = self.checkpoint_every
+        if every is not None and (isinstance(every, bool) or every <= 0):
             raise ValueError(f"--checkpoint-every: expected a positive number of rounds, got {self.checkpoint_every}")
         if self.on_node_loss not in ON_NODE_LOSS:
             raise ValueError(f"--on-node-loss: expected {' or '.join(ON_NODE_LOSS)}, got {self.on_node_loss!r}")
@@ -93,8 +96,10 @@ class ExecOptions:
                 raise ValueError(f"--rejoin-after-s: expected seconds from 0 to a day, got {self.rejoin_after_s}")
         if self.outage is not None and self.on_node_loss != "continue":
             raise ValueError("outage: a node's injected loss runs under --on-node-loss continue only")
-        if self.threads < 0:
-            raise ValueError(f"--threads: expected 0 (auto) or a positive number, got {self.threads}")
+        from formats.limits import check_threads
+
+        if check_threads(self.threads):
+            raise ValueError(f"--threads: {check_threads(self.threads)}")
 
 
 class PeerLost(RuntimeError):
@@ -126,7 +131,8 @@ def run_collective(fn, *args, **kwargs):
 def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:
     """The settings a resumed run must share with the run that wrote the checkpoints."""
     config = {"seed": spec.seed, "model.preset": spec.model.preset, "model.seq_len": spec.model.seq_len,
-              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective, "sync": plan.sync,
+              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective,
+              "sync": plan.sync,
               "payload_dtype": plan.payload_dtype, "data": opts.data_path or "", "replicate_data": opts.replicate_data}
     for key, value in asdict(spec.diloco).items():
         config[f"diloco.{key}"] = list(value) if isinstance(value, tuple) else value

@@ -179,6 +179,8 @@ def _run(argv: list[str], plan_only: bool) -> int:
                 results, notes, stale, losses, written = _simulate(out, scenario, plans, args, setup)
         except OutputError as exc:
             raise InputError(f"--out {out}: {exc}") from None
+        except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
+            raise InputError(write_error(out, exc)) from None
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -197,6 +199,16 @@ def _run(argv: list[str], plan_only: bool) -> int:
             print(f"{name}: predicted loss {pred['loss_end']:.3f} at the end; loss {setup.target:g} at "
                   f"{format_time(pred['time_to_target_s'])} s")
     return 0
+
+
+STAGED = "nothing was replaced (outputs are staged and renamed whole)"
+
+
+def write_error(out, exc: OSError, kept: str = STAGED) -> str:
+    """An OSError met while writing --out as one line: the path, the system's words, and what is
+    left (ENOSPC, EDQUOT, EROFS, EACCES alike: each output is written to a temporary name first)."""
+    return (f"--out {out}: cannot write {exc.filename or out} ({exc.strerror or exc}); {kept}: free space or "
+            "choose another --out")
 
 
 def target_override(target: float | None) -> list[str]:
@@ -275,10 +287,15 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
     with StagedOutput(out, names) as stage:
         with stage.open(f"timeline.{fmt}") as timeline_file, stage.open(f"syncs.{fmt}") as syncs_file:
             tables = TableWriter(timeline_file, fmt, columns), TableWriter(syncs_file, fmt, SYNC_COLUMNS)
-            sinks = [_run_plan(scenario, plan, engine, r, block, tables, cap)
-                     for plan, (engine, _), r, block in zip(plans, engines, rounds, blocks)]
-            for table in tables:
-                table.close()
+            try:
+                sinks = [_run_plan(scenario, plan, engine, r, block, tables, cap)
+                         for plan, (engine, _), r, block in zip(plans, engines, rounds, blocks)]
+                for table in tables:
+                    table.close()
+            except BaseException:
+                for table in tables:
+                    table.abandon()
+                raise
         losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
                   for s in sinks}
         results = [(s.plan, s.totals, with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]))
@@ -355,7 +372,7 @@ def _notes(sinks, engines, fmt: str, kept: int | None) -> list[str]:
 
 def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool = False) -> None:
     """Per strategy: its plan (geodt plan) or its per-node table (geodt simulate)."""
-    for plan, timeline, summ in results:
+    for plan, _timeline, summ in results:
         frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
               f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
@@ -389,7 +406,8 @@ def interruptible(prog: str, main, argv) -> int:
 
 
 def simulate_main(argv: list[str] | None = None) -> int:
-    return interruptible("geodt simulate", lambda a: _run(a, plan_only=False), list(sys.argv[1:] if argv is None else argv))
+    return interruptible("geodt simulate", lambda a: _run(a, plan_only=False),
+                         list(sys.argv[1:] if argv is None else argv))
 
 
 def plan_main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,6 @@ import math
 import numpy as np
 import pandas as pd
 
-from formats.timeline import SYNC_COLUMNS, TIMELINE_COLUMNS
 from simulator.loss_prediction import plan_rounds
 from simulator.outputs import csv_bytes
 from simulator.totals import RunTotals
@@ -59,6 +58,13 @@ class TableWriter:
         if self.parquet is None:
             self.parquet = pq.ParquetWriter(self.handle, schema)
         self.parquet.write_table(table)
+
+    def abandon(self) -> None:
+        """After a failed write (a full disk): drop the Parquet writer unfinished, the stage being
+        removed, so that its finaliser does not write again and print a second error."""
+        if self.parquet is not None:
+            self.parquet.is_open = False
+            self.parquet = None
 
     def close(self) -> None:
         if self.parquet is not None:

@@ -66,7 +66,8 @@ def parser():
 
     p = OneLineParser(prog="geodt sweep", description=SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", metavar="SCENARIO", help="instead of a sweep: every strategy on this scenario")
-    p.add_argument("--base", default="paper", help="scenario whose model, training and network a sweep keeps (default paper)")
+    p.add_argument("--base", default="paper",
+                   help="scenario whose model, training and network a sweep keeps (default paper)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the base (or --table) scenario")
     p.add_argument("--nodes", type=positive_int, default=4, help="nodes per scenario (default 4)")
@@ -79,7 +80,8 @@ def parser():
 
     p.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                    help=f"strategies (default: all of {', '.join(STRATEGIES)})")
-    p.add_argument("--samples", type=positive_int, default=1000, help="at most about this many scenarios (default 1000)")
+    p.add_argument("--samples", type=positive_int, default=1000,
+                   help="at most about this many scenarios (default 1000)")
     p.add_argument("--drift", default="", metavar="TOML",
                    help='every node drifts by these events, e.g. \'[{kind="walk", spread=0.05}]\' (docs/DESIGN.md)')
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sample of mixes (default 0)")
@@ -237,17 +239,23 @@ def _sweep(args, strategies, out: Path) -> int:
         raise InputError(f"{spec.base}: simulation.jitter_cv: expected 0 for a sweep (the fast path is deterministic)")
     check_sweep_work(args, spec, base)
     _init_worker(spec)  # here first: a GPU type that cannot hold the batch is refused before anything is written
+    if args.scheduler:  # reached before anything is written (an unreachable one leaves no directory)
+        from simulator.sweep_cluster import connect
+
+        args.scheduler = connect(args.scheduler)
     claim(out, "sweep", args.force)
     try:
         check_writable(out)
     except OSError as exc:
-        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); expected a writable directory") from None
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc}); "
+                         "expected a writable directory") from None
     lock = _lock(out)
     try:
         remove_orphan_temps(out)  # the stages of a sweep that was killed (SIGKILL: up to the size of sweep.csv)
         spec_path = out / "spec.json"
         if spec_path.exists() and spec_path.read_text() != spec.to_json():
-            raise InputError(f"--out {out}: holds a sweep with other arguments ({spec_path}); expected a new or matching directory")
+            raise InputError(f"--out {out}: holds a sweep with other arguments ({spec_path}); "
+                             "expected a new or matching directory")
         write_text(spec_path, spec.to_json())
         finished = _finished(out)
         if finished is not None:  # a finished sweep of these arguments: nothing to redo
@@ -257,6 +265,8 @@ def _sweep(args, strategies, out: Path) -> int:
         return _finish(args, _publish(parts, out), base, out, write=True)
     finally:
         lock.release()
+        if args.scheduler:
+            args.scheduler.close()
 
 
 def check_sweep_work(args, spec, base) -> None:
@@ -402,15 +412,12 @@ def _table(args, strategies, out: Path | None) -> int:
     import pandas as pd
 
     from formats.errors import FieldError, InputError
+    from simulator.cli import check_work, default_out
     from simulator.engine import simulate, summary
     from simulator.outputs import OutputError, csv_bytes, write_output_set
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
     from simulator.sweep_table import format_markdown, table_frame
-
-    from simulator.cli import default_out
-
-    from simulator.cli import check_work
 
     scenario = load_scenario(args.table, args.overrides)
     check_work(scenario, args.table, list(dict.fromkeys(["baseline", *strategies])), args.large)
@@ -467,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
         return _sweep(args, strategies, Path(args.out))
     except InputError as exc:
         print(f"geodt sweep: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
+        from simulator.cli import write_error
+
+        print(f"geodt sweep: {write_error(args.out, exc, 'finished chunks are kept (each written whole)')}",
+              file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"geodt sweep: interrupted; finished chunks are kept in {args.out}; rerun the same command "

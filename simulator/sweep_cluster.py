@@ -13,6 +13,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+CONNECT_TIMEOUT_S = 10  # a scheduler that does not answer in this long is taken as unreachable
+
+
+def connect(address: str):
+    """A dask Client on the scheduler at `address`, before the sweep writes anything; InputError
+    (one line) when Dask is missing or the scheduler cannot be reached."""
+    from formats.errors import InputError
+
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise InputError("--scheduler: needs Dask (pip install 'geodt[cluster]')") from None
+    try:
+        return Client(address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError, TypeError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"--scheduler {address}: cannot reach a Dask scheduler there ({reason}); expected the "
+                         "address of a running `dask scheduler`, e.g. tcp://host:8786") from None
+
 
 def run_on_cluster(address, spec, jobs, progress) -> None:
     """Every job (index, first, kinds, bw, path) on the cluster at `address` (or a dask Client);

@@ -12,6 +12,10 @@ blocks training, and the write behind it, into the profile's own folder, the dis
 runs are likeliest to use) goes in as nanoseconds per byte (CHECKPOINT_COLUMNS); the simulator
 prices checkpoints from them where no network profile measured them (simulator/checkpoints.py).
 Both run here, in geodt/, because they time the executor's code (calibrate/ does not import real/).
+
+Before anything, a CPU calibration is priced by geodt/preflight.py's host memory rule (the step's
+peak from simulator/memory.py at the largest batch listed, or auto's first): a model this machine
+cannot hold (llama-3.1-8b on 24 GB) is refused in one line instead of failing in the allocator.
 """
 from __future__ import annotations
 
@@ -50,9 +54,45 @@ def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, flo
     return {"snapshot": statistics.median(snapshots) / size * 1e9, "write": statistics.median(writes) / size * 1e9}
 
 
+def cpu_memory_problem(argv: list[str], available_bytes: float | None = None) -> str | None:
+    """Why this machine cannot hold the CPU calibration argv asks for, in one line, or None (also
+    when argv is not valid: calibrate_main then says what is wrong)."""
+    import contextlib
+    import io
+
+    from calibrate.cli import UsageError, calibrate_parser, parse_batches
+    from facts.presets import PresetError, load_arch
+    from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
+    from simulator.memory import traced_peak_bytes
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            args = calibrate_parser().parse_args(argv)
+        batches = parse_batches(args.batch)
+        arch = load_arch(args.model)
+    except (SystemExit, UsageError, PresetError):
+        return None
+    if args.device != "cpu":  # a GPU's out-of-memory is a measured row (calibrate/harness.py)
+        return None
+    batch = max(batches) if isinstance(batches, list) else batches[1]
+    dtype = args.dtype or "fp32"
+    need = host_process_bytes(traced_peak_bytes(arch, args.seq_len, batch, dtype))
+    try:
+        check_host_memory(f"--model {arch.name} at batch {batch}, seq_len {args.seq_len}, {dtype} (1 process)", need,
+                          available_memory_bytes() if available_bytes is None else available_bytes,
+                          "expected a smaller --model, --seq-len or --batch")
+    except PreflightError as exc:
+        return str(exc)
+    return None
+
+
 def main(argv: list[str]) -> int:
     from calibrate.cli import calibrate_main, calibrate_parser, out_paths
 
+    problem = cpu_memory_problem(argv)
+    if problem:
+        print(f"geodt calibrate device: this machine cannot hold the calibration: {problem}", file=sys.stderr)
+        return 2
     status = calibrate_main(argv)
     if status != 0 or "-h" in argv or "--help" in argv:
         return status

@@ -41,9 +41,9 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
     die_with_parent(setup["parent_pid"])
     import torch
 
-    from train.cpulimit import apply_cpu_limits, describe_limits, device_cores
     from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name
     from facts.presets import load_arch
+    from train.cpulimit import apply_cpu_limits, describe_limits, device_cores
     from train.step import random_batch, train_step
 
     node, j, gpus, cores, quota = jobs[rank]
@@ -64,7 +64,8 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
                                         calibrator.generator)
             while done.value < len(jobs) * done_batches:  # keep the load on until every device is done
                 train_step(calibrator.model, calibrator.optimizer, batch_tensor, setup["dtype"], calibrator.scaler)
-            results.put((rank, profile_row(info, arch.name, setup["seq_len"], setup["dtype"], m) | {"device_name": name}))
+            row = profile_row(info, arch.name, setup["seq_len"], setup["dtype"], m) | {"device_name": name}
+            results.put((rank, row))
     finally:
         cleanup()
 
@@ -97,6 +98,10 @@ def _checked_scenario(args):
         args.batch = parse_batches(args.batch)
     except (InputError, UsageError) as exc:
         return str(exc)
+    from formats.limits import check_threads
+
+    if check_threads(args.threads, least=1):
+        return f"--threads: {check_threads(args.threads, least=1)}"
     if isinstance(args.batch, tuple):
         return "--batch: expected a list of batch sizes (auto searches one device at a time)"
     bad = [n.name for n in scenario.nodes if set(n.gpus) != {"cpu"}]
@@ -105,7 +110,27 @@ def _checked_scenario(args):
                 "calibrate GPUs with geodt calibrate device --device cuda:N")
     if not args.out_dir.is_dir():
         return f"--out-dir {args.out_dir}: expected an existing directory"
-    return scenario
+    return memory_problem(scenario, args.batch) or scenario
+
+
+def memory_problem(scenario, batches: list[int], available_bytes: float | None = None) -> str | None:
+    """Why this machine cannot hold every device process at the largest batch at once
+    (geodt/preflight.py's host memory rule), in one line, or None."""
+    from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
+    from simulator.memory import memory_need_bytes
+
+    processes = sum(node.gpu_count for node in scenario.nodes)
+    batch = max(batches)
+    need = processes * host_process_bytes(memory_need_bytes(scenario, batch))
+    try:
+        check_host_memory(f"{scenario.name}: {processes} device process{'es' if processes != 1 else ''} of "
+                          f"{scenario.model.preset} at batch {batch}", need,
+                          available_memory_bytes() if available_bytes is None else available_bytes,
+                          "expected smaller --batch sizes, a smaller model or sequence (--set model.preset=..., "
+                          "--set model.seq_len=...) or fewer devices")
+    except PreflightError as exc:
+        return f"this machine cannot hold the calibration: {exc}"
+    return None
 
 
 def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
