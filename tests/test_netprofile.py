@@ -196,7 +196,8 @@ def test_measured_checkpoint_delays_every_round_in_both_engines(tmp_path, write_
     from simulator.strategies import make_plan
 
     _rows().to_csv(tmp_path / "net.csv", index=False)
-    scenario = load_scenario(str(write_scenario(SCENARIO)))
+    # a set every round (the default cadence is Young/Daly's, which here is far fewer)
+    scenario = load_scenario(str(write_scenario(SCENARIO.replace("rounds = 2", "rounds = 2\ncheckpoint_every = 1"))))
     ckpt = checkpoint_s(scenario)
     assert ckpt == pytest.approx(1e-3 + 8 * CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count / 4e9, rel=1e-9)
     plan = make_plan(scenario, "baseline")
@@ -447,7 +448,8 @@ def test_validate_prediction_keeps_the_network_profile_in_every_draw(tmp_path, w
     from simulator.strategies import make_plan
 
     _rows().to_csv(tmp_path / "net.csv", index=False)
-    scenario = load_scenario(str(write_scenario(SCENARIO + "[simulation]\njitter_cv = 0.1\n")))
+    every_round = SCENARIO.replace("rounds = 2", "rounds = 2\ncheckpoint_every = 1")  # not Young/Daly's cadence
+    scenario = load_scenario(str(write_scenario(every_round + "[simulation]\njitter_cv = 0.1\n")))
     assert replace(scenario, seed=1).network_model is scenario.network_model
     ckpt = checkpoint_s(scenario)
     assert ckpt > 0
