@@ -43,7 +43,8 @@ def test_dead_peer_stops_the_others_with_a_message(tmp_path):
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
                str(tmp_path / "scenario.toml"), "--out", str(tmp_path / f"out{rank}"), "--emulate",
-               "--timeout-s", "30", "--threads", "1", "--no-progress"]
+               "--timeout-s", "30", "--threads", "1", "--no-progress",
+               "--checkpoint-every", "1"]  # a set every round: how the test sees the run under way
         procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
     survivor, victim = procs
     deadline = time.monotonic() + 120
@@ -70,7 +71,8 @@ def _local_run(tmp_path: Path, scenario: str, out: Path, *extra: str) -> tuple[l
     (tmp_path / "plan.csv").write_text(PLAN)
     (tmp_path / "scenario.toml").write_text(scenario)
     cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
-           str(tmp_path / "scenario.toml"), "--out", str(out), "--threads", "1", "--no-progress", *extra]
+           str(tmp_path / "scenario.toml"), "--out", str(out), "--threads", "1", "--no-progress",
+           "--checkpoint-every", "1", *extra]  # a set every round: how these tests see the run under way
     from tests.proctree import launcher_env
 
     return cmd, launcher_env()
@@ -158,7 +160,7 @@ def test_torchrun_ranks_map_to_nodes_by_cumulative_devices(tmp_path):
         out = tmp_path / ("out_a" if rank < 2 else "out_b")  # one --out per machine
         cmd = [sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
                str(tmp_path / "scenario.toml"), "--out", str(out), "--timeout-s", "60", "--threads", "1",
-               "--no-progress"]
+               "--no-progress", "--checkpoint-every", "1", "--checkpoint-final"]  # the sets asserted below
         procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
     results = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0], [r[1] for r in results]
