@@ -48,7 +48,8 @@ def _inputs(tmp_path: Path) -> tuple[Path, Path]:
 def _start(tmp_path: Path, out: Path, *extra: str) -> subprocess.Popen:
     plan, scenario = _inputs(tmp_path)
     cmd = [sys.executable, "-m", "real", "--plan", str(plan), "--scenario", str(scenario), "--out", str(out),
-           "--timeout-s", str(TIMEOUT_S), "--threads", "1", "--no-progress", *extra]
+           "--timeout-s", str(TIMEOUT_S), "--threads", "1", "--no-progress",
+           "--checkpoint-every", "1", *extra]  # a set every round: how these tests see the run under way
     return subprocess.Popen(cmd, env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True, preexec_fn=ctrl_c_reaches_it)
 
