@@ -15,6 +15,10 @@ SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens"
 # each of its rows; simulator/loss_prediction.py): the predicted loss at the run's end and the
 # wall-clock seconds to [training] target_loss (inf: not reached in the run; empty: no target).
 LOSS_COLUMNS = ["loss_end", "time_to_target_s"]
+# ... and where its figures come from and how far off they may be (simulator/provenance.py,
+# facts/bands.py): the node's step source (measured | profile | catalog), the network's
+# (calibrated | assumed), and the strategy's error band in % (the same on each of its rows).
+PROVENANCE_COLUMNS = ["step_source", "network_source", "error_band_pct"]
 # syncs.csv (`geodt simulate`), one row per node and fragment sync: when its compute towards the sync
 # began, reached the sync point, the all-reduce's start and end (the same for every node), the merge
 # point, and the wait there split into idle (before the all-reduce started: the wait for the other

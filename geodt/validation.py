@@ -125,6 +125,21 @@ def verdict_lines(table, emulated: bool, network: str) -> list[str]:
     return [f"verdict ({kind}): {v.line()}" for v in verdicts]
 
 
+def band_line(scenario, timeline, table) -> str:
+    """The prediction's band (simulator/provenance.py: from the sources it was priced from) and
+    whether the measured round of every node fell inside it."""
+    from facts.bands import describe, round_band_pct
+    from simulator.provenance import network_source, step_sources
+
+    sources, network = step_sources(scenario), network_source(scenario)
+    per_node = timeline.groupby("node", sort=False)[["compute_s", "comm_s"]].sum()
+    band = round_band_pct([(sources[n], r.compute_s, r.comm_s) for n, r in per_node.iterrows()], network)
+    worst = float(table["round_error_pct"].abs().max())
+    where = "inside" if worst <= band else f"outside by {worst - band:.1f} points"
+    return (f"band: the prediction's round time ± {band:.1f}% ({describe(list(sources.values()), network)}); "
+            f"measured round off by at most {worst:.1f}%: {where}")
+
+
 def _pct(difference: float, reference: float) -> float:
     return 100.0 * difference / reference if reference > 0 else float("nan")
 
@@ -270,6 +285,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     print(outer_step_source(scenario))
     for line in verdict_lines(table, emulated, network):
         print(line)
+    if not emulated:  # an emulated run's steps are the prediction's own: no band to land in
+        print(band_line(scenario, timeline, table))
     print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
     overruns = int(table["overrun_steps"].sum())
     if emulated and overruns:

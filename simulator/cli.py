@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from facts.bands import describe as describe_sources
 from formats.cli import OneLineParser, positive_float
 from formats.errors import FieldError, InputError
 from formats.owners import add_force_argument, check_owner
@@ -77,11 +78,12 @@ def check_work(scenario, source: str, strategies: list[str], large: bool, output
 
 
 def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
-    """Per node: batch, H, compute, idle, sync, tokens; and a total row."""
+    """Per node: batch, H, compute, idle, sync, tokens, where its step time comes from; and a total row."""
     table = plan_frame[["node", "batch_size", "local_steps"]].merge(
-        summary[["node", "compute_s", "idle_s", "comm_s", "tokens"]], on="node")
-    table.columns = ["node", "batch", "H", "compute_s", "idle_s", "sync_s", "tokens"]
-    total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum()}
+        summary[["node", "compute_s", "idle_s", "comm_s", "tokens", "step_source"]], on="node")
+    table.columns = ["node", "batch", "H", "compute_s", "idle_s", "sync_s", "tokens", "step"]
+    total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum(),
+             "step": ""}
     table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
     table["tokens"] = table["tokens"].astype("int64")
     layout = plan_frame["sharding"] + plan_frame["activation_checkpointing"].map({"none": "", "full": "+recompute"})
@@ -190,9 +192,12 @@ def _run(argv: list[str], plan_only: bool) -> int:
     for note in notes:
         print(note)
     if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
+        from simulator.provenance import band_note
         from simulator.report import answer
+
+        bands = {p.strategy: float(s["error_band_pct"].iloc[0]) for p, _, s in results}
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine, losses, setup.target,
-                            loss_notes(setup, losses)))
+                            loss_notes(setup, losses), bands, band_note([s for _, _, s in results])))
     elif losses:
         print("\n" + loss_notes(setup, losses))
         for name, pred in losses.items():
@@ -272,6 +277,7 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
     from simulator.engine import check_size, pick_engine, summary
     from simulator.outputs import StagedOutput, csv_bytes
     from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
+    from simulator.provenance import with_provenance
     from simulator.run_outputs import TableWriter, block_rounds
 
     for plan in plans:  # every refusal before anything is written
@@ -298,8 +304,8 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
                 raise
         losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
                   for s in sinks}
-        results = [(s.plan, s.totals, with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]))
-                   for s in sinks]
+        results = [(s.plan, s.totals, with_provenance(with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]),
+                                                      scenario)) for s in sinks]
         plan_frame = pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)
         trace, kept = _trace(sinks, plan_frame, cap)
         files = {"plan.csv": csv_bytes(plan_frame),
@@ -383,6 +389,8 @@ def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool =
             print(plan_text(frame, wide))
         else:
             print(format_table(summ, frame))
+            print(f"band ± {summ['error_band_pct'].iloc[0]:.0f}% "
+                  f"({describe_sources(list(summ['step_source']), summ['network_source'].iloc[0])})")
     encoded = [p.strategy for p, _, _ in results
                if (p.payload_dtype or scenario.network.payload_dtype, p.collective or scenario.network.collective)
                != ("fp32", "ring")]

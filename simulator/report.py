@@ -41,11 +41,13 @@ class Recommendation:
         return f"recommended: {self.strategy} — {self.reason}" if self.strategy else f"no recommendation: {self.reason}"
 
 
-def answer_table(runs, baseline, losses: dict | None = None) -> tuple[pd.DataFrame, dict]:
+def answer_table(runs, baseline, losses: dict | None = None,
+                 bands: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """One row per (plan, timeline) in runs, in order, and the baseline's metrics (the ratios' reference).
 
     baseline = (plan, timeline) of the baseline strategy; losses: strategy -> the loss model's
-    prediction (loss_end, time_to_target_s), which adds those columns.
+    prediction (loss_end, time_to_target_s), which adds those columns; bands: strategy -> its
+    error band in % (simulator/provenance.py), which adds band_pct.
     """
     base = timeline_metrics(*baseline)
     rows = pd.DataFrame([timeline_metrics(plan, timeline) for plan, timeline in runs])
@@ -57,6 +59,9 @@ def answer_table(runs, baseline, losses: dict | None = None) -> tuple[pd.DataFra
         for column in ("loss_end", "time_to_target_s"):
             rows[column] = [losses[s][column] for s in rows["strategy"]]
         columns += ["loss_end", "time_to_target_s"]
+    if bands:
+        rows["band_pct"] = [bands[s] for s in rows["strategy"]]
+        columns.append("band_pct")
     return rows[columns], base
 
 
@@ -125,6 +130,8 @@ def format_table(table: pd.DataFrame) -> str:
     losses = "loss_end" in table
     if losses:
         head += f"  {'loss_end':>8}  {'to_target_s':>11}"
+    if "band_pct" in table:
+        head += f"  {'band':>6}"
     lines = [head]
     for r in table.itertuples():
         line = (f"{r.strategy:<{width}}  {r.round_s:>9.2f}  {r.tokens_per_round:>12,}  "
@@ -134,11 +141,14 @@ def format_table(table: pd.DataFrame) -> str:
             reach = r.time_to_target_s
             line += f"  {r.loss_end:>8.3f}  " + (f"{'-':>11}" if np.isnan(reach) else
                                                  f"{'never':>11}" if np.isinf(reach) else f"{reach:>11,.1f}")
+        if "band_pct" in table:
+            line += f"  {'±' + format(r.band_pct, '.0f') + '%':>6}"
         lines.append(line)
     return "\n".join(lines)
 
 
-def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, loss_note: str = "") -> str:
+def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, loss_note: str = "",
+                  band_note: str = "") -> str:
     notes = [(f"round_s: wall time / rounds; run tokens/base: the whole run's tokens / the baseline's (*: beyond "
              f"±{TOKENS_BAND:.0%}, other work);"), "idle_s: barrier idle summed over nodes and rounds"]
     if "loss_end" in table:
@@ -146,15 +156,18 @@ def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, 
                      + (f"wall-clock seconds to loss {target:g}" if target is not None else "no target_loss given"))
         if loss_note:
             notes.append(loss_note)
+    if band_note:
+        notes.append(band_note)
     if base["strategy"] not in set(table["strategy"]):
         notes.append(f"baseline (for the ratios): {base['tokens_per_s']:,.0f} tokens/s, idle {base['idle_s']:.2f} s")
     return "\n".join([format_table(table), *notes, recommend(table, base, target).line()])
 
 
 def answer(scenario, runs, engine: str = "simpy", losses: dict | None = None, target: float | None = None,
-           loss_note: str = "") -> str:
+           loss_note: str = "", bands: dict | None = None, band_note: str = "") -> str:
     """The text `geodt simulate` ends with; runs = [(plan, timeline or its RunTotals)], the baseline
-    simulated if absent; losses: the loss model's predictions per strategy (answer_table)."""
+    simulated if absent; losses: the loss model's predictions per strategy, bands: their error
+    bands (answer_table), band_note: the line saying what the bands rest on."""
     baseline = next(((p, t) for p, t in runs if p.strategy == "baseline"), None)
     if baseline is None:  # its totals only, chunk by chunk: no whole timeline of a long run in memory
         from simulator.engine import simulate_chunks
@@ -167,4 +180,4 @@ def answer(scenario, runs, engine: str = "simpy", losses: dict | None = None, ta
         simulate_chunks(scenario, plan, engine, lambda timeline, _: totals.add(timeline),
                         chunk_rounds(len(plan.nodes), 1))
         baseline = (plan, totals)
-    return format_answer(*answer_table(runs, baseline, losses), target, loss_note)
+    return format_answer(*answer_table(runs, baseline, losses, bands), target, loss_note, band_note)

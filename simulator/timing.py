@@ -234,8 +234,9 @@ class NodeTiming:
 
     @property
     def source(self) -> str:
+        """Where t_i(b) comes from (facts/bands.py STEP_SOURCES): a given step_time_s is measured."""
         if self.node.step_time_s is not None:
-            return "given"
+            return "measured"
         return "profile" if self.node.profile else "catalog"
 
     @property

@@ -1,0 +1,124 @@
+"""facts/error_bands.csv from geodt's own validation record: how far off each source of a prediction has been.
+
+Every band is the largest |error| among the committed cases of its source (facts/bands.py says
+how a prediction combines them); nothing here is measured anew or typed in:
+
+- step, catalog: the catalog estimate against published training throughput
+  (benchmarks/estimate/published_throughput.csv, every row) and against geodt's own step timed
+  on an H200 (benchmarks/estimate/h200*/, every batch): benchmarks/bench_estimate.py's rows.
+- step, profile: the simulator, its nodes priced from calibration profiles, against real
+  (not emulated) runs' round times: results/fidelity/fidelity.csv (loopback, devices calibrated
+  together right before each run) and the shaped-WAN runs at the current defaults (WAN_RECORD).
+- step, measured: a given `step_time_s` is one measured batch, priced as a profile's: the
+  same record.
+- network, calibrated: the simulator's sync, priced from link calibrations, against the same
+  shaped-WAN runs' measured syncs (sync_err_pct).
+- network, assumed: the byte-count price at the links' nominal (tbf) rate against the
+  all-reduces those links' calibrations measured (geodt/calibration/wan_links.py comparison,
+  every size of every committed link calibration of WAN_RECORD).
+
+    python benchmarks/bench_bands.py [--check]
+
+Writes facts/error_bands.csv (temp name, then rename) and prints each band; --check writes
+nothing and exits 1 if the committed file differs from what the record gives.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_estimate import compare, h200_rows
+from bench_fidelity import wan_overrides
+
+from facts.bands import BAND_COLUMNS, BANDS_CSV
+
+ROOT = Path(__file__).resolve().parents[1]
+LOOPBACK_RECORD = "results/fidelity/fidelity.csv"
+# The shaped-WAN runs at the current defaults (32 rounds, 32 link repeats, calibrated between
+# averages): results/fidelity-wan/README.md. All are wan-three, fp32, the q40 node's uplink at half
+# the rate; their cases name the collective.
+WAN_RECORD = ["results/fidelity-wan/between-averages/plan-rounds32", "results/fidelity-wan/between-averages/plan-rounds32-again",
+              "results/fidelity-wan/between-averages/rounds32", "results/fidelity-wan/between-averages/streaming-rounds32"]
+WAN_SCENARIO = ROOT / "benchmarks" / "fidelity" / "wan-three.toml"
+WAN_UPLINKS = {"q40": 0.5}
+
+
+def catalog_errors() -> list[float]:
+    """|error| % of the catalog estimate, every published row and every H200 row."""
+    published = [100 * abs(err) for _, _, err in compare()]
+    return published + [100 * abs(r["error"]) for r in h200_rows()]
+
+
+def wan_frames() -> list[pd.DataFrame]:
+    return [pd.read_csv(ROOT / folder / "fidelity.csv") for folder in WAN_RECORD]
+
+
+def profile_errors() -> list[float]:
+    rounds = [pd.read_csv(ROOT / LOOPBACK_RECORD)["round_err_pct"]] + [f["round_err_pct"] for f in wan_frames()]
+    return [abs(float(v)) for v in pd.concat(rounds).dropna()]
+
+
+def calibrated_network_errors() -> list[float]:
+    return [abs(float(v)) for f in wan_frames() for v in f["sync_err_pct"].dropna()]
+
+
+def assumed_network_errors() -> list[float]:
+    """The byte-count price at the nominal rate against each committed link calibration's all-reduces."""
+    from geodt.calibration.wan_links import comparison
+    from simulator.netfit import read_network_profile
+    from simulator.scenario import load_scenario
+
+    errors = []
+    for folder in WAN_RECORD:
+        collective = "ring" if " ring " in pd.read_csv(ROOT / folder / "fidelity.csv")["case"].iloc[0] else "partitioned"
+        for links in sorted((ROOT / folder / "links").glob("run*.csv")):
+            sets = wan_overrides("fp32", collective, WAN_UPLINKS, (), links)
+            scenario = load_scenario(str(WAN_SCENARIO), sets, without_profiles=True)
+            frame = pd.read_csv(links)
+            errors += [abs(float(v)) for v in comparison(scenario, read_network_profile(links), frame)["error_pct"]]
+    return errors
+
+
+def band_rows() -> list[dict]:
+    wan = ", ".join(f"{f}/fidelity.csv" for f in WAN_RECORD)
+    profile = profile_errors()
+    cases = [("step", "catalog", catalog_errors(), "benchmarks/estimate/published_throughput.csv, benchmarks/estimate/h200*/"),
+             ("step", "profile", profile, f"{LOOPBACK_RECORD}, {wan}"),
+             ("step", "measured", profile, f"as profile: {LOOPBACK_RECORD}, {wan}"),
+             ("network", "calibrated", calibrated_network_errors(), wan),
+             ("network", "assumed", assumed_network_errors(), ", ".join(f"{f}/links/run*.csv" for f in WAN_RECORD))]
+    return [{"kind": kind, "source": source, "band_pct": round(max(errors), 1), "cases": len(errors),
+             "median_abs_pct": round(statistics.median(errors), 1), "record": record}
+            for kind, source, errors, record in cases]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the committed file; write nothing")
+    args = parser.parse_args(argv)
+    frame = pd.DataFrame(band_rows(), columns=BAND_COLUMNS)
+    for r in frame.itertuples():
+        print(f"{r.kind:8s} {r.source:10s} ± {r.band_pct:5.1f}%  ({r.cases} cases, median |error| {r.median_abs_pct}%)")
+    text = frame.to_csv(index=False, lineterminator="\n")
+    if args.check:
+        same = BANDS_CSV.exists() and BANDS_CSV.read_text(encoding="utf-8") == text
+        print(f"{BANDS_CSV.relative_to(ROOT)}: {'as the record gives' if same else 'differs from the record'}")
+        return 0 if same else 1
+    tmp = BANDS_CSV.with_name(f".{BANDS_CSV.name}.tmp{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+        fh.write(text)
+    os.replace(tmp, BANDS_CSV)
+    print(f"wrote {BANDS_CSV.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Where a simulation's figures come from and how far off they may be: per node its step source,
+the network's source, and each strategy's error band (facts/bands.py, from geodt's validation record).
+
+summary.csv gains `step_source` (measured | profile | catalog, simulator/timing.py's precedence),
+`network_source` (calibrated: a network profile with measured all-reduces; assumed: the
+scenario's typed links) and `error_band_pct` (the strategy's band, the same on each of its rows:
+its round time, tokens/s and time to a target may be off by that much, going by the record).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from facts.bands import describe, round_band_pct
+from formats.timeline import PROVENANCE_COLUMNS
+from simulator.scenario import Scenario
+from simulator.timing import node_timings
+
+
+def step_sources(scenario: Scenario) -> dict[str, str]:
+    """Node name -> where its step time comes from."""
+    return {t.node.name: t.source for t in node_timings(scenario)}
+
+
+def network_source(scenario: Scenario) -> str:
+    """calibrated if a network profile measured the all-reduce (loopback ring or shaped links), else assumed."""
+    model = scenario.network_model
+    return "calibrated" if model is not None and (model.ring is not None or model.shaped) else "assumed"
+
+
+def with_provenance(summ: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:
+    """summary.csv's rows of one strategy with step_source, network_source and error_band_pct."""
+    sources = step_sources(scenario)
+    steps = summ["node"].map(sources)
+    network = network_source(scenario)
+    band = round_band_pct(list(zip(steps, summ["compute_s"], summ["comm_s"])), network)
+    return summ.assign(**dict(zip(PROVENANCE_COLUMNS, (steps, network, round(band, 1)))))
+
+
+def band_note(summaries: list[pd.DataFrame]) -> str:
+    """The printed line that says what the answer's bands rest on."""
+    frame = pd.concat(summaries, ignore_index=True)
+    return (f"band: ± the largest error geodt's own record shows for these sources "
+            f"({describe(list(frame['step_source']), frame['network_source'].iloc[0])}; facts/error_bands.csv, "
+            "benchmarks/bench_bands.py)")
