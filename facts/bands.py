@@ -64,7 +64,8 @@ def round_band_pct(nodes: list[tuple[str, float, float]], network_source: str,
     return worst
 
 
-def describe(step_sources: list[str], network_source: str) -> str:
-    """The sources in words, e.g. "catalog estimate, network assumed"."""
-    steps = list(dict.fromkeys(step_sources))
-    return ", ".join([LABELS[s] for s in steps] + [LABELS[network_source]])
+def describe(step_sources: list[str], network_source: str, catalog_stack: str = "") -> str:
+    """The sources in words, e.g. "catalog estimate of geodt's eager step, network assumed"
+    (catalog_stack: the step the catalog priced, simulator/provenance.py catalog_stack)."""
+    labels = {**LABELS, "catalog": f"{LABELS['catalog']} of {catalog_stack}" if catalog_stack else LABELS["catalog"]}
+    return ", ".join([labels[s] for s in dict.fromkeys(step_sources)] + [labels[network_source]])

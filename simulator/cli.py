@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from facts.bands import describe as describe_sources
 from formats.cli import OneLineParser, positive_float
 from formats.errors import FieldError, InputError
 from formats.owners import add_force_argument, check_owner
@@ -197,7 +196,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
 
         bands = {p.strategy: float(s["error_band_pct"].iloc[0]) for p, _, s in results}
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine, losses, setup.target,
-                            loss_notes(setup, losses), bands, band_note([s for _, _, s in results])))
+                            loss_notes(setup, losses), bands, band_note(scenario, [s for _, _, s in results])))
     elif losses:
         print("\n" + loss_notes(setup, losses))
         for name, pred in losses.items():
@@ -388,9 +387,11 @@ def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool =
         if plan_only:
             print(plan_text(frame, wide))
         else:
+            from simulator.provenance import sources_text
+
             print(format_table(summ, frame))
             print(f"band ± {summ['error_band_pct'].iloc[0]:.0f}% "
-                  f"({describe_sources(list(summ['step_source']), summ['network_source'].iloc[0])})")
+                  f"({sources_text(scenario, list(summ['step_source']))})")
     encoded = [p.strategy for p, _, _ in results
                if (p.payload_dtype or scenario.network.payload_dtype, p.collective or scenario.network.collective)
                != ("fp32", "ring")]

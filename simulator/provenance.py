@@ -13,7 +13,7 @@ import pandas as pd
 from facts.bands import describe, round_band_pct
 from formats.timeline import PROVENANCE_COLUMNS
 from simulator.scenario import Scenario
-from simulator.timing import node_timings
+from simulator.timing import compiled, node_timings
 
 
 def step_sources(scenario: Scenario) -> dict[str, str]:
@@ -27,6 +27,19 @@ def network_source(scenario: Scenario) -> str:
     return "calibrated" if model is not None and (model.ring is not None or model.shaped) else "assumed"
 
 
+def catalog_stack(scenario: Scenario) -> str:
+    """The step the catalog estimate prices on the scenario's catalog nodes ([training] compile:
+    simulator/timing.py compiled): geodt's eager step, its compiled one, or both."""
+    kinds = {compiled(scenario, key) for t in node_timings(scenario) if t.source == "catalog" for key in t.node.gpus}
+    names = [name for flag, name in ((False, "eager"), (True, "compiled")) if flag in kinds]
+    return f"geodt's {' and '.join(names)} step{'s' if len(names) > 1 else ''}" if names else ""
+
+
+def sources_text(scenario: Scenario, step_sources_of_nodes: list[str]) -> str:
+    """The sources of one prediction in words (facts/bands.py describe), naming the catalog's stack."""
+    return describe(step_sources_of_nodes, network_source(scenario), catalog_stack(scenario))
+
+
 def with_provenance(summ: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:
     """summary.csv's rows of one strategy with step_source, network_source and error_band_pct."""
     sources = step_sources(scenario)
@@ -36,9 +49,9 @@ def with_provenance(summ: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:
     return summ.assign(**dict(zip(PROVENANCE_COLUMNS, (steps, network, round(band, 1)))))
 
 
-def band_note(summaries: list[pd.DataFrame]) -> str:
+def band_note(scenario: Scenario, summaries: list[pd.DataFrame]) -> str:
     """The printed line that says what the answer's bands rest on."""
     frame = pd.concat(summaries, ignore_index=True)
     return (f"band: ± the largest error geodt's own record shows for these sources "
-            f"({describe(list(frame['step_source']), frame['network_source'].iloc[0])}; facts/error_bands.csv, "
+            f"({sources_text(scenario, list(frame['step_source']))}; facts/error_bands.csv, "
             "benchmarks/bench_bands.py)")

@@ -66,9 +66,9 @@ def test_simulate_prints_each_strategy_band_and_what_it_rests_on(tmp_path):
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     summary = pd.read_csv(tmp_path / "o" / "summary.csv")
-    for strategy, rows in summary.groupby("strategy"):
+    for _, rows in summary.groupby("strategy"):
         band = rows["error_band_pct"].iloc[0]
-        assert f"band ± {band:.0f}% (catalog estimate, network assumed)" in run.stdout
+        assert f"band ± {band:.0f}% (catalog estimate of geodt's compiled step, network assumed)" in run.stdout
         assert f"±{band:.0f}%" in run.stdout  # the answer's band column
     assert "band: ± the largest error geodt's own record shows" in run.stdout
 
@@ -85,3 +85,11 @@ def test_validate_says_whether_the_measured_rounds_fell_inside_the_band():
                       f"measured round off by at most {band - 1.0:.1f}%: inside")
     outside = band_line(scenario, timeline, pd.DataFrame({"round_error_pct": [-(band + 2.5)]}))
     assert outside.endswith("outside by 2.5 points")
+
+
+def test_the_catalog_names_the_step_it_prices():
+    from simulator.provenance import catalog_stack
+
+    assert catalog_stack(load_scenario("paper")) == "geodt's compiled step"  # compile = "auto": on for GPUs
+    assert catalog_stack(load_scenario("paper", ['training.compile="off"'])) == "geodt's eager step"
+    assert catalog_stack(load_scenario("hetero-cpu")) == ""  # no catalog node
