@@ -2,7 +2,8 @@
 
 A node's step time comes from one of three sources (simulator/timing.py, docs/DESIGN.md's
 precedence): `measured` (the scenario gives its `step_time_s`), `profile` (`geodt calibrate`'s
-measured t(b)) or `catalog` (the estimate from the GPU's datasheet figures). The network is
+measured t(b)) or `catalog` (the estimate from the GPU's datasheet figures), whose band is that of
+the step it prices: geodt's compiled (lean) step or its eager one. The network is
 `calibrated` (a network profile with measured all-reduces: `geodt calibrate network`) or
 `assumed` (the scenario's typed bandwidth and latency, priced by the byte count).
 
@@ -26,6 +27,8 @@ from pathlib import Path
 BANDS_CSV = Path(__file__).with_name("error_bands.csv")
 BAND_COLUMNS = ["kind", "source", "band_pct", "cases", "median_abs_pct", "record"]
 STEP_SOURCES = ("measured", "profile", "catalog")
+# The catalog's band depends on the step it prices (simulator/provenance.py band_source).
+CATALOG_STEPS = ("catalog-compiled", "catalog-eager")
 NETWORK_SOURCES = ("calibrated", "assumed")
 LABELS = {"measured": "measured step", "profile": "profiled steps", "catalog": "catalog estimate",
           "calibrated": "network calibrated", "assumed": "network assumed"}
@@ -52,7 +55,8 @@ def load_bands(path: Path = BANDS_CSV) -> dict[tuple[str, str], Band]:
 def round_band_pct(nodes: list[tuple[str, float, float]], network_source: str,
                    bands: dict[tuple[str, str], Band] | None = None) -> float:
     """The band of a strategy's round time (and so of its tokens/s and time to a target), in %:
-    per node (step source, compute seconds, sync seconds), the mix of its step band and the
+    per node (its step's band source: measured, profile, catalog-compiled or catalog-eager;
+    compute seconds; sync seconds), the mix of its step band and the
     network's band weighted by compute and sync; the largest over the nodes."""
     bands = load_bands() if bands is None else bands
     net = bands["network", network_source].band_pct

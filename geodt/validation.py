@@ -129,11 +129,11 @@ def band_line(scenario, timeline, table) -> str:
     """The prediction's band (simulator/provenance.py: from the sources it was priced from) and
     whether the measured round of every node fell inside it."""
     from facts.bands import round_band_pct
-    from simulator.provenance import network_source, sources_text, step_sources
+    from simulator.provenance import band_sources, network_source, sources_text, step_sources
 
-    sources, network = step_sources(scenario), network_source(scenario)
+    sources, keys, network = step_sources(scenario), band_sources(scenario), network_source(scenario)
     per_node = timeline.groupby("node", sort=False)[["compute_s", "comm_s"]].sum()
-    band = round_band_pct([(sources[n], r.compute_s, r.comm_s) for n, r in per_node.iterrows()], network)
+    band = round_band_pct([(keys[n], r.compute_s, r.comm_s) for n, r in per_node.iterrows()], network)
     worst = float(table["round_error_pct"].abs().max())
     where = "inside" if worst <= band else f"outside by {worst - band:.1f} points"
     return (f"band: the prediction's round time ± {band:.1f}% ({sources_text(scenario, list(sources.values()))}); "

@@ -27,6 +27,15 @@ def network_source(scenario: Scenario) -> str:
     return "calibrated" if model is not None and (model.ring is not None or model.shaped) else "assumed"
 
 
+def band_sources(scenario: Scenario) -> dict[str, str]:
+    """Node name -> the source its band is looked up by: a catalog node's is the step it prices."""
+    out = {}
+    for t in node_timings(scenario):
+        lean = any(compiled(scenario, key) for key in t.node.gpus)
+        out[t.node.name] = t.source if t.source != "catalog" else ("catalog-compiled" if lean else "catalog-eager")
+    return out
+
+
 def catalog_stack(scenario: Scenario) -> str:
     """The step the catalog estimate prices on the scenario's catalog nodes ([training] compile:
     simulator/timing.py compiled): geodt's eager step, its compiled one, or both."""
@@ -42,10 +51,10 @@ def sources_text(scenario: Scenario, step_sources_of_nodes: list[str]) -> str:
 
 def with_provenance(summ: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:
     """summary.csv's rows of one strategy with step_source, network_source and error_band_pct."""
-    sources = step_sources(scenario)
-    steps = summ["node"].map(sources)
+    steps = summ["node"].map(step_sources(scenario))
     network = network_source(scenario)
-    band = round_band_pct(list(zip(steps, summ["compute_s"], summ["comm_s"])), network)
+    band = round_band_pct(list(zip(summ["node"].map(band_sources(scenario)), summ["compute_s"], summ["comm_s"])),
+                          network)
     return summ.assign(**dict(zip(PROVENANCE_COLUMNS, (steps, network, round(band, 1)))))
 
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _bands(catalog=20.0, profile=8.0, calibrated=5.0, assumed=50.0) -> dict:
-    rows = [("step", "catalog", catalog), ("step", "profile", profile), ("step", "measured", profile),
+    rows = [("step", "catalog-compiled", catalog), ("step", "catalog-eager", 2 * catalog), ("step", "profile", profile),
+            ("step", "measured", profile),
             ("network", "calibrated", calibrated), ("network", "assumed", assumed)]
     return {(k, s): Band(k, s, b, 1, b, "test") for k, s, b in rows}
 
@@ -35,9 +36,11 @@ def test_round_band_mixes_compute_and_sync_and_takes_the_worst_node():
     bands = _bands()
     # node a: 30 s of catalog compute, 10 s of assumed sync -> (20*30 + 50*10) / 40 = 27.5
     # node b: 40 s of profiled compute, 0 s sync -> 8
-    assert round_band_pct([("catalog", 30.0, 10.0), ("profile", 40.0, 0.0)], "assumed", bands) == 27.5
+    assert round_band_pct([("catalog-compiled", 30.0, 10.0), ("profile", 40.0, 0.0)], "assumed", bands) == 27.5
+    # the eager step's catalog band (40 here): (40*30 + 50*10) / 40 = 42.5
+    assert round_band_pct([("catalog-eager", 30.0, 10.0)], "assumed", bands) == 42.5
     assert round_band_pct([("profile", 30.0, 10.0)], "calibrated", bands) == pytest.approx((8 * 30 + 5 * 10) / 40)
-    assert round_band_pct([("catalog", 0.0, 0.0)], "assumed", bands) == 0.0  # an idle-only node bounds nothing
+    assert round_band_pct([("catalog-compiled", 0.0, 0.0)], "assumed", bands) == 0.0  # an idle-only node bounds nothing
 
 
 def test_sources_of_the_builtin_scenarios():
@@ -54,7 +57,7 @@ def test_summary_rows_carry_sources_and_the_strategy_band():
                          "compute_s": [10.0, 20.0, 30.0, 40.0], "comm_s": [5.0, 5.0, 5.0, 5.0]})
     out = with_provenance(summ, scenario)
     bands = load_bands()
-    cat, net = bands["step", "catalog"].band_pct, bands["network", "assumed"].band_pct
+    cat, net = bands["step", "catalog-compiled"].band_pct, bands["network", "assumed"].band_pct  # GPUs: compiled
     worst = max((cat * c + net * 5.0) / (c + 5.0) for c in (10.0, 20.0, 30.0, 40.0))
     assert list(out["step_source"]) == ["catalog"] * 4 and set(out["network_source"]) == {"assumed"}
     assert set(out["error_band_pct"]) == {round(worst, 1)}
@@ -88,8 +91,11 @@ def test_validate_says_whether_the_measured_rounds_fell_inside_the_band():
 
 
 def test_the_catalog_names_the_step_it_prices():
-    from simulator.provenance import catalog_stack
+    from simulator.provenance import band_sources, catalog_stack
 
     assert catalog_stack(load_scenario("paper")) == "geodt's compiled step"  # compile = "auto": on for GPUs
     assert catalog_stack(load_scenario("paper", ['training.compile="off"'])) == "geodt's eager step"
     assert catalog_stack(load_scenario("hetero-cpu")) == ""  # no catalog node
+    eager = load_scenario("paper", ['training.compile="off"'])
+    assert set(band_sources(eager).values()) == {"catalog-eager"}
+    assert set(band_sources(load_scenario("paper")).values()) == {"catalog-compiled"}
