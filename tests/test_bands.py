@@ -66,7 +66,7 @@ def test_simulate_prints_each_strategy_band_and_what_it_rests_on(tmp_path):
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     summary = pd.read_csv(tmp_path / "o" / "summary.csv")
-    for strategy, rows in summary.groupby("strategy"):
+    for _strategy, rows in summary.groupby("strategy"):
         band = rows["error_band_pct"].iloc[0]
         assert f"band ± {band:.0f}% (catalog estimate, network assumed)" in run.stdout
         assert f"±{band:.0f}%" in run.stdout  # the answer's band column
