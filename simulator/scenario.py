@@ -320,14 +320,19 @@ def apply_override(table: dict, path: list[str], value: Any, text: str) -> str:
     return ".".join(path)
 
 
-def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = (), without_profiles: bool = False) -> Scenario:
+def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = (), without_profiles: bool = False,
+                  without_network_profile: bool = False) -> Scenario:
     """A validated Scenario from a file or built-in name, with `key=value` overrides applied.
 
-    without_profiles: the nodes' profiles left out (`geodt calibrate scenario --scenario` makes them)."""
+    without_profiles: the nodes' profiles left out (`geodt calibrate scenario --scenario` makes them);
+    without_network_profile: [network] profile left out too (calibrate scenario does not sync, and
+    `geodt calibrate network` may not have written it yet)."""
     table, resolved = _read_source(source)
     if without_profiles and isinstance(table.get("nodes"), list):
         table["nodes"] = [{k: v for k, v in node.items() if k != "profile"} if isinstance(node, dict) else node
                           for node in table["nodes"]]
+    if without_network_profile and isinstance(table.get("network"), dict):
+        table["network"] = {k: v for k, v in table["network"].items() if k != "profile"}
     overridden = set()
     for text in overrides:
         path, value = _parse_override(text)

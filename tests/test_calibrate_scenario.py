@@ -96,3 +96,19 @@ def test_a_killed_calibration_takes_its_device_processes_with_it(tmp_path):
     left = kill_parent_once_ready(parent, 3, lambda pids: min(cpu_s(p) for p in pids) >= 5)
     assert left == [], f"device processes {left} outlived their killed parent"
     assert list((tmp_path / "cal").iterdir()) == []
+
+
+def test_the_network_profile_need_not_exist_yet(tmp_path):
+    """The scenario names the network profile `geodt calibrate network` writes; calibrating the
+    devices first (README, "A first calibration journey") must not need it: it does not sync."""
+    from geodt.calibration.scenario import _checked_scenario, parser
+    from simulator.scenario import load_scenario
+
+    path = tmp_path / "pair.toml"
+    path.write_text(textwrap.dedent(SCENARIO).replace("[[nodes]]", '[network]\nprofile = "cal/net.csv"\n[[nodes]]', 1))
+    (tmp_path / "cal").mkdir()
+    scenario = _checked_scenario(parser().parse_args(["--scenario", str(path), "--out-dir", str(tmp_path / "cal")]))
+    assert not isinstance(scenario, str), scenario
+    assert [n.name for n in scenario.nodes] == ["a", "b"]
+    with pytest.raises(Exception, match=r"net\.csv"):  # the run itself still needs it
+        load_scenario(str(path), without_profiles=True)

@@ -94,7 +94,7 @@ def _checked_scenario(args):
     from simulator.scenario import load_scenario
 
     try:
-        scenario = load_scenario(args.scenario, args.overrides, without_profiles=True)
+        scenario = load_scenario(args.scenario, args.overrides, without_profiles=True, without_network_profile=True)
         args.batch = parse_batches(args.batch)
     except (InputError, UsageError) as exc:
         return str(exc)
