@@ -29,6 +29,11 @@ SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "syn
 TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "overrun_steps", "ckpt_block_s", "ckpt_background_s",
                                     "local_steps", "batch_size",
                                     "bytes_sent", "peak_mem_bytes"]
+# trace.csv's run columns after TRACE_COLUMNS, the same on every row (real/trace.py run_columns): how the run
+# was made, so that whatever reads the trace later (geodt validate --trace) labels it as it ran. mode:
+# MODES[emulated]; time_scale: --time-scale under --emulate (the run's times are the plan's × it), else 1.
+RUN_COLUMNS = ["mode", "time_scale"]
+MODES = {False: "measured", True: "emulated"}  # a real run | a schedule check (--emulate: steps padded)
 # validate's loss model against the run (geodt/validation.py loss_comparison); empty until compared
 LOSS_VALIDATION_COLUMNS = ["predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
                            "measured_time_to_target_s", "loss_model_time_to_target_s"]

@@ -66,8 +66,9 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
         parser.add_argument("--trace", metavar="RUN_DIR",
                             help="instead of running: compare RUN_DIR/trace.csv of a finished run (geodt run, or "
                                  "rank 0's --out under torchrun, across machines) with its plan's prediction "
-                                 "(geodt validate --trace RUN_DIR [--out DIR] [--engine E] [--emulate --time-scale X] "
-                                 "[--wide]); no SCENARIO or --strategy then")
+                                 "(geodt validate --trace RUN_DIR [--out DIR] [--engine E] [--wide]); no SCENARIO or "
+                                 "--strategy then; measured or emulated, and at what time scale, as RUN_DIR/trace.csv "
+                                 "records (--emulate --time-scale X only for a trace that does not)")
     return parser
 
 

@@ -7,13 +7,19 @@ RUN_DIR/plan.csv (the one that ran) is simulated on RUN_DIR/scenario.toml and co
 RUN_DIR/trace.csv: the same validation.csv, validation.png, timeline.csv and trace.json as
 `geodt validate`, written into --out (default RUN_DIR/validation: the run's own
 files are left as they are). Nothing runs; nothing of the machine this runs on is measured.
+
+How the run was made comes from trace.csv's run columns (`mode`, `time_scale`; real/trace.py):
+an emulated run's validation says "emulated" everywhere (table, verdict, trace.json's tracks,
+validation.png) and its times are divided by its own time scale, whatever --emulate and
+--time-scale say; a flag that contradicts the record is named on stderr in one line. A trace
+written before those columns existed has no record: the flags decide, as they did.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from formats.timeline import TRACE_COLUMNS
+from formats.timeline import MODES, RUN_COLUMNS, TRACE_COLUMNS
 
 
 def wants_trace(argv: list[str]) -> bool:
@@ -29,9 +35,12 @@ def _parser():
     parser.add_argument("--out", help="where validation.csv and the rest go (default RUN_DIR/validation)")
     parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
                         help="simulator engine for the prediction")
-    parser.add_argument("--emulate", action="store_true", help="the run was emulated (--emulate): a schedule check")
-    parser.add_argument("--time-scale", type=float, default=1.0, metavar="X",
-                        help="the emulated run's --time-scale (its times are divided by X)")
+    parser.add_argument("--emulate", action="store_true",
+                        help="the run was emulated (--emulate): a schedule check; only for a trace that does not "
+                             "record it (trace.csv's mode column, written by runs since it exists)")
+    parser.add_argument("--time-scale", type=float, default=None, metavar="X",
+                        help="the emulated run's --time-scale (its times are divided by X); only for a trace that "
+                             "does not record it (trace.csv's time_scale column)")
     parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
     return parser
 
@@ -74,6 +83,46 @@ def load_run(run_dir: Path):
     return scenario, plan, trace
 
 
+def recorded_mode(trace, trace_path: Path) -> tuple[bool, float] | None:
+    """(emulated, time scale) as trace.csv records them (RUN_COLUMNS), or None for a trace written
+    before it recorded them; InputError (one line) when the record is not one mode and one scale."""
+    import numpy as np
+    import pandas as pd
+
+    from formats.errors import InputError
+
+    if not set(RUN_COLUMNS) <= set(trace.columns):
+        return None
+    modes = set(trace["mode"].astype(str))
+    if len(modes) != 1 or not modes <= set(MODES.values()):
+        raise InputError(f"{trace_path}: mode: expected one of {', '.join(MODES.values())} on every row, got "
+                         f"{', '.join(sorted(modes))}")
+    scales = set(pd.to_numeric(trace["time_scale"], errors="coerce").astype(float))
+    scale = scales.pop() if len(scales) == 1 else float("nan")
+    if not (np.isfinite(scale) and scale > 0):
+        raise InputError(f"{trace_path}: time_scale: expected one finite positive number on every row, got "
+                         f"{', '.join(sorted(set(trace['time_scale'].astype(str))))}")
+    return modes == {MODES[True]}, scale
+
+
+def run_mode(args, record: tuple[bool, float] | None, trace_path: Path) -> tuple[bool, float]:
+    """(emulated, time scale) to validate with: the trace's record where it has one (a flag that
+    contradicts it is said in one line on stderr), else --emulate and --time-scale."""
+    if record is None:
+        return args.emulate, 1.0 if args.time_scale is None else args.time_scale
+    emulated, scale = record
+    said = []
+    if args.emulate and not emulated:
+        said.append("--emulate")
+    if args.time_scale is not None and args.time_scale != (scale if emulated else 1.0):
+        said.append(f"--time-scale {args.time_scale:g}")
+    if said:
+        how = f"emulated at time scale {scale:g}" if emulated else "measured (not emulated)"
+        print(f"geodt validate: {' and '.join(said)}: {trace_path} records the run as {how}; validating it as "
+              "recorded", file=sys.stderr)
+    return emulated, scale
+
+
 def trace_main(argv: list[str]) -> int:
     """Validate an existing run's trace; 0, or 2 with one line for bad input."""
     from formats.errors import InputError
@@ -87,9 +136,10 @@ def trace_main(argv: list[str]) -> int:
     try:
         if not run_dir.is_dir():
             raise InputError(f"--trace {run_dir}: not a directory; expected a real run's --out")
-        if not args.time_scale > 0 or args.time_scale == float("inf"):
+        if args.time_scale is not None and not (0 < args.time_scale < float("inf")):
             raise InputError(f"--time-scale: expected a finite positive number, got {args.time_scale}")
         scenario, plan, trace = load_run(run_dir)
+        record = recorded_mode(trace, run_dir / "trace.csv")
         check_work(scenario, str(run_dir / "scenario.toml"), [plan.strategy], large=False)
     except InputError as exc:
         print(f"geodt validate: {exc}", file=sys.stderr)
@@ -99,8 +149,9 @@ def trace_main(argv: list[str]) -> int:
     # wan.csv names a shaped run's network; without it the run was on loopback (one machine) or
     # on whatever network joined the machines, which the trace does not record.
     network = network_note(run_dir) if (run_dir / "wan.csv").exists() else "as recorded (not known to the trace)"
+    emulated, time_scale = run_mode(args, record, run_dir / "trace.csv")
     timeline = predicted_timeline(scenario, plan, args.engine)
     write_csv(timeline, out / "timeline.csv")
-    report("geodt validate", scenario, plan, timeline, trace, out, args.emulate, args.time_scale, network,
+    report("geodt validate", scenario, plan, timeline, trace, out, emulated, time_scale, network,
            caveat="", wide=args.wide)
     return 0

@@ -14,11 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from facts.fidelity import judge, node_verdict
-from formats.timeline import LOSS_VALIDATION_COLUMNS, VALIDATION_COLUMNS
+from formats.timeline import LOSS_VALIDATION_COLUMNS, MODES, VALIDATION_COLUMNS
 
 NO_LOSS_COMPARISON = ("loss: not compared (the loss model has no curve of this model on this run's corpus: "
                       "geodt calibrate convergence, --data)")
-MODES = {False: "measured", True: "emulated"}  # mode column: real run | schedule check
 
 VARIABILITY_SAMPLES = 32
 
@@ -100,10 +99,11 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     return frame[VALIDATION_COLUMNS + [c for c in frame.columns if c not in VALIDATION_COLUMNS]]
 
 
-def wall_line(wall, measured_s: float) -> str:
-    """The summary's wall-clock line: predicted (its parts) and measured whole-run seconds."""
+def wall_line(wall, measured_s: float, kind: str = MODES[False]) -> str:
+    """The summary's wall-clock line: predicted (its parts) and the run's whole-run seconds, named by
+    its kind (MODES: measured, or emulated: the padded schedule's)."""
     return (f"wall time: predicted {wall.wall_s:.2f} s (startup {wall.startup_s:.2f} s, rounds and checkpoints "
-            f"between them {wall.rounds_s:.2f} s, last checkpoint {wall.last_checkpoint_s:.2f} s), measured "
+            f"between them {wall.rounds_s:.2f} s, last checkpoint {wall.last_checkpoint_s:.2f} s), {kind} "
             f"{measured_s:.2f} s ({_pct(measured_s - wall.wall_s, wall.wall_s):+.1f}%)"
             + (f"; {wall.note}" if wall.note else ""))
 
@@ -154,7 +154,8 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
     """Three panels per node: idle and sync (predicted vs measured, signed errors under the
     nodes), and the round split into its parts.
 
-    `device` names what idles (device_kind: CPU, GPU or device)."""
+    `device` names what idles (device_kind: CPU, GPU or device); the run's side is labelled by the
+    table's mode (an emulated run's bars say "emulated", never "measured")."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,39 +165,45 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
     from simulator.outputs import save_figure
 
     nodes = list(table["node"])
+    kind = run_kind(table)
     x = np.arange(len(nodes))
     fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
     w = 0.38
     _paired_bars(ax1, x, w, table["predicted_idle_s"], table["measured_idle_s"],
-                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])])
-    ax1.set_xlabel("node  (idle error: measured − predicted, % of round time)")
+                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])], kind)
+    ax1.set_xlabel(f"node  (idle error: {kind} − predicted, % of round time)")
     ax1.set_ylabel("idle time, summed over rounds (s)")
     ax1.set_title(f"{device} idle time per node")
     _paired_bars(ax3, x, w, table["predicted_comm_s"], table["measured_comm_s"],
-                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["comm_error_pct"])])
-    ax3.set_xlabel("node  (sync error: measured − predicted, % of predicted sync)")
+                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["comm_error_pct"])], kind)
+    ax3.set_xlabel(f"node  (sync error: {kind} − predicted, % of predicted sync)")
     ax3.set_ylabel("sync time, summed over rounds (s)")
     ax3.set_title("sync (outer all-reduce + step) per node")
     parts = [("compute_s", "compute", "#74c476"), ("idle_s", "idle", "#fd8d3c"), ("comm_s", "sync", "#9e9ac8")]
-    for offset, kind, hatch in ((-w / 2, "predicted", ""), (w / 2, "measured", "//")):
+    for offset, side, hatch in ((-w / 2, "predicted", ""), (w / 2, "measured", "//")):  # the CSV's prefixes
         bottom = np.zeros(len(nodes))
         for col, label, color in parts:
-            values = table[f"{kind}_{col}"].to_numpy(float)
+            values = table[f"{side}_{col}"].to_numpy(float)
             ax2.bar(x + offset, values, w, bottom=bottom, color=color, hatch=hatch, edgecolor="white",
-                    label=f"{label}" if kind == "predicted" else None)
+                    label=f"{label}" if side == "predicted" else None)
             bottom += values
     ax2.set_xticks(x, nodes)
     ax2.set_ylabel("time, summed over rounds (s)")
-    ax2.set_title("round time: predicted (plain) | measured (hatched)")
+    ax2.set_title(f"round time: predicted (plain) | {kind} (hatched)")
     ax2.legend(loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False)
     fig.suptitle(title)
     save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
-def _paired_bars(ax, x, width: float, predicted, measured, ticks: list[str]) -> None:
+def run_kind(table) -> str:
+    """What the run's side of a validation table is called: its mode column (MODES), one value."""
+    return str(table["mode"].iloc[0])
+
+
+def _paired_bars(ax, x, width: float, predicted, measured, ticks: list[str], kind: str) -> None:
     b1 = ax.bar(x - width / 2, predicted, width, label="predicted", color="#9ecae1", edgecolor="#3182bd")
-    b2 = ax.bar(x + width / 2, measured, width, label="measured", color="#fdae6b", edgecolor="#e6550d")
+    b2 = ax.bar(x + width / 2, measured, width, label=kind, color="#fdae6b", edgecolor="#e6550d")
     ax.bar_label(b1, fmt="%.2f", fontsize=8)
     ax.bar_label(b2, fmt="%.2f", fontsize=8)
     ax.set_xticks(x, ticks)
@@ -211,12 +218,14 @@ TABLE_WIDTH = 120
 
 
 def validation_text(table, wide: bool = False) -> str:
-    """validate's table: the idle, sync and round columns under short names (≤ TABLE_WIDTH wide),
-    or with --wide every column of validation.csv plus overrun_steps."""
+    """validate's table: the idle, sync and round columns under short names (≤ TABLE_WIDTH wide;
+    an emulated run's _emul_, not _meas_), or with --wide every column of validation.csv plus
+    overrun_steps (the file's names; its mode column says which the run was)."""
     if wide:
         shown = table[VALIDATION_COLUMNS + ["overrun_steps"]]
     else:
-        shown = table[list(SHOWN)].rename(columns=SHOWN)
+        short = {k: v.replace("_meas_", "_emul_") if run_kind(table) == MODES[True] else v for k, v in SHOWN.items()}
+        shown = table[list(short)].rename(columns=short)
     return shown.to_string(index=False, float_format=lambda v: f"{v:.3f}", line_width=None if wide else TABLE_WIDTH)
 
 
@@ -281,7 +290,7 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     sync_errors = table["comm_error_pct"].dropna()
     sync = f", sync error {sync_errors.min():+.1f}% to {sync_errors.max():+.1f}%" if len(sync_errors) else ""
     print(f"{label}largest idle error: {worst:.2f}% of round time{sync}{caveat}; network: {network}")
-    print(wall_line(wall, table["measured_wall_s"].iloc[0]))
+    print(wall_line(wall, table["measured_wall_s"].iloc[0], MODES[emulated]))
     print(outer_step_source(scenario))
     for line in verdict_lines(table, emulated, network):
         print(line)

@@ -61,7 +61,7 @@ from real.membership import (
 from real.options import ExecOptions, PeerLost, sleep_until
 from real.rounds import Origin, RoundClock, round_row
 from real.sharding import ShardingSpec, peak_memory_reset
-from real.trace import NUMERIC_COLUMNS, membership_lines, summary, write_trace
+from real.trace import NUMERIC_COLUMNS, membership_lines, run_columns, summary, write_trace
 from real.worker import build_parts, progress_bar, warm_up
 
 
@@ -268,7 +268,8 @@ def write_outputs(store, plan: Plan, rounds: int, opts: ExecOptions, members: li
             if store.check([key]):
                 rows.append({"strategy": plan.strategy, "node": node.node, **json.loads(store.get(key).decode())})
     names = [node.node for node in plan.nodes]
-    frame = write_trace(rows, names, os.path.join(opts.out_dir, "trace.csv"), extra=["members"])
+    frame = write_trace(rows, names, os.path.join(opts.out_dir, "trace.csv"), run_columns(opts),
+                        extra=["members"])
     save_whole(weights, os.path.join(opts.out_dir, "final_weights.pt"))
     digests = {plan.nodes[i].node: store.get(f"geodt/digest/{i}").decode()[:16] for i in members}
     if opts.summary:

@@ -9,7 +9,9 @@ real/checkpoint.py), `local_steps`, `batch_size` (per
 device), `bytes_sent` (bytes this node put on the wire in that sync; real/sync.py) and
 `peak_mem_bytes` (the largest peak memory of the node's device processes during the round,
 compute and sync: CUDA torch.cuda.max_memory_allocated, CPU the peak resident set size;
-real/sharding.py).
+real/sharding.py). Then the run's own columns, the same on every row (formats/timeline.py
+RUN_COLUMNS): `mode` (`measured`, or `emulated` under --emulate) and `time_scale` (--time-scale
+under --emulate, else 1), so that `geodt validate --trace` labels and scales the run as it ran.
 
 Each node's leader makes its rows (`trace_row`); at the end `gather_tables` brings every
 leader's rows to rank 0 as float64 tensors (nothing travels as pickles), which writes
@@ -25,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from formats.plan import NodePlan, Plan
-from formats.timeline import TRACE_COLUMNS
+from formats.timeline import MODES, RUN_COLUMNS, TRACE_COLUMNS
 from real.options import run_collective
 
 NUMERIC_COLUMNS = TRACE_COLUMNS[2:]  # what travels between nodes as a float64 tensor
@@ -83,18 +85,27 @@ def _gather_tables(groups, n: int, rows: list[dict], columns: list[str]) -> list
     return [t[:int(c)].cpu().tolist() for t, c in zip(tables, counts)]
 
 
-def trace_frame(rows: list[dict], node_order: list[str], extra: list[str] = ()) -> pd.DataFrame:
+def run_columns(opts) -> dict:
+    """The run's own columns (RUN_COLUMNS) from its options: whether its steps were padded, and by what scale."""
+    return {"mode": MODES[bool(opts.emulate)], "time_scale": float(opts.time_scale) if opts.emulate else 1.0}
+
+
+def trace_frame(rows: list[dict], node_order: list[str], run: dict, extra: list[str] = ()) -> pd.DataFrame:
+    """run: run_columns(opts), written on every row after TRACE_COLUMNS, before `extra`."""
     frame = pd.DataFrame(rows, columns=TRACE_COLUMNS + list(extra))
+    for k, column in enumerate(RUN_COLUMNS):
+        frame.insert(len(TRACE_COLUMNS) + k, column, run[column])
     order = {name: i for i, name in enumerate(node_order)}
     frame = frame.sort_values(["round", "node"], key=lambda col: col.map(order) if col.name == "node" else col)
     return frame.reset_index(drop=True)
 
 
-def write_trace(rows: list[dict], node_order: list[str], path: str | Path, extra: list[str] = ()) -> pd.DataFrame:
-    """Write the trace whole or not at all (temp file, then os.replace); `extra`: columns after
-    TRACE_COLUMNS (--on-node-loss continue's `members`, real/elastic.py)."""
+def write_trace(rows: list[dict], node_order: list[str], path: str | Path, run: dict,
+                extra: list[str] = ()) -> pd.DataFrame:
+    """Write the trace whole or not at all (temp file, then os.replace); run: run_columns(opts);
+    `extra`: columns after those (--on-node-loss continue's `members`, real/elastic.py)."""
     path = Path(path)
-    frame = trace_frame(rows, node_order, extra)
+    frame = trace_frame(rows, node_order, run, extra)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     frame.to_csv(tmp, index=False)
     os.replace(tmp, path)

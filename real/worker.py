@@ -42,7 +42,7 @@ from real.rounds import InnerSteps, NodeParts, Origin, Round
 from real.sharding import ShardingSpec, node_scaler, prepare_model
 from real.streaming import SYNC_NUMERIC, StreamingSpec, write_syncs
 from real.sync import CrossNodeSync
-from real.trace import NUMERIC_COLUMNS, gather_tables, summary, trace_rows, write_trace
+from real.trace import NUMERIC_COLUMNS, gather_tables, run_columns, summary, trace_rows, write_trace
 from train.cpulimit import set_own_quota
 from train.models import build_model
 from train.step import make_optimizer, make_scaler, use_compile
@@ -251,7 +251,7 @@ class Node:
             if sync_tables is not None:
                 write_syncs(self.plan, sync_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
             frame = write_trace(trace_rows(self.plan, tables), [node.node for node in self.plan.nodes],
-                                os.path.join(self.opts.out_dir, "trace.csv"))
+                                os.path.join(self.opts.out_dir, "trace.csv"), run_columns(self.opts))
             checkpoint.save_whole(weights, os.path.join(self.opts.out_dir, "final_weights.pt"))
             if self.opts.summary:
                 print(summary(frame), flush=True)

@@ -5,8 +5,9 @@ idle_s, comm_s, round_start_s, round_end_s; `timeline.csv` from the simulator or
 from a real run (whose extra `tokens` column is used when present). Output: the JSON object
 form of the trace-event format, {"traceEvents": [...], "displayTimeUnit": "ms"}, where
 
-- each source (a strategy of a simulation, or "predicted" and "measured" of a validation) is
-  one process (pid), named by a `process_name` metadata event;
+- each source (a strategy of a simulation, or "predicted" and "measured" of a validation;
+  "emulated" for a run under --emulate, never "measured") is one process (pid), named by a
+  `process_name` metadata event;
 - each node is one thread (tid) of it, named by a `thread_name` event, in the plan's order;
 - each round of a node is three complete events (ph "X") on its thread: `compute`, `idle`
   (the wait at the sync barrier) and `sync` (the outer all-reduce and optimizer step), back to
@@ -41,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from formats.timeline import TIMELINE_COLUMNS
+from formats.timeline import MODES, TIMELINE_COLUMNS
 from simulator.outputs import write_text
 
 # `geodt simulate` writes the first rounds up to this many node-rounds (rows of the timeline) into
@@ -318,7 +319,7 @@ def streaming_events(syncs: pd.DataFrame, process: str, pid: int) -> list[dict]:
 def run_trace(trace: pd.DataFrame, emulated: bool = False) -> dict:
     """`geodt run`: trace.csv as measured, or as emulated (steps padded to the plan's): each node on
     its own clock, real seconds."""
-    kind = "emulated" if emulated else "measured"
+    kind = MODES[emulated]
     return trace_document(_by_strategy(trace, f"{kind}: "), note=f"{kind} trace.csv; real seconds")
 
 
@@ -332,7 +333,7 @@ def validation_trace(timeline: pd.DataFrame, trace: pd.DataFrame, time_scale: fl
     rounds = set(trace["round"])
     predicted = timeline[timeline["round"].isin(rounds)]
     strategy = str(timeline["strategy"].iloc[0]) if len(timeline) else ""
-    kind = "emulated" if emulated else "measured"
+    kind = MODES[emulated]
     note = f"predicted vs {kind}" + (f"; {kind} times divided by the time scale {time_scale:g}"
                                      if time_scale != 1.0 else "")
     return trace_document([(f"predicted: {strategy}", predicted), (f"{kind}: {strategy}", trace)],

@@ -53,7 +53,7 @@ def answer_table(runs, baseline, losses: dict | None = None,
     rows = pd.DataFrame([timeline_metrics(plan, timeline) for plan, timeline in runs])
     rows["tokens_vs_baseline"] = rows["tokens"] / base["tokens"]
     rows["speedup"] = rows["tokens_per_s"] / base["tokens_per_s"]
-    rows["comparable"] = (rows["tokens_vs_baseline"] - 1).abs() <= TOKENS_BAND
+    rows["comparable"] = does_baseline_work(rows["tokens_vs_baseline"])
     columns = list(ANSWER_COLUMNS)
     if losses:
         for column in ("loss_end", "time_to_target_s"):
@@ -181,3 +181,11 @@ def answer(scenario, runs, engine: str = "simpy", losses: dict | None = None, ta
                         chunk_rounds(len(plan.nodes), 1))
         baseline = (plan, totals)
     return format_answer(*answer_table(runs, baseline, losses, bands), target, loss_note, band_note)
+
+
+def does_baseline_work(run_tokens_vs_baseline):
+    """The `comparable` rule: a run whose tokens (the whole run's, over the baseline's) are within
+    ±TOKENS_BAND of the baseline's does its work; beyond, it does other work, and its speed-up is not
+    like for like. One rule for `geodt simulate`'s answer and `geodt sweep`'s outputs (sweep.csv,
+    table.csv and what they print): an array (or Series) of ratios to one of booleans."""
+    return np.abs(np.asarray(run_tokens_vs_baseline, dtype=float) - 1) <= TOKENS_BAND

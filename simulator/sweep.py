@@ -28,6 +28,9 @@ Metrics per scenario × strategy (the whole simulated run; R = the plan's rounds
   utilization = Σ_i compute_i / (n × round_s);  tokens = R × Σ_i H_i·b_i·gpus_i·seq_len
   idle_s_equal_tokens = idle_s × baseline tokens / tokens (the idle of as many tokens as the
   baseline trains); idle_left = that / the baseline's idle_s; speedup = tokens_per_s / baseline's.
+  comparable = tokens within ±5% of the baseline's (simulator/report.py does_baseline_work, the rule
+  `geodt simulate` marks with *): false, the strategy does other work there and its speed-up is not
+  like for like.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import pandas as pd
 
 from simulator.loss_prediction import loss_setup, sweep_losses
 from simulator.network import node_outer_step_s, outer_step_s
+from simulator.report import does_baseline_work
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
 from simulator.strategies.tables import NetTables, NodeTables, batch_cap, fragment_keys, node_spec_tflops
@@ -331,6 +335,7 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
     with np.errstate(divide="ignore", invalid="ignore"):
         out["idle_left"] = np.where(base_idle > 0, out["idle_s_equal_tokens"] / base_idle, np.nan)
     out["speedup"] = out["tokens_per_s"] / base_rate
+    out["comparable"] = does_baseline_work(out["tokens"] / base_tokens)
     return out
 
 

@@ -306,6 +306,19 @@ def _publish(parts: list[Path], out: Path) -> list[Path]:
     return [out / "sweep" / f"part-{k:05d}.parquet" for k in range(len(parts))]
 
 
+def _current_part(path: Path) -> bool:
+    """Whether a kept part has this version's columns: one an older geodt left (before sweep.csv's
+    `comparable`) is redone, not mixed with newer parts into a dataset of two schemas."""
+    import pyarrow.parquet as pq
+
+    from simulator.sweep_dataset import COMPARABLE
+
+    try:
+        return COMPARABLE in pq.read_schema(path).names
+    except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError: a part cut short
+        return False
+
+
 def _run_chunks(args, spec, strategies, out: Path):
     import multiprocessing
 
@@ -322,7 +335,7 @@ def _run_chunks(args, spec, strategies, out: Path):
     for index, first in enumerate(range(0, len(grid_kinds), chunk)):
         path = parts / f"chunk-{index:05d}.parquet"
         size = min(chunk, len(grid_kinds) - first)
-        if path.exists():
+        if path.exists() and _current_part(path):
             done += size
             continue
         jobs.append((index, first, grid_kinds[first:first + chunk], grid_bw[first:first + chunk], str(path)))
@@ -428,7 +441,7 @@ def _table(args, strategies, out: Path | None) -> int:
     except FieldError as exc:
         raise InputError(f"{args.table}: {exc.key}: {exc.expected}") from None
     timelines = [simulate(scenario, plan, "simpy") for plan in plans]
-    table = table_frame(scenario, plans, timelines)
+    table = with_comparable(table_frame(scenario, plans, timelines), plans, timelines)
     if scenario.training.target_loss is not None:  # the loss model's columns, as geodt simulate's summary
         from simulator.loss_prediction import loss_setup, plan_rounds, predict
 
@@ -437,7 +450,8 @@ def _table(args, strategies, out: Path | None) -> int:
         table["loss_end"] = [pr["loss_end"] for pr in preds]
         table["time_to_target_s"] = [pr["time_to_target_s"] for pr in preds]
     table = table[table["strategy"].isin(strategies)].reset_index(drop=True)
-    files = {"table.csv": csv_bytes(table), "table.md": format_markdown(scenario, table).encode(),
+    markdown = format_markdown(scenario, table, _table_other_work())
+    files = {"table.csv": csv_bytes(table), "table.md": markdown.encode(),
              "plan.csv": csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)),
              "summary.csv": csv_bytes(pd.concat([summary(t, p) for t, p in zip(timelines, plans)], ignore_index=True)),
              "scenario.toml": scenario.to_toml().encode()}
@@ -445,9 +459,30 @@ def _table(args, strategies, out: Path | None) -> int:
         stale = write_output_set(out, files)
     except OutputError as exc:
         raise InputError(f"--out {out}: {exc}") from None
-    print(format_markdown(scenario, table))
+    print(markdown)
     print(f"wrote {out}/" + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     return 0
+
+
+def with_comparable(table, plans, timelines):
+    """table.csv with `comparable` after speedup: whether each strategy does the baseline's work, by
+    simulator/report.py's rule (`geodt simulate` marks the others *) on the whole run's tokens (not
+    tokens_vs_baseline's per round: sync-ddp's round is one step of the same total work); plans[0]: the baseline."""
+    import numpy as np
+
+    from simulator.report import does_baseline_work
+    from simulator.sweep_table import timeline_metrics
+
+    tokens = np.array([timeline_metrics(p, t)["tokens"] for p, t in zip(plans, timelines)], dtype=float)
+    table.insert(table.columns.get_loc("speedup") + 1, "comparable", does_baseline_work(tokens / tokens[0]))
+    return table
+
+
+def _table_other_work() -> str:
+    from simulator.report import TOKENS_BAND
+
+    return (f"*: other work: the run trains on tokens beyond ±{TOKENS_BAND:.0%} of the baseline's (table.csv's "
+            "comparable false, as geodt simulate marks it), so its speed-up is not like for like.")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,8 @@ import pandas as pd
 
 NEEDED = ["scenario_id", "strategy", "bandwidth_gbps", "speed_ratio", "idle_left", "speedup", "tokens_per_s",
           "idle_s_equal_tokens"]
+# Read where the dataset has it: a sweep's parts from before the column existed still load (no marks).
+COMPARABLE = "comparable"
 CRITERIA = (("tokens_per_s", "max"), ("idle_s_equal_tokens", "min"))
 # With a target loss (geodt sweep --target-loss): the scenario's winner is also the earliest to it
 TARGET_CRITERION = ("time_to_target_s", "min")
@@ -90,11 +92,19 @@ class SweepStats:
     baseline_no_idle: int = 0  # baseline rows whose idle_left is unknown (no baseline idle)
     idle_left: dict = field(default_factory=dict)  # strategy -> values (NaN kept)
     speedup: dict = field(default_factory=dict)  # (strategy, bandwidth) -> values
+    # (strategy, bandwidth) -> scenarios where it does other work (not `comparable`: simulator/sweep.py)
+    other_work: dict = field(default_factory=dict)
     wins: dict = field(default_factory=dict)  # criterion column -> frame: strategy, bandwidth_gbps, speed_ratio
 
     @property
     def bandwidths(self) -> list[float]:
         return sorted({bw for _, bw in self.speedup})
+
+    def other_work_mark(self, strategy: str, bw: float | None = None) -> str:
+        """The mark `geodt simulate`'s table puts on other work: "*" where the strategy does other work in
+        some of the scenarios (at bandwidth bw, or at any); "" otherwise, or where the dataset does not say."""
+        bws = self.bandwidths if bw is None else [bw]
+        return "*" if any(self.other_work.get((strategy, b), 0) for b in bws) else ""
 
     @classmethod
     def of_frame(cls, frame: pd.DataFrame) -> SweepStats:
@@ -108,8 +118,8 @@ class SweepStats:
         for path in paths:
             import pyarrow.parquet as pq
 
-            has_target = TARGET_CRITERION[0] in pq.read_schema(path).names
-            stats._add(read_part(path, NEEDED + ([TARGET_CRITERION[0]] if has_target else [])))
+            names = pq.read_schema(path).names
+            stats._add(read_part(path, NEEDED + [c for c in (TARGET_CRITERION[0], COMPARABLE) if c in names]))
         return stats._done()
 
     def _add(self, frame: pd.DataFrame) -> None:
@@ -125,6 +135,9 @@ class SweepStats:
             self.idle_left.setdefault(s, []).append(np.array(rows["idle_left"], dtype=float))
             for bw, at in rows.groupby("bandwidth_gbps", sort=False):
                 self.speedup.setdefault((s, bw), []).append(np.array(at["speedup"], dtype=float))
+                if COMPARABLE in at:
+                    other = int((~at[COMPARABLE].astype(bool)).sum())
+                    self.other_work[(s, bw)] = self.other_work.get((s, bw), 0) + other
         criteria = CRITERIA + ((TARGET_CRITERION,) if TARGET_CRITERION[0] in frame else ())
         for column, best in criteria:  # per scenario three numbers, not a frame (10^6 of them)
             won = winners(frame, column, best)

@@ -6,7 +6,8 @@ has no idle, all nodes alike, are left out and counted in the title); medians ma
 winners.png: a table-like heatmap, per bandwidth (columns): the % (and count) of scenarios each
 strategy wins in each heterogeneity bin (the slowest node's step time over the fastest's at the
 baseline batch); top row by tokens per second, bottom row by idle at the baseline's token count.
-speedup.png: tokens per second over the baseline's, per strategy and bandwidth.
+speedup.png: tokens per second over the baseline's, per strategy and bandwidth; a strategy doing
+other work in some scenarios (sweep.csv's `comparable` false) is named with a *, as in the findings.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pandas as pd
 
 from simulator.outputs import save_figure
 from simulator.sweep_dataset import stats_of, winners  # noqa: F401 (winners: the rule, kept importable here)
+from simulator.sweep_summary import OTHER_WORK_NOTE
 
 HETERO_BINS = [1.0, 1.001, 1.5, 3.0, 10.0, np.inf]
 HETERO_LABELS = ["alike", "<1.5x", "1.5-3x", "3-10x", ">10x"]
@@ -161,12 +163,13 @@ def speedup_figure(data, path: Path) -> Path:
             patch.set_alpha(0.7)
         ax.plot([], [], color=cmap(k / max(1, len(bws) - 1)), lw=6, label=f"{bw:g} Gbit/s")
     ax.set_xticks(range(len(strategies)))
-    ax.set_xticklabels(strategies, rotation=30)
+    ax.set_xticklabels([s + stats.other_work_mark(s) for s in strategies], rotation=30)
     ax.set_yscale("log")
     ax.axhline(1, color="gray", lw=1, ls="--")
     ax.set_ylabel("tokens/s over the baseline's (log scale)")
+    marked = any(stats.other_work.values())
     ax.set_title("Throughput vs baseline, per strategy and bandwidth (boxes: quartiles, black bar: median, "
-                 "whiskers: 5-95%)", fontsize=9)
+                 "whiskers: 5-95%)" + (f"\n{OTHER_WORK_NOTE}" if marked else ""), fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(axis="y", which="major", alpha=0.3)
     fig.tight_layout()

@@ -1,7 +1,9 @@
 """One scenario, every strategy: the metrics of `simulator.sweep` computed from simulated timelines.
 
 This is the reference path (make_plan + simulate); `geodt sweep --table` writes it, and the
-tests compare the sweep's fast path with it.
+tests compare the sweep's fast path with it. table.csv also has `comparable` after speedup
+(simulator/report.py's rule, added by simulator/sweep_cli.py: report.py builds on this module),
+and format_markdown marks the speed-up of a strategy that does other work with *.
 """
 from __future__ import annotations
 
@@ -43,17 +45,21 @@ def table_frame(scenario, plans, timelines) -> pd.DataFrame:
     return rows[TABLE_COLUMNS]
 
 
-def format_markdown(scenario, table: pd.DataFrame) -> str:
-    """The table as Markdown, with the definitions under it."""
+def format_markdown(scenario, table: pd.DataFrame, other_work_note: str = "") -> str:
+    """The table as Markdown, with the definitions under it; where the table has `comparable`, a
+    strategy that does other work has its speed-up marked * and other_work_note under the table."""
+    marks = ["" if ok else "*" for ok in table["comparable"]] if "comparable" in table else [""] * len(table)
     head = ("| strategy | tokens/round vs baseline | round (s) | idle (s) | one-step bound (s) | idle / bound "
             "| idle at baseline's tokens, % of baseline's | utilization | tokens/s | speed-up |")
     lines = [(f"# Every strategy on `{scenario.name}` ({len(scenario.nodes)} nodes, "
              f"{scenario.network.bandwidth_gbps:g} Gbit/s, {scenario.training.rounds} rounds, SimPy engine)"), "",
              head, "|" + "---|" * 10]
-    for r in table.itertuples():
+    for r, mark in zip(table.itertuples(), marks):
         lines.append(f"| {r.strategy} | {r.tokens_vs_baseline:.3f} | {r.round_s:.2f} | {r.idle_s:.2f} "
                      f"| {r.idle_floor_s:.2f} | {r.idle_vs_floor:.2f} | {100 * r.idle_left:.1f}% "
-                     f"| {r.utilization:.3f} | {r.tokens_per_s:,.0f} | {r.speedup:.2f}x |")
+                     f"| {r.utilization:.3f} | {r.tokens_per_s:,.0f} | {r.speedup:.2f}x{mark} |")
+    if any(marks) and other_work_note:
+        lines += ["", other_work_note]
     lines += ["", "idle: GPU idle at the sync barrier, summed over nodes and rounds (docs/DESIGN.md). one-step bound",
               "(CSV: idle_floor_s): one inner step per node per round at the plan's own batches, a bound from above:",
               "a plan whose nodes all finish within one of their own steps of the slowest idles less than this, so",

@@ -218,7 +218,9 @@ def test_sweep_says_how_samples_became_scenarios_and_prints_findings(tmp_path, c
     for bw in (0.1, 1.0):
         counts = won.loc[won["bandwidth_gbps"] == bw, "strategy"].value_counts()
         share = f"{100 * counts.iloc[0] / counts.sum():.0f}% of {counts.sum()}"
-        assert f"at {bw:g} Gbit/s {counts.index[0]} ({share})" in printed.out
+        at = frame[(frame["strategy"] == counts.index[0]) & (frame["bandwidth_gbps"] == bw)]
+        mark = "" if at["comparable"].all() else "*"  # other work, as geodt simulate marks it
+        assert f"at {bw:g} Gbit/s {counts.index[0]}{mark} ({share})" in printed.out
     row = next(line for line in lines if line.startswith("measured-steps"))
     left = frame.loc[frame["strategy"] == "measured-steps", "idle_left"].median()
     assert f"{100 * left:.1f}%" in row
@@ -254,3 +256,85 @@ def test_fast_path_prices_the_eager_steps_pipeline_as_make_plan_does(strategy):
     for r in range(len(grid)):
         plan = make_plan(kt.scenario(grid[r], bw[r]), strategy)
         assert [n.step_s for n in plan.nodes] == d["step_s"][r].tolist()
+
+
+def test_table_marks_other_work_as_simulate_does(tmp_path):
+    """sweep --table ranks speed-ups; a strategy training on other tokens than the baseline's (beyond
+    ±5%, geodt simulate's *) is marked in table.md and not `comparable` in table.csv, by the same rule
+    (sync-ddp's round is one step, so its tokens per round are 1%, its run's the baseline's)."""
+    from simulator.report import answer_table
+
+    strategies = ["baseline", "A", "hybrid", "sync-ddp", "network-aware"]
+    assert sweep(["--table", "paper", "--strategy", *strategies, "--out", str(tmp_path)]) == 0
+    table = pd.read_csv(tmp_path / "table.csv")
+    assert list(table.columns[-3:]) == ["speedup", "comparable", "note"]
+    scenario = load_scenario("paper")
+    runs = [(plan, simulate(scenario, plan, "analytic")) for plan in (make_plan(scenario, s) for s in strategies)]
+    answer, _ = answer_table(runs, runs[0])  # geodt simulate's table, whose * marks other work
+    assert table.set_index("strategy")["comparable"].to_dict() == answer.set_index("strategy")["comparable"].to_dict()
+    assert table.set_index("strategy")["comparable"].to_dict() == {
+        "baseline": True, "A": False, "hybrid": True, "sync-ddp": True, "network-aware": False}
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in (tmp_path / "table.md").read_text().splitlines()
+            if line.startswith("| ") and not line.startswith("| strategy")}
+    assert {s: rows[s].endswith("x* |") for s in strategies} == {
+        "baseline": False, "A": True, "hybrid": False, "sync-ddp": False, "network-aware": True}
+    assert "*: other work: the run trains on tokens beyond ±5% of the baseline's" in (tmp_path / "table.md").read_text()
+
+
+def test_sweep_marks_other_work_in_its_dataset_findings_and_figure(tmp_path, capsys, monkeypatch):
+    """sweep.csv's `comparable` is simulate's rule per scenario; the findings mark the speed-ups (and a
+    winner) of strategies that do other work with *, under a note; speedup.png names them with a *."""
+    from simulator import sweep_figures
+    from simulator.report import does_baseline_work
+
+    args = ["--nodes", "3", "--gpus-per-node", "2", "--gpu-types", "a30,t4", "--bandwidth-gbps", "0.1,10",
+            "--samples", "8", "--workers", "1", "--no-figures", "--strategy", "baseline", "A", "hybrid",
+            "--out", str(tmp_path / "a")]
+    assert sweep(args) == 0
+    printed = capsys.readouterr().out
+    frame = pd.read_parquet(tmp_path / "a" / "sweep")
+    base = frame[frame["strategy"] == "baseline"].set_index("scenario_id")["tokens"]
+    assert list(frame.columns[-2:]) == ["speedup", "comparable"]
+    assert frame["comparable"].tolist() == does_baseline_work(frame["tokens"] / frame["scenario_id"].map(base)).tolist()
+    other = ~frame.set_index(["strategy", "bandwidth_gbps"])["comparable"]
+    assert other["A"].groupby(level=0).any().tolist() == [True, True]  # at each bandwidth, somewhere
+    assert not other["hybrid"].any() and not other["baseline"].any()
+    rows = {line.split()[0]: line.split() for line in printed.splitlines() if line.split()[:1] in (["A"], ["hybrid"])}
+    assert [cell.endswith("x*") for cell in rows["A"][2:4]] == [True, True]
+    assert [cell.endswith("x") for cell in rows["hybrid"][2:4]] == [True, True]
+    assert "*: other work in some or all of those scenarios (the run's tokens beyond ±5% of the baseline's" in printed
+    winners = next(line for line in printed.splitlines() if line.startswith("Most tokens/s"))
+    assert " A (" not in winners and " hybrid* (" not in winners  # a winner is marked as its speed-up is
+    figures = []
+    monkeypatch.setattr(sweep_figures, "_save", lambda fig, path: figures.append(fig) or path)
+    sweep_figures.speedup_figure(frame, tmp_path / "speedup.png")
+    labels = [t.get_text() for t in figures[0].axes[0].get_xticklabels()]
+    assert labels == ["baseline", "A*", "hybrid"] and "other work" in figures[0].axes[0].get_title()
+
+
+def test_a_part_from_before_comparable_is_redone_on_resume(tmp_path, capsys, monkeypatch):
+    """An interrupted sweep's kept part without `comparable` (an older geodt's) is redone, not mixed
+    into a dataset of two schemas (sweep.csv would have rows of another width)."""
+    import pyarrow.parquet as pq
+
+    import simulator.sweep_cli as cli
+    from simulator.sweep_dataset import part_bytes, read_part
+
+    real = cli._run_chunk
+
+    def dies_on_the_second_chunk(job):
+        if job[0] == 1:
+            raise KeyboardInterrupt
+        return real(job)
+
+    monkeypatch.setattr(cli, "_run_chunk", dies_on_the_second_chunk)
+    assert sweep(_args(tmp_path / "a", "--no-figures", "--workers", "1")) == 130
+    kept = next((tmp_path / "a").glob("parts-*/chunk-00000.parquet"))
+    kept.write_bytes(part_bytes(read_part(kept).drop(columns="comparable")))
+    monkeypatch.setattr(cli, "_run_chunk", real)
+    capsys.readouterr()
+    assert sweep(_args(tmp_path / "a", "--no-figures", "--workers", "1", "--csv")) == 0
+    assert "0 already done" in capsys.readouterr().err
+    assert sweep(_args(tmp_path / "b", "--no-figures", "--csv")) == 0
+    assert _dataset(tmp_path / "a") == _dataset(tmp_path / "b")
+    assert "comparable" in pq.read_schema(tmp_path / "a" / "sweep" / "part-00000.parquet").names

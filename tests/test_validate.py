@@ -101,14 +101,12 @@ def test_validate_emulated_is_a_schedule_check(tmp_path, capsys):
     for name in ("plan.csv", "scenario.toml", "timeline.csv", "trace.csv", "validation.csv", "validation.png",
                  "trace.json"):
         assert (out / name).stat().st_size > 0
-    processes = {e["args"]["name"] for e in json.loads((out / "trace.json").read_text())["traceEvents"]
-                 if e.get("name") == "process_name"}
-    assert processes == {"predicted: baseline", "emulated: baseline"}  # never called measured
+    assert _tracks(out / "trace.json") == {"predicted: baseline", "emulated: baseline"}  # never called measured
     table = pd.read_csv(out / "validation.csv")
     assert list(table.columns) == VALIDATION_COLUMNS and set(table["mode"]) == {"emulated"}
     assert list(table["node"]) == ["fast", "medium", "slow", "slowest"]
     trace = pd.read_csv(out / "trace.csv")
-    assert len(trace) == 12
+    assert len(trace) == 12 and (set(trace["mode"]), set(trace["time_scale"])) == ({"emulated"}, {0.5})
     assert list(trace.groupby("round").ckpt_block_s.min() > 0) == [False, True, False]  # after round 2 (none after the last)
     # Padding makes every step last at least its target, whatever the load.
     steps = {"fast": 0.06, "medium": 0.08, "slow": 0.11, "slowest": 0.15}
@@ -194,6 +192,8 @@ def test_run_executes_the_plan_rounds_of_sync_ddp(tmp_path, capfd):
     printed = capfd.readouterr().out
     assert "final_loss" in printed and "slowest" in printed  # the summary
     assert "(measured: every time is this machine's own)" in printed
+    assert (set(trace["mode"]), set(trace["time_scale"])) == ({"measured"}, {1.0})
+    assert _tracks(out / "trace.json") == {"measured: sync-ddp"}
 
 
 def test_run_emulated_says_so_in_its_summary(tmp_path, capfd):
@@ -205,6 +205,14 @@ def test_run_emulated_says_so_in_its_summary(tmp_path, capfd):
     heading = printed.out[printed.out.index("per node, summed over rounds"):]
     assert heading.startswith("per node, summed over rounds (emulated, times x0.1:") and "final_loss" in heading
     assert "warning" not in printed.err  # emulated: the given speeds are what it pads to
+    # the run's own records say it was emulated: its trace.json, and trace.csv, which validate --trace follows
+    assert _tracks(out / "trace.json") == {"emulated: baseline"}
+    trace = pd.read_csv(out / "trace.csv")
+    assert (set(trace["mode"]), set(trace["time_scale"])) == ({"emulated"}, {0.1})
+    assert validate_main(["--trace", str(out)]) == 0
+    assert set(pd.read_csv(out / "validation" / "validation.csv")["mode"]) == {"emulated"}
+    assert _tracks(out / "validation" / "trace.json") == {"predicted: baseline", "emulated: baseline"}
+    assert "schedule check (emulated): largest idle error" in capfd.readouterr().out
 
 
 def test_run_partitioned_int8_plan_sends_int8_bytes(tmp_path):
@@ -279,3 +287,126 @@ def test_validation_table_compares_the_whole_wall_clock(tmp_path):
     table = validation_table(timeline, trace, 1.0, wall=WallClock(1.0, 0.8, 0.0, ""))
     assert list(table["predicted_wall_s"]) == [1.8, 1.8] and list(table["measured_wall_s"]) == [2.0, 2.0]
     assert table["wall_error_pct"].iloc[0] == pytest.approx(100 * 0.2 / 1.8)
+
+
+# --- an emulated run is never called measured (issue 41, item 5) ---------------------------------------------
+
+def _finished_run(out, run: dict | None, scale: float = 1.0):
+    """A run's --out as the executor leaves it, without running it: hetero-cpu's baseline plan (2 rounds),
+    and trace.csv = the predicted timeline with its times × scale (what an emulated run at that time
+    scale records) plus the executor's columns; run: trace.csv's run columns (None: a trace from before
+    it recorded them)."""
+    from simulator.engine import simulate
+    from simulator.outputs import write_csv, write_text
+    from simulator.scenario import load_scenario
+    from simulator.strategies import make_plan
+
+    scenario = load_scenario("hetero-cpu", ["training.rounds=2", "training.local_steps=2"])
+    plan = make_plan(scenario, "baseline")
+    trace = simulate(scenario, plan, "analytic")
+    for column in ("compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"):
+        trace[column] = trace[column] * scale
+    trace = trace.assign(loss=5.0, overrun_steps=0, **(run or {}))
+    out.mkdir(parents=True)
+    write_csv(plan.to_frame(scenario), out / "plan.csv")
+    write_text(out / "scenario.toml", scenario.to_toml())
+    write_csv(trace, out / "trace.csv")
+    return out
+
+
+def _tracks(path) -> set[str]:
+    return {e["args"]["name"] for e in json.loads(path.read_text())["traceEvents"] if e.get("name") == "process_name"}
+
+
+def test_validate_trace_follows_the_runs_record_of_emulation(tmp_path, capsys):
+    """A trace that records an emulated run at time scale 0.5: validated as emulated, at its own scale,
+    without --emulate or --time-scale (it printed "measured:" and wrote mode measured)."""
+    run = _finished_run(tmp_path / "run", {"mode": "emulated", "time_scale": 0.5}, scale=0.5)
+    assert validate_main(["--trace", str(run)]) == 0
+    printed = capsys.readouterr()
+    table = pd.read_csv(run / "validation" / "validation.csv")
+    assert set(table["mode"]) == {"emulated"}
+    # its times divided by its own scale: the padded schedule is the prediction's
+    assert list(table["measured_idle_s"]) == pytest.approx(list(table["predicted_idle_s"]))
+    assert _tracks(run / "validation" / "trace.json") == {"predicted: baseline", "emulated: baseline"}
+    assert "schedule check (emulated): largest idle error" in printed.out and "measured:" not in printed.out
+    assert "idle_emul_s" in printed.out and "idle_meas_s" not in printed.out
+    assert "verdict (schedule check (emulated))" in printed.out and "verdict (measured" not in printed.out
+    assert "), emulated " in next(line for line in printed.out.splitlines() if line.startswith("wall time"))
+    assert printed.err == ""  # no flag given, nothing contradicted
+
+
+def test_validate_trace_says_when_a_flag_contradicts_the_record(tmp_path, capsys):
+    run = _finished_run(tmp_path / "run", {"mode": "measured", "time_scale": 1.0})
+    assert validate_main(["--trace", str(run), "--emulate", "--time-scale", "0.5"]) == 0
+    printed = capsys.readouterr()
+    assert printed.err.strip() == (f"geodt validate: --emulate and --time-scale 0.5: {run / 'trace.csv'} records the "
+                                   "run as measured (not emulated); validating it as recorded")
+    table = pd.read_csv(run / "validation" / "validation.csv")
+    assert set(table["mode"]) == {"measured"} and "measured: largest idle error" in printed.out
+    assert list(table["measured_idle_s"]) == pytest.approx(list(table["predicted_idle_s"]))  # not divided by 0.5
+    assert _tracks(run / "validation" / "trace.json") == {"predicted: baseline", "measured: baseline"}
+    emulated = _finished_run(tmp_path / "emulated", {"mode": "emulated", "time_scale": 0.5}, scale=0.5)
+    assert validate_main(["--trace", str(emulated), "--emulate", "--time-scale", "0.5"]) == 0  # as recorded
+    assert capsys.readouterr().err == ""
+    assert validate_main(["--trace", str(emulated), "--time-scale", "2"]) == 0
+    assert "--time-scale 2: " in capsys.readouterr().err
+    assert set(pd.read_csv(emulated / "validation" / "validation.csv")["mode"]) == {"emulated"}
+
+
+def test_validate_trace_of_a_run_without_the_record_follows_the_flags(tmp_path, capsys):
+    run = _finished_run(tmp_path / "run", None, scale=0.5)
+    assert validate_main(["--trace", str(run), "--emulate", "--time-scale", "0.5"]) == 0
+    table = pd.read_csv(run / "validation" / "validation.csv")
+    assert set(table["mode"]) == {"emulated"}
+    assert list(table["measured_idle_s"]) == pytest.approx(list(table["predicted_idle_s"]))
+    assert validate_main(["--trace", str(run), "--out", str(tmp_path / "plain")]) == 0
+    assert set(pd.read_csv(tmp_path / "plain" / "validation.csv")["mode"]) == {"measured"}
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("run, message", [
+    ({"mode": "simulated", "time_scale": 1.0}, "trace.csv: mode: expected one of measured, emulated"),
+    ({"mode": "emulated", "time_scale": 0.0}, "trace.csv: time_scale: expected one finite positive number"),
+    ({"mode": "emulated", "time_scale": "fast"}, "trace.csv: time_scale: expected one finite positive number"),
+])
+def test_validate_trace_refuses_a_bad_record_in_one_line(tmp_path, capsys, run, message):
+    out = _finished_run(tmp_path / "run", run)
+    assert validate_main(["--trace", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not (out / "validation").exists()
+
+
+def test_validation_figure_names_an_emulated_run_emulated(tmp_path, monkeypatch):
+    """validation.png of a schedule check: its legends, axes and titles say emulated, never measured."""
+    import simulator.outputs
+    from geodt.validation import plot_validation
+
+    figures = []
+    monkeypatch.setattr(simulator.outputs, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    timeline = pd.DataFrame({"strategy": "baseline", "node": ["a", "b"], "round": 0, "compute_s": [1.0, 2.0],
+                             "idle_s": [1.0, 0.0], "comm_s": 0.5, "tokens": 64})
+    for emulated in (True, False):
+        table = validation_table(timeline, timeline.assign(overrun_steps=0), 1.0, emulated=emulated)
+        plot_validation(table, tmp_path / "v.png", "title", "CPU")
+    texts = [[t.get_text() for t in fig.findobj(lambda o: hasattr(o, "get_text"))] for fig in figures]
+    words = [" ".join(t) for t in texts]
+    assert "emulated" in words[0] and "measured" not in words[0]
+    assert "measured" in words[1] and "emulated" not in words[1]
+
+
+def test_trace_csv_records_how_the_run_was_made():
+    """real/trace.py: mode and time_scale on every row, after the timeline's and the executor's columns."""
+    from formats.timeline import RUN_COLUMNS, TRACE_COLUMNS
+    from real.options import ExecOptions
+    from real.trace import run_columns, trace_frame
+
+    row = dict.fromkeys(TRACE_COLUMNS, 0) | {"strategy": "baseline", "node": "a"}
+    emulated = trace_frame([row], ["a"], run_columns(ExecOptions(out_dir=".", emulate=True, time_scale=0.5)))
+    assert list(emulated.columns) == TRACE_COLUMNS + RUN_COLUMNS
+    assert emulated[RUN_COLUMNS].iloc[0].tolist() == ["emulated", 0.5]
+    measured = trace_frame([row | {"members": "0"}], ["a"], run_columns(ExecOptions(out_dir=".", time_scale=0.5)),
+                           extra=["members"])
+    assert list(measured.columns) == TRACE_COLUMNS + RUN_COLUMNS + ["members"]
+    assert measured[RUN_COLUMNS].iloc[0].tolist() == ["measured", 1.0]  # the scale pads nothing unemulated
