@@ -19,6 +19,8 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     sync              diloco (default: H inner steps, then the outer sync of pseudo-gradients)
                       | gradients (synchronous data parallel, sync-ddp: every step's gradients
                       averaged over all devices, weighted by batch; no outer step)
+                      | async | quorum: rounds without DiLoCo's barrier (BARRIERLESS_SYNCS; simulated
+                      only: simulator/engine_async.py; the executor refuses them)
     link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
                       share of a partitioned all-reduce
     cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
@@ -39,12 +41,17 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
     fragment_pattern  sequential | strided: how layers are grouped into fragments (same on every row)
     adapt             none | rebalance | deadline: rounds that re-plan themselves while they run
                       (formats/adaptive.py; the row's local_steps are round 0's; same on every row)
+    quorum            sync = quorum only: the share of the nodes whose arrival closes a round (0 < q ≤ 1;
+                      same on every row); empty otherwise
+    grace_s           sync = quorum only: seconds a round stays open after its quorum arrived (same on
+                      every row); empty otherwise
 
 The first eight columns are required; for the others a missing column or an empty cell means
 the scenario's value (rounds; [network] collective and payload_dtype, else ring and fp32),
 equal links, no CPU limits, sharding none, activation_checkpointing none, outer_state cpu
 (the scenario's [diloco] outer_state), and classic DiLoCo (fragments 1, sync_delay_steps 0,
-fragment_alpha 0.0, fragment_pattern sequential), adapt none. `geodt run` and `geodt plan` write every column.
+fragment_alpha 0.0, fragment_pattern sequential), adapt none, no quorum. `geodt run` and `geodt plan`
+write every column.
 
 Streaming DiLoCo (arXiv 2501.18512; torchft.local_sgd.DiLoCo, whose semantics these are;
 real/streaming.py runs it): the model's layers form P fragments (`sequential`: consecutive
@@ -73,15 +80,27 @@ REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "st
                     "comm_s")
 OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps", "cpu_cores", "cpu_quota",
                     "sharding", "activation_checkpointing", "outer_state", "fragments", "sync_delay_steps",
-                    "fragment_alpha", "fragment_pattern", "adapt")
+                    "fragment_alpha", "fragment_pattern", "adapt", "quorum", "grace_s")
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 STREAMING_COLUMNS = ("fragments", "sync_delay_steps", "fragment_alpha", "fragment_pattern")
 FRAGMENT_PATTERNS = ("sequential", "strided")
-SYNC_MODES = ("diloco", "gradients")
+SYNC_MODES = ("diloco", "gradients", "async", "quorum")
+# Rounds without DiLoCo's barrier (issue 40): async, each node's pseudo-gradient applied by a server when
+# it arrives; quorum, a round closed by a share of the nodes within a grace window. Simulated only.
+BARRIERLESS_SYNCS = ("async", "quorum")
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")  # least to most sharded
 CHECKPOINTING = ("none", "full")
 OUTER_STATES = ("cpu", "device")
 ADAPT_MODES = ("none", "rebalance", "deadline")
+
+
+def executor_refusal(plan: Plan) -> str | None:
+    """The one line the executor (real/) gives a plan it cannot run for lack of an implementation:
+    rounds without a barrier (issue 40) are simulated only; None for every other plan."""
+    if plan.barrierless:
+        return (f"strategy {plan.strategy} (sync {plan.sync}): simulated only; the executor runs barrier rounds "
+                "(issue 40)")
+    return None
 
 
 class PlanError(ValueError):
@@ -175,6 +194,9 @@ class Plan:
     fragment_alpha: float = 0.0
     fragment_pattern: str = "sequential"
     adapt: str | None = None  # None = "none": every round runs the plan's H_i (formats/adaptive.py)
+    # sync = quorum: the share of nodes that closes a round, and the grace window after it (None otherwise)
+    quorum: float | None = None
+    grace_s: float | None = None
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -203,6 +225,20 @@ class Plan:
             raise PlanError("adapt", f"adapt = {self.adapt} re-plans whole DiLoCo rounds; expected classic DiLoCo "
                             f"(fragments 1, sync_delay_steps 0, sync diloco)")
         self._check_fragments()
+        self._check_quorum()
+
+    def _check_quorum(self) -> None:
+        if self.sync == "quorum":
+            q = self.quorum
+            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < q <= 1:
+                raise PlanError("quorum", f"expected a share of the nodes in (0, 1], got {q!r}")
+            object.__setattr__(self, "quorum", float(q))
+            object.__setattr__(self, "grace_s", _real("grace_s", self.grace_s, allow_zero=True))
+        elif self.quorum is not None or self.grace_s is not None:
+            raise PlanError("quorum", f"quorum and grace_s belong to sync = quorum; got sync {self.sync or 'diloco'}")
+        if self.barrierless and (self.streaming or self.adaptive):
+            raise PlanError("sync", f"sync = {self.sync} runs whole rounds without a barrier; expected classic "
+                            "DiLoCo rounds (fragments 1, sync_delay_steps 0, adapt none)")
 
     def _check_fragments(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # frozen: normalise numpy scalars
@@ -227,6 +263,11 @@ class Plan:
     def streaming(self) -> bool:
         """Whether syncs overlap compute or split the model: anything but classic DiLoCo."""
         return self.fragments > 1 or self.sync_delay_steps > 0
+
+    @property
+    def barrierless(self) -> bool:
+        """Whether rounds end without DiLoCo's barrier (sync async or quorum: simulated only)."""
+        return self.sync in BARRIERLESS_SYNCS
 
     @property
     def adaptive(self) -> bool:
@@ -298,7 +339,8 @@ class Plan:
                  "activation_checkpointing": blank(n.activation_checkpointing),
                  "outer_state": blank(self.outer_state), "fragments": self.fragments,
                  "sync_delay_steps": self.sync_delay_steps, "fragment_alpha": self.fragment_alpha,
-                 "fragment_pattern": self.fragment_pattern, "adapt": self.adapt or "none"} for n in self.nodes]
+                 "fragment_pattern": self.fragment_pattern, "adapt": self.adapt or "none",
+                 "quorum": blank(self.quorum), "grace_s": blank(self.grace_s)} for n in self.nodes]
 
     def to_frame(self, scenario=None):
         """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
@@ -375,9 +417,9 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
     rows = _read_rows(path)
     kinds = {"gpus": int, "batch_size": int, "local_steps": int, "step_s": float, "tokens_per_round": int,
              "comm_s": float, "rounds": int, "link_gbps": float, "cpu_quota": float, "fragments": int,
-             "sync_delay_steps": int, "fragment_alpha": float}
+             "sync_delay_steps": int, "fragment_alpha": float, "quorum": float, "grace_s": float}
     shared_columns = ("strategy", "comm_s", "rounds", "collective", "payload_dtype", "sync", "outer_state",
-                      "adapt", *STREAMING_COLUMNS)
+                      "adapt", "quorum", "grace_s", *STREAMING_COLUMNS)
     words = ("strategy", "node", "collective", "payload_dtype", "sync", "sharding", "activation_checkpointing",
              "outer_state", "fragment_pattern", "adapt")
     nodes, shared, seq_lens = [], {k: set() for k in shared_columns}, set()
@@ -423,6 +465,7 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
         streaming = {k: one[k] for k in STREAMING_COLUMNS if one[k] is not None}  # empty: classic DiLoCo
         return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
                     rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
-                    sync=one["sync"], outer_state=one["outer_state"], adapt=one["adapt"], **streaming)
+                    sync=one["sync"], outer_state=one["outer_state"], adapt=one["adapt"], quorum=one["quorum"],
+                    grace_s=one["grace_s"], **streaming)
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.key}", exc.expected) from None

@@ -19,6 +19,10 @@ LOSS_COLUMNS = ["loss_end", "time_to_target_s"]
 # facts/bands.py): the node's step source (measured | profile | catalog), the network's
 # (calibrated | assumed), and the strategy's error band in % (the same on each of its rows).
 PROVENANCE_COLUMNS = ["step_source", "network_source", "error_band_pct"]
+# ... and the staleness of the strategy's merged pseudo-gradients, in global updates applied between a
+# node's pull and its merge (simulator/engine_async.py): their mean and 90th percentile over every merge of
+# the run (the same on each of its rows; 0 for strategies with a barrier, whose merges see no update between).
+STALENESS_COLUMNS = ["staleness_mean", "staleness_p90"]
 # syncs.csv (`geodt simulate`), one row per node and fragment sync: when its compute towards the sync
 # began, reached the sync point, the all-reduce's start and end (the same for every node), the merge
 # point, and the wait there split into idle (before the all-reduce started: the wait for the other

@@ -87,6 +87,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     input is good and the directory is this run's.
     """
     from formats.errors import InputError
+    from formats.plan import executor_refusal
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
     from real.cli import exec_options
     from real.config import ConfigError
@@ -102,6 +103,9 @@ def _prepare(prog: str, args: argparse.Namespace):
         loss = validate_loss_setup(scenario, args) if prog.endswith("validate") else None
         check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
+        refused = executor_refusal(plan)
+        if refused is not None:
+            raise InputError(refused)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
         opts = injected_outage(scenario, plan, injected_drift(scenario, plan, exec_options(args, args.out)))

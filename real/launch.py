@@ -42,7 +42,7 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from formats.plan import Plan
+from formats.plan import Plan, executor_refusal
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
 from real.options import ExecOptions
@@ -72,6 +72,9 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
         spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
+    refused = executor_refusal(plan)
+    if refused is not None:
+        raise LaunchError(f"{plan_path}: {refused}")
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:

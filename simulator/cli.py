@@ -14,7 +14,7 @@ import pandas as pd
 from formats.cli import OneLineParser, positive_float
 from formats.errors import FieldError, InputError
 from formats.owners import add_force_argument, check_owner
-from formats.timeline import LOSS_COLUMNS
+from formats.timeline import LOSS_COLUMNS, STALENESS_COLUMNS
 from simulator.loss_figure import loss_figure
 from simulator.loss_prediction import describe, format_time, loss_setup, plan_rounds, predict
 from simulator.run_figure import idle_figure
@@ -95,7 +95,7 @@ TABLE_WIDTH = 120
 PLAN_SHOWN = ["node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round", "comm_s", "link_gbps"]
 # Shown too where a node differs from the default (a value given): left out first when too wide.
 PLAN_OPTIONAL = {"sharding": "none", "activation_checkpointing": "none", "cpu_quota": "", "cpu_cores": "",
-                 "fragments": 1, "sync_delay_steps": 0}
+                 "fragments": 1, "sync_delay_steps": 0, "quorum": "", "grace_s": ""}
 
 
 def plan_text(frame: pd.DataFrame, wide: bool = False) -> str:
@@ -118,16 +118,18 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
     from simulator.engine import ENGINES
     from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
     from simulator.run_outputs import TIMELINE_FULL_MAX_ROWS
-    from simulator.strategies import STRATEGIES
+    from simulator.strategies import BARRIERLESS, STRATEGIES
 
     parser = OneLineParser(prog=prog, description=PLAN_HELP if plan_only else SIMULATE_HELP)
     _common(parser)
     if plan_only:
-        parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
+        parser.add_argument("--strategy", required=True,
+                            help=f"one of {', '.join(STRATEGIES)}, or without a barrier {', '.join(BARRIERLESS)}")
         parser.add_argument("--wide", action="store_true", help="print every column of plan.csv")
     else:
         parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
-                            help=f"strategies to compare (default: all of {', '.join(STRATEGIES)})")
+                            help=f"strategies to compare (default: all of {', '.join(STRATEGIES)}; without a "
+                                 f"barrier, simulated only and when named: {', '.join(BARRIERLESS)})")
         parser.add_argument("--engine", default="auto",
                             help=f"one of {', '.join(ENGINES)} (default auto: the analytic path where it is "
                                  "exact, which the output says; simpy simulates every event)")
@@ -195,8 +197,11 @@ def _run(argv: list[str], plan_only: bool) -> int:
         from simulator.report import answer
 
         bands = {p.strategy: float(s["error_band_pct"].iloc[0]) for p, _, s in results}
+        staleness = ({p.strategy: tuple(s[STALENESS_COLUMNS].iloc[0]) for p, _, s in results}
+                     if any(p.barrierless for p, _, _ in results) else None)
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine, losses, setup.target,
-                            loss_notes(setup, losses), bands, band_note(scenario, [s for _, _, s in results])))
+                            loss_notes(setup, losses), bands, band_note(scenario, [s for _, _, s in results]),
+                            staleness))
     elif losses:
         print("\n" + loss_notes(setup, losses))
         for name, pred in losses.items():
@@ -303,8 +308,8 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
                 raise
         losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
                   for s in sinks}
-        results = [(s.plan, s.totals, with_provenance(with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]),
-                                                      scenario)) for s in sinks]
+        results = [(s.plan, s.totals, with_staleness(with_provenance(
+            with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]), scenario), s.totals)) for s in sinks]
         plan_frame = pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)
         trace, kept = _trace(sinks, plan_frame, cap)
         files = {"plan.csv": csv_bytes(plan_frame),
@@ -324,6 +329,11 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
 def with_losses(summ: pd.DataFrame, pred: dict) -> pd.DataFrame:
     """summary.csv's rows of one strategy with the loss model's columns (formats/timeline.py LOSS_COLUMNS)."""
     return summ.assign(**{c: pred[c] for c in LOSS_COLUMNS})
+
+
+def with_staleness(summ: pd.DataFrame, totals) -> pd.DataFrame:
+    """summary.csv's rows of one strategy with its merges' staleness (formats/timeline.py STALENESS_COLUMNS)."""
+    return summ.assign(**dict(zip(STALENESS_COLUMNS, totals.staleness_stats())))
 
 
 def _run_plan(scenario, plan, engine: str, rounds: int, block: int, tables, cap):
@@ -382,7 +392,8 @@ def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool =
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
               f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
               + (f"fragment, {plan.fragments} a round, all-reduces overlapping {plan.sync_delay_steps} inner steps"
-                 if plan.streaming else "round")
+                 if plan.streaming else "node and round (push, outer step, pull; the server free)"
+                 if plan.sync == "async" else "round")
               + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(plan_text(frame, wide))

@@ -39,6 +39,8 @@ FEATURES: dict[str, str] = {
     "payload_bits": "pseudo-gradient precision lost (log2 of fp32 bytes over the payload's)",
     "missed": "node-rounds missed by nodes that left (share)",
     "replicas_log2": "nodes against the profile baseline's (log2 ratio): DiLoCo's replicas M",
+    "update_staleness": "merged without a barrier (async, quorum): others' pseudo-gradients merged between a "
+                        "node's pull and its merge, over the nodes (mean)",
 }
 PAYLOAD_BITS = {"fp32": 0.0, "fp16": 1.0, "bf16": 1.0, "int8": 2.0}
 SMOOTH_ROUNDS = 3
@@ -101,12 +103,14 @@ def round_frame(timeline: pd.DataFrame, batch: dict, gpus: dict, seq_len: int) -
     t["present"] = t["tokens"] > 0
     t["log2_batch_w"] = np.log2(t["batch"]) * t["tokens"]
     t["log2_steps_w"] = np.log2(t["steps"].where(t["present"], 1.0)) * t["tokens"]
+    t["stale_work"] = timeline["stale_work"].to_numpy(float) if "stale_work" in timeline else 0.0
     if "loss" in t:
         t["loss_w"] = t["loss"].where(t["present"], 0.0) * t["tokens"]
     g = t.groupby("round", sort=True)
     out = pd.DataFrame({"tokens": g["tokens"].sum(), "end_s": g["round_end_s"].max(),
                         "nodes": len(batch), "present": g["present"].sum(),
-                        "log2_batch_w": g["log2_batch_w"].sum(), "log2_steps_w": g["log2_steps_w"].sum()})
+                        "log2_batch_w": g["log2_batch_w"].sum(), "log2_steps_w": g["log2_steps_w"].sum(),
+                        "stale_work": g["stale_work"].sum()})
     live = t[t["present"]].groupby("round")["tokens"]
     out["cv2"] = ((live.std(ddof=0) / live.mean()) ** 2).reindex(out.index).fillna(0.0)
     if "loss" in t:
@@ -123,15 +127,17 @@ def features(rounds: pd.DataFrame, *, base_batch: float, base_steps: float, aver
                        missed=1.0 - rounds["present"].sum() / rounds["nodes"].sum(), base_batch=base_batch,
                        base_steps=base_steps, averaging=averaging, fragments=fragments,
                        sync_delay_steps=sync_delay_steps, payload_dtype=payload_dtype,
-                       nodes=rounds["nodes"].iloc[0], ref_nodes=ref_nodes)
+                       nodes=rounds["nodes"].iloc[0], ref_nodes=ref_nodes,
+                       stale_work=rounds["stale_work"].sum() / max(1, rounds["present"].sum()))
     return {k: float(v) for k, v in x.items()}
 
 
 def feature_values(*, cv2, log2_batch, log2_steps, missed, base_batch: float, base_steps: float, averaging: str,
-                   fragments, sync_delay_steps, payload_dtype, nodes, ref_nodes) -> dict:
+                   fragments, sync_delay_steps, payload_dtype, nodes, ref_nodes, stale_work=0.0) -> dict:
     """FEATURES from a run's aggregates (scalars, or numpy arrays of runs: the sweep's): cv2 the mean over
     rounds of the nodes' squared CV of tokens, log2_batch and log2_steps token-weighted means, missed
-    the share of node-rounds without training, nodes the run's node count."""
+    the share of node-rounds without training, nodes the run's node count, stale_work the mean over merged
+    pseudo-gradients of the others merged between the node's pull and its merge (0 with a barrier)."""
     weighted = averaging != "uniform"
     fragments, delay = np.asarray(fragments), np.asarray(sync_delay_steps)
     streaming = (fragments > 1) | (delay > 0)
@@ -145,6 +151,7 @@ def feature_values(*, cv2, log2_batch, log2_steps, missed, base_batch: float, ba
         "payload_bits": bits,
         "missed": missed,
         "replicas_log2": np.log2(nodes / ref_nodes) + 0.0 * cv2,
+        "update_staleness": stale_work / nodes + 0.0 * cv2,
     }
 
 

@@ -25,6 +25,8 @@ from simulator import outage
 from simulator.adaptive import adaptive_rounds
 from simulator.checkpoints import checkpoint_cost, round_s
 from simulator.engine_analytic import next_start_s, run_analytic, run_streaming_analytic, stream_state, wait_split
+from simulator.engine_async import STALE_FIELDS, quorum_need, run_async_analytic, run_async_simpy, run_quorum_simpy
+from simulator.engine_async import service_s as async_service_s
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import node_sync_offsets_s, outer_step_s
 from simulator.scenario import Scenario
@@ -44,6 +46,11 @@ def pick_engine(scenario: Scenario, plan: Plan, engine: str = "auto") -> tuple[s
     outage is time put into the matrix before the run and moved afterwards (simulator/outage.py),
     the same for both. A plan whose next round depends on the events of the run (none yet) needs
     SimPy."""
+    if plan.sync == "quorum":
+        if engine == "analytic":
+            raise InputError(f"--engine analytic: strategy {plan.strategy} (quorum rounds) has no analytic path; "
+                             "expected auto or simpy")
+        return "simpy", "quorum rounds close on arrivals and grace windows: SimPy's events"
     if engine != "auto":
         return engine, "asked for"
     return "analytic", "exact here: rounds fixed before the run; --engine simpy simulates the events"
@@ -81,7 +88,10 @@ def check_size(scenario: Scenario, plan: Plan) -> None:
 
 
 def simulate(scenario: Scenario, plan: Plan, engine: str = "simpy") -> pd.DataFrame:
-    """Timeline (one row per node and round, rounds outer) with docs/DESIGN.md's columns."""
+    """Timeline (one row per node and round, rounds outer) with docs/DESIGN.md's columns (and
+    STALE_FIELDS for a plan without a barrier)."""
+    if plan.barrierless:
+        return barrierless_timeline(scenario, plan, engine)
     if not plan.streaming:  # the syncs table would double a classic plan's time (bench_simulator)
         return _classic_timeline(scenario, plan, engine)
     return simulate_syncs(scenario, plan, engine)[0]
@@ -106,6 +116,23 @@ def _whole_classic(scenario: Scenario, plan: Plan, engine: str) -> dict:
     return {**arrays, "tokens": tokens}
 
 
+def barrierless_timeline(scenario: Scenario, plan: Plan, engine: str) -> pd.DataFrame:
+    """An async or quorum plan's timeline (simulator/engine_async.py), its staleness columns beside
+    (STALE_FIELDS: not written to timeline files; summary.csv's staleness comes from them).
+    Checkpoints are not priced here; an outage is refused."""
+    engine = _check(scenario, plan, engine)
+    if outage.outages(scenario, plan):
+        raise InputError(f"strategy {plan.strategy}: a node's outage is modelled for barrier rounds only; expected "
+                         "no [[nodes]] outage with async or quorum")
+    compute = compute_matrix(scenario, plan)
+    if plan.sync == "async":
+        arrays = (run_async_simpy if engine == "simpy" else run_async_analytic)(
+            compute, async_service_s(scenario, plan))
+    else:
+        arrays = run_quorum_simpy(compute, quorum_need(plan.quorum, len(plan.nodes)), plan.grace_s, plan.comm_s)
+    return _frame(plan, {**arrays, "tokens": round_tokens(plan)}, TIMELINE_COLUMNS + STALE_FIELDS)
+
+
 def round_tokens(plan: Plan, steps: np.ndarray | None = None) -> np.ndarray:
     """Tokens per node and round: the plan's (1 × nodes), or of the steps each node took (rounds × nodes)."""
     units = np.array([n.batch_size * n.gpus * plan.seq_len for n in plan.nodes], dtype=np.int64)
@@ -124,6 +151,9 @@ def _check(scenario: Scenario, plan: Plan, engine: str) -> str:
 
 def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(timeline, syncs): the timeline and one row per node and fragment sync (SYNC_COLUMNS)."""
+    if plan.barrierless:
+        timeline = barrierless_timeline(scenario, plan, engine)
+        return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
     if not plan.streaming:
         timeline = _classic_timeline(scenario, plan, engine)
         return timeline, classic_syncs(timeline, plan, outer_share_s(scenario, plan))
@@ -141,6 +171,9 @@ def simulate_syncs(scenario: Scenario, plan: Plan, engine: str = "simpy") -> tup
 def simulate_chunks(scenario: Scenario, plan: Plan, engine: str, emit, chunk_rounds: int) -> None:
     """simulate_syncs' (timeline, syncs), handed to emit(timeline, syncs) in chunks of
     chunk_rounds whole rounds (the last shorter) as the engine produces them."""
+    if plan.barrierless:  # one chunk: its rounds end node by node, not together
+        emit(*simulate_syncs(scenario, plan, engine))
+        return None
     engine = _check(scenario, plan, engine)
     outer = outer_share_s(scenario, plan)
     if not plan.streaming:

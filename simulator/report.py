@@ -41,13 +41,14 @@ class Recommendation:
         return f"recommended: {self.strategy} — {self.reason}" if self.strategy else f"no recommendation: {self.reason}"
 
 
-def answer_table(runs, baseline, losses: dict | None = None,
-                 bands: dict | None = None) -> tuple[pd.DataFrame, dict]:
+def answer_table(runs, baseline, losses: dict | None = None, bands: dict | None = None,
+                 staleness: dict | None = None) -> tuple[pd.DataFrame, dict]:
     """One row per (plan, timeline) in runs, in order, and the baseline's metrics (the ratios' reference).
 
     baseline = (plan, timeline) of the baseline strategy; losses: strategy -> the loss model's
     prediction (loss_end, time_to_target_s), which adds those columns; bands: strategy -> its
-    error band in % (simulator/provenance.py), which adds band_pct.
+    error band in % (simulator/provenance.py), which adds band_pct; staleness: strategy -> (mean, p90)
+    of its merges' staleness in global updates, which adds staleness_mean and staleness_p90.
     """
     base = timeline_metrics(*baseline)
     rows = pd.DataFrame([timeline_metrics(plan, timeline) for plan, timeline in runs])
@@ -59,6 +60,11 @@ def answer_table(runs, baseline, losses: dict | None = None,
         for column in ("loss_end", "time_to_target_s"):
             rows[column] = [losses[s][column] for s in rows["strategy"]]
         columns += ["loss_end", "time_to_target_s"]
+        rows["uncalibrated"] = [", ".join(losses[s].get("uncalibrated", ())) for s in rows["strategy"]]
+    if staleness:
+        rows["staleness_mean"] = [staleness[s][0] for s in rows["strategy"]]
+        rows["staleness_p90"] = [staleness[s][1] for s in rows["strategy"]]
+        columns += ["staleness_mean", "staleness_p90"]
     if bands:
         rows["band_pct"] = [bands[s] for s in rows["strategy"]]
         columns.append("band_pct")
@@ -84,6 +90,8 @@ def recommend_by_target(table: pd.DataFrame, base: dict, target: float) -> Recom
         why += (f", {pick['time_to_target_s'] / b['time_to_target_s']:.2f}× the baseline's"
                 if np.isfinite(b["time_to_target_s"]) else ", the baseline never reaches it")
     why += f"; {pick['tokens_per_s']:,.0f} tokens/s, {pick['speedup']:.2f}× the baseline's"
+    if pick.get("uncalibrated", ""):
+        why += f" (its loss assumes no effect of {pick['uncalibrated']}: not calibrated)"
     fastest = table.loc[table["tokens_per_s"].idxmax()]
     if fastest["strategy"] != pick["strategy"]:
         when = fastest["time_to_target_s"]
@@ -130,6 +138,9 @@ def format_table(table: pd.DataFrame) -> str:
     losses = "loss_end" in table
     if losses:
         head += f"  {'loss_end':>8}  {'to_target_s':>11}"
+    stale = "staleness_mean" in table
+    if stale:
+        head += f"  {'stale mean/p90':>14}"
     if "band_pct" in table:
         head += f"  {'band':>6}"
     lines = [head]
@@ -141,6 +152,8 @@ def format_table(table: pd.DataFrame) -> str:
             reach = r.time_to_target_s
             line += f"  {r.loss_end:>8.3f}  " + (f"{'-':>11}" if np.isnan(reach) else
                                                  f"{'never':>11}" if np.isinf(reach) else f"{reach:>11,.1f}")
+        if stale:
+            line += f"  {f'{r.staleness_mean:.2f}/{r.staleness_p90:.1f}':>14}"
         if "band_pct" in table:
             line += f"  {'±' + format(r.band_pct, '.0f') + '%':>6}"
         lines.append(line)
@@ -156,6 +169,10 @@ def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, 
                      + (f"wall-clock seconds to loss {target:g}" if target is not None else "no target_loss given"))
         if loss_note:
             notes.append(loss_note)
+    if "staleness_mean" in table:
+        notes.append("without a barrier (async, quorum): idle_s is the wait in the server's queue (async) or for the "
+                     "round's close (quorum); stale mean/p90: global updates applied between a node's pull and its "
+                     "merge (0 with a barrier)")
     if band_note:
         notes.append(band_note)
     if base["strategy"] not in set(table["strategy"]):
@@ -164,10 +181,11 @@ def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, 
 
 
 def answer(scenario, runs, engine: str = "simpy", losses: dict | None = None, target: float | None = None,
-           loss_note: str = "", bands: dict | None = None, band_note: str = "") -> str:
+           loss_note: str = "", bands: dict | None = None, band_note: str = "", staleness: dict | None = None) -> str:
     """The text `geodt simulate` ends with; runs = [(plan, timeline or its RunTotals)], the baseline
     simulated if absent; losses: the loss model's predictions per strategy, bands: their error
-    bands (answer_table), band_note: the line saying what the bands rest on."""
+    bands (answer_table), band_note: the line saying what the bands rest on; staleness: (mean, p90) per
+    strategy, shown where a strategy has no barrier."""
     baseline = next(((p, t) for p, t in runs if p.strategy == "baseline"), None)
     if baseline is None:  # its totals only, chunk by chunk: no whole timeline of a long run in memory
         from simulator.engine import simulate_chunks
@@ -180,7 +198,7 @@ def answer(scenario, runs, engine: str = "simpy", losses: dict | None = None, ta
         simulate_chunks(scenario, plan, engine, lambda timeline, _: totals.add(timeline),
                         chunk_rounds(len(plan.nodes), 1))
         baseline = (plan, totals)
-    return format_answer(*answer_table(runs, baseline, losses, bands), target, loss_note, band_note)
+    return format_answer(*answer_table(runs, baseline, losses, bands, staleness), target, loss_note, band_note)
 
 
 def does_baseline_work(run_tokens_vs_baseline):

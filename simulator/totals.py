@@ -26,6 +26,7 @@ class RunTotals:
     tokens: int = 0  # every row's tokens
     rounds: int = 0
     wall_s: float = 0.0
+    staleness: list = field(default_factory=list)  # per chunk, its merges' staleness (plans without a barrier)
 
     @classmethod
     def of(cls, timeline: pd.DataFrame) -> RunTotals:
@@ -47,7 +48,16 @@ class RunTotals:
             self.tokens += int(timeline["tokens"].sum())
         self.sums = self.sums + np.array([float(timeline[c].sum()) for c in PARTS])
         self.rounds += int(timeline["round"].nunique())
+        if "staleness" in timeline:
+            self.staleness.append(timeline["staleness"].to_numpy(float))
         self.wall_s = max(self.wall_s, float(timeline["round_end_s"].max()))
+
+    def staleness_stats(self) -> tuple[float, float]:
+        """(mean, 90th percentile, linear) of the merges' staleness in global updates; (0, 0) with a barrier."""
+        if not self.staleness:
+            return 0.0, 0.0
+        values = np.concatenate(self.staleness)
+        return float(values.mean()), float(np.percentile(values, 90))
 
     def node_frame(self) -> pd.DataFrame:
         """Per node (plan order): node, compute_s, idle_s, comm_s."""

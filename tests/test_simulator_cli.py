@@ -27,7 +27,7 @@ def test_simulate_paper_writes_all_outputs(tmp_path, capsys):
     summary = pd.read_csv(tmp_path / "summary.csv")
     assert list(summary.columns) == ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization",
                                      "loss_end", "time_to_target_s", "step_source", "network_source",
-                                     "error_band_pct"]
+                                     "error_band_pct", "staleness_mean", "staleness_p90"]
     assert summary["loss_end"].notna().all() and summary["time_to_target_s"].isna().all()  # no target: empty
     # the resolved scenario reproduces the run on its own
     again = load_scenario(str(tmp_path / "scenario.toml"))

@@ -22,7 +22,7 @@ import numpy as np
 from formats.errors import FieldError, InputError
 from formats.plan import NodePlan, Plan, PlanError
 from simulator.scenario import Scenario
-from simulator.strategies.registry import STRATEGIES, Strategy, register  # noqa: F401 (the package's API)
+from simulator.strategies.registry import BARRIERLESS, STRATEGIES, Strategy, known, register  # noqa: F401 (the package's API)
 from simulator.strategies.tables import NetTables, NodeTables, from_scenario
 from simulator.timing import NodeTiming, node_timings
 
@@ -94,9 +94,10 @@ def _check_fits(name: str, scenario: Scenario, timings: list[NodeTiming], batch:
 
 def make_plan(scenario: Scenario, strategy: str) -> Plan:
     """The plan of a named strategy (its batched rule on one row); InputError for unknown names."""
-    if strategy not in STRATEGIES:
-        raise InputError(f"--strategy {strategy}: unknown strategy; expected one of {', '.join(STRATEGIES)}")
-    rule = STRATEGIES[strategy]
+    rule = known(strategy)
+    if rule is None:
+        raise InputError(f"--strategy {strategy}: unknown strategy; expected one of {', '.join(STRATEGIES)}, or "
+                         f"without a barrier (simulated only) {', '.join(BARRIERLESS)}")
     timings = node_timings(scenario)
     check_batch_one(timings)
     tables, net = from_scenario(scenario, timings)
@@ -115,7 +116,9 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
                     sync=raw.get("sync"), outer_state=scenario.diloco.outer_state,
                     fragments=int(first(d["fragments"])),
                     sync_delay_steps=int(first(d["delay"])), fragment_alpha=scenario.diloco.fragment_alpha,
-                    fragment_pattern=scenario.diloco.fragment_pattern, adapt=raw.get("adapt"))
+                    fragment_pattern=scenario.diloco.fragment_pattern, adapt=raw.get("adapt"),
+                    quorum=raw.get("quorum"),
+                    grace_s=None if raw.get("grace_s") is None else float(first(raw["grace_s"])))
     except PlanError as exc:  # the scenario's fragments do not fit this strategy's local steps
         raise FieldError(f"diloco.{exc.key}", f"strategy {strategy}: {exc.expected}") from None
 
@@ -123,4 +126,5 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
 # Registration happens on import; keep this list in the order strategies are printed (not sorted).
 # isort: off
 from simulator.strategies import paper, measured, slowest, hybrid, sync_ddp, network_aware, streaming, adaptive  # noqa: E402, F401
+from simulator.strategies import barrierless  # noqa: E402, F401
 # isort: on

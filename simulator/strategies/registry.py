@@ -25,10 +25,19 @@ class Strategy:
 
 
 STRATEGIES: dict[str, Strategy] = {}
+# Strategies whose rounds end without DiLoCo's barrier (issue 40: async, quorum). Simulated only, by
+# their own engines (simulator/engine_async.py): kept apart from STRATEGIES, which the sweep and
+# `geodt paper` decide and time in bulk with the barrier's arithmetic, and which the executor runs.
+BARRIERLESS: dict[str, Strategy] = {}
 
 
-def register(name: str, note: Note | None = None) -> Callable[[Decide], Decide]:
+def register(name: str, note: Note | None = None, barrier: bool = True) -> Callable[[Decide], Decide]:
     def add(fn: Decide) -> Decide:
-        STRATEGIES[name] = Strategy(name, fn, note)
+        (STRATEGIES if barrier else BARRIERLESS)[name] = Strategy(name, fn, note)
         return fn
     return add
+
+
+def known(name: str) -> Strategy | None:
+    """The strategy of a command-line name, with or without a barrier; None if unknown."""
+    return STRATEGIES.get(name) or BARRIERLESS.get(name)

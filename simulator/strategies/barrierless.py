@@ -1,0 +1,65 @@
+"""`async` and `quorum`: rounds without DiLoCo's barrier (issue 40), simulated only.
+
+Both keep the baseline batch b and take H_i from each node's speed, Liu et al. 2024's dynamic
+local updates (docs/PAPERS.md): H_i = max(1, ⌊T / t_i(b)⌋) at the least round time T whose
+rounds hold the baseline's samples (formats/adaptive.py rebalance_steps, the rule `rebalance`
+plans round 0 with), so every node's round takes about T and the run trains on the baseline's
+tokens. What differs is how a round ends (simulator/engine_async.py):
+
+- `async`: a parameter server applies each node's pseudo-gradient when it arrives (one outer step
+  per arrival; the paper's server uses delayed Nesterov momentum, which costs the simulator one
+  outer step per arrival too) and the node pulls the new weights and goes on. comm_s is the
+  slowest node's push, outer step and pull with the server otherwise free.
+- `quorum`: a round closes once QUORUM_SHARE of the nodes still training wait at their sync point,
+  after a grace window of GRACE_SHARE of the slowest node's planned round compute; the nodes
+  waiting then all-reduce (the scenario's sync); a late node's pseudo-gradient is merged into the
+  next round. QUORUM_SHARE and GRACE_SHARE are geodt's choices, not figures from a paper.
+
+Not in STRATEGIES (registry.py BARRIERLESS): the sweep and `geodt paper` time strategies with the
+barrier's arithmetic, and the executor refuses these plans (formats/plan.py executor_refusal).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from formats.adaptive import rebalance_steps
+from formats.errors import FieldError
+from simulator.engine_async import WEIGHT_BYTES_PER_PARAM, push_pull_raw, quorum_need
+from simulator.strategies.registry import register
+from simulator.strategies.tables import NetTables, NodeTables
+
+QUORUM_SHARE = 0.5  # half the nodes still training close a round
+GRACE_SHARE = 0.05  # the round stays open 5% of the slowest node's planned compute after its quorum
+
+
+def speed_steps(name: str, tables: NodeTables, net: NetTables) -> tuple[np.ndarray, np.ndarray]:
+    """(batch, steps) (S, n): the baseline b, H_i from the node's speed at the baseline's samples per round."""
+    if net.fragments > 1 or net.sync_delay_steps > 0:
+        raise FieldError("diloco.fragments", f"strategy {name} runs whole rounds without a barrier; expected classic "
+                         f"DiLoCo (fragments 1, sync_delay_steps 0), got {net.fragments} and {net.sync_delay_steps}")
+    batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)
+    steps = rebalance_steps(tables.step_at(batch), batch * tables.gpus, tables.baseline_samples())
+    return batch, steps
+
+
+@register("async", note=lambda d, tables: (
+    f"no barrier: each node's pseudo-gradient applied by a server on arrival, {d['comm_s'][0]:.2f} s push, outer "
+    f"step and pull (slowest node, server free); H_i from each node's speed at {tables.baseline_samples()[0]} "
+    "samples per round"), barrier=False)
+def strategy_async(tables: NodeTables, net: NetTables) -> dict:
+    """b; H_i by speed; each node syncs with a parameter server when its steps end."""
+    batch, steps = speed_steps("async", tables, net)
+    service = push_pull_raw(net.links_gbps, net.latency_ms, net.payload_bytes(net.payload_dtype),
+                            WEIGHT_BYTES_PER_PARAM * net.params, net.outer_step_s[:, None])
+    return {"batch": batch, "steps": steps, "sync": "async", "comm_s": service.max(axis=1)}
+
+
+@register("quorum", note=lambda d, tables: (
+    f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes wait, "
+    f"{d['grace_s'][0]:.2f} s later (grace); late work merged next round; H_i from each node's speed"),
+    barrier=False)
+def strategy_quorum(tables: NodeTables, net: NetTables) -> dict:
+    """b; H_i by speed; a round closes on a quorum of nodes plus a grace window."""
+    batch, steps = speed_steps("quorum", tables, net)
+    compute = (steps * tables.step_at(batch)).max(axis=1)
+    return {"batch": batch, "steps": steps, "sync": "quorum", "quorum": QUORUM_SHARE, "grace_s": GRACE_SHARE * compute}

@@ -1,0 +1,161 @@
+"""Rounds without a barrier (issue 40): the async server and quorum rounds, simulated (simulator/engine_async.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from formats.plan import Plan, executor_refusal, load_plan
+from simulator.engine import simulate, simulate_syncs
+from simulator.engine_async import (
+    FIELDS,
+    push_pull_raw,
+    quorum_need,
+    run_async_analytic,
+    run_async_simpy,
+    run_quorum_simpy,
+)
+from simulator.loss_prediction import loss_setup, plan_rounds, predict
+from simulator.scenario import load_scenario
+from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
+
+
+def test_async_two_nodes_by_hand():
+    """A computes 1 s a round, B 2 s, each sync 0.1 s at the server: nobody waits, every merge's staleness
+    is the updates the others made since the node's pull."""
+    out = run_async_analytic(np.array([[1.0, 2.0]] * 3), [0.1, 0.1])
+    # merges in order: A@1.0, B@2.0, A@2.1, A@3.2, B@4.1, B@6.2
+    assert out["round_start_s"][:, 0] == pytest.approx([0.0, 1.1, 2.2])
+    assert out["round_end_s"][:, 0] == pytest.approx([1.1, 2.2, 3.3])
+    assert out["round_start_s"][:, 1] == pytest.approx([0.0, 2.1, 4.2])
+    assert out["round_end_s"][:, 1] == pytest.approx([2.1, 4.2, 6.3])
+    assert out["staleness"][:, 0].tolist() == [0, 1, 0]  # A: fresh; B's first merge between; fresh
+    assert out["staleness"][:, 1].tolist() == [1, 2, 0]  # B: A's first; A's second and third; fresh
+    assert out["stale_work"].tolist() == out["staleness"].tolist()  # one pseudo-gradient per update
+    assert np.abs(out["idle_s"]).max() < 1e-12
+    assert out["comm_s"] == pytest.approx(np.full((3, 2), 0.1))
+
+
+def test_async_contention_waits_in_the_server_queue():
+    """Both arrive at 1 s; the server serves A (first scheduled) then B, whose wait is idle."""
+    for run in (run_async_analytic, run_async_simpy):
+        out = run(np.array([[1.0, 1.0]]), [0.5, 0.5])
+        assert out["idle_s"][0].tolist() == [0.0, 0.5]
+        assert out["round_end_s"][0].tolist() == [1.5, 2.0]
+        assert out["staleness"][0].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_async_simpy_equals_analytic(seed):
+    rng = np.random.default_rng(seed)
+    n, rounds = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+    compute = rng.uniform(0.1, 3.0, (rounds, n))
+    if seed % 2:  # ties: equal compute and service, every node arriving together
+        compute = np.round(compute, 0) + 1.0
+    service = rng.uniform(0.0, 1.5, n) if seed % 3 else np.full(n, 0.5)
+    a, s = run_async_analytic(compute, service), run_async_simpy(compute, service)
+    for name in FIELDS:
+        assert np.array_equal(a[name], s[name]), name
+
+
+def test_async_scenario_engines_equal_with_jitter():
+    scenario = load_scenario("paper", ["simulation.jitter_cv=0.1", "training.rounds=4"])
+    plan = make_plan(scenario, "async")
+    a, s = simulate(scenario, plan, "analytic"), simulate(scenario, plan, "simpy")
+    pd.testing.assert_frame_equal(a, s)
+
+
+def test_quorum_late_node_merged_next_round():
+    """A and B take 1 s, C 3 s; 2 of 3 close a round, 0.2 s grace, all-reduce 0.1 s. C misses the first
+    close (1.2 s), and its pseudo-gradient is merged at its own next wait, two updates stale."""
+    out = run_quorum_simpy(np.array([[1.0, 1.0, 3.0]] * 2), need=2, grace_s=0.2, comm_s=0.1)
+    assert out["idle_s"][:, :2] == pytest.approx(np.full((2, 2), 0.2))  # A, B wait out the grace window
+    assert out["round_end_s"][:, 0] == pytest.approx([1.3, 2.6])
+    assert out["staleness"][:, :2].tolist() == [[0, 0], [0, 0]]
+    # C arrives at 3.0 after both of A's and B's rounds merged: alone now, it closes at once
+    assert out["round_start_s"][:, 2] == pytest.approx([0.0, 3.1])
+    assert out["idle_s"][:, 2] == pytest.approx([0.0, 0.0])
+    assert out["round_end_s"][:, 2] == pytest.approx([3.1, 6.2])
+    assert out["staleness"][:, 2].tolist() == [2, 0]
+    assert out["stale_work"][:, 2].tolist() == [4, 0]  # the four pseudo-gradients of A's and B's rounds
+
+
+def test_quorum_node_within_grace_joins_the_round():
+    """C arrives inside the grace window: everyone still training waits, so the round closes then."""
+    out = run_quorum_simpy(np.array([[1.0, 1.0, 1.1]]), need=2, grace_s=0.2, comm_s=0.1)
+    assert out["round_end_s"][0] == pytest.approx([1.2, 1.2, 1.2])
+    assert out["idle_s"][0] == pytest.approx([0.1, 0.1, 0.0])
+    assert out["staleness"][0].tolist() == [0, 0, 0]
+
+
+def test_quorum_of_everyone_is_a_barrier():
+    compute = np.array([[1.0, 2.0, 1.5], [2.0, 1.0, 1.2]])
+    out = run_quorum_simpy(compute, need=3, grace_s=5.0, comm_s=0.25)
+    assert out["round_end_s"].tolist() == [[2.25] * 3, [4.5] * 3]
+    assert out["staleness"].max() == 0
+
+
+def test_strategies_are_apart_from_the_barrier_ones():
+    assert set(BARRIERLESS) == {"async", "quorum"} and not set(BARRIERLESS) & set(STRATEGIES)
+    scenario = load_scenario("paper")
+    a, q = make_plan(scenario, "async"), make_plan(scenario, "quorum")
+    assert (a.sync, q.sync, q.quorum) == ("async", "quorum", 0.5) and quorum_need(q.quorum, 4) == 2
+    assert [n.local_steps for n in a.nodes] == [n.local_steps for n in q.nodes] == [85, 85, 128, 102]
+    assert a.comm_s == pytest.approx(float(push_pull_raw(1.0, 1.0, 215e6 * 2, 215e6 * 4, 0.0)) + 0.49, rel=0.05)
+    assert executor_refusal(a).startswith("strategy async (sync async): simulated only")
+    assert executor_refusal(make_plan(scenario, "baseline")) is None
+
+
+def test_plan_csv_round_trip(tmp_path):
+    scenario = load_scenario("paper")
+    plan = make_plan(scenario, "quorum")
+    plan.to_frame(scenario).to_csv(tmp_path / "plan.csv", index=False)
+    back = load_plan(tmp_path / "plan.csv")
+    assert (back.sync, back.quorum, back.grace_s) == ("quorum", 0.5, pytest.approx(plan.grace_s))
+    with pytest.raises(ValueError, match="quorum"):
+        Plan(strategy="x", nodes=plan.nodes, comm_s=1.0, seq_len=8, quorum=0.5)
+
+
+def test_loss_model_marks_update_staleness_not_calibrated():
+    scenario = load_scenario("paper", ["training.rounds=4"])
+    setup = loss_setup(scenario)
+    preds = {}
+    for name in ("async", "quorum", "baseline"):
+        plan = make_plan(scenario, name)
+        preds[name] = predict(setup, scenario, plan, plan_rounds(plan, simulate(scenario, plan, "auto")))
+    assert "update_staleness" in preds["async"]["uncalibrated"]
+    assert "update_staleness" not in preds["baseline"]["uncalibrated"]
+    assert "update_staleness" not in setup.model.coefficients
+
+
+def test_syncs_of_an_async_plan():
+    scenario = load_scenario("paper", ["training.rounds=2"])
+    timeline, syncs = simulate_syncs(scenario, make_plan(scenario, "async"), "analytic")
+    assert len(syncs) == len(timeline) == 8
+    assert np.allclose(syncs["end_s"] + syncs["outer_s"], timeline["round_end_s"])
+
+
+def test_simulate_command_prints_and_writes_staleness(tmp_path, capsys):
+    from simulator.cli import simulate_main
+
+    args = ["paper", "--strategy", "async", "--strategy", "quorum", "--strategy", "baseline", "--target-loss", "5.8",
+            "--out", str(tmp_path), "--csv"]
+    assert simulate_main(args) == 0
+    printed = capsys.readouterr().out
+    assert "stale mean/p90" in printed and "recommended:" in printed and "async: not calibrated: update_staleness" in printed
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert list(summary.columns)[-2:] == ["staleness_mean", "staleness_p90"]
+    by = summary.groupby("strategy")[["staleness_mean", "staleness_p90", "time_to_target_s"]].first()
+    assert by.loc["async", "staleness_mean"] > 2 and by.loc["baseline", "staleness_p90"] == 0
+    assert np.isfinite(by["time_to_target_s"]).all()
+    timeline = pd.read_csv(tmp_path / "timeline.csv")
+    assert "staleness" not in timeline.columns and set(timeline["strategy"]) == {"async", "quorum", "baseline"}
+
+
+def test_executor_refuses_in_one_line(capsys):
+    from geodt.run_cmd import run_main
+
+    assert run_main(["paper", "--strategy", "async", "--emulate"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("geodt run: strategy async (sync async): simulated only; the executor runs barrier rounds "
+                   "(issue 40)")
