@@ -487,7 +487,7 @@ def _table_other_work() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from formats.errors import InputError
-    from simulator.strategies import STRATEGIES
+    from simulator.strategies import BARRIERLESS, STRATEGIES
 
     p = parser()
     try:
@@ -500,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_table_options(args, p)
         for name in strategies:
+            if name in BARRIERLESS:  # timed by the barrier's arithmetic here
+                raise InputError(f"--strategy {name}: a strategy without a barrier; geodt sweep times barrier rounds "
+                                 f"only: expected one of {', '.join(STRATEGIES)} (geodt simulate --strategy {name})")
             if name not in STRATEGIES:
                 raise InputError(f"--strategy {name}: unknown strategy; expected one of {', '.join(STRATEGIES)}")
         if args.table:

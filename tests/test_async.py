@@ -159,3 +159,20 @@ def test_executor_refuses_in_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("geodt run: strategy async (sync async): simulated only; the executor runs barrier rounds "
                    "(issue 40)")
+
+
+def test_readme_lists_them():
+    from tests.test_help import readme_reference
+
+    assert readme_reference("Strategies without a barrier:") == list(BARRIERLESS)
+
+
+def test_refused_where_only_barrier_rounds_are_timed(tmp_path, capsys):
+    from simulator.cli import simulate_main
+    from simulator.sweep_cli import main as sweep_main
+
+    assert simulate_main(["paper", "--strategy", "quorum", "--engine", "analytic", "--out", str(tmp_path)]) == 2
+    assert "strategy quorum (quorum rounds) has no analytic path" in capsys.readouterr().err
+    assert sweep_main(["--table", "paper", "--strategy", "async", "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "a strategy without a barrier" in err[0]
