@@ -44,8 +44,9 @@ def pick_engine(scenario: Scenario, plan: Plan, engine: str = "auto") -> tuple[s
     adaptive plan's next round depends on the step times its nodes measured, not on the barrier,
     so simulator/adaptive.py walks its rounds before the run and both engines run that matrix; an
     outage is time put into the matrix before the run and moved afterwards (simulator/outage.py),
-    the same for both. A plan whose next round depends on the events of the run (none yet) needs
-    SimPy."""
+    the same for both. An async plan (simulator/engine_async.py) has its own analytic path, a
+    first-come-first-served queue recurrence. A plan whose next round depends on the events of the
+    run needs SimPy: quorum rounds, closed by arrivals and grace timers (`analytic` is refused)."""
     if plan.sync == "quorum":
         if engine == "analytic":
             raise InputError(f"--engine analytic: strategy {plan.strategy} (quorum rounds) has no analytic path; "

@@ -16,13 +16,16 @@ parameter, the fp32 global model pulled back; the typed links, not a network pro
 all-reduce fits; no encode/decode priced). Per node and round: compute_s its inner steps, idle_s
 its wait in the server's queue (the others' syncs ahead of it), comm_s its own service.
 
-quorum: a round closes when `need` of the nodes still training wait at their sync point, after
-a grace window of grace_s more (or at once when every node still training waits); the nodes
-waiting then are that round's: their pseudo-gradients are averaged by an all-reduce among them
-(comm_s, the group's all-reduces in issue order as engine_simpy.FragmentSync's) and they pull
-the new model. A node still computing at the close is late: it merges its pseudo-gradient, made
-from an older model, into the next round it waits for (late work merged next round, never
-dropped). idle_s: its wait from its sync point to its all-reduce's start; comm_s the all-reduce.
+quorum: a round closes when `need` nodes (fewer where fewer can still come) have brought their
+pseudo-gradients to their sync point, after a grace window of grace_s more (or at once when no
+node can still come); every pseudo-gradient in is averaged by an all-reduce (comm_s, the group's
+all-reduces in issue order as engine_simpy.FragmentSync's) and the nodes that waited for it pull
+the new model. A node whose round closed without it (a close happened since its pull) is late:
+it does not wait for the next quorum; its pseudo-gradient, made from the older model, goes into
+the next close (late work merged next round, never dropped; its communication thread takes part
+while it computes), and it pulls the latest model (once that close's all-reduce ended, then
+comm_s) and computes on. idle_s: the wait from the sync point to its all-reduce's start (late:
+to the latest all-reduce's end); comm_s the all-reduce (late: the pull).
 
 Staleness of a merged pseudo-gradient: the global updates applied between the node's pull and
 its merge (`staleness`; 0 for every barrier strategy), and the pseudo-gradients merged by them
@@ -81,25 +84,27 @@ def _record(out: dict, r: int, i: int, start: float, arrive: float, begin: float
 
 
 class Versions:
-    """The global model's versions: updates applied and pseudo-gradients merged, and what each node pulled."""
+    """The global model's versions: updates applied and pseudo-gradients merged so far."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self) -> None:
         self.updates, self.merged = 0, 0
-        self.pulled_update, self.pulled_merged = [0] * n, [0] * n
 
-    def merge(self, nodes: list[int]) -> list[tuple[int, int]]:
-        """One global update of these nodes' pseudo-gradients: each one's (staleness, stale work); they pull it."""
-        stale = [(self.updates - self.pulled_update[i], self.merged - self.pulled_merged[i]) for i in nodes]
+    def now(self) -> tuple[int, int]:
+        """What a node pulls: (updates, pseudo-gradients merged) of the model as it stands."""
+        return self.updates, self.merged
+
+    def merge(self, pulls: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """One global update of pseudo-gradients made from the models `pulls`: each one's (staleness, stale work)."""
+        stale = [(self.updates - u, self.merged - m) for u, m in pulls]
         self.updates += 1
-        self.merged += len(nodes)
-        for i in nodes:
-            self.pulled_update[i], self.pulled_merged[i] = self.updates, self.merged
+        self.merged += len(pulls)
         return stale
 
 
 # --- async ---------------------------------------------------------------------------------
 
 def _async_node(env, i: int, compute: list, service_s: float, server: simpy.Resource, versions: Versions, out):
+    pulled = versions.now()
     for r, busy_s in enumerate(compute):
         start = env.now
         yield env.timeout(busy_s)
@@ -107,7 +112,8 @@ def _async_node(env, i: int, compute: list, service_s: float, server: simpy.Reso
         with server.request() as turn:
             yield turn
             begin = env.now
-            (stale, work), = versions.merge([i])
+            (stale, work), = versions.merge([pulled])
+            pulled = versions.now()
             yield env.timeout(service_s)
         _record(out, r, i, start, arrive, begin, env.now, stale, work)
 
@@ -118,7 +124,7 @@ def run_async_simpy(compute: np.ndarray, service_s) -> dict[str, np.ndarray]:
     rounds, n = compute.shape
     service = np.broadcast_to(np.asarray(service_s, dtype=float), (n,))
     server = simpy.Resource(env, capacity=1)
-    versions, out = Versions(n), _arrays(rounds, n)
+    versions, out = Versions(), _arrays(rounds, n)
     for i in range(n):
         env.process(_async_node(env, i, compute[:, i].tolist(), float(service[i]), server, versions, out))
     with collector_paused():
@@ -132,14 +138,16 @@ def run_async_analytic(compute: np.ndarray, service_s) -> dict[str, np.ndarray]:
     rounds, n = compute.shape
     service = np.broadcast_to(np.asarray(service_s, dtype=float), (n,)).tolist()
     busy = compute.tolist()
-    versions, out = Versions(n), _arrays(rounds, n)
+    versions, out = Versions(), _arrays(rounds, n)
+    pulled = [versions.now()] * n
     queue = [(busy[0][i], i, i, 0.0) for i in range(n)]  # (arrival, scheduled order, node, round start)
     heapq.heapify(queue)
     done, order, free = [0] * n, n, -math.inf
     while queue:
         arrive, _, i, start = heapq.heappop(queue)
         begin = arrive if arrive >= free else free
-        (stale, work), = versions.merge([i])
+        (stale, work), = versions.merge([pulled[i]])
+        pulled[i] = versions.now()
         end = begin + service[i]
         free = end
         r = done[i]
@@ -154,27 +162,40 @@ def run_async_analytic(compute: np.ndarray, service_s) -> dict[str, np.ndarray]:
 # --- quorum --------------------------------------------------------------------------------
 
 class Quorum:
-    """The quorum rounds of one group: arrivals wait; `need` of the nodes still training (all of
-    them when fewer remain) start the grace window; its end, or every remaining node waiting,
-    closes the round: an all-reduce among the waiting nodes, after the group's previous one."""
+    """The quorum rounds of one group. A node that reaches its sync point before the round it pulled
+    from closed waits (blocked); once `need` nodes (fewer where fewer can still come) have
+    pseudo-gradients in, the grace window opens; its end, or nobody left to come, closes the round: an
+    all-reduce of every pseudo-gradient in, after the group's previous one. A node whose round closed
+    without it (late) does not wait for the next: its pseudo-gradient goes into the next close (its
+    communication thread takes part while it computes) and it pulls the latest model (after that
+    close's all-reduce ends, then comm_s) and computes on."""
 
-    def __init__(self, env: simpy.Environment, n: int, rounds: int, need: int, grace_s: float, comm_s: float):
-        self.env, self.need, self.grace_s, self.comm_s = env, need, grace_s, comm_s
-        self.remaining = n  # nodes with a round still to merge
-        self.left = [rounds] * n
-        self.waiting: list[tuple[int, simpy.Event]] = []
-        self.window = 0  # the grace window open (its number), 0: none
-        self.windows = 0
+    def __init__(self, env: simpy.Environment, n: int, rounds: int, need: int, grace_s: float, comm_s: float, out):
+        self.env, self.rounds, self.need, self.grace_s, self.comm_s, self.out = env, rounds, need, grace_s, comm_s, out
+        self.arrived = [0] * n  # rounds each node has brought to its sync point
+        self.blocked: set[int] = set()
+        self.entries: list[tuple] = []  # (node, round, its pull, its event or None) of the pseudo-gradients in
+        self.window = self.windows = 0  # the grace window open (its number; 0: none), windows opened so far
         self.link_free = -math.inf
-        self.versions = Versions(n)
+        self.versions = Versions()
+        self.pulled = [self.versions.now()] * n
 
-    def arrive(self, node: int) -> simpy.Event:
-        """Node waits at its sync point; the event fires with (begin, end, staleness, stale work) of its merge."""
-        done = self.env.event()
-        self.waiting.append((node, done))
-        if len(self.waiting) == self.remaining:
+    def arrive(self, node: int, r: int) -> simpy.Event | None:
+        """Node's round r at its sync point: the event of its merge ((begin, end) of the all-reduce), or None
+        when it is late (its pseudo-gradient waits for the next close without it)."""
+        self.arrived[node] += 1
+        late = self.pulled[node][0] < self.versions.updates
+        done = None if late else self.env.event()
+        self.entries.append((node, r, self.pulled[node], done))
+        if late:
+            self.pulled[node] = self.versions.now()
+        else:
+            self.blocked.add(node)
+        coming = sum(1 for i, a in enumerate(self.arrived) if a < self.rounds and i not in self.blocked)
+        inside = len({entry[0] for entry in self.entries})
+        if not coming:
             self._close()
-        elif len(self.waiting) >= min(self.need, self.remaining) and not self.window:
+        elif inside >= min(self.need, inside + coming) and not self.window:
             self.windows += 1
             self.window = number = self.windows
             self.env.timeout(self.grace_s).callbacks.append(lambda _: self._close() if self.window == number else None)
@@ -182,19 +203,27 @@ class Quorum:
 
     def _close(self) -> None:
         self.window = 0
-        members, self.waiting = self.waiting, []
-        stale = self.versions.merge([i for i, _ in members])
-        for i, _ in members:
-            self.left[i] -= 1
-        self.remaining -= sum(1 for i, _ in members if self.left[i] == 0)
-        begin = max(self.env.now, self.link_free)
-        end = begin + self.comm_s
-        self.link_free = end
+        entries, self.entries = self.entries, []
+        for (node, r, _, _), (stale, work) in zip(entries, self.versions.merge([e[2] for e in entries])):
+            self.out["staleness"][r, node], self.out["stale_work"][r, node] = stale, work
+        members = [(node, done) for node, _, _, done in entries if done is not None]
+        for node, _ in members:
+            self.blocked.discard(node)
+            self.pulled[node] = self.versions.now()
+        behind = self.link_free - self.env.now  # > 0: the group's previous all-reduce still runs
+        self.link_free = max(self.env.now, self.link_free) + self.comm_s
 
-        def finish(_event) -> None:
-            for (_, done), (s, w) in zip(members, stale):
-                done.succeed((begin, self.env.now, s, w))
-        self.env.timeout(end - self.env.now).callbacks.append(finish)
+        def finish(begin: float) -> None:
+            for _, done in members:
+                done.succeed((begin, self.env.now))
+
+        def start(_event) -> None:
+            begin = self.env.now
+            self.env.timeout(self.comm_s).callbacks.append(lambda _: finish(begin))
+        if behind > 0:
+            self.env.timeout(behind).callbacks.append(start)
+        else:
+            start(None)
 
 
 def _quorum_node(env, i: int, compute: list, quorum: Quorum, out):
@@ -202,16 +231,25 @@ def _quorum_node(env, i: int, compute: list, quorum: Quorum, out):
         start = env.now
         yield env.timeout(busy_s)
         arrive = env.now
-        begin, end, stale, work = yield quorum.arrive(i)
-        _record(out, r, i, start, arrive, begin, end, stale, work)
+        merged = quorum.arrive(i, r)
+        if merged is not None:
+            begin, end = yield merged
+        else:  # late: the latest close's model, once its all-reduce ended, then the pull
+            if quorum.link_free > env.now:
+                yield env.timeout(quorum.link_free - env.now)
+            begin = env.now
+            yield env.timeout(quorum.comm_s)
+            end = env.now
+        for name, value in zip(FIELDS, (arrive - start, begin - arrive, end - begin, start, end)):
+            out[name][r, i] = value
 
 
 def run_quorum_simpy(compute: np.ndarray, need: int, grace_s: float, comm_s: float) -> dict[str, np.ndarray]:
     """compute (rounds × nodes): the arrays of FIELDS (rounds × nodes) of quorum rounds."""
     env = simpy.Environment()
     rounds, n = compute.shape
-    quorum = Quorum(env, n, rounds, need, float(grace_s), float(comm_s))
     out = _arrays(rounds, n)
+    quorum = Quorum(env, n, rounds, need, float(grace_s), float(comm_s), out)
     for i in range(n):
         env.process(_quorum_node(env, i, compute[:, i].tolist(), quorum, out))
     with collector_paused():

@@ -59,8 +59,8 @@ def answer_table(runs, baseline, losses: dict | None = None, bands: dict | None 
     if losses:
         for column in ("loss_end", "time_to_target_s"):
             rows[column] = [losses[s][column] for s in rows["strategy"]]
-        columns += ["loss_end", "time_to_target_s"]
         rows["uncalibrated"] = [", ".join(losses[s].get("uncalibrated", ())) for s in rows["strategy"]]
+        columns += ["loss_end", "time_to_target_s", "uncalibrated"]
     if staleness:
         rows["staleness_mean"] = [staleness[s][0] for s in rows["strategy"]]
         rows["staleness_p90"] = [staleness[s][1] for s in rows["strategy"]]

@@ -66,8 +66,9 @@ def test_async_scenario_engines_equal_with_jitter():
 
 
 def test_quorum_late_node_merged_next_round():
-    """A and B take 1 s, C 3 s; 2 of 3 close a round, 0.2 s grace, all-reduce 0.1 s. C misses the first
-    close (1.2 s), and its pseudo-gradient is merged at its own next wait, two updates stale."""
+    """A and B take 1 s, C 3 s; 2 of 3 close a round, 0.2 s grace, all-reduce 0.1 s. C misses both of A's
+    and B's closes (1.2 s, 2.5 s): at 3.0 it pulls the latest model (0.1 s) and computes on; its late
+    pseudo-gradient is merged by the next close (its own next arrival, nobody else left), two updates stale."""
     out = run_quorum_simpy(np.array([[1.0, 1.0, 3.0]] * 2), need=2, grace_s=0.2, comm_s=0.1)
     assert out["idle_s"][:, :2] == pytest.approx(np.full((2, 2), 0.2))  # A, B wait out the grace window
     assert out["round_end_s"][:, 0] == pytest.approx([1.3, 2.6])
@@ -78,6 +79,16 @@ def test_quorum_late_node_merged_next_round():
     assert out["round_end_s"][:, 2] == pytest.approx([3.1, 6.2])
     assert out["staleness"][:, 2].tolist() == [2, 0]
     assert out["stale_work"][:, 2].tolist() == [4, 0]  # the four pseudo-gradients of A's and B's rounds
+
+
+def test_quorum_late_node_does_not_wait_for_the_next_quorum():
+    """C (1.5 s) misses the close at 1.2 s: it pulls that round's model and computes on at once; its
+    pseudo-gradient goes into the next close (2.5 s, A's and B's second round), one update stale."""
+    out = run_quorum_simpy(np.array([[1.0, 1.0, 1.5]] * 2), need=2, grace_s=0.2, comm_s=0.1)
+    assert out["round_end_s"][:, 2] == pytest.approx([1.6, 3.3])
+    assert out["idle_s"][:, 2] == pytest.approx([0.0, 0.1])  # the run's last close: its all-reduce, then the pull
+    assert out["staleness"][:, 2].tolist() == [1, 1] and out["stale_work"][:, 2].tolist() == [2, 3]
+    assert out["round_end_s"][:, 0] == pytest.approx([1.3, 2.6]) and out["staleness"][:, :2].max() == 0
 
 
 def test_quorum_node_within_grace_joins_the_round():
@@ -176,3 +187,15 @@ def test_refused_where_only_barrier_rounds_are_timed(tmp_path, capsys):
     assert sweep_main(["--table", "paper", "--strategy", "async", "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "a strategy without a barrier" in err[0]
+
+
+def test_recommendation_says_when_its_pick_rests_on_an_uncalibrated_effect():
+    from simulator.report import recommend_by_target
+
+    table = pd.DataFrame({"strategy": ["baseline", "async"], "time_to_target_s": [100.0, 80.0], "idle_s": [5.0, 0.0],
+                          "tokens_per_s": [10.0, 12.0], "speedup": [1.0, 1.2], "loss_end": [3.0, 3.0],
+                          "uncalibrated": ["", "update_staleness"]})
+    rec = recommend_by_target(table, {}, 3.5)
+    assert rec.strategy == "async" and "(its loss assumes no effect of update_staleness: not calibrated)" in rec.reason
+    table["uncalibrated"] = ""
+    assert "not calibrated" not in recommend_by_target(table, {}, 3.5).reason

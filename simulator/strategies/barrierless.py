@@ -10,10 +10,11 @@ tokens. What differs is how a round ends (simulator/engine_async.py):
   per arrival; the paper's server uses delayed Nesterov momentum, which costs the simulator one
   outer step per arrival too) and the node pulls the new weights and goes on. comm_s is the
   slowest node's push, outer step and pull with the server otherwise free.
-- `quorum`: a round closes once QUORUM_SHARE of the nodes still training wait at their sync point,
-  after a grace window of GRACE_SHARE of the slowest node's planned round compute; the nodes
-  waiting then all-reduce (the scenario's sync); a late node's pseudo-gradient is merged into the
-  next round. QUORUM_SHARE and GRACE_SHARE are geodt's choices, not figures from a paper.
+- `quorum`: a round closes once QUORUM_SHARE of the nodes have their pseudo-gradients in, after a
+  grace window of GRACE_SHARE of the slowest node's planned round compute; those all-reduce (the
+  scenario's sync); a late node does not wait: it pulls the latest model and computes on, its
+  pseudo-gradient merged by the next close. QUORUM_SHARE and GRACE_SHARE are geodt's choices, not
+  figures from a paper (Decoupled DiLoCo's grace window is adaptive).
 
 Not in STRATEGIES (registry.py BARRIERLESS): the sweep and `geodt paper` time strategies with the
 barrier's arithmetic, and the executor refuses these plans (formats/plan.py executor_refusal).
@@ -43,9 +44,8 @@ def speed_steps(name: str, tables: NodeTables, net: NetTables) -> tuple[np.ndarr
 
 
 @register("async", note=lambda d, tables: (
-    f"no barrier: each node's pseudo-gradient applied by a server on arrival, {d['comm_s'][0]:.2f} s push, outer "
-    f"step and pull (slowest node, server free); H_i from each node's speed at {tables.baseline_samples()[0]} "
-    "samples per round"), barrier=False)
+    f"no barrier: a server applies each node's pseudo-gradient on arrival; H_i from each node's speed at "
+    f"{tables.baseline_samples()[0]} samples per round"), barrier=False)
 def strategy_async(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i by speed; each node syncs with a parameter server when its steps end."""
     batch, steps = speed_steps("async", tables, net)
@@ -56,7 +56,7 @@ def strategy_async(tables: NodeTables, net: NetTables) -> dict:
 
 @register("quorum", note=lambda d, tables: (
     f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes wait, "
-    f"{d['grace_s'][0]:.2f} s later (grace); late work merged next round; H_i from each node's speed"),
+    f"{d['grace_s'][0]:.2f} s later (grace); a late node pulls and computes on, its work merged next round; H_i from each node's speed"),
     barrier=False)
 def strategy_quorum(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i by speed; a round closes on a quorum of nodes plus a grace window."""
