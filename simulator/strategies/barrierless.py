@@ -55,8 +55,9 @@ def strategy_async(tables: NodeTables, net: NetTables) -> dict:
 
 
 @register("quorum", note=lambda d, tables: (
-    f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes wait, "
-    f"{d['grace_s'][0]:.2f} s later (grace); a late node pulls and computes on, its work merged next round; H_i from each node's speed"),
+    f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes are in, "
+    f"{d['grace_s'][0]:.2f} s later (grace); a late node pulls and computes on, its work merged next round; "
+    "H_i from each node's speed"),
     barrier=False)
 def strategy_quorum(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i by speed; a round closes on a quorum of nodes plus a grace window."""
