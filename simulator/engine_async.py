@@ -58,13 +58,16 @@ def push_pull_raw(links_gbps, latency_ms: float, payload_bytes: float, weight_by
 
 
 def service_s(scenario, plan) -> np.ndarray:
-    """Each plan node's async service (push, outer step, pull) on the scenario's typed links (nodes,)."""
+    """Each plan node's async service (push, outer step, pull) on the scenario's typed links (nodes,); the
+    server's outer step priced as the scenario's sync prices it (network.outer_step_s: the slowest node's)."""
     from simulator.network import link_gbps, outer_step_s, payload_bytes
+    from simulator.timing import node_timings
 
     links = dict(zip((n.name for n in scenario.nodes), link_gbps(scenario)))
     weights = WEIGHT_BYTES_PER_PARAM * scenario.model.param_count
+    outer = outer_step_s(scenario, [t.layout for t in node_timings(scenario)])
     return push_pull_raw([links[p.node] for p in plan.nodes], scenario.network.latency_ms,
-                         payload_bytes(scenario, plan.payload_dtype), weights, outer_step_s(scenario))
+                         payload_bytes(scenario, plan.payload_dtype), weights, outer)
 
 
 def quorum_need(share: float, nodes: int) -> int:
@@ -73,7 +76,8 @@ def quorum_need(share: float, nodes: int) -> int:
 
 
 def _arrays(rounds: int, n: int) -> dict[str, np.ndarray]:
-    return {name: np.zeros((rounds, n)) for name in FIELDS}
+    """The FIELDS, NaN until a node-round is recorded (a pseudo-gradient never merged would stay NaN)."""
+    return {name: np.full((rounds, n), np.nan) for name in FIELDS}
 
 
 def _record(out: dict, r: int, i: int, start: float, arrive: float, begin: float, end: float,

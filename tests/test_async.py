@@ -113,6 +113,9 @@ def test_strategies_are_apart_from_the_barrier_ones():
     assert (a.sync, q.sync, q.quorum) == ("async", "quorum", 0.5) and quorum_need(q.quorum, 4) == 2
     assert [n.local_steps for n in a.nodes] == [n.local_steps for n in q.nodes] == [85, 85, 128, 102]
     assert a.comm_s == pytest.approx(float(push_pull_raw(1.0, 1.0, 215e6 * 2, 215e6 * 4, 0.0)) + 0.49, rel=0.05)
+    from simulator.engine_async import service_s
+
+    assert service_s(scenario, a).max() == a.comm_s  # the plan's comm_s: the slowest node's service, server free
     assert executor_refusal(a).startswith("strategy async (sync async): simulated only")
     assert executor_refusal(make_plan(scenario, "baseline")) is None
 
@@ -199,3 +202,47 @@ def test_recommendation_says_when_its_pick_rests_on_an_uncalibrated_effect():
     assert rec.strategy == "async" and "(its loss assumes no effect of update_staleness: not calibrated)" in rec.reason
     table["uncalibrated"] = ""
     assert "not calibrated" not in recommend_by_target(table, {}, 3.5).reason
+
+
+def test_the_executor_refuses_an_async_plan_file(tmp_path):
+    """python -m real reads plan.csv: a plan without a barrier is refused with the same one line."""
+    from real.launch import LaunchError, check_inputs
+    from real.options import ExecOptions
+
+    scenario = load_scenario("hetero-cpu")
+    make_plan(scenario, "async").to_frame(scenario).to_csv(tmp_path / "plan.csv", index=False)
+    (tmp_path / "scenario.toml").write_text(scenario.to_toml())
+    with pytest.raises(LaunchError) as info:
+        check_inputs(tmp_path / "plan.csv", tmp_path / "scenario.toml", ExecOptions(out_dir=str(tmp_path / "o")))
+    assert str(info.value).endswith("plan.csv: strategy async (sync async): simulated only; the executor runs "
+                                    "barrier rounds (issue 40)")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_quorum_accounts_for_every_node_round(seed):
+    """Random rounds: every pseudo-gradient merged once, each node's parts add up to its round, rounds
+    back to back, nothing negative; the merges' stale work sums as the closes say."""
+    rng = np.random.default_rng(seed)
+    n, rounds = int(rng.integers(2, 7)), int(rng.integers(1, 7))
+    compute = rng.uniform(0.2, 3.0, (rounds, n)) * rng.uniform(0.5, 2.0, n)
+    out = run_quorum_simpy(compute, need=int(rng.integers(1, n + 1)), grace_s=float(rng.uniform(0, 1)),
+                           comm_s=float(rng.uniform(0.05, 0.5)))
+    assert not any(np.isnan(out[name]).any() for name in FIELDS)
+    parts = out["compute_s"] + out["idle_s"] + out["comm_s"]
+    assert np.allclose(parts, out["round_end_s"] - out["round_start_s"])
+    assert np.array_equal(out["compute_s"], compute) or np.allclose(out["compute_s"], compute)
+    assert np.allclose(out["round_start_s"][1:], out["round_end_s"][:-1]) and (out["round_start_s"][0] == 0).all()
+    assert (out["idle_s"] >= -1e-12).all() and (out["staleness"] >= 0).all()
+    assert (out["stale_work"] >= out["staleness"]).all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_quorum_of_everyone_runs_as_the_barrier_engine(seed):
+    from simulator.engine_analytic import run_analytic
+
+    rng = np.random.default_rng(seed)
+    compute = rng.uniform(0.2, 3.0, (5, 4))
+    q, b = run_quorum_simpy(compute, need=4, grace_s=1.0, comm_s=0.3), run_analytic(compute, 0.3)
+    for name in ("compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s"):
+        assert np.allclose(q[name], b[name], rtol=0, atol=1e-12), name
+    assert q["staleness"].max() == 0
