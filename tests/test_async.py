@@ -116,6 +116,8 @@ def test_strategies_are_apart_from_the_barrier_ones():
     from simulator.engine_async import service_s
 
     assert service_s(scenario, a).max() == a.comm_s  # the plan's comm_s: the slowest node's service, server free
+    # four nodes' syncs (4 × 10.81 s) over the slowest round's compute (node3: 128 × 0.198 s = 25.34 s)
+    assert "server load 1.71 " in a.note
     assert executor_refusal(a).startswith("strategy async (sync async): simulated only")
     assert executor_refusal(make_plan(scenario, "baseline")) is None
 

@@ -44,14 +44,16 @@ def speed_steps(name: str, tables: NodeTables, net: NetTables) -> tuple[np.ndarr
 
 
 @register("async", note=lambda d, tables: (
-    f"no barrier: a server applies each node's pseudo-gradient on arrival; H_i from each node's speed at "
+    f"no barrier: a server applies each node's pseudo-gradient on arrival; server load {d['load'][0]:.2f} (its "
+    "syncs over the slowest round's compute: above 1 the nodes queue); H_i from each node's speed at "
     f"{tables.baseline_samples()[0]} samples per round"), barrier=False)
 def strategy_async(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i by speed; each node syncs with a parameter server when its steps end."""
     batch, steps = speed_steps("async", tables, net)
     service = push_pull_raw(net.links_gbps, net.latency_ms, net.payload_bytes(net.payload_dtype),
                             WEIGHT_BYTES_PER_PARAM * net.params, net.outer_step_s[:, None])
-    return {"batch": batch, "steps": steps, "sync": "async", "comm_s": service.max(axis=1)}
+    load = service.sum(axis=1) / (steps * tables.step_at(batch)).max(axis=1)
+    return {"batch": batch, "steps": steps, "sync": "async", "comm_s": service.max(axis=1), "load": load}
 
 
 @register("quorum", note=lambda d, tables: (
