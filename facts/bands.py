@@ -21,6 +21,7 @@ the node that works longest (the maximum over nodes, which bounds it).
 from __future__ import annotations
 
 import csv
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +45,10 @@ class Band:
     record: str  # the committed files the cases come from
 
 
+@functools.cache
 def load_bands(path: Path = BANDS_CSV) -> dict[tuple[str, str], Band]:
-    """(kind, source) -> Band, from facts/error_bands.csv."""
+    """(kind, source) -> Band, from facts/error_bands.csv (read once a process: every strategy's band
+    and validate's read the same file)."""
     with path.open(newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))
     return {(r["kind"], r["source"]): Band(r["kind"], r["source"], float(r["band_pct"]), int(r["cases"]),

@@ -192,7 +192,14 @@ def _run(argv: list[str], plan_only: bool) -> int:
           + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     for note in notes:
         print(note)
-    if not plan_only:  # the answer: strategies side by side and which to use (simulator/report.py)
+    _print_answer(scenario, results, plan_only, engine, losses, setup)
+    return 0
+
+
+def _print_answer(scenario, results: list[tuple], plan_only: bool, engine, losses, setup) -> None:
+    """geodt simulate: strategies side by side and which to use (simulator/report.py); geodt plan:
+    the loss model's prediction, when a target loss is given."""
+    if not plan_only:
         from simulator.provenance import band_note
         from simulator.report import answer
 
@@ -207,7 +214,6 @@ def _run(argv: list[str], plan_only: bool) -> int:
         for name, pred in losses.items():
             print(f"{name}: predicted loss {pred['loss_end']:.3f} at the end; loss {setup.target:g} at "
                   f"{format_time(pred['time_to_target_s'])} s")
-    return 0
 
 
 STAGED = "nothing was replaced (outputs are staged and renamed whole)"
