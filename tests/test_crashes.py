@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from one_line import one_line_exit_2
 
 from formats.errors import InputError
 from formats.limits import MAX_NAME_BYTES, THREADS_PER_CPU, check_node_name, check_scenario_name, max_threads
@@ -36,15 +37,6 @@ from simulator.strategies import make_plan
 ROOT = Path(__file__).resolve().parents[1]
 MACHINE_24GB = Machine(cores=2, memory_bytes=24e9, gpu_memory_bytes=())
 BUILTIN = ROOT / "simulator" / "scenarios"
-
-
-def one_line_exit_2(capsys, code, *needles) -> str:
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 @pytest.fixture(autouse=True)

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from one_line import one_line_exit_2
 
 ROOT = Path(__file__).resolve().parents[1]
 torch = pytest.importorskip("torch")
@@ -27,15 +28,6 @@ from simulator.strategies import make_plan  # noqa: E402
 from simulator.sweep_cli import main as sweep_main  # noqa: E402
 
 CPU_MACHINE = Machine(cores=2, memory_bytes=24e9, gpu_memory_bytes=())
-
-
-def one_line_exit_2(capsys, code, *needles) -> str:
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 def call(main, argv) -> int:
