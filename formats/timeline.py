@@ -41,6 +41,11 @@ MODES = {False: "measured", True: "emulated"}  # a real run | a schedule check (
 # validate's loss model against the run (geodt/validation.py loss_comparison); empty until compared
 LOSS_VALIDATION_COLUMNS = ["predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
                            "measured_time_to_target_s", "loss_model_time_to_target_s"]
+# validation.csv of an async run (trace.csv with `staleness`, real/round_async.py), after the others: per node,
+# the mean staleness of its merges, predicted and measured, and the run's mean over every merge (the same on
+# each row; the STALENESS goal of facts/fidelity.py judges their error).
+STALENESS_VALIDATION_COLUMNS = ["predicted_staleness_mean", "measured_staleness_mean",
+                                "predicted_run_staleness_mean", "measured_run_staleness_mean"]
 # validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",

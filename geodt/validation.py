@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from facts.fidelity import judge, node_verdict
-from formats.timeline import LOSS_VALIDATION_COLUMNS, MODES, VALIDATION_COLUMNS
+from formats.timeline import LOSS_VALIDATION_COLUMNS, MODES, STALENESS_VALIDATION_COLUMNS, VALIDATION_COLUMNS
 
 NO_LOSS_COMPARISON = ("loss: not compared (the loss model has no curve of this model on this run's corpus: "
                       "geodt calibrate convergence, --data)")
@@ -36,8 +36,9 @@ def predicted_timeline(scenario, plan, engine: str):
     timeline = simulate(scenario, plan, engine=engine)
     if not any(node_cvs(scenario, plan)):
         return timeline
-    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s", "tokens"]
-    timeline["tokens"] = timeline["tokens"].astype(float)  # an adaptive plan's mean over the draws
+    numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s", "tokens",
+               *[c for c in ("staleness",) if c in timeline]]  # an async plan's staleness varies with the draw
+    timeline[numeric] = timeline[numeric].astype(float)  # an adaptive plan's tokens: the mean over the draws
     total = timeline[numeric].to_numpy(copy=True)
     for k in range(1, VARIABILITY_SAMPLES):
         total += simulate(replace(scenario, seed=scenario.seed + k), plan, engine=engine)[numeric].to_numpy()
@@ -96,7 +97,36 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
                                       shaped_wan(network))
     # the loss model's columns, empty until report() compares the losses (loss_comparison)
     frame = pd.DataFrame(rows).assign(**{c: float("nan") for c in LOSS_VALIDATION_COLUMNS})
+    if "staleness" in meas and "staleness" in pred:
+        frame = frame.assign(**staleness_columns(pred, meas, nodes))
     return frame[VALIDATION_COLUMNS + [c for c in frame.columns if c not in VALIDATION_COLUMNS]]
+
+
+def staleness_columns(pred, meas, nodes: list[str]) -> dict:
+    """An async run's STALENESS_VALIDATION_COLUMNS: per node and over the run, the mean staleness of
+    the merges, predicted (timeline) and measured (trace)."""
+    p, m = pred.groupby("node")["staleness"].mean(), meas.groupby("node")["staleness"].mean()
+    return {"predicted_staleness_mean": [float(p[node]) for node in nodes],
+            "measured_staleness_mean": [float(m[node]) for node in nodes],
+            "predicted_run_staleness_mean": float(pred["staleness"].mean()),
+            "measured_run_staleness_mean": float(meas["staleness"].mean())}
+
+
+def staleness_error_pct(table) -> float | None:
+    """The run's mean-staleness error, % of the predicted mean; None without staleness (a barrier run)."""
+    if "measured_run_staleness_mean" not in table:
+        return None
+    p, m = table["predicted_run_staleness_mean"].iloc[0], table["measured_run_staleness_mean"].iloc[0]
+    return _pct(m - p, p)
+
+
+def staleness_line(table) -> str:
+    """Per node, predicted against measured mean staleness (global updates between pull and merge)."""
+    nodes = ", ".join(f"{r.node} {r.predicted_staleness_mean:.2f}/{r.measured_staleness_mean:.2f}"
+                      for r in table.itertuples())
+    p, m = table["predicted_run_staleness_mean"].iloc[0], table["measured_run_staleness_mean"].iloc[0]
+    return (f"staleness (global updates applied between a node's pull and its merge), predicted/measured mean: "
+            f"{nodes}; the run {p:.2f}/{m:.2f} ({_pct(m - p, p):+.1f}%)")
 
 
 def wall_line(wall, measured_s: float, kind: str = MODES[False]) -> str:
@@ -120,7 +150,7 @@ def verdict_lines(table, emulated: bool, network: str) -> list[str]:
         p, m = table["predicted_time_to_target_s"].iloc[0], table["measured_time_to_target_s"].iloc[0]
         ttt = _pct(p - m, m) if np.isfinite(p) and np.isfinite(m) else None
     verdicts = judge(list(table["round_error_pct"]), list(table["error_pct_of_round"]),
-                     list(table["comm_error_pct"]), shaped_wan(network), ttt)
+                     list(table["comm_error_pct"]), shaped_wan(network), ttt, staleness_error_pct(table))
     kind = "schedule check (emulated)" if emulated else "measured run"
     return [f"verdict ({kind}): {v.line()}" for v in verdicts]
 
@@ -273,7 +303,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     loss_columns, loss_lines = (loss_comparison(scenario, plan, timeline, trace, scale, loss) if loss is not None
                                 else ({}, [NO_LOSS_COMPARISON]))
     table = table.assign(**loss_columns)
-    write_csv(table[VALIDATION_COLUMNS], out / "validation.csv")
+    write_csv(table[VALIDATION_COLUMNS + [c for c in STALENESS_VALIDATION_COLUMNS if c in table]],
+              out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario), emulated), out / "trace.json")
     mode = (f"schedule check (emulated, time scale {time_scale:g})" if emulated
             else "measured, not emulated") + f"; {network}"
@@ -285,6 +316,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     print("mean loss by round: " + ", ".join(f"{v:.3f}" for v in losses))
     for line in loss_lines:
         print(line)
+    if "measured_staleness_mean" in table:
+        print(staleness_line(table))
     worst = table["error_pct_of_round"].abs().max()
     label = "schedule check (emulated): " if emulated else "measured: "
     sync_errors = table["comm_error_pct"].dropna()

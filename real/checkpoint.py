@@ -67,9 +67,9 @@ def due_here(node, last: int) -> bool:
     is timed in the background during the first round (`probe_cost_s`) and the next round
     chooses the Young/Daly interval. The run's
     last round ends in one only when asked (--checkpoint-final) or when it stops early
-    (--stop-after), so that --resume continues it."""
+    (--stop-after), so that --resume continues it. An async run writes none (real/round_async.py)."""
     opts = node.opts
-    if not opts.checkpoint:
+    if not opts.checkpoint or node.plan.barrierless:  # an async run has no round every node ends together
         return False
     final = opts.checkpoint_final or opts.stop_after is not None
     k = opts.checkpoint_every or node.spec.checkpoint_every

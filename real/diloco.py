@@ -111,6 +111,34 @@ class OuterState:
             getattr(self, key).copy_(value)
 
 
+class DelayedNesterov:
+    """The outer step of asynchronous DiLoCo (real/round_async.py): Liu et al. 2024's delayed Nesterov
+    momentum (arXiv 2401.09135, Algorithm 3; docs/PAPERS.md), applied by the server once per push.
+
+    Each push g (a node's pseudo-gradient, weighted as the synchronous average weighs it) moves θ_g
+    by −lr·g/N at once; every N-th push the momentum takes the mean of the N pushes since the last
+    one, m ← β·m + Σg/N, and θ_g moves by a further −lr·β·m. Over N pushes that is Nesterov SGD on
+    their mean (torch.optim.SGD with nesterov=True; tests/test_async_real.py holds them equal), and a
+    stale push never compounds into the momentum on its own. N: the number of nodes."""
+
+    def __init__(self, global_flat: torch.Tensor, period: int):
+        self.global_flat, self.period = global_flat, period
+        self.momentum = torch.zeros_like(global_flat)
+        self.buffer = torch.zeros_like(global_flat)
+        self.pushes = 0
+
+    @torch.no_grad()
+    def step(self, grad: torch.Tensor, lr: float, momentum: float) -> None:
+        """One push's update of θ_g (`grad` is not changed)."""
+        self.pushes += 1
+        self.buffer.add_(grad)
+        self.global_flat.add_(grad, alpha=-lr / self.period)
+        if self.pushes % self.period == 0:
+            self.momentum.mul_(momentum).add_(self.buffer, alpha=1.0 / self.period)
+            self.global_flat.add_(self.momentum, alpha=-lr * momentum)
+            self.buffer.zero_()
+
+
 OUTER_TIMING_LAYER_PARAMS = 2_359_296  # one 1536 x 1536 projection: tensors of a realistic size, not one huge block
 
 

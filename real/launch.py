@@ -85,6 +85,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
     check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
+    check_async(plan, plan_path, opts)
     if opts.on_node_loss == "continue":
         check_continue(plan, plan_path, opts, streams=opts.streaming is not None or not streaming.classic)
     check_data_file(opts.data_path)
@@ -109,6 +110,25 @@ def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
         if streams:
             raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
                               f"not run by this executor; expected none")
+
+
+def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
+    """An async run (real/round_async.py) has no round that every node ends together, so no checkpoint
+    set to resume from or stop after, and whole replicas to push: the rest is refused in one line."""
+    if plan.sync != "async":
+        return
+    why = None
+    if any(node.sharding not in (None, "none") and node.gpus > 1 for node in plan.nodes):
+        why = f"{plan_path}: sharding: an async node pushes its whole replica; expected none"
+    elif opts.streaming is not None:
+        why = "Streaming DiLoCo's fragments: an async node pushes whole rounds"
+    elif opts.resume or opts.stop_after is not None or opts.checkpoint_every or opts.checkpoint_final:
+        why = ("checkpoints (--resume, --stop-after, --checkpoint-every, --checkpoint-final): an async run writes "
+               "none (its nodes end rounds apart: no consistent set of the server and every node is built)")
+    elif opts.on_node_loss == "continue":
+        why = "--on-node-loss continue: a lost node stops an async run (the server waits for its pushes)"
+    if why is not None:
+        raise LaunchError(f"strategy {plan.strategy} (sync async): {why}")
 
 
 def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> None:

@@ -56,13 +56,15 @@ def gather_tables(groups, n: int, rows: list[dict], columns: list[str]) -> list[
     return tables if groups.rank == 0 else None
 
 
-def trace_rows(plan: Plan, tables: list[list[list[float]]]) -> list[dict]:
-    """trace.csv's rows from the gathered tables (NUMERIC_COLUMNS values, plan order)."""
+def trace_rows(plan: Plan, tables: list[list[list[float]]], extra: list[str] = ()) -> list[dict]:
+    """trace.csv's rows from the gathered tables (NUMERIC_COLUMNS then the `extra` columns' values,
+    plan order; extra: an async run's staleness, real/round_async.py)."""
+    columns = [*NUMERIC_COLUMNS, *extra]
     rows = []
     for node, table in zip(plan.nodes, tables):
         for values in table:
-            row = {"strategy": plan.strategy, "node": node.node, **dict(zip(NUMERIC_COLUMNS, values))}
-            for c in INT_COLUMNS:
+            row = {"strategy": plan.strategy, "node": node.node, **dict(zip(columns, values))}
+            for c in (*INT_COLUMNS, *extra):
                 row[c] = int(row[c])
             rows.append(row)
     return rows

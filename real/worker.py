@@ -11,7 +11,8 @@ average within its node and every process applies the same outer step.
 `Node` builds the process's parts once (`build_parts`: model, optimizer, data, outer state,
 averaging; real/rounds.py's NodeParts) and one round of the plan's kind (`make_round`): DiLoCo
 (real/round_classic.py), synchronous data parallel for plans with sync = gradients
-(real/round_ddp.py), or Streaming DiLoCo (real/round_streaming.py). Every kind runs the same
+(real/round_ddp.py), Streaming DiLoCo (real/round_streaming.py), or asynchronous DiLoCo without a
+barrier, a parameter server on rank 0 (real/round_async.py). Every kind runs the same
 inner-step loop (real/rounds.py) and returns one trace row per node and round (real/trace.py),
 on the leader's clock; each round module says how its compute_s, idle_s and comm_s are
 measured. Times are relative to a common start (a barrier right before round 0). Checkpoints
@@ -35,6 +36,8 @@ from real.data import make_shard
 from real.diloco import OuterState, averaging_weights
 from real.groups import Groups
 from real.options import ExecOptions, run_config
+from real.round_async import EXTRA_COLUMNS as ASYNC_COLUMNS
+from real.round_async import AsyncRound
 from real.round_classic import ClassicRound
 from real.round_ddp import GradientRound
 from real.round_streaming import StreamingRound
@@ -116,10 +119,13 @@ def warm_up(model, batch_size: int, seq_len: int, device: torch.device) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def make_round(parts: NodeParts, streaming: StreamingSpec | None) -> Round:
-    """The plan's kind of round: sync-ddp, Streaming DiLoCo (given its settings), else DiLoCo."""
+def make_round(parts: NodeParts, streaming: StreamingSpec | None, rounds: int) -> Round:
+    """The plan's kind of round: sync-ddp, asynchronous DiLoCo (`rounds` pushes per node), Streaming
+    DiLoCo (given its settings), else DiLoCo."""
     if parts.plan.sync == "gradients":
         return GradientRound(parts)
+    if parts.plan.sync == "async":
+        return AsyncRound(parts, rounds, parts.opts.collective_timeout_s())
     if streaming is not None:
         return StreamingRound(parts, streaming)
     return ClassicRound(parts)
@@ -163,7 +169,7 @@ class Node:
             self.parts.steps.adaptive = AdaptiveRounds(plan, self.index)
             if opts.emulate:
                 self.parts.steps.adaptive.scale = opts.time_scale
-        self.round = make_round(self.parts, streaming)
+        self.round = make_round(self.parts, streaming, spec.rounds)
         self.streaming = self.round if isinstance(self.round, StreamingRound) else None  # its state is checkpointed
 
     # The inner-step loop's position, which checkpoints save and restore.
@@ -244,14 +250,15 @@ class Node:
             weights = (self.layout.full_weights(self.model) if self.layout is not None else
                        {name: p.detach().cpu() for name, p in self.model.named_parameters()})
         n = len(self.plan.nodes)
-        tables = gather_tables(self.groups, n, self.trace, NUMERIC_COLUMNS)
+        extra = ASYNC_COLUMNS if isinstance(self.round, AsyncRound) else []
+        tables = gather_tables(self.groups, n, self.trace, [*NUMERIC_COLUMNS, *extra])
         sync_tables = (gather_tables(self.groups, n, self.streaming.rows, SYNC_NUMERIC)
                        if self.streaming is not None else None)
         if tables is not None:  # rank 0
             if sync_tables is not None:
                 write_syncs(self.plan, sync_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
-            frame = write_trace(trace_rows(self.plan, tables), [node.node for node in self.plan.nodes],
-                                os.path.join(self.opts.out_dir, "trace.csv"), run_columns(self.opts))
+            frame = write_trace(trace_rows(self.plan, tables, extra), [node.node for node in self.plan.nodes],
+                                os.path.join(self.opts.out_dir, "trace.csv"), run_columns(self.opts), extra)
             checkpoint.save_whole(weights, os.path.join(self.opts.out_dir, "final_weights.pt"))
             if self.opts.summary:
                 print(summary(frame), flush=True)

@@ -118,8 +118,8 @@ def test_strategies_are_apart_from_the_barrier_ones():
     assert service_s(scenario, a).max() == a.comm_s  # the plan's comm_s: the slowest node's service, server free
     # four nodes' syncs (4 × 10.81 s) over the slowest round's compute (node3: 128 × 0.198 s = 25.34 s)
     assert "server load 1.71 " in a.note
-    assert executor_refusal(a).startswith("strategy async (sync async): simulated only")
-    assert executor_refusal(make_plan(scenario, "baseline")) is None
+    assert executor_refusal(a) is None and executor_refusal(make_plan(scenario, "baseline")) is None
+    assert executor_refusal(q).startswith("strategy quorum (sync quorum): simulated only")
 
 
 def test_plan_csv_round_trip(tmp_path):
@@ -171,10 +171,10 @@ def test_simulate_command_prints_and_writes_staleness(tmp_path, capsys):
 def test_executor_refuses_in_one_line(capsys):
     from geodt.run_cmd import run_main
 
-    assert run_main(["paper", "--strategy", "async", "--emulate"]) == 2
+    assert run_main(["paper", "--strategy", "quorum", "--emulate"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("geodt run: strategy async (sync async): simulated only; the executor runs barrier rounds "
-                   "(issue 40)")
+    assert err == ("geodt run: strategy quorum (sync quorum): simulated only; the executor runs barrier rounds "
+                   "and async (issue 40)")
 
 
 def test_readme_lists_them():
@@ -206,18 +206,18 @@ def test_recommendation_says_when_its_pick_rests_on_an_uncalibrated_effect():
     assert "not calibrated" not in recommend_by_target(table, {}, 3.5).reason
 
 
-def test_the_executor_refuses_an_async_plan_file(tmp_path):
-    """python -m real reads plan.csv: a plan without a barrier is refused with the same one line."""
+def test_the_executor_refuses_a_quorum_plan_file(tmp_path):
+    """python -m real reads plan.csv: a quorum plan is refused with the same one line."""
     from real.launch import LaunchError, check_inputs
     from real.options import ExecOptions
 
     scenario = load_scenario("hetero-cpu")
-    make_plan(scenario, "async").to_frame(scenario).to_csv(tmp_path / "plan.csv", index=False)
+    make_plan(scenario, "quorum").to_frame(scenario).to_csv(tmp_path / "plan.csv", index=False)
     (tmp_path / "scenario.toml").write_text(scenario.to_toml())
     with pytest.raises(LaunchError) as info:
         check_inputs(tmp_path / "plan.csv", tmp_path / "scenario.toml", ExecOptions(out_dir=str(tmp_path / "o")))
-    assert str(info.value).endswith("plan.csv: strategy async (sync async): simulated only; the executor runs "
-                                    "barrier rounds (issue 40)")
+    assert str(info.value).endswith("plan.csv: strategy quorum (sync quorum): simulated only; the executor runs "
+                                    "barrier rounds and async (issue 40)")
 
 
 @pytest.mark.parametrize("seed", range(8))
