@@ -129,7 +129,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
     else:
         parser.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                             help=f"strategies to compare (default: all of {', '.join(STRATEGIES)}; without a "
-                                 f"barrier, simulated only and when named: {', '.join(BARRIERLESS)})")
+                                 f"barrier, when named: {', '.join(BARRIERLESS)})")
         parser.add_argument("--engine", default="auto",
                             help=f"one of {', '.join(ENGINES)} (default auto: the analytic path where it is "
                                  "exact, which the output says; simpy simulates every event)")

@@ -97,7 +97,7 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
     rule = known(strategy)
     if rule is None:
         raise InputError(f"--strategy {strategy}: unknown strategy; expected one of {', '.join(STRATEGIES)}, or "
-                         f"without a barrier (simulated only) {', '.join(BARRIERLESS)}")
+                         f"without a barrier, named only, {', '.join(BARRIERLESS)}")
     timings = node_timings(scenario)
     check_batch_one(timings)
     tables, net = from_scenario(scenario, timings)

@@ -1,4 +1,4 @@
-"""`async` and `quorum`: rounds without DiLoCo's barrier (issue 40), simulated only.
+"""`async` and `quorum`: rounds without DiLoCo's barrier (issue 40).
 
 Both keep the baseline batch b and take H_i from each node's speed, Liu et al. 2024's dynamic
 local updates (docs/PAPERS.md): H_i = max(1, ⌊T / t_i(b)⌋) at the least round time T whose
@@ -17,7 +17,8 @@ tokens. What differs is how a round ends (simulator/engine_async.py):
   figures from a paper (Decoupled DiLoCo's grace window is adaptive).
 
 Not in STRATEGIES (registry.py BARRIERLESS): the sweep and `geodt paper` time strategies with the
-barrier's arithmetic, and the executor refuses these plans (formats/plan.py executor_refusal).
+barrier's arithmetic. The executor runs async plans (real/round_async.py) and refuses quorum's
+(formats/plan.py executor_refusal).
 """
 from __future__ import annotations
 
