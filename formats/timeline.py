@@ -43,9 +43,11 @@ LOSS_VALIDATION_COLUMNS = ["predicted_loss_end", "measured_loss_end", "predicted
                            "measured_time_to_target_s", "loss_model_time_to_target_s"]
 # validation.csv of an async run (trace.csv with `staleness`, real/round_async.py), after the others: per node,
 # the mean staleness of its merges, predicted and measured, and the run's mean over every merge (the same on
-# each row; the STALENESS goal of facts/fidelity.py judges their error).
+# each row; the STALENESS goal of facts/fidelity.py judges their error), and the run's 90th percentile
+# (linearly interpolated, as summary.csv's staleness_p90).
 STALENESS_VALIDATION_COLUMNS = ["predicted_staleness_mean", "measured_staleness_mean",
-                                "predicted_run_staleness_mean", "measured_run_staleness_mean"]
+                                "predicted_run_staleness_mean", "measured_run_staleness_mean",
+                                "predicted_run_staleness_p90", "measured_run_staleness_p90"]
 # validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",

@@ -104,12 +104,14 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
 
 def staleness_columns(pred, meas, nodes: list[str]) -> dict:
     """An async run's STALENESS_VALIDATION_COLUMNS: per node and over the run, the mean staleness of
-    the merges, predicted (timeline) and measured (trace)."""
+    the merges, and the run's 90th percentile, predicted (timeline) and measured (trace)."""
     p, m = pred.groupby("node")["staleness"].mean(), meas.groupby("node")["staleness"].mean()
     return {"predicted_staleness_mean": [float(p[node]) for node in nodes],
             "measured_staleness_mean": [float(m[node]) for node in nodes],
             "predicted_run_staleness_mean": float(pred["staleness"].mean()),
-            "measured_run_staleness_mean": float(meas["staleness"].mean())}
+            "measured_run_staleness_mean": float(meas["staleness"].mean()),
+            "predicted_run_staleness_p90": float(pred["staleness"].quantile(0.9)),
+            "measured_run_staleness_p90": float(meas["staleness"].quantile(0.9))}
 
 
 def staleness_error_pct(table) -> float | None:
@@ -125,8 +127,9 @@ def staleness_line(table) -> str:
     nodes = ", ".join(f"{r.node} {r.predicted_staleness_mean:.2f}/{r.measured_staleness_mean:.2f}"
                       for r in table.itertuples())
     p, m = table["predicted_run_staleness_mean"].iloc[0], table["measured_run_staleness_mean"].iloc[0]
+    p90 = f"{table['predicted_run_staleness_p90'].iloc[0]:.1f}/{table['measured_run_staleness_p90'].iloc[0]:.1f}"
     return (f"staleness (global updates applied between a node's pull and its merge), predicted/measured mean: "
-            f"{nodes}; the run {p:.2f}/{m:.2f} ({_pct(m - p, p):+.1f}%)")
+            f"{nodes}; the run {p:.2f}/{m:.2f} ({_pct(m - p, p):+.1f}%), p90 {p90}")
 
 
 def wall_line(wall, measured_s: float, kind: str = MODES[False]) -> str:

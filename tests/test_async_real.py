@@ -111,8 +111,9 @@ def test_validate_compares_staleness(tmp_path, capsys):
     assert "staleness (global updates applied between a node's pull and its merge)" in printed
     assert "verdict (schedule check (emulated)): mean staleness |error|" in printed
     table = pd.read_csv(out / "validation.csv")
-    assert list(table.columns[-4:]) == ["predicted_staleness_mean", "measured_staleness_mean",
-                                        "predicted_run_staleness_mean", "measured_run_staleness_mean"]
+    assert list(table.columns[-6:]) == ["predicted_staleness_mean", "measured_staleness_mean",
+                                        "predicted_run_staleness_mean", "measured_run_staleness_mean",
+                                        "predicted_run_staleness_p90", "measured_run_staleness_p90"]
     p, m = table["predicted_run_staleness_mean"].iloc[0], table["measured_run_staleness_mean"].iloc[0]
     assert m == pytest.approx(p, rel=0.25)
 
