@@ -39,6 +39,7 @@ from bench_fidelity import _run, run_case
 
 from facts.fidelity import ROUND_MEDIAN, STALENESS
 from geodt.paper.fmt import markdown
+from simulator.outputs import figure_bytes, write_bytes, write_csv, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 MIXES = ("two-node", "three-node")
@@ -117,10 +118,8 @@ def plot_loss(traces: dict[str, pd.DataFrame], table: pd.DataFrame, target: floa
     ax.set_ylabel("training loss (nats/byte)")
     ax.set_title("hetero-cpu, real training on python-stdlib: measured loss; dotted: predicted time to target")
     ax.legend(fontsize=8)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
+    write_bytes(path, figure_bytes(fig, dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def timing_summary(table: pd.DataFrame) -> list[str]:
@@ -136,12 +135,6 @@ def timing_summary(table: pd.DataFrame) -> list[str]:
                      f"±{STALENESS.limit_pct:g}%)")
         lines.append(line)
     return lines
-
-
-def write(table: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    table.to_csv(tmp, index=False)
-    os.replace(tmp, path)
 
 
 def main() -> int:
@@ -163,8 +156,8 @@ def main() -> int:
         timing_table = pd.concat(frames, ignore_index=True)
         loss_table, traces = loss(work, args.target_loss, args.rounds)
     args.out.mkdir(parents=True, exist_ok=True)
-    write(timing_table, args.out / "timing.csv")
-    write(loss_table, args.out / "loss.csv")
+    write_csv(timing_table, args.out / "timing.csv")
+    write_csv(loss_table, args.out / "loss.csv")
     plot_loss(traces, loss_table, args.target_loss, args.out / "loss.png")
     machine = (f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores, Python "
                f"{platform.python_version()}, started {started}")
@@ -173,9 +166,7 @@ def main() -> int:
                       markdown(shown, default_digits=3), "", *timing_summary(timing_table), "",
                       f"## Loss (part 3: hetero-cpu emulated, target {args.target_loss:g}, {args.rounds} rounds)", "",
                       markdown(loss_table, default_digits=3), ""])
-    tmp = args.out / f".table.md.tmp{os.getpid()}"
-    tmp.write_text(text)
-    os.replace(tmp, args.out / "table.md")
+    write_text(args.out / "table.md", text)
     print(text)
     return 0
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
 import platform
 import sys
 import tempfile
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_to_loss_at_scale import SCENARIOS, target_of
 
 from geodt.paper.fmt import markdown
+from simulator.outputs import figure_bytes, write_bytes, write_csv, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,10 +97,8 @@ def plot(table: pd.DataFrame, path: Path) -> None:
         ax.set_ylabel("time to target / best barrier strategy's (capped at 3)")
         ax.set_title(f"{name}: below 1, no barrier reaches the target first", fontsize=9)
         ax.legend(fontsize=8)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
+    write_bytes(path, figure_bytes(fig, dpi=110))
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def main() -> int:
@@ -116,17 +114,12 @@ def main() -> int:
                 for name, b, cv in tqdm(grid, desc="simulations", unit="case", file=sys.stderr)]
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["verdict"] = [verdict(r) for r in table.itertuples()]
-    args.out.mkdir(parents=True, exist_ok=True)
-    tmp = args.out / f".table.csv.tmp{os.getpid()}"
-    table.to_csv(tmp, index=False)
-    os.replace(tmp, args.out / "table.csv")
+    write_csv(table, args.out / "table.csv")
     plot(table, args.out / "async-where.png")
     text = (f"`python benchmarks/bench_async_where.py` on {date.today()} ({platform.machine()}, Python "
             f"{platform.python_version()}); predicted, nothing measured at this scale.\n\n"
             + markdown(table, default_digits=2) + "\n")
-    tmp = args.out / f".table.md.tmp{os.getpid()}"
-    tmp.write_text(text)
-    os.replace(tmp, args.out / "table.md")
+    write_text(args.out / "table.md", text)
     print(text)
     return 0
 

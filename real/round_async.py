@@ -38,8 +38,7 @@ import torch.distributed as dist
 from formats.wire import encoded_bytes
 from real.diloco import DelayedNesterov
 from real.options import run_collective, sleep_until
-from real.rounds import NodeParts, Origin, Round, RoundClock, node_grad_sync, round_row
-from real.sharding import peak_memory_reset
+from real.rounds import NodeParts, Origin, Round, compute_phase, round_row
 from real.sync import decode, encode
 
 HEADER, PAYLOAD, WEIGHTS, STATS = 0, 1, 2, 3  # message tags on the server group
@@ -124,12 +123,7 @@ class AsyncRound(Round):
 
     def run(self, r: int, origin: Origin, bar=None) -> dict:
         p = self.parts
-        peak_memory_reset(p.device)
-        round_start = time.perf_counter()
-        clock = RoundClock(deadline=round_start)
-        loss_sum = p.steps.run(clock, node_grad_sync(p), bar)
-        p.groups.sync_device()
-        compute_end = time.perf_counter()
+        round_start, clock, loss_sum, compute_end = compute_phase(p, bar)
         staleness, service_s, sent = self._push_pull(r) if p.groups.is_leader else (0, 0.0, 0)
         p.groups.broadcast_in_node(p.outer.global_flat)
         p.outer.load_into_model()

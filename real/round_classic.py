@@ -17,8 +17,8 @@ import time
 
 from real.adaptive import round_weights
 from real.options import run_collective, sleep_until
-from real.rounds import NodeParts, Origin, Round, RoundClock, node_grad_sync, round_row
-from real.sharding import peak_memory_reset, sharded_average
+from real.rounds import NodeParts, Origin, Round, compute_phase, round_row
+from real.sharding import sharded_average
 
 
 class ClassicRound(Round):
@@ -31,12 +31,7 @@ class ClassicRound(Round):
 
     def run(self, r: int, origin: Origin, bar=None) -> dict:
         p = self.parts
-        peak_memory_reset(p.device)
-        round_start = time.perf_counter()
-        clock = RoundClock(deadline=round_start)
-        loss_sum = p.steps.run(clock, node_grad_sync(p), bar)
-        p.groups.sync_device()
-        compute_end = time.perf_counter()
+        round_start, clock, loss_sum, compute_end = compute_phase(p, bar)
         if p.steps.adaptive is None:
             p.groups.barrier()
         else:  # the barrier carries every node's step time and steps (real/adaptive.py)

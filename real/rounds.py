@@ -24,7 +24,7 @@ from formats.scenario import DilocoConfig
 from real.diloco import OuterState, inner_lr
 from real.groups import Groups
 from real.options import ExecOptions, sleep_until
-from real.sharding import ShardLayout, peak_memory_bytes
+from real.sharding import ShardLayout, peak_memory_bytes, peak_memory_reset
 from real.sync import CrossNodeSync
 from real.trace import trace_row
 from train.step import train_step
@@ -140,6 +140,17 @@ class NodeParts:
     divisor: float
     grad_scale: float        # sync-ddp: b / B, this device's share of the global batch
     tokens_per_round: int
+
+
+def compute_phase(parts: NodeParts, bar) -> tuple[float, RoundClock, torch.Tensor, float]:
+    """A DiLoCo-style round's first part: peak memory reset, the node's inner steps, the device
+    synchronised; (round start, its clock, the loss summed over the steps, compute end)."""
+    peak_memory_reset(parts.device)
+    round_start = time.perf_counter()
+    clock = RoundClock(deadline=round_start)
+    loss_sum = parts.steps.run(clock, node_grad_sync(parts), bar)
+    parts.groups.sync_device()
+    return round_start, clock, loss_sum, time.perf_counter()
 
 
 def node_grad_sync(parts: NodeParts):
