@@ -3,7 +3,10 @@
 One row per run, node and round of a short real training run (docs/DESIGN.md, "Convergence
 profile"): what the node trained on in that round and its mean inner-step loss, beside what
 the run was (strategy, averaging, payload, fragments, the model and corpus). The simulator
-fits its loss model from it (simulator/convergence.py). Torch-free.
+fits its loss model from it (simulator/convergence.py). A run without a barrier (async) adds the
+node-round's `staleness` (trace.csv's: global updates the server applied between the node's pull
+and its push); a profile written before that column existed reads with 0 there (every run of it
+had a barrier). Torch-free.
 """
 from __future__ import annotations
 
@@ -20,11 +23,15 @@ RUN_COLUMNS: tuple[str, ...] = (
     "base_batch_size", "averaging", "payload_dtype", "fragments", "sync_delay_steps", "fragment_alpha",
     "inner_lr", "host", "torch_version", "measured_at",
 )
-ROW_COLUMNS: tuple[str, ...] = ("node", "round", "gpus", "batch_size", "local_steps", "tokens", "loss", "round_end_s")
+ROW_COLUMNS: tuple[str, ...] = ("node", "round", "gpus", "batch_size", "local_steps", "tokens", "loss", "round_end_s",
+                                 "staleness")
 COLUMNS: tuple[str, ...] = RUN_COLUMNS + ROW_COLUMNS
+# columns a profile may lack (written before they existed) and the value their rows had: last in COLUMNS,
+# so an old profile's rows are its old text with the default after them
+OPTIONAL: dict[str, float] = {"staleness": 0}
 NUMERIC: tuple[str, ...] = ("params", "seq_len", "seed", "nodes", "rounds", "base_local_steps", "base_batch_size",
                             "fragments", "sync_delay_steps", "fragment_alpha", "inner_lr", "round", "gpus",
-                            "batch_size", "local_steps", "tokens", "loss", "round_end_s")
+                            "batch_size", "local_steps", "tokens", "loss", "round_end_s", "staleness")
 MAX_PROFILE_BYTES = 64 << 20
 
 
@@ -42,6 +49,9 @@ def read_convergence_profile(path: str | Path) -> pd.DataFrame:
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError) as exc:
         raise ConvergenceProfileError(f"{short(path)}: unreadable ({type(exc).__name__}); expected a convergence "
                                       "profile CSV (geodt calibrate convergence)") from None
+    for column, default in OPTIONAL.items():
+        if column not in frame.columns:
+            frame[column] = default
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise ConvergenceProfileError(f"{short(path)}: no column {missing[0]!r}; expected the columns of "

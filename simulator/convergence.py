@@ -96,14 +96,15 @@ def prior_curve(params: float, replicas: int) -> LossCurve:
 
 def round_frame(timeline: pd.DataFrame, batch: dict, gpus: dict, seq_len: int) -> pd.DataFrame:
     """Per round of a timeline or trace: tokens, end, and the per-round parts of the features
-    (`batch` and `gpus` per plan node: a node away for a round has no row, or one without tokens)."""
+    (`batch` and `gpus` per plan node: a node away for a round has no row, or one without tokens; the
+    stale work of a merge without a barrier: _stale_work)."""
     t = timeline[["node", "round", "tokens", "round_end_s"] + (["loss"] if "loss" in timeline else [])].copy()
     t["batch"] = t["node"].map(batch).astype(float)
     t["steps"] = t["tokens"] / (t["batch"] * t["node"].map(gpus) * seq_len)
     t["present"] = t["tokens"] > 0
     t["log2_batch_w"] = np.log2(t["batch"]) * t["tokens"]
     t["log2_steps_w"] = np.log2(t["steps"].where(t["present"], 1.0)) * t["tokens"]
-    t["stale_work"] = timeline["stale_work"].to_numpy(float) if "stale_work" in timeline else 0.0
+    t["stale_work"] = _stale_work(timeline)
     if "loss" in t:
         t["loss_w"] = t["loss"].where(t["present"], 0.0) * t["tokens"]
     g = t.groupby("round", sort=True)
@@ -116,6 +117,16 @@ def round_frame(timeline: pd.DataFrame, batch: dict, gpus: dict, seq_len: int) -
     if "loss" in t:
         out["loss"] = g["loss_w"].sum() / out["tokens"].where(out["tokens"] > 0)
     return out.reset_index()
+
+
+def _stale_work(timeline: pd.DataFrame):
+    """Per node-round, the others' pseudo-gradients merged between its pull and its merge: the simulator's
+    `stale_work`; else a trace's or profile's `staleness` (async, the executor's only run without a
+    barrier: one pseudo-gradient per global update, so the two are one number); else 0 (a barrier)."""
+    for column in ("stale_work", "staleness"):
+        if column in timeline:
+            return timeline[column].to_numpy(float)
+    return 0.0
 
 
 def features(rounds: pd.DataFrame, *, base_batch: float, base_steps: float, averaging: str, fragments: int,

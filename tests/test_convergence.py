@@ -86,7 +86,7 @@ def _profile(efficiency_of_batch: float) -> pd.DataFrame:
                              "payload_dtype": "fp32", "fragments": 1, "sync_delay_steps": 0, "fragment_alpha": 0.0,
                              "inner_lr": 1e-3, "host": "h", "torch_version": "t", "measured_at": "now",
                              "node": node, "round": r, "gpus": 1, "batch_size": batch, "local_steps": 10,
-                             "tokens": tokens, "round_end_s": float(r + 1)})
+                             "tokens": tokens, "round_end_s": float(r + 1), "staleness": 0})
             middle = done + 2 * tokens / 2
             for row in rows[-2:]:
                 row["loss"] = float(CURVE.loss(eta * middle))

@@ -7,7 +7,9 @@ step time scaled by --time-scale, so adaptive plans decide as they would) on rea
 varies one thing the loss model must weigh (formats/convergence.py and
 simulator/convergence.py): unequal local steps, unequal batches, deadline rounds averaged
 plainly or by tokens, stale fragments (Streaming DiLoCo's τ), a 16-bit payload, a node that
-leaves and rejoins, one node fewer (the replicas M). Every finished run's rows are added to the
+leaves and rejoins, one node fewer (the replicas M), no barrier at all (async: a parameter server
+merges each node's pseudo-gradient on arrival; its rows carry the trace's per node-round staleness,
+which the loss model's update_staleness weighs). Every finished run's rows are added to the
 profile at once (written whole, temp name then rename), so an interrupted calibration keeps them
 and a rerun does only the rest.
 """
@@ -35,6 +37,7 @@ RUNS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "node-lost": ("baseline", ("simulation.on_node_loss=continue", "nodes.{node}.outage.round={lost_round}",
                                "nodes.{node}.outage.rounds={lost_rounds}"), ("--on-node-loss", "continue")),
     "fewer-nodes": ("baseline", (), ()),  # the scenario without its fastest node: DiLoCo's replicas M
+    "async": ("async", (), ()),  # no barrier: pseudo-gradients merged stale (update_staleness)
 }
 FEWER_NODES = "fewer-nodes"
 
@@ -150,9 +153,13 @@ def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
     source, overrides = args.scenario, [*args.overrides, *_overrides(scenario, name)]
     if name == FEWER_NODES:
         source, overrides = str(_without_fastest(scenario, run_dir.parent / f"{name}.toml")), []
+    from simulator.strategies.registry import BARRIERLESS
+
+    # one checkpoint at the end at most (its cost out of the rounds); an async run writes none (refused)
+    checkpoints = [] if strategy in BARRIERLESS else ["--checkpoint-every", str(scenario.training.rounds)]
     command = [sys.executable, "-m", "geodt", "run", source, "--strategy", strategy, "--emulate",
                "--time-scale", str(args.time_scale), "--no-progress", "--data", args.data, "--out", str(run_dir),
-               "--checkpoint-every", str(scenario.training.rounds), *flags]
+               *checkpoints, *flags]
     for override in overrides:
         command += ["--set", override]
     done = subprocess.run(command, capture_output=True, text=True)
@@ -196,6 +203,8 @@ def _rows(scenario, name: str, run_dir: Path, data: str):
     for key, value in run.items():
         rows[key] = value
     rows["loss"] = rows["loss"].where(rows["tokens"] > 0, 0.0)  # a node away that round trained on nothing
+    if "staleness" not in rows:  # a barrier run's trace has no staleness column: every merge is fresh
+        rows["staleness"] = 0
     return rows[list(COLUMNS)]
 
 
