@@ -333,17 +333,13 @@ def _launch(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptio
 def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip: str,
                host: str, links: tuple | None, announce=None) -> int:
     """Spawn every process here and wait for them (links: the shaped WAN's nodes, or None)."""
-    if ipaddress.ip_address(ip).is_loopback and opts.on_node_loss == "continue":
-        # The membership lives in a TCPStore the launcher serves (real/elastic.py), on the loopback only.
+    loopback = ipaddress.ip_address(ip).is_loopback
+    if loopback or opts.on_node_loss == "continue":
+        # One machine: rendezvous through a file, so nothing listens on the network; under continue
+        # the membership store is that file too, which only this user can open (real/membership.py).
         pin_gloo(ip)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        listener = _listen(ip, host)
-        if listener is None:
-            return 2
-    elif ipaddress.ip_address(ip).is_loopback:
-        # One machine: rendezvous through a file, so nothing listens on the network.
-        pin_gloo(ip)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if loopback:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         listener = None
     else:
         listener = _listen(ip, host)
@@ -397,6 +393,9 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                 else:
                     store_spec = ("file", os.path.join(rdzv, "store"))
                 if opts.on_node_loss == "continue":
+                    from real.membership import open_store
+
+                    store = open_store(store_spec[1], opts.timeout_s)  # the launcher's handle outlives the workers
                     context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
                     return context.run()
                 context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
