@@ -52,7 +52,7 @@ class Respawner:
             self._refresh_joiners()
             running = {p.sentinel: r for r, p in self.procs.items() if p.exitcode is None}
             if not running and not self.restart_at:
-                return 0 if self.finished else 1
+                return self._end() if self.finished else 1  # all ended at once: the weights still checked
             if self.finished and not (self.members - self.finished - self._dead()):
                 return self._end()
             wait_s = max(0.0, min(self.restart_at.values()) - time.monotonic()) if self.restart_at else 0.5

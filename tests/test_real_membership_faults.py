@@ -142,7 +142,7 @@ def test_host_any_is_refused_without_the_flag_and_other_hosts_are_warned(tmp_pat
     (tmp_path / "plan.csv").write_text(PLAN)
     (tmp_path / "scenario.toml").write_text(SCENARIO)
     for prog in (["-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario", str(tmp_path / "scenario.toml")],
-                 ["-m", "geodt", "run", "hetero-cpu"]):
+                 ["-m", "geodt", "run", "hetero-cpu", "--strategy", "baseline"]):
         result = subprocess.run([sys.executable, *prog, "--out", str(tmp_path / "o"), "--host", "0.0.0.0"],
                                 env=launcher_env(), capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
