@@ -151,16 +151,18 @@ def check_machine(scenario, plan, backend: str, machine: Machine) -> list[str]:
     return []
 
 
-def check_host(host: str) -> None:
-    """--host: resolves, and this machine can bind to it (LaunchError, one line, otherwise)."""
+def check_host(host: str, allow_any: bool = False) -> None:
+    """--host: resolves, is not 0.0.0.0 unless allowed, and this machine can bind to it (LaunchError,
+    one line, otherwise; the launcher prints the unauthenticated warning)."""
     import ipaddress
     import socket
 
-    from real.launch import LaunchError, resolve_host, under_torchrun
+    from real.launch import LaunchError, check_host_policy, resolve_host, under_torchrun
 
     if under_torchrun():
         return
     ip = resolve_host(host)
+    check_host_policy(host, ip, allow_any)
     if ipaddress.ip_address(ip).is_loopback:
         return
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

@@ -119,7 +119,7 @@ def _prepare(prog: str, args: argparse.Namespace):
         try:
             spec, real_plan = check_inputs(Path(tmp) / "plan.csv", Path(tmp) / "scenario.toml", opts)
             check_resumable(spec, real_plan, opts)
-            check_host(args.host)
+            check_host(args.host, args.allow_any_host)
             warnings = check_machine(scenario, plan, opts.backend, this_machine())
         except (ConfigError, LaunchError) as exc:  # an option's own error names the option first
             lead = "" if str(exc).startswith("--") else "the executor cannot run this scenario: "

@@ -40,6 +40,9 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="address of this machine the local rendezvous binds to (only there; not used "
                              "under torchrun). No authentication: trusted networks only")
+    parser.add_argument("--allow-any-host", action="store_true",
+                        help="let --host be 0.0.0.0 (every interface; refused otherwise: the rendezvous is "
+                             "unauthenticated)")
     parser.add_argument("--wan", choices=("loopback", "shaped"), default="loopback",
                         help="loopback: every process on this machine's loopback; shaped (root): each node in a "
                              "network namespace of its own, its link shaped to the plan's link_gbps (README)")
@@ -63,7 +66,7 @@ def exec_options(args: argparse.Namespace, out_dir: str):
                        backend=args.backend, stop_after=args.stop_after, threads=args.threads,
                        checkpoint_every=args.checkpoint_every, checkpoint_final=args.checkpoint_final,
                        progress=not args.no_progress, wan=args.wan, on_node_loss=args.on_node_loss,
-                       rejoin_after_s=args.rejoin_after_s)
+                       rejoin_after_s=args.rejoin_after_s, allow_any_host=args.allow_any_host)
 
 
 def main(argv: list[str] | None = None) -> int:

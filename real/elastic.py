@@ -25,9 +25,10 @@ R_i keeps its inner steps and retries the sync of round R_i among the survivors:
 node's round is lost (an adaptive round in flight ran as planned, with the lost node in it; the
 retry's barrier plans the next one over the survivors). A joiner (rejoining node) takes θ_g, the
 momentum and the round, sets its learning-rate schedule and data position to where they would be,
-and trains on with fresh inner AdamW state. The others are not restarted. A second membership
-change while an epoch is forming costs up to --timeout-s (the group's rendezvous times out; the
-next epoch follows).
+and trains on with fresh inner AdamW state. The others are not restarted. A member lost while an
+epoch forms (before round 0 too: epoch 0 is formed as any other) makes the members abandon that
+epoch for the launcher's next one (real/membership.py form_epoch), within a store poll of the
+launcher's noticing, not after --timeout-s. Faults for tests are injected by real/inject.py.
 """
 from __future__ import annotations
 
@@ -48,10 +49,12 @@ from real.adaptive import AdaptiveRounds
 from real.checkpoint import save_whole
 from real.config import RunSpec
 from real.diloco import averaging_weights
+from real.inject import Faults
 from real.membership import (
     FAILURES,
     Epoch,
     agree,
+    ask_to_join,
     enter_next_epoch,
     first_line,
     join_requests,
@@ -111,9 +114,11 @@ class ElasticNode:
         self.round_state: dict = {}
         # an injected outage of this node (ExecOptions.outage): (round it is lost at, round it rejoins at)
         self.outage = next(((r, r + k) for i, r, k in opts.outage or () if i == rank), None)
+        self.faults = Faults(self.me.node, joining)
 
     def enter(self, number: int) -> None:
         """Join epoch `number` and agree on the state (module doc); raises PeerLost on failure."""
+        self.faults.at("epoch", number)
         state = torch.stack([self.outer.global_flat, self.outer.momentum])
         extra = self.adaptive.state() if self.adaptive is not None else None
         epoch, latest = agree(self.store, number, self.index, self.n, self.rounds_done, state, self.timeout_s, extra)
@@ -140,6 +145,13 @@ class ElasticNode:
         self.epoch.group = None  # closes its connections: the dead node's non-neighbours fail now (module doc)
         enter_next_epoch(self.enter, self.epoch.number, self.timeout_s, exc)
 
+    def enter_first(self, number: int) -> None:
+        """Enter the first epoch this process takes part in, or the next ones if a member is lost meanwhile."""
+        try:
+            self.enter(number)
+        except PeerLost as exc:
+            enter_next_epoch(self.enter, number, self.timeout_s, exc)
+
     def admit(self, asked: np.ndarray) -> None:
         """After a round's sync: nodes asked to join; the coordinator makes the next epoch, all enter it."""
         if self.index == self.epoch.members[0]:
@@ -153,13 +165,17 @@ class ElasticNode:
     def start(self) -> Origin:
         """Enter the first epoch (0, or the one a joiner is admitted to); the run's time axis."""
         if not self.joining:
-            self.enter(0)
+            self.enter_first(0)
             t0 = time.perf_counter()
-            if self.index == 0:
+            if self.index == self.epoch.members[0]:  # node 0 may be the one lost before round 0
                 self.store.set("geodt/t0", repr(time.time()))
             return Origin(t0)
         ready = time.time()
-        self.enter(wait_for_admission(self.store, self.index, self.outage[1] if self.outage else 0, self.timeout_s))
+        ask_to_join(self.store, self.index, self.outage[1] if self.outage else 0)
+        self.faults.at("asked")
+        number = wait_for_admission(self.store, self.index, self.timeout_s)
+        self.faults.at("admitted")
+        self.enter_first(number)
         return rejoined(self.store, self.index, f"node {self.me.node} (rank {self.rank})", self.rounds_done, ready)
 
     def run(self) -> None:
@@ -171,6 +187,7 @@ class ElasticNode:
                 if not self.stepped:
                     if self.outage is not None and not self.joining and self.rounds_done == self.outage[0]:
                         os.kill(os.getpid(), signal.SIGKILL)  # the injected loss: a real one, at the round's start
+                    self.faults.at("round", self.rounds_done)
                     self._inner_steps(bar)
                 try:
                     asked = self._sync()
@@ -230,6 +247,8 @@ class ElasticNode:
 
     def finish(self) -> None:
         """Every member leaves its weights' digest; the first writes the outputs (write_outputs)."""
+        if self.faults.skew:  # injected (real/inject.py): the launcher must catch the mismatch
+            self.outer.global_flat.add_(1e-3)
         digest = hashlib.sha256(self.outer.global_flat.numpy().tobytes()).hexdigest()
         self.store.set(f"geodt/digest/{self.index}", digest)
         self.epoch.barrier()

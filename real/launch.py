@@ -25,7 +25,9 @@ and carries no training traffic); gloo binds to each node's address inside its n
 The launcher builds the WAN before spawning and removes it on every way out.
 
 The rendezvous has no authentication (anyone who reaches the port can join or disrupt a
-run): use it on trusted networks. It carries no pickles: everything exchanged is tensors.
+run): use it on trusted networks. A `host` other than the loopback prints a one-line warning
+saying so; 0.0.0.0 (every interface) is refused unless --allow-any-host (check_host_policy).
+It carries no pickles: everything exchanged is tensors.
 Inputs are checked here, before any process starts, so bad input fails fast with one line.
 """
 from __future__ import annotations
@@ -188,6 +190,19 @@ def resolve_host(host: str) -> str:
     return infos[0][4][0]
 
 
+def check_host_policy(host: str, ip: str, allow_any: bool) -> str | None:
+    """--host: LaunchError for 0.0.0.0 (every interface) unless allowed; the warning line a
+    non-loopback address gets (the rendezvous has no authentication), None on the loopback."""
+    address = ipaddress.ip_address(ip)
+    if address.is_unspecified and not allow_any:
+        raise LaunchError(f"--host {host}: binds every interface of this machine and the rendezvous is "
+                          f"unauthenticated; give one address of a trusted network, or --allow-any-host")
+    if address.is_loopback:
+        return None
+    return (f"--host {host}: the rendezvous is unauthenticated: any process that can reach {ip} can join or "
+            f"disrupt this run; use a trusted network only")
+
+
 def _interface_of(ip: str) -> str | None:
     """Name of the network interface holding IPv4 address `ip` (Linux SIOCGIFADDR)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -299,16 +314,19 @@ def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, 
     checked, right before the processes start (warnings about the run go there, so that bad
     input stays one line). `lock`: take DIR's run lock (real/outdir.py); False when the caller
     (geodt run) holds it already."""
-    ip = None
+    ip = unauthenticated = None
     try:
         spec, plan = check_inputs(plan_path, scenario_path, opts)
         check_wan(plan, plan_path, opts, host)
         if not under_torchrun():
             check_cpu_limits(plan, plan_path)
             ip = resolve_host(host)
+            unauthenticated = check_host_policy(host, ip, opts.allow_any_host)
     except (ConfigError, LaunchError) as exc:
         print(f"real: {exc}", file=sys.stderr)
         return 2
+    if ip is not None and unauthenticated is not None:
+        print(f"real: {unauthenticated}", file=sys.stderr, flush=True)
     out_dir = Path(opts.out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -353,17 +371,13 @@ def _launch(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptio
 def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip: str,
                host: str, links: tuple | None, announce=None) -> int:
     """Spawn every process here and wait for them (links: the shaped WAN's nodes, or None)."""
-    if ipaddress.ip_address(ip).is_loopback and opts.on_node_loss == "continue":
-        # The membership lives in a TCPStore the launcher serves (real/elastic.py), on the loopback only.
+    loopback = ipaddress.ip_address(ip).is_loopback
+    if loopback or opts.on_node_loss == "continue":
+        # One machine: rendezvous through a file, so nothing listens on the network; under continue
+        # the membership store is that file too, which only this user can open (real/membership.py).
         pin_gloo(ip)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        listener = _listen(ip, host)
-        if listener is None:
-            return 2
-    elif ipaddress.ip_address(ip).is_loopback:
-        # One machine: rendezvous through a file, so nothing listens on the network.
-        pin_gloo(ip)
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        if loopback:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         listener = None
     else:
         listener = _listen(ip, host)
@@ -417,6 +431,9 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                 else:
                     store_spec = ("file", os.path.join(rdzv, "store"))
                 if opts.on_node_loss == "continue":
+                    from real.membership import open_store
+
+                    store = open_store(store_spec[1], opts.timeout_s)  # the launcher's handle outlives the workers
                     context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
                     return context.run()
                 context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),

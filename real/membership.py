@@ -1,13 +1,30 @@
 """The membership protocol of `--on-node-loss continue` runs: epochs, joins and admissions,
-kept in the launcher's TCPStore (real/elastic.py runs the rounds that use it).
+kept in the launcher's store (real/elastic.py runs the rounds that use it).
+
+What protects the store: it is a torch FileStore in the launcher's rendezvous folder
+(real/outdir.py rendezvous_dir: created 0700 by tempfile.mkdtemp, so only this user's processes
+can open it), not a TCPStore: a TCPStore on the loopback takes reads, writes and list_keys from
+any local process, so another user's process could write an epoch or a join request. The store
+file outlives the workers (the launcher holds it); the children get its path as an argument of
+their spawn (pickled through a pipe, not on a command line). The gloo groups' own connections are
+TCP on the loopback, with no authentication of their own (gloo has none).
 
 A gloo process group does not survive a member's death, so the run moves through *epochs*: each
 is a fresh gloo group (torch.distributed.ProcessGroupGloo under a PrefixStore "geodt/pg/<e>/")
-over the launcher's TCPStore, which lives in the launcher and survives the workers. Store keys:
+over that store. An epoch *forms* before its group is built (form_epoch): every member adds its
+index to geodt/form/<e> by compare-and-set; when all members are in, the epoch is formed; while
+it is not, a member that sees a newer epoch allocated (a member of e died meanwhile, so the
+launcher wrote e+1) or its wait run out marks it abandoned ("x", also by compare-and-set), so
+the members agree on formed-or-abandoned and no survivor waits --timeout-s in gloo's rendezvous
+for a dead member. Store keys:
 - geodt/epochs: the last epoch allocated (store.add, so two writers never take the same number);
 - geodt/members/<e>: the plan indices of epoch e's nodes ("0,2"), written once by whoever
   allocated e: the launcher when a member's process died (the members still alive), a node's
   coordinator (the epoch's first member) when nodes asked to join;
+- geodt/form/<e>: the members that reached epoch e ("0,2"), or "x": abandoned (above);
+- geodt/claim/<i>: store.add by the coordinator admitting a joiner and by the launcher when a
+  restarted process dies before it is a member: whoever adds first decides (1: the coordinator
+  admits it / the launcher drops its request; 2: the other one was first);
 - geodt/join/<i>: node i's restarted process is ready (its parts built) and asks to join, from the
   round given (0: the next; an injected outage's round + rounds, ExecOptions.outage);
   geodt/admit/<i>: the epoch it was admitted to; geodt/admitted/<i>: the launcher's sign that it
@@ -20,6 +37,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,12 +47,31 @@ from real.options import PeerLost
 FAILURES = (RuntimeError, dist.DistError)  # how gloo and the store report a lost peer or a timeout
 # A joiner waits for its admission as long as the run may take (the others admit it at a round's end).
 ADMISSION_WAIT_S = 86400.0
+ABANDONED = "x"  # geodt/form/<e> of an epoch that will not form
+FORM_POLL_S = 0.01  # a store read every 10 ms while an epoch forms (a file read each; a few per member)
+
+
+class NoEpoch(PeerLost):
+    """No further epoch was allocated within --timeout-s: nothing left to wait for."""
+
+
+def open_store(path: str, timeout_s: float):
+    """The membership store at `path`, a file in the launcher's private (0700) rendezvous folder.
+    numWorkers -1: the file is never removed by a client (restarted processes open it later; the
+    launcher's rendezvous folder goes with the run)."""
+    if not Path(path).parent.is_dir():
+        raise PeerLost(f"the membership store's folder {Path(path).parent} is gone (the launcher ended)")
+    store = dist.FileStore(path, -1)
+    store.set_timeout(timedelta(seconds=timeout_s))
+    return store
 
 
 def connect_store(store_spec: tuple, timeout_s: float):
-    """A client of the launcher's TCPStore (continue runs always serve one, real/launch.py)."""
-    _, host, port = store_spec
-    return dist.TCPStore(host, port, None, False, timedelta(seconds=timeout_s))
+    """A child's handle on the launcher's membership store (a FileStore, module doc; real/launch.py)."""
+    kind, path = store_spec[0], store_spec[1]
+    if kind != "file":
+        raise ValueError(f"--on-node-loss continue: the membership store is a private file store, got {kind}")
+    return open_store(path, timeout_s)
 
 
 def first_line(exc: BaseException) -> str:
@@ -47,11 +84,15 @@ class Epoch:
 
     def __init__(self, store, number: int, me: int, timeout_s: float):
         key = f"geodt/members/{number}"
-        store.wait([key], timedelta(seconds=timeout_s))
+        try:
+            store.wait([key], timedelta(seconds=timeout_s))
+        except FAILURES as exc:
+            raise NoEpoch(f"no epoch {number} within --timeout-s ({first_line(exc)})") from exc
         self.number = number
         self.members = [int(i) for i in store.get(key).decode().split(",")]
         if me not in self.members:
             raise PeerLost(f"epoch {number} does not include this node (members {self.members})")
+        form_epoch(store, number, self.members, me, timeout_s)
         self.rank = self.members.index(me)
         self.group = dist.ProcessGroupGloo(dist.PrefixStore(f"geodt/pg/{number}/", store), self.rank,
                                            len(self.members), timedelta(seconds=timeout_s))
@@ -75,6 +116,33 @@ class Epoch:
             raise PeerLost(first_line(exc)) from exc
 
 
+def form_epoch(store, number: int, members: list[int], me: int, timeout_s: float) -> None:
+    """Add `me` to epoch `number`'s formation and wait until every member has (module doc);
+    PeerLost when the members agree it is abandoned."""
+    key = f"geodt/form/{number}"
+    current = ""
+    while True:  # compare-and-set: my index added to whatever the others wrote
+        if current == ABANDONED:
+            raise PeerLost(f"epoch {number} was abandoned (a member was lost while it formed)")
+        wanted = f"{current},{me}" if current else str(me)
+        got = store.compare_set(key, current, wanted).decode()
+        if got == wanted:
+            break
+        current = got
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = store.get(key).decode()
+        if current != ABANDONED and {int(i) for i in current.split(",")} == set(members):
+            return
+        newer = store.add("geodt/epochs", 0) > number  # the launcher saw a member die
+        if current == ABANDONED or newer or time.monotonic() > deadline:
+            if store.compare_set(key, current, ABANDONED).decode() == ABANDONED:
+                why = "a newer membership was allocated" if newer else "not every member came within --timeout-s"
+                raise PeerLost(f"epoch {number} was abandoned ({why})")
+            continue  # someone joined meanwhile: look again
+        time.sleep(FORM_POLL_S)
+
+
 def agree(store, number: int, me: int, n: int, rounds_done: int, state: torch.Tensor,
           timeout_s: float, extra: torch.Tensor | None = None) -> tuple[Epoch, int]:
     """Enter epoch `number`: every member's completed rounds (all-reduce MAX), and `state` (θ_g and
@@ -91,23 +159,26 @@ def agree(store, number: int, me: int, n: int, rounds_done: int, state: torch.Te
         epoch.broadcast(state, source)
         if extra is not None:
             epoch.broadcast(extra, source)
+    except PeerLost:
+        raise
     except FAILURES as exc:
         raise PeerLost(first_line(exc)) from exc
     return epoch, latest
 
 
 def enter_next_epoch(enter, number: int, timeout_s: float, lost: PeerLost) -> None:
-    """After `lost` in epoch `number`: enter(e) for the launcher's next epochs e until one forms;
-    PeerLost when none has within timeout_s (a member that died while an epoch formed: the next follows)."""
-    deadline = time.monotonic() + timeout_s
+    """After `lost` in epoch `number`: enter(e) for the next epochs e until one forms (an epoch
+    abandoned because a member died while it formed is followed by the launcher's next); PeerLost
+    when no further epoch is allocated within timeout_s (Epoch's wait for its members: NoEpoch)."""
     while True:
         number += 1
         try:
             enter(number)
             return
-        except PeerLost as again:
-            if time.monotonic() > deadline:
-                raise PeerLost(f"{lost}; no new membership formed within --timeout-s ({again})") from again
+        except NoEpoch as again:
+            raise PeerLost(f"{lost}; no new membership formed within --timeout-s ({again})") from again
+        except PeerLost:
+            continue
 
 
 def join_requests(store, n: int, members: list[int], rounds_done: int) -> torch.Tensor:
@@ -121,8 +192,15 @@ def join_requests(store, n: int, members: list[int], rounds_done: int) -> torch.
     return flags
 
 
+def claim(store, index: int) -> bool:
+    """Decide a restarted node's fate first (geodt/claim/<i>, module doc): True if this caller did."""
+    return store.add(f"geodt/claim/{index}", 1) == 1
+
+
 def open_next_epoch(store, members: list[int], joiners: list[int]) -> int:
-    """The coordinator's part of admitting `joiners`: allocate the next epoch with them in it."""
+    """The coordinator's part of admitting `joiners`: allocate the next epoch with those still
+    alive in it (a joiner that died first was claimed by the launcher; the epoch goes without it)."""
+    joiners = [j for j in joiners if claim(store, j)]
     number = store.add("geodt/epochs", 1)
     store.set(f"geodt/members/{number}", ",".join(map(str, sorted(members + joiners))))
     for j in joiners:
@@ -132,8 +210,12 @@ def open_next_epoch(store, members: list[int], joiners: list[int]) -> int:
     return number
 
 
-def wait_for_admission(store, me: int, from_round: int, timeout_s: float) -> int:
-    """A restarted node asks to join (from round `from_round`; 0: the next) and waits: its epoch."""
+def ask_to_join(store, me: int, from_round: int) -> None:
+    """A restarted node asks to join (from round `from_round`; 0: the next)."""
     store.set(f"geodt/join/{me}", str(from_round))
+
+
+def wait_for_admission(store, me: int, timeout_s: float) -> int:
+    """A restarted node that asked to join waits to be admitted: its epoch."""
     store.wait([f"geodt/admit/{me}"], timedelta(seconds=max(timeout_s, ADMISSION_WAIT_S)))
     return int(store.get(f"geodt/admit/{me}").decode())

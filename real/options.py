@@ -59,6 +59,8 @@ class ExecOptions:
     # lost node (plan index, round, rounds): its process SIGKILLs itself at that round's start, is restarted
     # at once and is admitted no earlier than round + rounds (real/elastic.py). Continue runs only.
     outage: tuple[tuple[int, int, int], ...] | None = None
+    # --host 0.0.0.0 (every interface) is refused unless asked for: the rendezvous is unauthenticated.
+    allow_any_host: bool = False
 
     def collective_timeout_s(self) -> float:
         """The process groups' timeout. On the shaped WAN a node that times out first knocks on

@@ -5,11 +5,15 @@ A node's process killed by a signal (SIGKILL, the out-of-memory killer) is lost:
 allocates the next membership epoch with the members still alive (geodt/epochs, geodt/members/<e>)
 and says so in one line; the others enter that epoch and go on. With --rejoin-after-s S the
 node's process is started again S seconds after it died, once per node; it asks to join and is
-admitted at the next round boundary. Any other way a process ends is handled as under stop
+admitted at the next round boundary. A restarted process that dies before it is a member: the
+launcher claims it (real/membership.py geodt/claim/<i>); if the coordinator had claimed it first
+(admitted it to an epoch that is forming) the launcher allocates the next epoch without it, as
+for a member. Any other way a process ends is handled as under stop
 (real/supervise.py): bad input (2) or a named failure (3) stops the run, a lost contact (1: a
 hung peer, no new epoch within --timeout-s) too; Ctrl-C and SIGTERM as always. The run succeeds
-when every member left has finished (0); a restarted process still waiting to be admitted when
-the run ends is stopped and named.
+when every member left has finished (0) with the same final global weights: members whose
+weights differ (their sha256, geodt/digest/<i>) end it with 1 and one line naming them. A
+restarted process still waiting to be admitted when the run ends is stopped and named.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import multiprocessing.connection
 import sys
 import time
 
+from real.membership import claim
 from real.supervise import INTERRUPTED, signal_name, stop
 
 
@@ -47,7 +52,7 @@ class Respawner:
             self._refresh_joiners()
             running = {p.sentinel: r for r, p in self.procs.items() if p.exitcode is None}
             if not running and not self.restart_at:
-                return 0 if self.finished else 1
+                return self._end() if self.finished else 1  # all ended at once: the weights still checked
             if self.finished and not (self.members - self.finished - self._dead()):
                 return self._end()
             wait_s = max(0.0, min(self.restart_at.values()) - time.monotonic()) if self.restart_at else 0.5
@@ -97,6 +102,11 @@ class Respawner:
     def _lost(self, rank: int, code: int) -> None:
         """A node's process died of a signal: a new epoch without it (if it was a member), a restart if asked."""
         was_member = rank in self.members
+        if rank in self.joiners:
+            if claim(self.store, rank):  # never admitted: its request goes, the members stop seeing it
+                self.store.delete_key(f"geodt/join/{rank}")
+            else:
+                was_member = True  # the coordinator admitted it first: an epoch with it is forming
         self.members.discard(rank)
         self.joiners.discard(rank)
         alive = sorted(r for r in self.members if self.procs[r].exitcode is None)
@@ -120,7 +130,7 @@ class Respawner:
             del self.restart_at[rank]
             if self.finished:  # the run has ended meanwhile
                 continue
-            for key in (f"geodt/admitted/{rank}", f"geodt/admit/{rank}", f"geodt/join/{rank}"):
+            for key in (f"geodt/admitted/{rank}", f"geodt/admit/{rank}", f"geodt/join/{rank}", f"geodt/claim/{rank}"):
                 self.store.delete_key(key)
             self.restarted.add(rank)
             self.joiners.add(rank)
@@ -136,4 +146,21 @@ class Respawner:
             print(f"real: {self._name(rank)} restarted but the run ended before it could rejoin; stopped",
                   file=sys.stderr)
         stop(self.procs.values())
+        differ = differing_weights(self.store, self.plan, sorted(self.finished))
+        if differ is not None:
+            print(f"real: {differ}", file=sys.stderr, flush=True)
+            return 1
         return 0
+
+
+def differing_weights(store, plan, ranks: list[int]) -> str | None:
+    """One line naming the members whose final global weights differ (by their digests), or None."""
+    groups: dict[str, list[str]] = {}
+    for rank in ranks:
+        key = f"geodt/digest/{rank}"
+        digest = store.get(key).decode() if store.check([key]) else "none"
+        groups.setdefault(digest, []).append(plan.nodes[rank].node)
+    if len(groups) <= 1:
+        return None
+    return ("the members' final global weights differ (--on-node-loss continue): "
+            + "; ".join(f"{', '.join(names)} sha256 {digest[:16]}" for digest, names in groups.items()))

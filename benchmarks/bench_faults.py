@@ -1,0 +1,110 @@
+"""The membership fault matrix of --on-node-loss continue, measured with real processes (a benchmark, not a test).
+
+Runs `geodt run hetero-cpu --strategy baseline --emulate --on-node-loss continue` (4 CPU nodes,
+classic DiLoCo, loopback) with each fault injected at its exact point (real/inject.py,
+GEODT_TEST_FAULTS), --repeats times each:
+- one-lost:         node medium lost at round R's start;
+- two-20ms:         medium at round R's start, slow 20 ms later (same round);
+- before-round-0:   medium lost as it enters membership epoch 0, before round 0;
+- joiner-killed:    medium lost at round R, restarted at once (--rejoin-after-s 0), its new process
+                    killed once it asked to join.
+Per case: runs, runs whose survivors finished every round (exit 0), runs whose members' final
+global weights were identical (the launcher's digest check: no "differ" line), and the lost
+nodes' rounds (trace rows) predicted against measured: predicted R (0 before round 0: it never
+rejoins), a run counted when every lost node's rows are within ±1 of it, and the processes the
+launcher saw killed per run (the joiner case: 2, the node and its restart). The table goes to
+results/faults/faults.csv (temp name, then rename) and to stdout.
+
+    python benchmarks/bench_faults.py [--repeats 5] [--rounds 8] [--round 3] [--time-scale 1] [--out results/faults]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+SURVIVORS = ("fast", "slowest")  # in every case; slow survives where it is not lost
+
+
+def cases(r: int) -> list[tuple[str, str, tuple[str, ...], int, list[str]]]:
+    """(case, GEODT_TEST_FAULTS, lost nodes, their predicted rounds, extra options)."""
+    return [
+        ("one-lost", f"medium:round:{r}", ("medium",), r, []),
+        ("two-20ms", f"medium:round:{r},slow:round:{r}:20", ("medium", "slow"), r, []),
+        ("before-round-0", "medium:epoch:0", ("medium",), 0, []),
+        # rounds 6x as long: the restarted process (python, torch, the model: 5-12 s here) asks before the end
+        ("joiner-killed", f"medium:round:{r},medium:asked:0", ("medium",), r,
+         ["--rejoin-after-s", "0", "--time-scale", "6"]),
+    ]
+
+
+def run_once(faults: str, extra: list[str], args, out: Path) -> tuple[int, str, pd.DataFrame | None, float]:
+    cmd = [sys.executable, "-m", "geodt", "run", "hetero-cpu", "--strategy", "baseline", "--emulate",
+           "--on-node-loss", "continue", "--no-progress", "--out", str(out), "--timeout-s", str(args.timeout_s),
+           "--time-scale", str(args.time_scale), "--set", f"training.rounds={args.rounds}",
+           "--set", "training.local_steps=3", *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GEODT_TEST_FAULTS": faults}
+    start = time.monotonic()
+    result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=20 * args.timeout_s)
+    wall = time.monotonic() - start
+    trace = pd.read_csv(out / "trace.csv") if (out / "trace.csv").exists() else None
+    return result.returncode, result.stderr, trace, wall
+
+
+def measure(case, args) -> dict:
+    name, faults, lost, predicted, extra = case
+    finished = identical = within = kills = 0
+    measured, walls = [], []
+    for k in range(args.repeats):
+        with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
+            code, err, trace, wall = run_once(faults, extra, args, Path(tmp) / "run")
+        walls.append(wall)
+        survivors = [n for n in (*SURVIVORS, "slow") if n not in lost]
+        done = trace is not None and code == 0 and all(
+            trace[trace.node == n]["round"].tolist() == list(range(args.rounds)) for n in survivors)
+        finished += done
+        identical += done and "final global weights differ" not in err
+        rows = [int((trace.node == n).sum()) if trace is not None else -1 for n in lost]
+        measured.append("/".join(map(str, rows)))
+        within += all(abs(m - predicted) <= 1 for m in rows)
+        kills += err.count("was killed by SIGKILL")  # the joiner case's second: its restart, killed while joining
+        print(f"  {name} run {k + 1}: exit {code}, lost rounds {measured[-1]}, {wall:.1f} s"
+              + ("" if code == 0 else f": {err.strip().splitlines()[-1] if err.strip() else ''}"), flush=True)
+    return {"case": name, "runs": args.repeats, "survivors_finished": finished, "weights_identical": identical,
+            "lost_rounds_predicted": predicted, "lost_rounds_measured": " ".join(measured),
+            "lost_rounds_within_1": within, "kills_per_run": kills / args.repeats, "median_wall_s": round(float(pd.Series(walls).median()), 1)}
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    frame.to_csv(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--round", type=int, default=3, help="the round the node(s) are lost at")
+    parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--timeout-s", type=float, default=60.0)
+    parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--out", default=str(ROOT / "results" / "faults"))
+    args = parser.parse_args()
+    chosen = [c for c in cases(args.round) if not args.cases or c[0] in args.cases.split(",")]
+    table = pd.DataFrame([measure(case, args) for case in chosen])
+    write_csv(table, Path(args.out) / "faults.csv")
+    print(table.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
