@@ -38,7 +38,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     from formats.limits import large_help
     from formats.owners import add_force_argument
     from real.cli import add_exec_arguments
-    from simulator.strategies.registry import STRATEGIES
+    from simulator.strategies.registry import BARRIERLESS, STRATEGIES
 
     description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
                    "validation.png (or, with --trace RUN_DIR, compare a finished run)." if validate else
@@ -47,7 +47,9 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
                    "compares with the prediction).")
     parser = OneLineParser(prog=prog, description=description)
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
-    parser.add_argument("--strategy", required=True, help=f"one of {', '.join(STRATEGIES)}")
+    parser.add_argument("--strategy", required=True,
+                        help=f"one of {', '.join(STRATEGIES)}, or async (without a barrier; "
+                             f"{', '.join(b for b in BARRIERLESS if b != 'async')}: simulated only)")
     parser.add_argument("--out", help="output directory (default: out/<scenario name>/run-<S> or validate-<S>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")

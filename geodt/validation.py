@@ -37,7 +37,7 @@ def predicted_timeline(scenario, plan, engine: str):
     if not any(node_cvs(scenario, plan)):
         return timeline
     numeric = ["compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s", "tokens",
-               *[c for c in ("staleness",) if c in timeline]]  # an async plan's staleness varies with the draw
+               *[c for c in ("staleness", "stale_work") if c in timeline]]  # an async plan's vary with the draw
     timeline[numeric] = timeline[numeric].astype(float)  # an adaptive plan's tokens: the mean over the draws
     total = timeline[numeric].to_numpy(copy=True)
     for k in range(1, VARIABILITY_SAMPLES):
