@@ -3,6 +3,9 @@
 `load_scenario(source, overrides)` takes a path or a built-in name (`paper`, `hetero-cpu`),
 applies `key=value` overrides, validates everything and returns a `Scenario`. Any problem is
 an InputError whose message names the file (or `--set`), the dotted key and what was wanted.
+The sections both stages read are defined in formats/ ([model], [diloco]: formats/scenario.py;
+[training], [network], [simulation]: formats/sections.py); this module adds [[nodes]], the
+scenario itself and the loader.
 """
 from __future__ import annotations
 
