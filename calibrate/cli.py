@@ -14,7 +14,8 @@ from pathlib import Path
 from facts.presets import PresetError, load_arch
 from formats.cli import DIGITS, OneLineParser, non_negative_int, positive_int
 from formats.profile import ProfileError
-from formats.scenario import COMPILE_MODES, compiled_step
+from formats.scenario import compiled_step
+from formats.sections import COMPILE_MODES
 from formats.wire import MODEL_DTYPES
 
 DEFAULT_CPU_MAX_BATCH = 64

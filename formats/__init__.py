@@ -7,6 +7,8 @@ this package holds what both sides of each file must agree on, once:
 - wire: collectives, payload dtypes and their encoded sizes, averaging modes, model dtypes,
   the partitioned all-reduce's shares and the ring all-reduce formula
 - scenario: the [model] and [diloco] sections both stages read, validated once
+- sections: the [training], [network] and [simulation] sections, each key's default, doc and
+  checks beside it; scenario_doc renders docs/DESIGN.md's lines for them
 - config, errors, limits: building frozen dataclasses from TOML tables, FieldError / InputError,
   the limits on a scenario's sizes and names
 - profile, netprofile: the calibration and network profile columns and their checked readers

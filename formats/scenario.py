@@ -1,5 +1,8 @@
 """The scenario sections both stages read: `[model]` and `[diloco]`, validated here once.
 
+(`[training]`, `[network]` and `[simulation]` are in formats/sections.py, each key's default and
+doc beside it; this module keeps the compile rule and the Young/Daly checkpoint interval.)
+
 The simulator (simulator/scenario.py) and the executor (real/config.py) build these from the
 same TOML with `formats.config.build`, so a key means the same thing, has the same default and
 is refused for the same reason on both sides. The simulator extends ModelSection with the
@@ -17,10 +20,8 @@ from formats.config import require_choice, require_positive
 from formats.errors import FieldError
 from formats.limits import limit
 from formats.plan import FRAGMENT_PATTERNS, OUTER_STATES
+from formats.sections import COMPILE_MODES
 from formats.wire import AVERAGING_MODES, MODEL_DTYPES
-
-# [training] compile: whether the step runs torch.compile'd blocks (train/step.py).
-COMPILE_MODES = ("auto", "on", "off")
 
 
 def compiled_step(mode: str, on_gpu: bool) -> bool:
@@ -91,33 +92,8 @@ class DilocoConfig:
         require_choice(self, "averaging", AVERAGING_MODES)
 
 
-# [training] checkpoint_every: a checkpoint after every k-th round. Absent (None), the executor
-# chooses k itself from the checkpoint's measured cost and the expected time between failures
-# ([simulation] mtbf_s): the Young/Daly interval (`young_daly_interval_s`, docs/PAPERS.md).
-CHECKPOINT_EVERY_DEFAULT = None
-
-# [simulation] mtbf_s: the expected seconds between failures of the run (any node); with the
-# checkpoint's cost it sets the default checkpoint interval. A day unless the scenario says.
-MTBF_S_DEFAULT = 86400.0
-
-
-def check_checkpoint_every(value, key: str = "training.checkpoint_every") -> int | None:
-    """`value` as rounds between checkpoints (a positive integer, or None: chosen by cost);
-    FieldError naming `key` otherwise."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise FieldError(key, f"expected a positive integer (rounds between checkpoints), got {value!r}")
-    return value
-
-
-def check_mtbf_s(value, key: str = "simulation.mtbf_s") -> float:
-    """`value` as seconds between failures (positive, finite, up to ten years); FieldError naming `key` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3.2e8:
-        raise FieldError(key, f"expected seconds between failures, positive and at most 3.2e8, got {value!r}")
-    return float(value)
-
-
+# [training] checkpoint_every absent, the executor checkpoints every Young/Daly interval for the
+# checkpoint's measured cost and [simulation] mtbf_s (both keys in formats/sections.py).
 def young_daly_interval_s(cost_s: float, mtbf_s: float) -> float:
     """Seconds of work between checkpoints that lose the least expected time: Young (1974) and
     Daly (2006), tau = sqrt(2 * cost * MTBF) - cost, for a checkpoint costing `cost_s`; Daly's

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from formats.cli import OneLineParser
+from formats.sections import NODE_LOSS_POLICIES
 
 
 def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +50,7 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads per process (0: the node's pinned cores, else cores / processes)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--on-node-loss", choices=("stop", "continue"), default="stop",
+    parser.add_argument("--on-node-loss", choices=NODE_LOSS_POLICIES, default="stop",
                         help="stop: a node whose process dies stops the run (--resume continues it); continue: "
                              "the others average among themselves from the next round (one process per node, "
                              "CPU, classic DiLoCo)")

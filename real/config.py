@@ -2,38 +2,29 @@
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds, checkpoint_every, compile), `[diloco]` and `[network]`'s collective and payload_dtype (the
-defaults for plan.csv cells left empty); the rest of `[network]`, `[[nodes]]` and `[simulation]`
-belong to the simulator and are ignored. Unknown keys in the sections read here are errors. Every
-error is a `ConfigError` whose message names the file, the key and what was expected. """
+(rounds, checkpoint_every, compile), `[diloco]`, `[network]`'s collective and payload_dtype (the
+defaults for plan.csv cells left empty) and latency_ms, and `[simulation]`'s mtbf_s. Those sections
+are built by their one definition (formats/scenario.py, formats/sections.py), which the simulator
+uses too: keys, defaults and checks are the same on both sides, and the values the executor does
+not run are checked and dropped; `[[nodes]]` belongs to the simulator and is ignored. Unknown keys
+are errors. Every error is a `ConfigError` whose message names the file, the key and what was
+expected. """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from formats.config import build
 from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
-from formats.scenario import (
-    CHECKPOINT_EVERY_DEFAULT,
-    COMPILE_MODES,
-    MTBF_S_DEFAULT,
-    DilocoConfig,
-    ModelSection,
-    check_checkpoint_every,
-    check_mtbf_s,
-)
+from formats.scenario import DilocoConfig, ModelSection
+from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig
 from formats.toml import tomllib
-from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
 # Top-level keys of a scenario; those not read here are the simulator's business.
 SCENARIO_TOP_KEYS = {"name", "seed", "model", "training", "network", "diloco", "nodes",
                      "simulation", "description"}
-# Keys the simulator may write in [training] that the executor does not need (the plan
-# carries per-node batch size and local steps).
-IGNORED_TRAINING_KEYS = {"local_steps", "batch_size", "sharding", "activation_checkpointing", "target_loss",
-                         "convergence_profile"}
 
 
 class ConfigError(ValueError):
@@ -48,19 +39,20 @@ def _positive_int(key: str, value) -> int:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What the executor reads from a resolved scenario."""
+    """What the executor reads from a resolved scenario. No defaults here: every value comes from a
+    section built by its one definition (formats/scenario.py, formats/sections.py)."""
 
     seed: int
     model: ModelSection
-    rounds: int
-    diloco: DilocoConfig = field(default_factory=DilocoConfig)
+    rounds: int  # [training].rounds; the plan's own rounds replace it (sync-ddp: R·H)
+    diloco: DilocoConfig
     # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
-    collective: str = "ring"
-    payload_dtype: str = "fp32"
-    checkpoint_every: int | None = None  # [training].checkpoint_every; None: Young/Daly (formats/scenario.py)
-    mtbf_s: float = MTBF_S_DEFAULT  # [simulation].mtbf_s: with the measured checkpoint cost, the default cadence
-    latency_ms: float = 1.0  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
-    compile: str = "auto"    # [training] compile: the step's torch.compile'd blocks (train/step.py use_compile)
+    collective: str
+    payload_dtype: str
+    checkpoint_every: int | None  # [training].checkpoint_every; None: Young/Daly (formats/scenario.py)
+    mtbf_s: float  # [simulation].mtbf_s: with the measured checkpoint cost, the default cadence
+    latency_ms: float  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
+    compile: str  # [training] compile: the step's torch.compile'd blocks (train/step.py use_compile)
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
@@ -69,16 +61,6 @@ class RunSpec:
         if not isinstance(self.model.preset, str) or not self.model.preset:
             raise FieldError("model.preset", "expected a preset name or a config.json path "
                              "(the executor needs a buildable model)")
-        if self.collective not in COLLECTIVES:
-            raise FieldError("network.collective", f"expected one of {', '.join(COLLECTIVES)}, got {self.collective!r}")
-        if self.compile not in COMPILE_MODES:
-            raise FieldError("training.compile", f"expected one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
-        if self.payload_dtype not in PAYLOAD_BYTES:
-            raise FieldError("network.payload_dtype",
-                             f"expected one of {', '.join(PAYLOAD_BYTES)}, got {self.payload_dtype!r}")
-        latency = self.latency_ms
-        if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not 0 <= latency < float("inf"):
-            raise FieldError("network.latency_ms", f"expected a non-negative number, got {latency!r}")
 
 
 def _check_keys(section: dict, allowed: set[str], prefix: str) -> None:
@@ -97,24 +79,27 @@ def _table(data: dict, key: str) -> dict:
 def run_spec_from_dict(data: dict) -> RunSpec:
     """The executor's view of a parsed scenario; raises FieldError naming the key.
 
-    [model] and [diloco] are built by the shared sections (formats/scenario.py)."""
+    Every section is built by its shared definition (formats/scenario.py, formats/sections.py),
+    so unknown keys, bad values and defaults are the simulator's; the executor keeps what it runs."""
     _check_keys(data, SCENARIO_TOP_KEYS, "")
-    training = _table(data, "training")
-    _check_keys(training, {"rounds", "checkpoint_every", "compile"} | IGNORED_TRAINING_KEYS, "training.")
-    if "rounds" not in training:
+    raw_training = _table(data, "training")
+    # The executor runs the scenario's rounds, so it wants them written (resolved scenarios always have them).
+    if "rounds" not in raw_training:
         raise FieldError("training.rounds", "missing; expected a positive integer")
-    network = _table(data, "network")  # the rest of [network] is the simulator's
+    _positive_int("training.rounds", raw_training["rounds"])
+    training = build(TrainingConfig, raw_training, "training")
+    network = build(NetworkConfig, _table(data, "network"), "network")
     return RunSpec(
         seed=data.get("seed", 0),
         model=build(ModelSection, _table(data, "model"), "model"),
-        rounds=training["rounds"],
-        checkpoint_every=check_checkpoint_every(training.get("checkpoint_every", CHECKPOINT_EVERY_DEFAULT)),
+        rounds=training.rounds,
         diloco=build(DilocoConfig, _table(data, "diloco"), "diloco"),
-        collective=network.get("collective", "ring"),
-        payload_dtype=network.get("payload_dtype", "fp32"),
-        latency_ms=network.get("latency_ms", 1.0),
-        compile=training.get("compile", "auto"),
-        mtbf_s=check_mtbf_s(_table(data, "simulation").get("mtbf_s", MTBF_S_DEFAULT)),
+        collective=network.collective,
+        payload_dtype=network.payload_dtype,
+        checkpoint_every=training.checkpoint_every,
+        mtbf_s=build(SimulationConfig, _table(data, "simulation"), "simulation").mtbf_s,
+        latency_ms=network.latency_ms,
+        compile=training.compile,
     )
 
 

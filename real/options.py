@@ -9,11 +9,12 @@ import torch
 import torch.distributed as dist
 
 from formats.plan import Plan
+from formats.sections import NODE_LOSS_POLICIES
 from real.config import RunSpec
 from real.streaming import StreamingSpec
 
 WAN_MODES = ("loopback", "shaped")
-ON_NODE_LOSS = ("stop", "continue")  # formats' on_node_loss policies (simulator/outage.py), run
+ON_NODE_LOSS = NODE_LOSS_POLICIES  # [simulation] on_node_loss's values, as --on-node-loss
 
 
 # The knock that names a lost node (real.wan.LIVENESS_TIMEOUT_S, 2 s), printing, exiting and

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from formats.scenario import MTBF_S_DEFAULT, rounds_between_checkpoints
+from formats.scenario import rounds_between_checkpoints
+from formats.sections import MTBF_S_DEFAULT
 from simulator.network import CHECKPOINT_BYTES_PER_PARAM, profiled_host_figure
 
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from formats.errors import FieldError, InputError
+from formats.sections import NODE_LOSS_POLICIES as POLICIES  # [simulation] on_node_loss
 
-POLICIES = ("stop", "continue")
 FETCH_BYTES_PER_PARAM = 8  # global weights and outer momentum, fp32
 
 

@@ -3,6 +3,9 @@
 `load_scenario(source, overrides)` takes a path or a built-in name (`paper`, `hetero-cpu`),
 applies `key=value` overrides, validates everything and returns a `Scenario`. Any problem is
 an InputError whose message names the file (or `--set`), the dotted key and what was wanted.
+The sections both stages read are defined in formats/ ([model], [diloco]: formats/scenario.py;
+[training], [network], [simulation]: formats/sections.py); this module adds [[nodes]], the
+scenario itself and the loader.
 """
 from __future__ import annotations
 
@@ -21,22 +24,13 @@ from formats.errors import FieldError, InputError
 from formats.files import read_regular_file
 from formats.files import short as _short
 from formats.limits import LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name, limit
+from formats.scenario import DilocoConfig, ModelSection
 
-# Memory layouts of a node (simulator/memory.py), least to most sharded / recomputed; "auto" picks.
-from formats.plan import CHECKPOINTING, SHARDINGS
-from formats.scenario import (
-    CHECKPOINT_EVERY_DEFAULT,
-    COMPILE_MODES,
-    MTBF_S_DEFAULT,
-    DilocoConfig,
-    ModelSection,
-    check_checkpoint_every,
-    check_mtbf_s,
-)
+# [training], [network] and [simulation]: one definition, shared with the executor (formats/sections.py).
+from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig, choices_of
 from formats.toml import tomllib
-from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from simulator.drift import DriftEvent
-from simulator.outage import POLICIES, Outage
+from simulator.outage import Outage
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 
@@ -66,77 +60,6 @@ class ModelConfig(ModelSection):
         if self.arch is not None:
             return self.arch.train_flops_per_token(self.seq_len)
         return 6.0 * self.param_count
-
-
-@dataclass(frozen=True)
-class TrainingConfig:
-    """rounds R, local steps H, baseline per-device batch b; how every node lays out its memory
-    (sharding over its devices, activation recomputation: "auto" = the least that holds b, see
-    simulator/memory.py), each overridable per node."""
-
-    rounds: int = 10
-    local_steps: int = 100
-    batch_size: int = 4
-    sharding: str = "auto"
-    activation_checkpointing: str = "auto"
-    compile: str = "auto"  # the step's torch.compile'd blocks: auto (GPU nodes) | on | off (formats/scenario.py)
-    # rounds between checkpoints; None: Young/Daly (simulator/checkpoints.py)
-    checkpoint_every: int | None = CHECKPOINT_EVERY_DEFAULT
-    target_loss: float | None = None  # the loss a run must reach: rank strategies by the time to it
-    convergence_profile: str | None = None  # geodt calibrate convergence's CSV (simulator/loss_prediction.py)
-
-    def __post_init__(self) -> None:
-        check_checkpoint_every(self.checkpoint_every, "checkpoint_every")
-        if self.target_loss is not None:
-            require_positive(self, "target_loss")
-        require_positive(self, "rounds", "local_steps", "batch_size")
-        limit(self, "rounds", "local_steps", "batch_size")
-        require_choice(self, "compile", COMPILE_MODES)
-        require_choice(self, "sharding", ("auto",) + SHARDINGS)
-        require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
-
-
-@dataclass(frozen=True)
-class NetworkConfig:
-    bandwidth_gbps: float = 1.0
-    latency_ms: float = 1.0
-    collective: str = "ring"
-    payload_dtype: str = "fp32"
-    # A network profile (geodt calibrate network): its fit replaces bandwidth_gbps and
-    # latency_ms, and times the outer step and the checkpoint from measurements.
-    profile: str | None = None
-
-    def __post_init__(self) -> None:
-        require_positive(self, "bandwidth_gbps")
-        if not self.latency_ms >= 0:
-            raise FieldError("latency_ms", f"expected a number >= 0, got {self.latency_ms!r}")
-        limit(self, "bandwidth_gbps", "latency_ms")
-        require_choice(self, "collective", COLLECTIVES)
-        require_choice(self, "payload_dtype", tuple(PAYLOAD_BYTES))
-
-
-@dataclass(frozen=True)
-class SimulationConfig:
-    """Simulator-only knobs. jitter_cv: coefficient of variation of each inner step's time;
-    variability = "profile": a node timed by profiles takes its own from their p10/p90 spread."""
-
-    jitter_cv: float = 0.0
-    variability: str = "given"
-    # A node's outage (simulator/outage.py): the others go on without it, or the run stops and restarts.
-    on_node_loss: str = "stop"
-    detect_s: float = 0.0   # how long the others wait at the barrier before they notice the loss
-    restart_s: float = 0.0  # stop: relaunching every node and reloading; continue: the lost node's restart
-    mtbf_s: float = MTBF_S_DEFAULT  # expected seconds between failures: sets the default checkpoint interval
-
-    def __post_init__(self) -> None:
-        require_choice(self, "variability", ("given", "profile"))
-        require_choice(self, "on_node_loss", POLICIES)
-        check_mtbf_s(self.mtbf_s, "mtbf_s")
-        for name in ("detect_s", "restart_s"):
-            if not 0 <= getattr(self, name) <= 1e7:
-                raise FieldError(name, f"expected seconds from 0 to 1e7, got {getattr(self, name)!r}")
-        if not (0 <= self.jitter_cv < 10):
-            raise FieldError("jitter_cv", f"expected a number in [0, 10), got {self.jitter_cv!r}")
 
 
 @dataclass(frozen=True)
@@ -178,10 +101,9 @@ class NodeConfig:
             raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
         if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
             raise FieldError("cpu_cores", f"expected a non-empty list of core indices, got {list(self.cpu_cores)!r}")
-        if self.sharding is not None:
-            require_choice(self, "sharding", ("auto",) + SHARDINGS)
-        if self.activation_checkpointing is not None:
-            require_choice(self, "activation_checkpointing", ("auto",) + CHECKPOINTING)
+        for name in ("sharding", "activation_checkpointing"):  # [training]'s values, for this node alone
+            if getattr(self, name) is not None:
+                require_choice(self, name, choices_of(TrainingConfig, name))
 
     @property
     def gpu_count(self) -> int:

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from formats.scenario import MTBF_S_DEFAULT, rounds_between_checkpoints, young_daly_interval_s
+from formats.scenario import rounds_between_checkpoints, young_daly_interval_s
+from formats.sections import MTBF_S_DEFAULT
 from real import checkpoint, ckpt_set
 
 

@@ -1,0 +1,183 @@
+"""The scenario's `[training]`, `[network]` and `[simulation]` sections, defined once.
+
+Each key is a field of a frozen dataclass made by `key(default, doc, *checks, choices=...)`: its
+default, its one-line documentation, its allowed values and its checks sit beside it, and nowhere
+else. The simulator (simulator/scenario.py) uses these classes as its scenario sections; the
+executor (real/config.py) builds the same classes from the resolved scenario and keeps the few
+values it needs; docs/DESIGN.md's scenario block for these sections is rendered from the same
+metadata (formats/scenario_doc.py). `check_keys` runs every field's checks in `__post_init__`,
+so a section built by `formats.config.build` from TOML, or directly, is validated the same way.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from formats.config import require_choice, require_positive
+from formats.errors import FieldError
+from formats.limits import limit
+from formats.plan import CHECKPOINTING, SHARDINGS
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+
+# [training] compile: whether the step runs torch.compile'd blocks (train/step.py).
+COMPILE_MODES = ("auto", "on", "off")
+# [simulation] on_node_loss: what the others do when a node is lost (simulator/outage.py).
+NODE_LOSS_POLICIES = ("stop", "continue")
+# [simulation] mtbf_s's default, named because the simulator's checkpoint pricing starts from it too.
+MTBF_S_DEFAULT = 86400.0
+
+Check = Callable[[Any, str], None]
+
+
+def key(default: Any, doc: str, *checks: Check, choices: tuple[str, ...] = (), example: Any = None) -> Any:
+    """A section key: its default, one-line doc, allowed values (`choices`) and checks, each a
+    function (section, field name) raising FieldError. `example`: the value docs show for a key
+    whose default is None (absent)."""
+    return field(default=default, metadata={"doc": doc, "checks": checks, "choices": tuple(choices),
+                                            "example": example})
+
+
+def check_keys(section: Any) -> None:
+    """Every field's allowed values, then its checks, in field order."""
+    for f in fields(section):
+        if f.metadata.get("choices"):
+            require_choice(section, f.name, f.metadata["choices"])
+        for check in f.metadata.get("checks", ()):
+            check(section, f.name)
+
+
+def choices_of(cls: type, name: str) -> tuple[str, ...]:
+    """The allowed values of `cls`'s key `name` (a node's own sharding takes [training]'s)."""
+    return next(f.metadata["choices"] for f in fields(cls) if f.name == name)
+
+
+def default_of(cls: type, name: str) -> Any:
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
+def check_checkpoint_every(value, key: str = "training.checkpoint_every") -> int | None:
+    """`value` as rounds between checkpoints (a positive integer, or None: chosen by cost);
+    FieldError naming `key` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise FieldError(key, f"expected a positive integer (rounds between checkpoints), got {value!r}")
+    return value
+
+
+def check_mtbf_s(value, key: str = "simulation.mtbf_s") -> float:
+    """`value` as seconds between failures (positive, finite, up to ten years); FieldError naming `key` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 3.2e8:
+        raise FieldError(key, f"expected seconds between failures, positive and at most 3.2e8, got {value!r}")
+    return float(value)
+
+
+# The checks fields share; each takes (section, field name) and raises FieldError naming the field.
+def positive(section: Any, name: str) -> None:
+    require_positive(section, name)  # None passes: an absent optional key
+
+
+def limited(section: Any, name: str) -> None:
+    limit(section, name)  # formats/limits.py: bounds that keep every later product finite
+
+
+def non_negative(section: Any, name: str) -> None:
+    value = getattr(section, name)
+    if not value >= 0:  # written so that NaN fails too
+        raise FieldError(name, f"expected a number >= 0, got {value!r}")
+
+
+def seconds_up_to_1e7(section: Any, name: str) -> None:
+    value = getattr(section, name)
+    if not 0 <= value <= 1e7:
+        raise FieldError(name, f"expected seconds from 0 to 1e7, got {value!r}")
+
+
+def below_10(section: Any, name: str) -> None:
+    value = getattr(section, name)
+    if not 0 <= value < 10:
+        raise FieldError(name, f"expected a number in [0, 10), got {value!r}")
+
+
+def rounds_between(section: Any, name: str) -> None:
+    check_checkpoint_every(getattr(section, name), name)
+
+
+def failure_interval(section: Any, name: str) -> None:
+    check_mtbf_s(getattr(section, name), name)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """[training]: rounds R, local steps H, the baseline per-device batch b, and how every node lays out
+    its memory (each overridable per node); the executor reads rounds, compile and checkpoint_every."""
+
+    rounds: int = key(10, "outer syncs", positive, limited)
+    local_steps: int = key(100, "baseline H: inner steps per round", positive, limited)
+    batch_size: int = key(4, "baseline per-GPU batch", positive, limited)
+    sharding: str = key("auto", "how a node's G devices divide the training state (ZeRO stage 1, 2, full sharding "
+                        "with FSDP2); auto: the least layout that holds batch_size (see \"Memory layouts\")",
+                        choices=("auto",) + SHARDINGS)
+    activation_checkpointing: str = key("auto", "full recomputes every decoder layer in backward; auto: the "
+                                        "least layout that holds batch_size", choices=("auto",) + CHECKPOINTING)
+    compile: str = key("auto", "the step's decoder blocks torch.compile'd (train/step.py; auto: on for GPU nodes, "
+                       "off for CPU ones); the estimate prices the lean step when compiled, geodt's eager step "
+                       "otherwise; a profile's `compiled` must match an explicit on/off (auto takes the profile's)",
+                       choices=COMPILE_MODES)
+    checkpoint_every: int | None = key(None, "the executor's checkpoint after every k-th round (`--checkpoint-every "
+                                       "K` overrides); absent: the Young/Daly interval (\"Checkpoints\" below)",
+                                       rounds_between, example=4)
+    target_loss: float | None = key(None, "the training loss the run must reach (`--target-loss`): every "
+                                    "strategy's predicted time to it, and `simulate` recommends by it (\"Loss "
+                                    "model\" below)", positive, example=3.5)
+    convergence_profile: str | None = key(None, "a convergence profile (geodt calibrate convergence): the loss "
+                                          "model's curve (its model) and per-strategy effects; default: the "
+                                          "built-in one of hetero-cpu (simulator/scenarios/convergence-hetero-cpu.csv)",
+                                          example="conv.csv")
+
+    def __post_init__(self) -> None:
+        check_keys(self)
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """[network]: the links between nodes; the executor reads collective, payload_dtype and latency_ms."""
+
+    bandwidth_gbps: float = key(1.0, "the WAN link between nodes, Gbit/s (a node's own uplink_gbps where slower)",
+                                positive, limited)
+    latency_ms: float = key(1.0, "one way (a real run on --wan shaped emulates it where netem exists)",
+                            non_negative, limited)
+    collective: str = key("ring", "partitioned is bandwidth-balanced (as hivemind)",
+                          choices=COLLECTIVES)
+    payload_dtype: str = key("fp32", "pseudo-gradient compression", choices=tuple(PAYLOAD_BYTES))
+    profile: str | None = key(None, "a network profile (geodt calibrate network): its ring fit replaces "
+                              "bandwidth_gbps and latency_ms; it also times the outer step, the intra-node "
+                              "all-reduce of CPU nodes and the checkpoints (snapshot, write)", example="net.csv")
+
+    def __post_init__(self) -> None:
+        check_keys(self)
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """[simulation]: the simulator's knobs (step jitter, node losses); the executor reads mtbf_s."""
+
+    jitter_cv: float = key(0.0, "per-step lognormal jitter (coefficient of variation), seeded by `seed`",
+                           below_10)
+    variability: str = key("given", "jitter_cv for every node (given), or a node timed by profiles takes its "
+                           "jitter from their p10/p90 spread (profile); a node of G devices waits each step for "
+                           "the slowest of G draws", choices=("given", "profile"))
+    on_node_loss: str = key("stop", "what a node's outage does; stop: every node waits, restarts, re-runs the "
+                            "round; continue: the others average among themselves, it rejoins from a peer",
+                            choices=NODE_LOSS_POLICIES)
+    detect_s: float = key(0.0, "how long the others wait at the barrier before they notice a lost node",
+                          seconds_up_to_1e7)
+    restart_s: float = key(0.0, "stop: relaunching every node and reloading; continue: the lost node's restart",
+                           seconds_up_to_1e7)
+    mtbf_s: float = key(MTBF_S_DEFAULT, "expected seconds between failures of the run: with a checkpoint's cost, "
+                        "the default checkpoint interval (Young/Daly; executor and simulator alike)",
+                        failure_interval)
+
+    def __post_init__(self) -> None:
+        check_keys(self)

@@ -1,0 +1,119 @@
+"""One scenario schema: `[training]`, `[network]` and `[simulation]` defined once, in formats/sections.py.
+
+The simulator and the executor read these sections through the same classes; docs/DESIGN.md's
+lines for them are rendered from the same metadata; and no stage's scenario reader keeps a
+second copy of a default or of an allowed-value list (checked on the source with `ast`).
+"""
+from __future__ import annotations
+
+import ast
+from dataclasses import MISSING, fields
+from pathlib import Path
+
+import pytest
+
+from formats.scenario_doc import DESIGN, SECTIONS, render_section, written_section
+from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+# The stages' scenario readers: neither may define a default or an allowed value of these sections.
+READERS = ("simulator/scenario.py", "real/config.py")
+CLASSES = (TrainingConfig, NetworkConfig, SimulationConfig)
+KEYS = {f.name for cls in CLASSES for f in fields(cls)}
+STRING_DEFAULTS = {f.default for cls in CLASSES for f in fields(cls) if isinstance(f.default, str)}
+CHOICES = {c for cls in CLASSES for f in fields(cls) for c in f.metadata["choices"]}
+
+
+@pytest.mark.parametrize("name", [s[0] for s in SECTIONS])
+def test_design_md_holds_exactly_the_rendered_section(name):
+    assert written_section(DESIGN.read_text(), name) == render_section(name), \
+        "docs/DESIGN.md differs from formats/sections.py: run `python -m formats.scenario_doc`"
+
+
+def test_every_key_has_a_default_and_a_one_line_doc():
+    for cls in CLASSES:
+        for f in fields(cls):
+            doc = f.metadata.get("doc", "")
+            assert f.default is not MISSING and doc and "\n" not in doc, f"{cls.__name__}.{f.name}"
+            assert f.default is not None or f.metadata["example"] is not None, f"{cls.__name__}.{f.name}"
+        cls()  # the defaults pass the checks
+
+
+def second_copies(source: str) -> list[str]:
+    """Where `source` (a scenario reader) holds what only formats/sections.py may: a string default,
+    a list of allowed values, `.get(<key>, <default>)`, or a class field named as a key with a default."""
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(n) is not None}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value in STRING_DEFAULTS and id(node) not in docstrings:
+            found.append(f"line {node.lineno}: the default {node.value!r}")
+        elif isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(
+                isinstance(e, ast.Constant) and e.value in CHOICES for e in node.elts):
+            found.append(f"line {node.lineno}: a list of allowed values")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) and node.args[0].value in KEYS):
+            found.append(f"line {node.lineno}: .get({node.args[0].value!r}, <a default>)")
+        elif isinstance(node, ast.ClassDef):
+            found += [f"line {s.lineno}: field {s.target.id} = <a default>" for s in node.body
+                      if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id in KEYS
+                      and s.value is not None and not (isinstance(s.value, ast.Constant) and s.value.value is None)]
+    return found
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_no_scenario_reader_keeps_a_second_copy(reader):
+    assert second_copies((ROOT / reader).read_text()) == []
+
+
+@pytest.mark.parametrize("copy", [
+    'class RunSpec:\n    collective: str = "ring"\n',
+    "class RunSpec:\n    latency_ms: float = 1.0\n",
+    'def f(network):\n    return network.get("latency_ms", 1.0)\n',
+    'def f(training):\n    return training.get("compile", "auto")\n',
+    'def f(sim):\n    require_choice(sim, "variability", ("given", "profile"))\n',
+    'X = "fp32"\n',
+])
+def test_a_second_copy_is_caught(copy):
+    assert second_copies(copy)
+
+
+def test_executor_and_simulator_read_the_same_defaults(tmp_path):
+    """A scenario that gives only what the executor requires: every value it reads is the section's default."""
+    from real.config import load_run_spec
+
+    path = tmp_path / "scenario.toml"
+    path.write_text('name = "t"\n[model]\npreset = "tiny"\n[training]\nrounds = 3\n')
+    spec = load_run_spec(path)
+    training, network, simulation = TrainingConfig(), NetworkConfig(), SimulationConfig()
+    assert (spec.compile, spec.checkpoint_every) == (training.compile, training.checkpoint_every)
+    assert (spec.collective, spec.payload_dtype, spec.latency_ms) == \
+        (network.collective, network.payload_dtype, network.latency_ms)
+    assert spec.mtbf_s == simulation.mtbf_s
+
+
+@pytest.mark.parametrize("section, line, message", [
+    ("network", "bandwidth = 1.0", "network.bandwidth: unknown key; expected one of bandwidth_gbps"),
+    ("network", 'collective = "tree"', "network.collective: expected one of ring, partitioned, got 'tree'"),
+    ("simulation", "mtbf_s = 0", "simulation.mtbf_s: expected seconds between failures"),
+    ("training", 'compile = "yes"', "training.compile: expected one of auto, on, off, got 'yes'"),
+])
+def test_both_stages_refuse_a_bad_key_alike(tmp_path, section, line, message):
+    """The same one-line message from the simulator (InputError) and the executor (ConfigError)."""
+    from formats.errors import InputError
+    from real.config import ConfigError, load_run_spec
+    from simulator.scenario import load_scenario
+
+    path = tmp_path / "scenario.toml"
+    tables = {"model": 'preset = "tiny"', "training": "rounds = 3"}
+    tables[section] = "\n".join(filter(None, [tables.get(section), line]))
+    text = 'name = "t"\n' + "".join(f"[{name}]\n{body}\n" for name, body in tables.items())
+    text += '[[nodes]]\nname = "a"\ngpus = { "cpu" = 1 }\n'
+    path.write_text(text)
+    with pytest.raises(InputError) as simulated:
+        load_scenario(str(path))
+    with pytest.raises(ConfigError) as executed:
+        load_run_spec(path)
+    assert str(simulated.value).startswith(f"{path}: {message}")
+    assert str(executed.value).startswith(f"{path}: {message}")
