@@ -50,7 +50,8 @@ TIMING_COLUMNS = ["mix", "strategy", "node", "predicted_compute_s", "measured_co
                   "round_error_pct", "error_pct_of_round", "predicted_staleness_mean", "measured_staleness_mean",
                   "predicted_run_staleness_mean", "measured_run_staleness_mean", "final_loss", "verdict"]
 LOSS_COLUMNS = ["strategy", "predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
-                "measured_time_to_target_s", "loss_model_time_to_target_s", "measured_run_staleness_mean"]
+                "measured_time_to_target_s", "loss_model_time_to_target_s", "measured_run_staleness_mean",
+                "overrun_steps", "inner_steps"]
 
 
 def timing(work: Path, calibrate: bool) -> pd.DataFrame:
@@ -90,9 +91,12 @@ def loss(work: Path, target: float, rounds: int) -> tuple[pd.DataFrame, dict[str
     for strategy in tqdm(LOSS_STRATEGIES, desc="loss runs", unit="run", file=sys.stderr):
         out = validate(work, f"loss-{strategy}", ["--strategy", strategy, "--emulate", "--target-loss", str(target),
                                                   "--set", f"training.rounds={rounds}"])
-        table = pd.read_csv(out / "validation.csv")
-        rows.append(table.iloc[0].reindex(LOSS_COLUMNS).to_dict() | {"strategy": strategy})
-        traces[strategy] = pd.read_csv(out / "trace.csv")
+        table, trace = pd.read_csv(out / "validation.csv"), pd.read_csv(out / "trace.csv")
+        # overruns: emulated steps whose real compute outlasted the plan's step (the schedule slips)
+        rows.append(table.iloc[0].reindex(LOSS_COLUMNS).to_dict() | {
+            "strategy": strategy, "overrun_steps": int(trace["overrun_steps"].sum()),
+            "inner_steps": int(trace["local_steps"].sum())})
+        traces[strategy] = trace
     return pd.DataFrame(rows, columns=LOSS_COLUMNS), traces
 
 
