@@ -101,6 +101,7 @@ def test_the_built_in_profile_calibrates_update_staleness(capsys):
 def test_calibrate_convergence_adds_an_async_run_to_an_old_profile(tmp_path):
     """`--runs async` on a profile written before the staleness column: the old rows come back as they
     were (the default 0 after them), the async rows with the trace's staleness, and the fit weighs it."""
+    pytest.importorskip("torch")  # the async run is real training
     from geodt.calibration.cli import main
     from simulator.outputs import write_csv
 
