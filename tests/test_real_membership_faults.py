@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+pytest.importorskip("torch")  # real processes training
 from proctree import launcher_env
 from tiny_run import tiny_scenario
 
