@@ -20,8 +20,8 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
                       | gradients (synchronous data parallel, sync-ddp: every step's gradients
                       averaged over all devices, weighted by batch; no outer step)
                       | async | quorum: rounds without DiLoCo's barrier (BARRIERLESS_SYNCS;
-                      simulator/engine_async.py; the executor runs async, real/round_async.py, and
-                      refuses quorum)
+                      simulator/engine_async.py; the executor: real/round_async.py,
+                      real/round_quorum.py)
     link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
                       share of a partitioned all-reduce
     cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
@@ -87,7 +87,7 @@ STREAMING_COLUMNS = ("fragments", "sync_delay_steps", "fragment_alpha", "fragmen
 FRAGMENT_PATTERNS = ("sequential", "strided")
 SYNC_MODES = ("diloco", "gradients", "async", "quorum")
 # Rounds without DiLoCo's barrier (issue 40): async, each node's pseudo-gradient applied by a server when
-# it arrives; quorum, a round closed by a share of the nodes within a grace window (simulated only).
+# it arrives; quorum, a round closed by a share of the nodes within a grace window.
 BARRIERLESS_SYNCS = ("async", "quorum")
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")  # least to most sharded
 CHECKPOINTING = ("none", "full")
@@ -95,13 +95,9 @@ OUTER_STATES = ("cpu", "device")
 ADAPT_MODES = ("none", "rebalance", "deadline")
 
 
-def executor_refusal(plan: Plan) -> str | None:
-    """The one line the executor (real/) gives a plan it cannot run for lack of an implementation:
-    quorum rounds (issue 40) are simulated only (async runs: real/round_async.py); None for every other plan."""
-    if plan.sync == "quorum":
-        return (f"strategy {plan.strategy} (sync quorum): simulated only; the executor runs barrier rounds and "
-                "async (issue 40)")
-    return None
+def quorum_need(share: float, nodes: int) -> int:
+    """Nodes whose arrival closes a quorum round: ⌈share·n⌉, at least 1 (the simulator and the executor)."""
+    return max(1, math.ceil(share * nodes - 1e-9))
 
 
 class PlanError(ValueError):

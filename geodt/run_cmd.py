@@ -48,8 +48,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description=description)
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--strategy", required=True,
-                        help=f"one of {', '.join(STRATEGIES)}, or async (without a barrier; "
-                             f"{', '.join(b for b in BARRIERLESS if b != 'async')}: simulated only)")
+                        help=f"one of {', '.join(STRATEGIES)}, or without a barrier {', '.join(BARRIERLESS)}")
     parser.add_argument("--out", help="output directory (default: out/<scenario name>/run-<S> or validate-<S>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")
@@ -59,8 +58,9 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     if validate:
         parser.add_argument("--no-emulate", action="store_true",
                             help="run for real (the default; kept for older command lines)")
-        parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
-                            help="simulator engine for the prediction")
+        parser.add_argument("--engine", choices=("auto", "analytic", "simpy"), default="auto",
+                            help="simulator engine for the prediction (auto: analytic where it is exact, "
+                                 "SimPy for quorum rounds)")
         parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
         parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
                             help="the loss to reach ([training] target_loss): the time to it predicted and measured "
@@ -89,7 +89,6 @@ def _prepare(prog: str, args: argparse.Namespace):
     input is good and the directory is this run's.
     """
     from formats.errors import InputError
-    from formats.plan import executor_refusal
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
     from real.cli import exec_options
     from real.config import ConfigError
@@ -105,9 +104,6 @@ def _prepare(prog: str, args: argparse.Namespace):
         loss = validate_loss_setup(scenario, args) if prog.endswith("validate") else None
         check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)
-        refused = executor_refusal(plan)
-        if refused is not None:
-            raise InputError(refused)
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
         opts = injected_outage(scenario, plan, injected_drift(scenario, plan, exec_options(args, args.out)))

@@ -44,7 +44,7 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from formats.plan import Plan, executor_refusal
+from formats.plan import Plan
 from real.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.data import load_tokens
 from real.options import ExecOptions
@@ -74,9 +74,6 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
         spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
     spec = replace(spec, rounds=plan.rounds)
-    refused = executor_refusal(plan)
-    if refused is not None:
-        raise LaunchError(f"{plan_path}: {refused}")
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:
@@ -115,22 +112,23 @@ def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
 
 
 def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
-    """An async run (real/round_async.py) has no round that every node ends together, so no checkpoint
-    set to resume from or stop after, and whole replicas to push: the rest is refused in one line."""
-    if plan.sync != "async":
+    """An async or quorum run (real/round_async.py, real/round_quorum.py) has no round that every node
+    ends together, so no checkpoint set to resume from or stop after, and whole replicas to push: the
+    rest is refused in one line."""
+    if not plan.barrierless:
         return
-    why = None
+    kind, why = ("an async" if plan.sync == "async" else "a quorum"), None
     if any(node.sharding not in (None, "none") and node.gpus > 1 for node in plan.nodes):
-        why = f"{plan_path}: sharding: an async node pushes its whole replica; expected none"
+        why = f"{plan_path}: sharding: {kind} node pushes its whole replica; expected none"
     elif opts.streaming is not None:
-        why = "Streaming DiLoCo's fragments: an async node pushes whole rounds"
+        why = f"Streaming DiLoCo's fragments: {kind} node pushes whole rounds"
     elif opts.resume or opts.stop_after is not None or opts.checkpoint_every or opts.checkpoint_final:
-        why = ("checkpoints (--resume, --stop-after, --checkpoint-every, --checkpoint-final): an async run writes "
-               "none (its nodes end rounds apart: no consistent set of the server and every node is built)")
+        why = (f"checkpoints (--resume, --stop-after, --checkpoint-every, --checkpoint-final): {kind} run "
+               "writes none (its nodes end rounds apart: no consistent set of the server and every node is built)")
     elif opts.on_node_loss == "continue":
-        why = "--on-node-loss continue: a lost node stops an async run (the server waits for its pushes)"
+        why = f"--on-node-loss continue: a lost node stops {kind} run (the server waits for its pushes)"
     if why is not None:
-        raise LaunchError(f"strategy {plan.strategy} (sync async): {why}")
+        raise LaunchError(f"strategy {plan.strategy} (sync {plan.sync}): {why}")
 
 
 def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> None:

@@ -104,6 +104,8 @@ class ParameterServer:
 class AsyncRound(Round):
     """Asynchronous DiLoCo's round (the module doc)."""
 
+    extra_columns = tuple(EXTRA_COLUMNS)
+
     def __init__(self, parts: NodeParts, rounds: int, timeout_s: float):
         self.parts = parts
         plan, groups = parts.plan, parts.groups

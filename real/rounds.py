@@ -175,6 +175,8 @@ def round_row(parts: NodeParts, r: int, origin: Origin, loss_sum: torch.Tensor, 
 class Round(ABC):
     """One kind of round; real/worker.py calls run() once per round, close() once at the end."""
 
+    extra_columns: tuple[str, ...] = ()  # trace.csv's columns after the run columns, in this kind's rows
+
     @abstractmethod
     def run(self, r: int, origin: Origin, bar=None) -> dict:
         """Round r: the node's inner steps and its syncs; returns the node's trace row. `bar`:

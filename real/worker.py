@@ -11,9 +11,9 @@ average within its node and every process applies the same outer step.
 `Node` builds the process's parts once (`build_parts`: model, optimizer, data, outer state,
 averaging; real/rounds.py's NodeParts) and one round of the plan's kind (`make_round`): DiLoCo
 (real/round_classic.py), synchronous data parallel for plans with sync = gradients
-(real/round_ddp.py), Streaming DiLoCo (real/round_streaming.py), or asynchronous DiLoCo without a
-barrier, a parameter server on rank 0 (real/round_async.py). Every kind runs the same
-inner-step loop (real/rounds.py) and returns one trace row per node and round (real/trace.py),
+(real/round_ddp.py), Streaming DiLoCo (real/round_streaming.py), or without a barrier, a parameter
+server on rank 0: asynchronous DiLoCo (real/round_async.py) or quorum rounds (real/round_quorum.py).
+Every kind runs the same inner-step loop (real/rounds.py) and returns one trace row per node and round (real/trace.py),
 on the leader's clock; each round module says how its compute_s, idle_s and comm_s are
 measured. Times are relative to a common start (a barrier right before round 0). Checkpoints
 and resuming are real/checkpoint.py's: it reads and restores the Node's attributes. Nothing
@@ -36,10 +36,10 @@ from real.data import make_shard
 from real.diloco import OuterState, averaging_weights
 from real.groups import Groups
 from real.options import ExecOptions, run_config
-from real.round_async import EXTRA_COLUMNS as ASYNC_COLUMNS
 from real.round_async import AsyncRound
 from real.round_classic import ClassicRound
 from real.round_ddp import GradientRound
+from real.round_quorum import QuorumRound
 from real.round_streaming import StreamingRound
 from real.rounds import InnerSteps, NodeParts, Origin, Round
 from real.sharding import ShardingSpec, node_scaler, prepare_model
@@ -120,12 +120,14 @@ def warm_up(model, batch_size: int, seq_len: int, device: torch.device) -> None:
 
 
 def make_round(parts: NodeParts, streaming: StreamingSpec | None, rounds: int) -> Round:
-    """The plan's kind of round: sync-ddp, asynchronous DiLoCo (`rounds` pushes per node), Streaming
-    DiLoCo (given its settings), else DiLoCo."""
+    """The plan's kind of round: sync-ddp, asynchronous DiLoCo or quorum rounds (`rounds` pushes per
+    node), Streaming DiLoCo (given its settings), else DiLoCo."""
     if parts.plan.sync == "gradients":
         return GradientRound(parts)
     if parts.plan.sync == "async":
         return AsyncRound(parts, rounds, parts.opts.collective_timeout_s())
+    if parts.plan.sync == "quorum":
+        return QuorumRound(parts, rounds, parts.opts.collective_timeout_s())
     if streaming is not None:
         return StreamingRound(parts, streaming)
     return ClassicRound(parts)
@@ -250,7 +252,7 @@ class Node:
             weights = (self.layout.full_weights(self.model) if self.layout is not None else
                        {name: p.detach().cpu() for name, p in self.model.named_parameters()})
         n = len(self.plan.nodes)
-        extra = ASYNC_COLUMNS if isinstance(self.round, AsyncRound) else []
+        extra = list(self.round.extra_columns)
         tables = gather_tables(self.groups, n, self.trace, [*NUMERIC_COLUMNS, *extra])
         sync_tables = (gather_tables(self.groups, n, self.streaming.rows, SYNC_NUMERIC)
                        if self.streaming is not None else None)

@@ -19,13 +19,13 @@ import numpy as np
 import pandas as pd
 
 from formats.errors import InputError
-from formats.plan import Plan
+from formats.plan import Plan, quorum_need
 from formats.timeline import SUMMARY_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
 from simulator import outage
 from simulator.adaptive import adaptive_rounds
 from simulator.checkpoints import checkpoint_cost, round_s
 from simulator.engine_analytic import next_start_s, run_analytic, run_streaming_analytic, stream_state, wait_split
-from simulator.engine_async import STALE_FIELDS, quorum_need, run_async_analytic, run_async_simpy, run_quorum_simpy
+from simulator.engine_async import STALE_FIELDS, run_async_analytic, run_async_simpy, run_quorum_simpy
 from simulator.engine_async import service_s as async_service_s
 from simulator.engine_simpy import run_simpy, run_streaming_simpy
 from simulator.network import node_sync_offsets_s, outer_step_s

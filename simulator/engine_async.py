@@ -16,8 +16,8 @@ parameter, the fp32 global model pulled back; the typed links, not a network pro
 all-reduce fits; no encode/decode priced). Per node and round: compute_s its inner steps, idle_s
 its wait in the server's queue (the others' syncs ahead of it), comm_s its own service.
 
-quorum: a round closes when `need` nodes (fewer where fewer can still come) have brought their
-pseudo-gradients to their sync point, after a grace window of grace_s more (or at once when no
+quorum: a round closes when `need` nodes (fewer where fewer can still come) wait at their sync
+point with pseudo-gradients made from the model standing, after a grace window of grace_s more (or at once when no
 node can still come); every pseudo-gradient in is averaged by an all-reduce (comm_s, the group's
 all-reduces in issue order as engine_simpy.FragmentSync's) and the nodes that waited for it pull
 the new model. A node whose round closed without it (a close happened since its pull) is late:
@@ -68,11 +68,6 @@ def service_s(scenario, plan) -> np.ndarray:
     outer = outer_step_s(scenario, [t.layout for t in node_timings(scenario)])
     return push_pull_raw([links[p.node] for p in plan.nodes], scenario.network.latency_ms,
                          payload_bytes(scenario, plan.payload_dtype), weights, outer)
-
-
-def quorum_need(share: float, nodes: int) -> int:
-    """Nodes whose arrival closes a quorum round: ⌈share·n⌉, at least 1."""
-    return max(1, math.ceil(share * nodes - 1e-9))
 
 
 def _arrays(rounds: int, n: int) -> dict[str, np.ndarray]:
@@ -167,8 +162,8 @@ def run_async_analytic(compute: np.ndarray, service_s) -> dict[str, np.ndarray]:
 
 class Quorum:
     """The quorum rounds of one group. A node that reaches its sync point before the round it pulled
-    from closed waits (blocked); once `need` nodes (fewer where fewer can still come) have
-    pseudo-gradients in, the grace window opens; its end, or nobody left to come, closes the round: an
+    from closed waits (blocked); once `need` nodes (fewer where fewer can still come) wait, the
+    grace window opens; its end, or nobody left to come, closes the round: an
     all-reduce of every pseudo-gradient in, after the group's previous one. A node whose round closed
     without it (late) does not wait for the next: its pseudo-gradient goes into the next close (its
     communication thread takes part while it computes) and it pulls the latest model (after that
@@ -195,11 +190,14 @@ class Quorum:
             self.pulled[node] = self.versions.now()
         else:
             self.blocked.add(node)
+        # The quorum counts the nodes that wait: a late pseudo-gradient rides on the next close but
+        # does not make one (else late work alone would close rounds nobody waits for, every
+        # node late from then on).
         coming = sum(1 for i, a in enumerate(self.arrived) if a < self.rounds and i not in self.blocked)
-        inside = len({entry[0] for entry in self.entries})
+        waiting = len(self.blocked)
         if not coming:
             self._close()
-        elif inside >= min(self.need, inside + coming) and not self.window:
+        elif waiting >= min(self.need, waiting + coming) and not self.window:
             self.windows += 1
             self.window = number = self.windows
             self.env.timeout(self.grace_s).callbacks.append(lambda _: self._close() if self.window == number else None)

@@ -17,8 +17,7 @@ tokens. What differs is how a round ends (simulator/engine_async.py):
   figures from a paper (Decoupled DiLoCo's grace window is adaptive).
 
 Not in STRATEGIES (registry.py BARRIERLESS): the sweep and `geodt paper` time strategies with the
-barrier's arithmetic. The executor runs async plans (real/round_async.py) and refuses quorum's
-(formats/plan.py executor_refusal).
+barrier's arithmetic. The executor runs both (real/round_async.py, real/round_quorum.py).
 """
 from __future__ import annotations
 
@@ -26,7 +25,8 @@ import numpy as np
 
 from formats.adaptive import rebalance_steps
 from formats.errors import FieldError
-from simulator.engine_async import WEIGHT_BYTES_PER_PARAM, push_pull_raw, quorum_need
+from formats.plan import quorum_need
+from simulator.engine_async import WEIGHT_BYTES_PER_PARAM, push_pull_raw
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
