@@ -40,8 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from facts.catalog import get_gpu
-from facts.stacks import act_bytes_scale
 from facts.presets import load_arch
+from facts.stacks import act_bytes_scale
 from simulator.estimate import Shape, estimate_step, fsdp_collective_s
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"

@@ -41,7 +41,7 @@ def log_sq_error(rows: list[dict], scale: float) -> float:
 
 def fit_scale(rows: list[dict]) -> float:
     """The grid value of act_bytes_scale with the least log_sq_error over rows."""
-    grid = [round(1.0 + GRID_STEP * i, 2) for i in range(int(round((GRID_MAX - 1.0) / GRID_STEP)) + 1)]
+    grid = [round(1.0 + GRID_STEP * i, 2) for i in range(round((GRID_MAX - 1.0) / GRID_STEP) + 1)]
     return min(grid, key=lambda k: log_sq_error(rows, k))
 
 

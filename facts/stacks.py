@@ -1,4 +1,4 @@
-"""The stacks the catalog estimate prices ([training] stack) and each fitted stack's fit, read from facts/stack_fits.csv.
+"""The stacks the catalog estimate prices ([training] stack) and each fitted stack's fit (facts/stack_fits.csv).
 
 - geodt: geodt's own step (train/step.py), the one `geodt run` executes: eager or compiled as
   [training] compile says (simulator/estimate.py STEPS). Nothing fitted: every constant is a

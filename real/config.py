@@ -2,7 +2,8 @@
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds, checkpoint_every, compile), `[diloco]`, `[network]`'s collective and payload_dtype (the
+(rounds, checkpoint_every, compile; a `stack` other than geodt is refused: priced for planning
+only), `[diloco]`, `[network]`'s collective and payload_dtype (the
 defaults for plan.csv cells left empty) and latency_ms, and `[simulation]`'s mtbf_s. Those sections
 are built by their one definition (formats/scenario.py, formats/sections.py), which the simulator
 uses too: keys, defaults and checks are the same on both sides, and the values the executor does
@@ -76,6 +77,10 @@ def _table(data: dict, key: str) -> dict:
     return value
 
 
+# [training] stack: the one stack the executor runs (formats/sections.py STACKS; the others price plans only).
+EXECUTED_STACK = "geodt"
+
+
 def run_spec_from_dict(data: dict) -> RunSpec:
     """The executor's view of a parsed scenario; raises FieldError naming the key.
 
@@ -88,6 +93,9 @@ def run_spec_from_dict(data: dict) -> RunSpec:
         raise FieldError("training.rounds", "missing; expected a positive integer")
     _positive_int("training.rounds", raw_training["rounds"])
     training = build(TrainingConfig, raw_training, "training")
+    if training.stack != EXECUTED_STACK:
+        raise FieldError("training.stack", f"{training.stack!r} is priced for planning only: the executor runs "
+                         f"geodt's own step (expected {EXECUTED_STACK!r})")
     network = build(NetworkConfig, _table(data, "network"), "network")
     return RunSpec(
         seed=data.get("seed", 0),
