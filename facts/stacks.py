@@ -20,11 +20,11 @@ import csv
 import functools
 from pathlib import Path
 
-from formats.sections import STACKS
+from formats.sections import EXECUTED_STACK, STACKS
 
 FITS_CSV = Path(__file__).with_name("stack_fits.csv")
 FIT_COLUMNS = ["stack", "act_bytes_scale", "fit_rows", "held_out_rows", "record"]
-GEODT = "geodt"
+GEODT = EXECUTED_STACK
 FITTED_STACKS = tuple(s for s in STACKS if s != GEODT)
 # How a printed band names a fitted stack ("catalog estimate of torchtitan eager").
 STACK_LABELS = {"torchtitan-eager": "torchtitan eager"}

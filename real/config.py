@@ -20,7 +20,7 @@ from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
 from formats.scenario import DilocoConfig, ModelSection
-from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig
+from formats.sections import EXECUTED_STACK, NetworkConfig, SimulationConfig, TrainingConfig
 from formats.toml import tomllib
 
 # Top-level keys of a scenario; those not read here are the simulator's business.
@@ -75,10 +75,6 @@ def _table(data: dict, key: str) -> dict:
     if not isinstance(value, dict):
         raise FieldError(key, "expected a table")
     return value
-
-
-# [training] stack: the one stack the executor runs (formats/sections.py STACKS; the others price plans only).
-EXECUTED_STACK = "geodt"
 
 
 def run_spec_from_dict(data: dict) -> RunSpec:
