@@ -4,9 +4,13 @@ Every band is the largest |error| among the committed cases of its source (facts
 how a prediction combines them); nothing here is measured anew or typed in:
 
 - step, catalog-compiled: the catalog's estimate of the compiled (lean) step against published
-  training throughput of lean stacks (benchmarks/estimate/published_throughput.csv, every row)
-  and against geodt's compiled step timed on an H200; step, catalog-eager: its estimate of
-  geodt's eager step against that step timed on an H200, every batch (benchmarks/bench_estimate.py's rows).
+  training throughput of lean stacks (benchmarks/estimate/published_throughput.csv, the rows of
+  stack `lean`: priced by the same unfitted step) and against geodt's compiled step timed on an
+  H200; step, catalog-eager: its estimate of geodt's eager step against that step timed on an
+  H200, every batch (benchmarks/bench_estimate.py's rows).
+- step, catalog-<stack> for each fitted stack (facts/stacks.py): its estimate against the
+  published rows its constant was fitted to (marked `fit`). The rows marked `held-out` are not in
+  the band: they are the test of it, printed with whether each lands inside.
 - step, profile: the simulator, its nodes priced from calibration profiles, against real
   (not emulated) runs' round times: results/fidelity/fidelity.csv (loopback, devices calibrated
   together right before each run) and the shaped-WAN runs at the current defaults (WAN_RECORD).
@@ -40,6 +44,7 @@ from bench_estimate import compare, h200_rows
 from bench_fidelity import wan_overrides
 
 from facts.bands import BAND_COLUMNS, BANDS_CSV
+from facts.stacks import FITTED_STACKS, band_source
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK_RECORD = "results/fidelity/fidelity.csv"
@@ -54,11 +59,16 @@ WAN_UPLINKS = {"q40": 0.5}
 
 def catalog_errors(step: str) -> list[float]:
     """|error| % of the catalog estimate of one step: eager, geodt's eager step timed on an H200
-    (every batch); lean (compiled), geodt's compiled step on an H200 and every published row
-    (lean stacks: flash attention, fused kernels, priced as the lean step with the row's attention
-    and recomputation)."""
+    (every batch); lean (compiled), geodt's compiled step on an H200 and every published row of
+    the lean stacks (flash attention, fused kernels, priced as the lean step with the row's
+    attention and recomputation)."""
     h200 = [100 * abs(r["error"]) for r in h200_rows() if r["step"] == step]
-    return h200 + ([100 * abs(err) for _, _, err in compare()] if step == "lean" else [])
+    return h200 + ([100 * abs(err) for row, _, err in compare() if row["stack"] == "lean"] if step == "lean" else [])
+
+
+def stack_errors(stack: str, role: str) -> list[tuple[str, float]]:
+    """(row id, signed error %) of a fitted stack's published rows marked `role` (fit or held-out)."""
+    return [(row["id"], 100 * err) for row, _, err in compare() if row["stack"] == stack and row["fit"] == role]
 
 
 def wan_frames() -> list[pd.DataFrame]:
@@ -95,8 +105,11 @@ def band_rows() -> list[dict]:
     wan = ", ".join(f"{f}/fidelity.csv" for f in WAN_RECORD)
     profile = profile_errors()
     cases = [("step", "catalog-compiled", catalog_errors("lean"),
-              "benchmarks/estimate/published_throughput.csv, benchmarks/estimate/h200*/ (compiled)"),
+              "benchmarks/estimate/published_throughput.csv (stack lean), benchmarks/estimate/h200*/ (compiled)"),
              ("step", "catalog-eager", catalog_errors("eager"), "benchmarks/estimate/h200*/ (eager)"),
+             *[("step", band_source(stack), [abs(e) for _, e in stack_errors(stack, "fit")],
+                f"benchmarks/estimate/published_throughput.csv (stack {stack}, rows marked fit)")
+               for stack in FITTED_STACKS],
              ("step", "profile", profile, f"{LOOPBACK_RECORD}, {wan}"),
              ("step", "measured", profile, f"as profile: {LOOPBACK_RECORD}, {wan}"),
              ("network", "calibrated", calibrated_network_errors(), wan),
@@ -113,6 +126,17 @@ def held_out_inside(errors: list[float]) -> int:
     return sum(e <= max(errors[:i] + errors[i + 1:], default=0.0) for i, e in enumerate(errors))
 
 
+def print_held_out(band_pct: dict[str, float]) -> None:
+    """Each fitted stack's held-out published rows against the band its fit rows give."""
+    for stack in FITTED_STACKS:
+        band = band_pct[band_source(stack)]
+        held = stack_errors(stack, "held-out")
+        inside = sum(abs(e) <= band for _, e in held)
+        print(f"held out of {stack}'s fit: {inside} of {len(held)} inside its ± {band}%")
+        for row_id, err in held:
+            print(f"  {row_id:36s} {err:+6.1f}%  {'inside' if abs(err) <= band else 'OUTSIDE'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare with the committed file; write nothing")
@@ -120,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = band_rows()
     frame = pd.DataFrame(rows, columns=BAND_COLUMNS)
     for r in rows:
-        print(f"{r['kind']:8s} {r['source']:17s} ± {r['band_pct']:5.1f}%  ({r['cases']} cases, median |error| "
+        print(f"{r['kind']:8s} {r['source']:24s} ± {r['band_pct']:5.1f}%  ({r['cases']} cases, median |error| "
               f"{r['median_abs_pct']}%; each held out in turn, {r['held_out_inside']} of {r['cases']} inside the "
               "others' band)")
+    print_held_out({r["source"]: r["band_pct"] for r in rows})
     text = frame.to_csv(index=False, lineterminator="\n")
     if args.check:
         same = BANDS_CSV.exists() and BANDS_CSV.read_text(encoding="utf-8") == text

@@ -13,8 +13,11 @@ and reduce-scatters the gradients every micro-step, t_fsdp (`fsdp_collective_s`,
 and fp32 reduce-scatter), over the GPU's NVLink or, when the row spans nodes, the node's
 uplink (`uplink_gbps`) if slower; where a source does not publish its network the link is taken
 as no slower than NVLink. The collectives run behind the compute and slow it (`overlapped_s`).
-A row's `recompute` is one of simulator.estimate.RECOMPUTE. Nothing is fitted to the rows: the
-estimate's constants are datasheet figures, published kernel efficiencies and op counts.
+A row's `recompute` is one of simulator.estimate.RECOMPUTE. A row's `stack` is what prices it:
+`lean` rows (llm-foundry, TinyLlama: flash attention, fused kernels) the lean step, nothing fitted
+(the estimate's constants are datasheet figures, published kernel efficiencies and op counts);
+another stack's rows that stack (facts/stacks.py), whose one constant benchmarks/fit_stacks.py
+fits to its rows marked `fit`; its `held-out` rows were not used.
 
     python benchmarks/bench_estimate.py [--csv PATH]
 
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from facts.catalog import get_gpu
 from facts.presets import load_arch
+from facts.stacks import act_bytes_scale
 from simulator.estimate import Shape, estimate_step, fsdp_collective_s
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
@@ -55,8 +59,13 @@ def row_link_gbps(row: dict) -> float:
     return link
 
 
-def row_estimate(row: dict) -> float:
-    """Estimated tokens/s per GPU for one CSV row."""
+def row_scale(row: dict) -> float:
+    """The act_bytes_scale that prices a row: 1 for a lean row, else its stack's fit."""
+    return 1.0 if row["stack"] == "lean" else act_bytes_scale(row["stack"])
+
+
+def row_estimate(row: dict, scale: float | None = None) -> float:
+    """Estimated tokens/s per GPU for one CSV row (scale: the act_bytes_scale, default `row_scale`)."""
     shape = Shape(hidden=int(row["hidden"]), layers=int(row["layers"]), heads=int(row["heads"]),
                   kv_heads=int(row["kv_heads"]), ffn=int(row["ffn"]), vocab=int(row["vocab"]),
                   gated_mlp=row["mlp"] == "swiglu")
@@ -65,14 +74,19 @@ def row_estimate(row: dict) -> float:
     comm_s = fsdp_collective_s(params, int(row["gpus"]), row_link_gbps(row)) if fsdp else 0.0
     est = estimate_step(row["gpu"], row["dtype"], seq, shape=shape, params=params,
                         attention=row["attention"], recompute=row["recompute"],
-                        optimizer_shards=int(row["optimizer_shards"]), fsdp=fsdp, comm_s=comm_s)
+                        optimizer_shards=int(row["optimizer_shards"]), fsdp=fsdp, comm_s=comm_s,
+                        act_bytes_scale=row_scale(row) if scale is None else scale)
     return est.tokens_per_s(int(row["micro_batch"]), seq, int(row["grad_accum"]))
 
 
-def compare(path: Path = CSV_PATH) -> list[tuple[dict, float, float]]:
-    """(row, estimated tokens/s, relative error) per row."""
+def published_rows(path: Path = CSV_PATH) -> list[dict]:
     with path.open(newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
+        return list(csv.DictReader(fh))
+
+
+def compare(path: Path = CSV_PATH) -> list[tuple[dict, float, float]]:
+    """(row, estimated tokens/s, relative error) per row, each priced by its stack."""
+    rows = published_rows(path)
     out = []
     for row in rows:
         est = row_estimate(row)
@@ -129,10 +143,10 @@ def main(argv=None) -> int:
     p.add_argument("--csv", type=Path, default=CSV_PATH)
     args = p.parse_args(argv)
     results = compare(args.csv)
-    print(f"{'row':34s} {'gpu':10s} {'seq':>5s} {'b':>3s} {'measured':>9s} {'estimate':>9s} {'error':>7s}")
+    print(f"{'row':34s} {'gpu':10s} {'seq':>5s} {'b':>3s} {'measured':>9s} {'estimate':>9s} {'error':>7s}  stack")
     for row, est, err in results:
         print(f"{row['id']:34s} {row['gpu']:10s} {row['seq_len']:>5s} {row['micro_batch']:>3s} "
-              f"{float(row['tokens_per_s_per_gpu']):9.0f} {est:9.0f} {err:+7.1%}")
+              f"{float(row['tokens_per_s_per_gpu']):9.0f} {est:9.0f} {err:+7.1%}  {row['stack']} {row['fit']}".rstrip())
     errors = [abs(err) for _, _, err in results]
     median, worst = statistics.median(errors), max(errors)
     print(f"{len(results)} rows: median |error| {median:.1%}, worst {worst:.1%} "

@@ -22,6 +22,9 @@ from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
 # [training] compile: whether the step runs torch.compile'd blocks (train/step.py).
 COMPILE_MODES = ("auto", "on", "off")
+# [training] stack: the software stack the catalog estimate prices (facts/stacks.py); geodt: its own step.
+STACKS = ("geodt", "torchtitan-eager")
+EXECUTED_STACK = STACKS[0]  # the one `geodt run` executes (real/config.py refuses the others)
 # [simulation] on_node_loss: what the others do when a node is lost (simulator/outage.py).
 NODE_LOSS_POLICIES = ("stop", "continue")
 # [simulation] mtbf_s's default, named because the simulator's checkpoint pricing starts from it too.
@@ -125,6 +128,9 @@ class TrainingConfig:
                        "off for CPU ones); the estimate prices the lean step when compiled, geodt's eager step "
                        "otherwise; a profile's `compiled` must match an explicit on/off (auto takes the profile's)",
                        choices=COMPILE_MODES)
+    stack: str = key(EXECUTED_STACK, "the stack the catalog estimate prices on GPU nodes: geodt's own step (eager or "
+                     "compiled by `compile`), or torchtitan-eager (fitted to its published throughput, "
+                     "facts/stacks.py): priced for planning only, `geodt run` refuses it", choices=STACKS)
     checkpoint_every: int | None = key(None, "the executor's checkpoint after every k-th round (`--checkpoint-every "
                                        "K` overrides); absent: the Young/Daly interval (\"Checkpoints\" below)",
                                        rounds_between, example=4)

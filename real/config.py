@@ -2,7 +2,8 @@
 
 `real/` never imports the simulator: it reads the files the simulator writes. From the
 resolved scenario TOML it reads `seed`, `[model]` (preset, seq_len, dtype), `[training]`
-(rounds, checkpoint_every, compile), `[diloco]`, `[network]`'s collective and payload_dtype (the
+(rounds, checkpoint_every, compile; a `stack` other than geodt is refused: priced for planning
+only), `[diloco]`, `[network]`'s collective and payload_dtype (the
 defaults for plan.csv cells left empty) and latency_ms, and `[simulation]`'s mtbf_s. Those sections
 are built by their one definition (formats/scenario.py, formats/sections.py), which the simulator
 uses too: keys, defaults and checks are the same on both sides, and the values the executor does
@@ -19,7 +20,7 @@ from formats.errors import FieldError
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
 from formats.scenario import DilocoConfig, ModelSection
-from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig
+from formats.sections import EXECUTED_STACK, NetworkConfig, SimulationConfig, TrainingConfig
 from formats.toml import tomllib
 
 # Top-level keys of a scenario; those not read here are the simulator's business.
@@ -88,6 +89,9 @@ def run_spec_from_dict(data: dict) -> RunSpec:
         raise FieldError("training.rounds", "missing; expected a positive integer")
     _positive_int("training.rounds", raw_training["rounds"])
     training = build(TrainingConfig, raw_training, "training")
+    if training.stack != EXECUTED_STACK:
+        raise FieldError("training.stack", f"{training.stack!r} is priced for planning only: the executor runs "
+                         f"geodt's own step (expected {EXECUTED_STACK!r})")
     network = build(NetworkConfig, _table(data, "network"), "network")
     return RunSpec(
         seed=data.get("seed", 0),

@@ -59,6 +59,8 @@ count: fp32 RMSNorm in several kernels, casts, rotary's cat/neg/mul, GQA's repea
 LOSS the vocabulary's EAGER_LOSS_BYTES_PER_VOCAB; it launches EAGER_KERNELS_PER_LAYER kernels per
 layer; and its many small kernels stream at EAGER_BANDWIDTH_FRACTION of the peak bandwidth.
 Matmuls and attention are the same kernels in both (cuBLAS, SDPA's flash attention).
+Other stacks (facts/stacks.py, [training] stack) are the lean step with their activation and loss
+traffic B_act scaled by a factor fitted to that stack's published throughput (`act_bytes_scale`).
 
 The host must dispatch every op of the eager step, HOST_S_PER_OP each, and the device runs an op
 only once it is dispatched and the previous one is done: a two-stage pipeline over the step's own
@@ -88,14 +90,16 @@ from formats.wire import ring_allreduce_s
 # Maximum Achievable Matmul FLOPS / dense peak, bf16, measured with mamf-finder.py (S. Bekman,
 # ml-engineering, compute/accelerator/README.md "Maximum Achievable Matmul FLOPS comparison
 # table", commit 744d01e): A100 SXM 271.2/312, H100 SXM 794.5/989 ("H200 is the same").
-MATMUL_EFFICIENCY = {"a100-40gb": 0.869, "a100-80gb": 0.869, "h100-sxm": 0.803, "h200": 0.803}
+# h100-hbm2e (the same GH100 at a 500 W limit, torchtitan's H100s) takes the H100 SXM's figures: an
+# assumption; what its power limit costs is not priced (facts/stacks.py's fit absorbs it).
+MATMUL_EFFICIENCY = {"a100-40gb": 0.869, "a100-80gb": 0.869, "h100-sxm": 0.803, "h100-hbm2e": 0.803, "h200": 0.803}
 # Parts not measured there: the lowest NVIDIA figure of that table (H100 SXM). An assumption.
 DEFAULT_MATMUL_EFFICIENCY = 0.803
 # FlashAttention-2 forward + backward, fraction of the dense peak: on A100 the paper reports
 # 50-73% of peak (Dao 2023, abstract; forward reaches the top, forward + backward the lower
 # half), taken as 0.55; on H100 FlashAttention-2 reaches 35% (Shah et al. 2024,
 # FlashAttention-3, abstract). Other parts: the A100 figure (an assumption).
-ATTENTION_EFFICIENCY = {"h100-sxm": 0.35, "h100-pcie": 0.35, "h200": 0.35}
+ATTENTION_EFFICIENCY = {"h100-sxm": 0.35, "h100-pcie": 0.35, "h100-hbm2e": 0.35, "h200": 0.35}
 DEFAULT_ATTENTION_EFFICIENCY = 0.55
 # Forward bytes read + written per token per layer by the memory-bound work and the GEMMs'
 # activation operands, LLaMA block, unfused ops, half-precision activations (2 bytes) and the
@@ -365,13 +369,13 @@ def _block_act_bytes(shape: Shape, dtype: str) -> float:
                                             + ffn_bytes * shape.ffn)
 
 
-def _selective_op_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int) -> float:
+def _selective_op_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, act_bytes_scale: float = 1.0) -> float:
     """Per sequence, what "selective-op" recomputes: every second matmul's forward, every
-    non-matmul op's forward traffic (module docstring)."""
+    non-matmul op's forward traffic (module docstring; act_bytes_scale as in `estimate_step`)."""
     eta_mm, _ = efficiencies(spec)
     flops = 2.0 * shape.layers * sum(shape.forward_matmuls()[1::2])
     return seq_len * (flops / (peak_tflops(spec, dtype) * 1e12 * eta_mm)
-                      + _block_act_bytes(shape, dtype) / PASSES / (spec.memory_bandwidth_gbs * 1e9))
+                      + act_bytes_scale * _block_act_bytes(shape, dtype) / PASSES / (spec.memory_bandwidth_gbs * 1e9))
 
 
 def _eager_act_bytes(shape: Shape, dtype: str) -> float:
@@ -383,7 +387,7 @@ def _eager_act_bytes(shape: Shape, dtype: str) -> float:
 
 
 def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: str, flops_per_token,
-              step: str = "lean") -> float:
+              step: str = "lean", act_bytes_scale: float = 1.0) -> float:
     peak = peak_tflops(spec, dtype) * 1e12
     bandwidth = spec.memory_bandwidth_gbs * 1e9
     eta_mm, eta_attn = efficiencies(spec)
@@ -394,7 +398,7 @@ def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: 
         act_bytes = _eager_act_bytes(shape, dtype)
         bandwidth *= EAGER_BANDWIDTH_FRACTION
     else:
-        act_bytes = _block_act_bytes(shape, dtype) + LOSS_BYTES_PER_VOCAB[dtype] * shape.vocab
+        act_bytes = act_bytes_scale * (_block_act_bytes(shape, dtype) + LOSS_BYTES_PER_VOCAB[dtype] * shape.vocab)
     if attention in ("flash", "flash1"):
         attn_s = 3.5 * 2.0 * layers * seq_len * h / (peak * eta_attn)
         if attention == "flash1":
@@ -410,7 +414,8 @@ def _sample_s(shape: Shape, spec: GpuSpec, dtype: str, seq_len: int, attention: 
 def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None = None,
                   params: float | None = None, flops_per_token: float | None = None,
                   attention: str = "flash", recompute: str = "none", optimizer_shards: int = 1,
-                  fsdp: bool = False, comm_s: float = 0.0, step: str = "lean") -> StepEstimate:
+                  fsdp: bool = False, comm_s: float = 0.0, step: str = "lean",
+                  act_bytes_scale: float = 1.0) -> StepEstimate:
     """The estimate of one GPU of type gpu_key (module docstring).
 
     shape: the model's sizes (None: only `params` is known, and then `flops_per_token` or 6·params
@@ -420,7 +425,8 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
     recompute: one of RECOMPUTE. fsdp: the weights are gathered and the gradients reduce-scattered
     every micro-step (their memory traffic); comm_s: those collectives' seconds per micro-step
     (`fsdp_collective_s`), run behind the compute (`overlapped_s`). step: "lean" (compiled) or
-    "eager" (STEPS, module docstring)."""
+    "eager" (STEPS, module docstring). act_bytes_scale: the lean step's activation and loss bytes
+    (B_act) times this, another stack's fitted traffic (facts/stacks.py; 1: the lean count)."""
     if step not in STEPS:
         raise EstimateError(f"unknown step {step!r}; expected one of {', '.join(STEPS)}")
     if attention not in ATTENTIONS:
@@ -429,6 +435,8 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
         raise EstimateError(f"unknown recompute {recompute!r}; expected one of {', '.join(RECOMPUTE)}")
     if recompute == "selective-op" and (shape is None or flops_per_token is not None):
         raise EstimateError("selective-op recomputation needs the model's shape (and no given flops_per_token)")
+    if not act_bytes_scale > 0 or (step == "eager" and act_bytes_scale != 1.0):
+        raise EstimateError(f"act_bytes_scale {act_bytes_scale!r}: expected > 0, and 1 for the eager step (counted)")
     if not (seq_len > 0 and optimizer_shards >= 1):
         raise EstimateError(f"expected seq_len > 0 and optimizer_shards >= 1, got {seq_len}, {optimizer_shards}")
     spec = get_gpu(gpu_key)
@@ -444,12 +452,12 @@ def estimate_step(gpu_key: str, dtype: str, seq_len: int, *, shape: Shape | None
     else:
         if params is None:
             params = shape.matmul_params + shape.vocab * shape.hidden  # + the input embedding (norms are negligible)
-        sample_s = _sample_s(shape, spec, dtype, seq_len, attention, flops_per_token, step)
+        sample_s = _sample_s(shape, spec, dtype, seq_len, attention, flops_per_token, step, act_bytes_scale)
         launch_s = shape.layers * (EAGER_KERNELS_PER_LAYER if step == "eager" else KERNELS_PER_LAYER) * LAUNCH_S
     if recompute == "full":
         sample_s *= 4.0 / 3.0
     elif recompute == "selective-op":
-        sample_s += _selective_op_s(shape, spec, dtype, seq_len)
+        sample_s += _selective_op_s(shape, spec, dtype, seq_len, act_bytes_scale)
     # A CPU runs each op as its host dispatches it, nothing to overlap: no pipeline (the nominal rate holds it).
     pipeline = (dispatch_pipeline(shape, spec, dtype, seq_len, attention)
                 if step == "eager" and shape is not None and gpu_key != "cpu" else None)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from facts.bands import describe, round_band_pct
+from facts.bands import describe, load_bands, round_band_pct
+from facts.stacks import FITTED_STACKS, STACK_LABELS, band_source
 from formats.timeline import PROVENANCE_COLUMNS
 from simulator.scenario import Scenario
-from simulator.timing import compiled, node_timings
+from simulator.timing import node_timings, priced_stack
 
 
 def step_sources(scenario: Scenario) -> dict[str, str]:
@@ -27,21 +28,36 @@ def network_source(scenario: Scenario) -> str:
     return "calibrated" if model is not None and (model.ring is not None or model.shaped) else "assumed"
 
 
+# facts/error_bands.csv's source of each priced stack (simulator/timing.py priced_stack).
+_GEODT_BANDS = {"geodt-compiled": "catalog-compiled", "geodt-eager": "catalog-eager"}
+
+
+def _band_of(stack: str) -> str:
+    return _GEODT_BANDS.get(stack) or band_source(stack)
+
+
 def band_sources(scenario: Scenario) -> dict[str, str]:
-    """Node name -> the source its band is looked up by: a catalog node's is the step it prices."""
-    out = {}
+    """Node name -> the source its band is looked up by: a catalog node's is that of the stack it
+    prices (the widest where its devices' stacks differ)."""
+    bands, out = load_bands(), {}
     for t in node_timings(scenario):
-        lean = any(compiled(scenario, key) for key in t.node.gpus)
-        out[t.node.name] = t.source if t.source != "catalog" else ("catalog-compiled" if lean else "catalog-eager")
+        if t.source != "catalog":
+            out[t.node.name] = t.source
+            continue
+        sources = {_band_of(priced_stack(scenario, key)) for key in t.node.gpus}
+        out[t.node.name] = max(sorted(sources), key=lambda s: bands["step", s].band_pct)
     return out
 
 
 def catalog_stack(scenario: Scenario) -> str:
-    """The step the catalog estimate prices on the scenario's catalog nodes ([training] compile:
-    simulator/timing.py compiled): geodt's eager step, its compiled one, or both."""
-    kinds = {compiled(scenario, key) for t in node_timings(scenario) if t.source == "catalog" for key in t.node.gpus}
-    names = [name for flag, name in ((False, "eager"), (True, "compiled")) if flag in kinds]
-    return f"geodt's {' and '.join(names)} step{'s' if len(names) > 1 else ''}" if names else ""
+    """The stacks the catalog estimate prices on the scenario's catalog nodes ([training] stack and
+    compile: simulator/timing.py priced_stack): geodt's eager step, its compiled one, or both, and
+    a fitted stack by its name (facts/stacks.py STACK_LABELS)."""
+    kinds = {priced_stack(scenario, key)
+             for t in node_timings(scenario) if t.source == "catalog" for key in t.node.gpus}
+    geodt = [name for name in ("eager", "compiled") if f"geodt-{name}" in kinds]
+    names = [f"geodt's {' and '.join(geodt)} step{'s' if len(geodt) > 1 else ''}"] if geodt else []
+    return " and ".join(names + [STACK_LABELS[s] for s in FITTED_STACKS if s in kinds])
 
 
 def sources_text(scenario: Scenario, step_sources_of_nodes: list[str]) -> str:

@@ -42,6 +42,7 @@ import os
 from dataclasses import dataclass, field
 
 from facts.catalog import get_gpu
+from facts.stacks import FITTED_STACKS, GEODT, act_bytes_scale
 from formats.errors import FieldError
 from formats.scenario import compiled_step
 from formats.wire import ring_allreduce_s
@@ -64,9 +65,19 @@ def compiled(scenario: Scenario, gpu_key: str) -> bool:
     return compiled_step(scenario.training.compile, gpu_key != "cpu")
 
 
+def priced_stack(scenario: Scenario, gpu_key: str) -> str:
+    """The stack the catalog prices on a device of type gpu_key ([training] stack, facts/stacks.py):
+    a fitted stack on GPUs; geodt's own step otherwise, "geodt-compiled" or "geodt-eager" (`compiled`)."""
+    stack = scenario.training.stack
+    if stack != GEODT and gpu_key != "cpu":
+        return stack
+    return "geodt-compiled" if compiled(scenario, gpu_key) else "geodt-eager"
+
+
 def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, comm_s: float = 0.0) -> StepEstimate:
     """The catalog estimate of one GPU of type gpu_key under a layout (`simulator.estimate`), of the
-    step that will run there: lean when compiled, else geodt's eager step (`compiled`).
+    stack priced there (`priced_stack`): geodt's lean step when compiled, else its eager step; a
+    fitted stack (facts/stacks.py) as the lean step with its act_bytes_scale.
 
     A preset or config.json gives the model's shape; a bare `params` model has none (its work is
     `flops_per_token`, else 6·params, at the matmul rate). A given `flops_per_token` replaces the
@@ -75,11 +86,13 @@ def gpu_estimate(scenario: Scenario, gpu_key: str, layout: Layout = UNSHARDED, c
     collectives that run behind the compute (fsdp)."""
     model = scenario.model
     shape = Shape.of(model.arch) if model.arch is not None else None
+    stack = priced_stack(scenario, gpu_key)
     return estimate_step(gpu_key, model.dtype, model.seq_len, shape=shape, params=model.param_count,
                          flops_per_token=model.flops_per_token, recompute=layout.checkpointing,
                          optimizer_shards=layout.devices if layout.sharded else 1,
                          fsdp=layout.sharding == "fsdp", comm_s=comm_s,
-                         step="lean" if compiled(scenario, gpu_key) else "eager")
+                         step="eager" if stack == "geodt-eager" else "lean",
+                         act_bytes_scale=act_bytes_scale(stack) if stack in FITTED_STACKS else 1.0)
 
 
 def gpu_step_s(scenario: Scenario, gpu_key: str, batch, layout: Layout = UNSHARDED):

@@ -141,7 +141,8 @@ def test_typo_suggests_the_closest_keys():  # issue 11
 
 def test_intra_node_link_nvlink_for_sxm_parts_pcie_for_the_rest():
     catalog = load_catalog()
-    nvlink = {"v100": 1200.0, "a100-40gb": 2400.0, "a100-80gb": 2400.0, "h100-sxm": 3600.0, "h200": 3600.0}
+    nvlink = {"v100": 1200.0, "a100-40gb": 2400.0, "a100-80gb": 2400.0, "h100-sxm": 3600.0, "h100-hbm2e": 3600.0,
+              "h200": 3600.0}
     for key, spec in catalog.items():
         assert spec.intra_node_gbps == nvlink.get(key, 100.0), key
         if key in nvlink:
