@@ -1,18 +1,18 @@
-"""Asynchronous DiLoCo measured against its prediction (issue 40; a benchmark, not a test).
+"""Rounds without a barrier (async, quorum) measured against their prediction (issue 40; a benchmark, not a test).
 
 Three parts, each a `geodt validate` of real processes on this machine:
 
 1. Timing, real runs (nothing padded): two device mixes of benchmarks/fidelity/ (two-node: a
    1-device and a 2-device node; three-node), their devices calibrated together right before each
-   run (bench_fidelity.fresh_profiles; `--committed-profiles` skips that), strategy `async` beside
-   `baseline`. Per node: predicted against measured compute, wait (idle), sync and round, and the
+   run (bench_fidelity.fresh_profiles; `--committed-profiles` skips that), strategies `async` and
+   `quorum` beside `baseline`. Per node: predicted against measured compute, wait (idle), sync and round, and the
    mean staleness of its merges; the goals: round within 5% (per node, as `validate`'s verdict),
    the run's mean staleness within 10%.
-2. The shaped WAN (root: every node in a network namespace, real/wan.py): hetero-cpu `async`
-   emulated (steps and syncs padded to the plan's, the transfers real), as a check that the
+2. The shaped WAN (root: every node in a network namespace, real/wan.py): hetero-cpu `async` and
+   `quorum` emulated (steps and syncs padded to the plan's, the transfers real), as a check that the
    server's point-to-point traffic runs over shaped links and keeps the schedule.
 3. Loss: hetero-cpu emulated on real text (`--target-loss`, the built-in convergence profile's
-   corpus), strategies async, baseline, rebalance, deadline and streaming: the measured time to the
+   corpus), strategies async, quorum, baseline, rebalance, deadline and streaming: the measured time to the
    target and loss at the end against the loss model's prediction, and the measured loss against
    the schedule's time (loss.png).
 
@@ -43,8 +43,8 @@ from simulator.outputs import figure_bytes, write_bytes, write_csv, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 MIXES = ("two-node", "three-node")
-TIMING_STRATEGIES = ("async", "baseline")
-LOSS_STRATEGIES = ("async", "baseline", "rebalance", "deadline", "streaming")
+TIMING_STRATEGIES = ("async", "quorum", "baseline")
+LOSS_STRATEGIES = ("async", "quorum", "baseline", "rebalance", "deadline", "streaming")
 TIMING_COLUMNS = ["mix", "strategy", "node", "predicted_compute_s", "measured_compute_s", "predicted_idle_s",
                   "measured_idle_s", "predicted_comm_s", "measured_comm_s", "predicted_round_s", "measured_round_s",
                   "round_error_pct", "error_pct_of_round", "predicted_staleness_mean", "measured_staleness_mean",
@@ -74,13 +74,16 @@ def validate(work: Path, name: str, args: list[str]) -> Path:
 
 
 def shaped_wan(work: Path) -> pd.DataFrame | None:
-    """Part 2: hetero-cpu async emulated over the shaped WAN; None without root."""
+    """Part 2: hetero-cpu async and quorum emulated over the shaped WAN; None without root."""
     if os.geteuid() != 0:
         print("bench_async: the shaped WAN needs root (network namespaces); part 2 skipped", file=sys.stderr)
         return None
-    out = validate(work, "wan", ["--strategy", "async", "--emulate", "--wan", "shaped"])
-    return pd.read_csv(out / "validation.csv").assign(mix="hetero-cpu, shaped WAN (emulated)").reindex(
-        columns=TIMING_COLUMNS)
+    frames = []
+    for strategy in ("async", "quorum"):
+        out = validate(work, f"wan-{strategy}", ["--strategy", strategy, "--emulate", "--wan", "shaped"])
+        frames.append(pd.read_csv(out / "validation.csv").assign(mix="hetero-cpu, shaped WAN (emulated)",
+                                                                 strategy=strategy))
+    return pd.concat(frames, ignore_index=True).reindex(columns=TIMING_COLUMNS)
 
 
 def loss(work: Path, target: float, rounds: int) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
@@ -134,9 +137,11 @@ def timing_summary(table: pd.DataFrame) -> list[str]:
         line = (f"{mix} {strategy}: round error worst {worst:.1f}% (goal ±{ROUND_MEDIAN.limit_pct:g}% per node), "
                 f"idle worst {g['error_pct_of_round'].abs().max():.1f}% of round")
         p, m = g["predicted_run_staleness_mean"].iloc[0], g["measured_run_staleness_mean"].iloc[0]
-        if pd.notna(m):
+        if pd.notna(m) and p > 0:
             line += (f"; staleness {p:.2f} predicted, {m:.2f} measured ({100 * (m - p) / p:+.1f}%, goal "
                      f"±{STALENESS.limit_pct:g}%)")
+        elif pd.notna(m):  # nothing predicted stale: the goal's percentage has no base
+            line += f"; staleness 0 predicted, {m:.2f} measured (not judged)"
         lines.append(line)
     return lines
 

@@ -60,7 +60,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
                             help="run for real (the default; kept for older command lines)")
         parser.add_argument("--engine", choices=("auto", "analytic", "simpy"), default="auto",
                             help="simulator engine for the prediction (auto: analytic where it is exact, "
-                                 "SimPy for quorum rounds)")
+                                 "the event simulation for quorum rounds)")
         parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
         parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
                             help="the loss to reach ([training] target_loss): the time to it predicted and measured "

@@ -58,7 +58,7 @@ def strategy_async(tables: NodeTables, net: NetTables) -> dict:
 
 
 @register("quorum", note=lambda d, tables: (
-    f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes are in, "
+    f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes wait, "
     f"{d['grace_s'][0]:.2f} s later (grace); a late node pulls and computes on, its work merged next round; "
     "H_i from each node's speed"),
     barrier=False)
