@@ -16,7 +16,8 @@ the wire (a receive from any source on a gloo group of its own), and a coordinat
 node 0's own, in arrival order, opens and closes rounds on their arrivals and its grace timer, and
 sends each reply when it is due. Under --emulate a close holds the server's link for the plan's
 comm_s × time_scale (a later close and a late pull begin after it, as the simulator's all-reduces
-queue), and the grace window is plan.grace_s × time_scale.
+queue), each node pads its sync after the wait to comm_s × time_scale (the transfers inside it, as
+every emulated sync is padded), and the grace window is plan.grace_s × time_scale.
 
 The wire on the server group, per push of node j: a header (the round, j), j's pseudo-gradient in
 the plan's payload dtype (real/sync.py encode), then from the server the fp32 global weights and two
@@ -45,7 +46,7 @@ import torch.distributed as dist
 from formats.plan import quorum_need
 from formats.wire import encoded_bytes
 from real.diloco import OuterState
-from real.options import run_collective
+from real.options import run_collective, sleep_until
 from real.rounds import NodeParts, Origin, Round, compute_phase, round_row
 from real.sync import decode, encode
 
@@ -192,7 +193,7 @@ class QuorumServer:
 
     def _reply(self, push: Push, begin: float, staleness: int) -> None:
         stats = torch.tensor([float(staleness), begin - push.at], dtype=torch.float64)
-        heapq.heappush(self.due, (begin + self.pad_s, next(self.order), push, self.standing, stats))
+        heapq.heappush(self.due, (begin, next(self.order), push, self.standing, stats))
 
     def _send_due(self) -> None:
         while self.due and self.due[0][0] <= time.perf_counter():
@@ -222,14 +223,16 @@ class QuorumRound(Round):
                                backend="gloo")
         self.group = group if groups.is_leader else None
         scale = opts.time_scale if opts.emulate else 1.0
-        pad_s = plan.comm_s * opts.time_scale if opts.emulate else 0.0
-        self.server = (QuorumServer(parts, rounds, self.group, plan.grace_s * scale, pad_s)
+        self.pad_s = plan.comm_s * opts.time_scale if opts.emulate else 0.0
+        self.server = (QuorumServer(parts, rounds, self.group, plan.grace_s * scale, self.pad_s)
                        if groups.rank == self.server_rank else None)
 
     def run(self, r: int, origin: Origin, bar=None) -> dict:
         p = self.parts
         round_start, clock, loss_sum, compute_end = compute_phase(p, bar)
         staleness, wait_s, sent = self._push_pull(r) if p.groups.is_leader else (0, 0.0, 0)
+        if self.pad_s:  # the sync after the wait, its transfers included, padded as every emulated sync is
+            sleep_until(compute_end + wait_s + self.pad_s)
         p.groups.broadcast_in_node(p.outer.global_flat)
         p.outer.load_into_model()
         p.groups.sync_device()
