@@ -30,7 +30,6 @@ nothing and exits 1 if the committed file differs from what the record gives.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -40,7 +39,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_estimate import compare, h200_rows
+from bench_estimate import compare, h200_rows, write_or_check
 from bench_fidelity import wan_overrides
 
 from facts.bands import BAND_COLUMNS, BANDS_CSV
@@ -149,16 +148,7 @@ def main(argv: list[str] | None = None) -> int:
               "others' band)")
     print_held_out({r["source"]: r["band_pct"] for r in rows})
     text = frame.to_csv(index=False, lineterminator="\n")
-    if args.check:
-        same = BANDS_CSV.exists() and BANDS_CSV.read_text(encoding="utf-8") == text
-        print(f"{BANDS_CSV.relative_to(ROOT)}: {'as the record gives' if same else 'differs from the record'}")
-        return 0 if same else 1
-    tmp = BANDS_CSV.with_name(f".{BANDS_CSV.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-    os.replace(tmp, BANDS_CSV)
-    print(f"wrote {BANDS_CSV.relative_to(ROOT)}")
-    return 0
+    return write_or_check(BANDS_CSV, text, args.check, "the record")
 
 
 if __name__ == "__main__":

@@ -43,11 +43,24 @@ from facts.catalog import get_gpu
 from facts.presets import load_arch
 from facts.stacks import act_bytes_scale
 from simulator.estimate import Shape, estimate_step, fsdp_collective_s
+from simulator.outputs import write_text
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
 H200_DIRS = sorted(Path(__file__).with_name("estimate").glob("h200*"))
 MEDIAN_GOAL, WORST_GOAL = 0.10, 0.20
 H200_GOAL, H200_MIN_BATCH = 0.10, 8
+
+
+def write_or_check(path: Path, text: str, check: bool, source: str) -> int:
+    """--check: 0 when `path` holds `text`, else 1 (and says so); without it, write `path` whole."""
+    name = path.relative_to(Path(__file__).resolve().parents[1])
+    if check:
+        same = path.exists() and path.read_text(encoding="utf-8") == text
+        print(f"{name}: {'matches' if same else 'differs from'} {source}")
+        return 0 if same else 1
+    write_text(path, text)
+    print(f"wrote {name}")
+    return 0
 
 
 def row_link_gbps(row: dict) -> float:

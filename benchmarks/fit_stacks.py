@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_estimate import published_rows, row_estimate
+from bench_estimate import published_rows, row_estimate, write_or_check
 
 from facts.stacks import FIT_COLUMNS, FITS_CSV, FITTED_STACKS
 
@@ -69,16 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['stack']}: act_bytes_scale {r['act_bytes_scale']:.2f} ({r['fit_rows']} rows fitted, "
               f"{r['held_out_rows']} held out)")
     text = pd.DataFrame(rows, columns=FIT_COLUMNS).to_csv(index=False, lineterminator="\n")
-    if args.check:
-        same = FITS_CSV.exists() and FITS_CSV.read_text(encoding="utf-8") == text
-        print(f"{FITS_CSV.relative_to(ROOT)}: {'as the published rows give' if same else 'differs from the published rows'}")
-        return 0 if same else 1
-    tmp = FITS_CSV.with_name(f".{FITS_CSV.name}.tmp{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8", newline="") as fh:
-        fh.write(text)
-    os.replace(tmp, FITS_CSV)
-    print(f"wrote {FITS_CSV.relative_to(ROOT)}")
-    return 0
+    return write_or_check(FITS_CSV, text, args.check, "the published rows")
 
 
 if __name__ == "__main__":
