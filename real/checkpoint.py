@@ -36,7 +36,10 @@ before the cut when its next reply's version passes it (node 0 adds the server's
 end for a node whose rounds are done. A set is named by the cut's version; resuming loads each
 node's part of the newest cut every node holds, the server's state on node 0, and checks that the
 server's record of every node's last pull and pushes is that node's (`_check_cut`); each node then
-redoes its work since its snapshot, the same pseudo-gradients.
+redoes its work since its snapshot, the same pseudo-gradients. A quorum run (real/round_quorum.py)
+is cut the same way, its cuts counted in the server's arrivals instead of its versions and each
+reply marked with the first cut it is in (that module's doc): the server's part adds the late pushes
+the next close will merge and leaves out the pushes of the nodes waiting for a close.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from real import ckpt_set
 from real.ckpt_set import CheckpointWriteError, set_bytes
 from real.diloco import timing_sizes
 from real.round_async import Cuts
+from real.round_quorum import QuorumServer
 
 __all__ = [
     "CheckpointWriteError",
@@ -84,13 +88,13 @@ def due_here(node, last: int) -> bool:
     is timed in the background during the first round (`probe_cost_s`) and the next round
     chooses the Young/Daly interval. The run's
     last round ends in one only when asked (--checkpoint-final) or when it stops early
-    (--stop-after), so that --resume continues it. An async run: every round (a snapshot at each
-    pull, `_after_pull`) while a cut is still due for this node."""
+    (--stop-after), so that --resume continues it. An async or quorum run: every round (a snapshot
+    at each pull, `_after_pull`) while a cut is still due for this node."""
     opts = node.opts
-    if node.plan.sync == "async":
+    if node.plan.barrierless:
         cuts = node.async_cuts.due
         return bool(cuts) and cuts[-1] > node.async_written
-    if not opts.checkpoint or node.plan.barrierless:  # a quorum run has no round every node ends together
+    if not opts.checkpoint:
         return False
     final = opts.checkpoint_final or opts.stop_after is not None
     k = opts.checkpoint_every or node.spec.checkpoint_every
@@ -192,7 +196,7 @@ def node_state(node) -> dict:
         "cuda_rng": torch.cuda.get_rng_state(node.device) if node.device.type == "cuda" else None,
         "trace": node.trace, "time_offset_s": node.time_offset_s,
         "streaming": node.streaming.state_dict() if node.streaming is not None else None,
-        **({"async": node.round.state_dict()} if node.plan.sync == "async" else {}),
+        **({node.plan.sync: node.round.state_dict()} if node.plan.barrierless else {}),  # "async" or "quorum"
     }
 
 
@@ -263,7 +267,7 @@ def save(node, row: dict | None) -> float:
     """Snapshot the node's state (every process of a sharded node takes part) and, on the
     leader, hand it to the background writer; returns the seconds training was blocked.
     `row` (the leader's trace row of the round) gets the write's seconds once it has finished."""
-    if node.plan.sync == "async":
+    if node.plan.barrierless:
         return _after_pull(node, row)
     start = time.perf_counter()
     if node.is_leader:
@@ -279,10 +283,10 @@ def save(node, row: dict | None) -> float:
 
 
 def wait_writes(node) -> None:
-    """Before the run's outputs (after the round's close: an async server has served every push):
-    the last set is on disk (or its failure raised). An async node writes its part of the cuts
-    after its last pull first (its rounds are done: its state at them is its last snapshot)."""
-    if node.is_leader and node.plan.sync == "async" and due_here(node, 0):
+    """Before the run's outputs (after the round's close: an async or quorum server has served every
+    push): the last set is on disk (or its failure raised). An async or quorum node writes its part
+    of the cuts after its last pull first (its rounds are done: its state at them is its last snapshot)."""
+    if node.is_leader and node.plan.barrierless and due_here(node, 0):
         for cut in node.async_cuts.between(node.async_written, node.async_cuts.due[-1]):
             _write_cut(node, cut, node.async_snapshot, None)
     if node.is_leader:
@@ -337,8 +341,8 @@ def apply_state(node, state: dict, manifest: dict | None = None) -> None:
         node.outer.load_state_dict(outer)
         node.optimizer.load_state_dict(state["inner_optimizer"])
     node.outer.load_into_model()
-    if node.plan.sync == "async":  # the node's last pull; on node 0 the server as the cut recorded it
-        node.round.load_state_dict(state["async"])
+    if node.plan.barrierless:  # the node's last pull; on node 0 the server as the cut recorded it
+        node.round.load_state_dict(state[node.plan.sync])
         if node.round.server is not None:
             node.round.server.load_state_dict(state["server"])
     if node.streaming is not None:  # the model's own weights, which streaming keeps apart from θ_g
@@ -477,7 +481,7 @@ def resume(node) -> None:
             break
         unloadable.append(directory)
         del mine[round_]  # a process could not load it: every node tries the previous round they share
-    if node.plan.sync == "async":
+    if node.plan.barrierless:
         node.resumed_cut = round_
         _check_cut(node, directory, round_)
     else:
@@ -486,10 +490,11 @@ def resume(node) -> None:
     node.time_offset_s = node.groups.max_float(node.time_offset_s)
 
 
-# --- async runs: consistent cuts (module docstring; real/round_async.py) -------------------------
+# --- async and quorum runs: consistent cuts (module docstring; real/round_async.py, round_quorum.py) ---
 
 def async_cuts(node) -> Cuts:
-    """The run's cuts in server versions, those after the cut it resumed from: every K·n pushes
+    """The run's cuts in pushes (an async server's versions, a quorum server's arrivals), those after
+    the cut it resumed from: every K·n pushes
     (--checkpoint-every K, else [training] checkpoint_every), --stop-after R's at R·n (where the run
     stops), and with --checkpoint-final the last push's, n·rounds."""
     n, rounds, opts = len(node.plan.nodes), node.spec.rounds, node.opts
@@ -507,10 +512,10 @@ def async_cuts(node) -> Cuts:
 
 
 def begin(node) -> None:
-    """After resuming or starting afresh, before the first round: an async run's cuts go to its
-    round (and server), and each leader takes its first snapshot (its state at its last pull: the
-    start, or the resumed one). Nothing for other runs."""
-    if node.plan.sync != "async":
+    """After resuming or starting afresh, before the first round: an async or quorum run's cuts go
+    to its round (and server), and each leader takes its first snapshot (its state at its last pull:
+    the start, or the resumed one). Nothing for other runs."""
+    if not node.plan.barrierless:
         return
     node.async_cuts = async_cuts(node)
     node.round.set_cuts(node.async_cuts)
@@ -519,8 +524,8 @@ def begin(node) -> None:
 
 
 def stopped(node) -> bool:
-    """Whether the node does no more rounds: an async run past its stop cut (others stop at `last`)."""
-    return node.plan.sync == "async" and node.round.stopped()
+    """Whether the node does no more rounds: an async or quorum run past its stop cut (others stop at `last`)."""
+    return node.plan.barrierless and node.round.stopped()
 
 
 def _async_snapshot(node) -> tuple[dict, float]:
@@ -531,12 +536,20 @@ def _async_snapshot(node) -> tuple[dict, float]:
 
 
 def _after_pull(node, row: dict | None) -> float:
-    """An async leader after its pull: its part of each due cut passed since its last pull (the
-    snapshot held then; a cut at this very pull: the new one), and the new snapshot. Returns the
+    """An async or quorum leader after its pull: its part of each due cut passed since its last pull
+    (the snapshot held then; a cut at this very pull: the new one), and the new snapshot. Returns the
     seconds training was blocked (the copy, and waits for the previous write)."""
     start = time.perf_counter()
-    held, version = node.async_snapshot, node.round.pulled_version
+    held = node.async_snapshot
     node.async_snapshot = _async_snapshot(node)
+    if node.plan.sync == "quorum":
+        # A reply marked m is in cut m, which may not be taken yet (a close on the grace timer comes
+        # before the arrival that takes it): it is written at the next pull or at the end; the
+        # cuts before m have the previous pull as this node's last.
+        for cut in node.async_cuts.between(node.async_written, node.round.mark - 1):
+            _write_cut(node, cut, held, row)
+        return time.perf_counter() - start
+    version = node.round.pulled_version
     for cut in node.async_cuts.between(node.async_written, version):
         _write_cut(node, cut, node.async_snapshot if cut == version else held, row)
     return time.perf_counter() - start
@@ -555,10 +568,14 @@ def _write_cut(node, cut: int, held: tuple[dict, float], row: dict | None) -> No
 
 
 def _check_cut(node, path: Path, cut: int) -> None:
-    """The loaded parts are one cut: the server's version is the cut's, and its record of each
-    node's last pull and pushes is what that node loaded (an all-gather; rank 0 hosts the server)."""
+    """The loaded parts are one cut: the server's cut is this one (an async server's version), and
+    its record of each node's last pull (the closes a quorum node pulled) and pushes is what that
+    node loaded (an all-gather; rank 0 hosts the server)."""
     plan, server, n = node.plan, node.round.server, len(node.plan.nodes)
-    view = [server.version, *server.pulled, *server.pushes] if server is not None else [-1] * (1 + 2 * n)
+    if isinstance(server, QuorumServer):
+        view = [server.cut, *server.pulled, *server.arrived]
+    else:
+        view = [server.version, *server.pulled, *server.pushes] if server is not None else [-1] * (1 + 2 * n)
     everyone = node.groups.all_gather_ints([node.round.pulled_version, node.rounds_done, *view])
     version, pulled, pushes = everyone[0][2], everyone[0][3:3 + n], everyone[0][3 + n:]
     odd = [plan.nodes[i].node for i in range(n) if everyone[plan.first_rank(i)][:2] != [pulled[i], pushes[i]]]

@@ -208,10 +208,10 @@ class Node:
             checkpoint.resume(self)
         elif self.groups.is_leader:
             checkpoint.start_afresh(self)
-        checkpoint.begin(self)  # an async run's cuts and first snapshot
+        checkpoint.begin(self)  # an async or quorum run's cuts and first snapshot
         self.warm_up()
-        # An async run's --stop-after is a cut, not a round (real/checkpoint.py async_cuts).
-        stop = self.opts.stop_after if self.plan.sync != "async" else None
+        # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint.py async_cuts).
+        stop = self.opts.stop_after if not self.plan.barrierless else None
         last = self.spec.rounds if stop is None else min(self.spec.rounds, stop)
         bar = progress_bar(self.opts, self.spec, self.me, self.rounds_done) if self.rank == 0 else None
         self.groups.barrier()
