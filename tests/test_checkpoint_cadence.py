@@ -61,9 +61,16 @@ def _due_rounds(node, last):
     return due
 
 
-def test_a_quorum_run_writes_no_set():
-    """Its nodes end rounds apart and no cut is built for it (an async run's: tests/test_async_checkpoint.py)."""
-    assert _due_rounds(_node(every=1, final=True, sync="quorum"), 5) == []
+def test_a_quorum_run_snapshots_every_round_while_a_cut_is_due():
+    """Its nodes end rounds apart: its sets are cuts counted in arrivals (tests/test_quorum_checkpoint.py),
+    each node snapshotting at every pull until it has written its part of the last one."""
+    from real.round_async import Cuts
+
+    node = _node(every=1, final=True, sync="quorum")
+    node.async_cuts, node.async_written = Cuts(due=(2, 4)), 0
+    assert _due_rounds(node, 5) == [1, 2, 3, 4, 5]
+    node.async_written = 4
+    assert _due_rounds(node, 5) == []
 
 
 def test_a_fixed_cadence_writes_no_final_set_unless_asked_or_stopping_early():

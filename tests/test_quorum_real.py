@@ -99,7 +99,7 @@ def test_what_a_quorum_run_refuses(tmp_path, opts, expected):
 
 
 def test_a_quorum_run_takes_checkpoint_options(tmp_path):
-    """Its checkpoints are consistent cuts (tests/test_quorum_checkpoint.py): none of these is refused."""
+    """Its checkpoints are consistent cuts (tests/test_quorum_checkpoint.py, which resumes): none is refused."""
     d = write_quorum_run(tmp_path / "r", [("a", 2, 1), ("b", 2, 2)], quorum=0.5)
-    for opts in ({"resume": True}, {"stop_after": 1}, {"checkpoint_every": 1}, {"checkpoint_final": True}):
+    for opts in ({"stop_after": 1}, {"checkpoint_every": 1}, {"checkpoint_final": True}):  # --resume: its own test
         check_inputs(d / "plan.csv", d / "scenario.toml", ExecOptions(out_dir=str(d / "out"), **opts))
