@@ -9,6 +9,7 @@ first. With a quorum of one and no grace window each of b's pushes closes a roun
 as does its third (a a a)."""
 from __future__ import annotations
 
+import shutil
 from types import SimpleNamespace
 
 import pandas as pd
@@ -121,3 +122,23 @@ def test_two_nodes_stopped_twice_and_resumed_equal_a_straight_run(tmp_path):
     assert trace.sort_values(key)[[*key, "staleness"]].values.tolist() == \
         whole.sort_values(key)[[*key, "staleness"]].values.tolist()
     assert sorted(ckpt_set.set_rounds(part / "out", 1)) == [2, 4, 6]
+
+
+def test_resume_refuses_parts_of_two_different_cuts(tmp_path, capfd):
+    """Node a's part from a run where b pushed first (b's part: its first pull), node b's from one
+    where a did (b's part: the start; the same plan but for step times): each verifies, together
+    they are no cut."""
+    first = write_plan(tmp_path / "first", SLOW_FAST)
+    launch_in(first, stop_after=1)
+    # b at 1 s a step: a's four steps come first even where the machine is slower than 20 ms a step
+    other = write_plan(tmp_path / "other", [(n, b, h, s) for (n, b, h, _), s in zip(SLOW_FAST, (0.02, 1.0))])
+    launch_in(other, stop_after=1)
+    assert (latest_state(first / "out", 1)["rounds_done"], latest_state(other / "out", 1)["rounds_done"]) == (1, 0)
+    node_b = ckpt_set.node_dir(first / "out", 1)
+    shutil.rmtree(node_b)
+    shutil.copytree(ckpt_set.node_dir(other / "out", 1), node_b)
+    capfd.readouterr()
+    options = ExecOptions(out_dir=str(first / "out"), threads=1, progress=False, resume=True, emulate=True)
+    assert launch(first / "plan.csv", first / "scenario.toml", options) == 2
+    err = capfd.readouterr().err
+    assert "cut 2: node b holds another state than the server's record of it" in err and "refusing to resume" in err
