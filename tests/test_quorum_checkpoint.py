@@ -3,7 +3,7 @@ arrivals, where a push still waiting for its close is left out and a late push t
 merge is kept; --stop-after at a cut, and a --resume that redoes the same pushes.
 
 The two-node runs are emulated so that the order of arrivals is the run's own, not the machine's:
-node b (H = 1, 20 ms steps) makes its three pushes before node a (H = 2, 300 ms steps) makes its
+node b (H = 1, 20 ms steps) makes its three pushes before node a (H = 2, 1 s steps) makes its
 first. With a quorum of one and no grace window each of b's pushes closes a round on the timer
 (b b b); a's first push is late (staleness 3) and rides on the close its second push brings at once,
 as does its third (a a a)."""
@@ -26,7 +26,8 @@ from real.round_quorum import Push, QuorumServer, past_stop  # noqa: E402
 from tests.test_async_real import PLAN_HEADER  # noqa: E402
 from tests.test_real_runs import final_weights, scenario_text  # noqa: E402
 
-SLOW_FAST = [("a", 2, 2, 0.3), ("b", 2, 1, 0.02)]  # node, batch, local steps, emulated step seconds
+# node, batch, local steps, emulated step seconds: a's round (2 s) outlasts b's three on a loaded machine
+SLOW_FAST = [("a", 2, 2, 1.0), ("b", 2, 1, 0.02)]
 
 
 def _server(n: int, quorum: float, cuts: Cuts, rounds: int = 3) -> QuorumServer:
