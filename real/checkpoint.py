@@ -24,6 +24,22 @@ newer sets it skipped and why; rank 0 names the nodes that lacked a newer round.
 state that must agree across nodes (θ_g, outer momentum, round) is compared by digest after
 loading, and the run's settings (`run_config`) key by key: resuming with other values is
 refused naming the key.
+
+An async run (real/round_async.py) has no round its nodes end together, so its sets are a
+consistent cut (Chandy–Lamport): each leader keeps in host memory a snapshot of its state right
+after each pull (replaced at every pull, while a cut is still due); the server records its own
+state (θ_g, delayed Nesterov state, version, each node's last pull and pushes) when its version
+reaches a due cut (`async_cuts`: every K·n pushes for --checkpoint-every K, the cut of
+--stop-after R at R·n pushes, the last push with --checkpoint-final; no Young/Daly default, which
+needs a round every node ends together), and each node writes the snapshot of its last pull at or
+before the cut when its next reply's version passes it (node 0 adds the server's state), or at the
+end for a node whose rounds are done. A set is named by the cut's version; resuming loads each
+node's part of the newest cut every node holds, the server's state on node 0, and checks that the
+server's record of every node's last pull and pushes is that node's (`_check_cut`); each node then
+redoes its work since its snapshot, the same pseudo-gradients. A quorum run (real/round_quorum.py)
+is cut the same way, its cuts counted in the server's arrivals instead of its versions and each
+reply marked with the first cut it is in (that module's doc): the server's part adds the late pushes
+the next close will merge and leaves out the pushes of the nodes waiting for a close.
 """
 from __future__ import annotations
 
@@ -39,9 +55,13 @@ from formats.scenario import rounds_between_checkpoints
 from real import ckpt_set
 from real.ckpt_set import CheckpointWriteError, set_bytes
 from real.diloco import timing_sizes
+from real.round_async import Cuts
+from real.round_quorum import QuorumServer
 
 __all__ = [
     "CheckpointWriteError",
+    "async_cuts",
+    "begin",
     "due",
     "due_here",
     "latest_state",
@@ -49,6 +69,7 @@ __all__ = [
     "save",
     "set_bytes",
     "start_afresh",
+    "stopped",
     "verified_sets",
     "wait_writes",
     "weights_digest",
@@ -67,9 +88,13 @@ def due_here(node, last: int) -> bool:
     is timed in the background during the first round (`probe_cost_s`) and the next round
     chooses the Young/Daly interval. The run's
     last round ends in one only when asked (--checkpoint-final) or when it stops early
-    (--stop-after), so that --resume continues it. An async run writes none (real/round_async.py)."""
+    (--stop-after), so that --resume continues it. An async or quorum run: every round (a snapshot
+    at each pull, `_after_pull`) while a cut is still due for this node."""
     opts = node.opts
-    if not opts.checkpoint or node.plan.barrierless:  # an async run has no round every node ends together
+    if node.plan.barrierless:
+        cuts = node.async_cuts.due
+        return bool(cuts) and cuts[-1] > node.async_written
+    if not opts.checkpoint:
         return False
     final = opts.checkpoint_final or opts.stop_after is not None
     k = opts.checkpoint_every or node.spec.checkpoint_every
@@ -171,6 +196,7 @@ def node_state(node) -> dict:
         "cuda_rng": torch.cuda.get_rng_state(node.device) if node.device.type == "cuda" else None,
         "trace": node.trace, "time_offset_s": node.time_offset_s,
         "streaming": node.streaming.state_dict() if node.streaming is not None else None,
+        **({node.plan.sync: node.round.state_dict()} if node.plan.barrierless else {}),  # "async" or "quorum"
     }
 
 
@@ -241,6 +267,8 @@ def save(node, row: dict | None) -> float:
     """Snapshot the node's state (every process of a sharded node takes part) and, on the
     leader, hand it to the background writer; returns the seconds training was blocked.
     `row` (the leader's trace row of the round) gets the write's seconds once it has finished."""
+    if node.plan.barrierless:
+        return _after_pull(node, row)
     start = time.perf_counter()
     if node.is_leader:
         _finished(node)  # one write in flight at a time; raises CheckpointWriteError if it failed
@@ -255,7 +283,12 @@ def save(node, row: dict | None) -> float:
 
 
 def wait_writes(node) -> None:
-    """Before the run's outputs: the last set is on disk (or its failure raised)."""
+    """Before the run's outputs (after the round's close: an async or quorum server has served every
+    push): the last set is on disk (or its failure raised). An async or quorum node writes its part
+    of the cuts after its last pull first (its rounds are done: its state at them is its last snapshot)."""
+    if node.is_leader and node.plan.barrierless and due_here(node, 0):
+        for cut in node.async_cuts.between(node.async_written, node.async_cuts.due[-1]):
+            _write_cut(node, cut, node.async_snapshot, None)
     if node.is_leader:
         _finished(node)
 
@@ -308,6 +341,10 @@ def apply_state(node, state: dict, manifest: dict | None = None) -> None:
         node.outer.load_state_dict(outer)
         node.optimizer.load_state_dict(state["inner_optimizer"])
     node.outer.load_into_model()
+    if node.plan.barrierless:  # the node's last pull; on node 0 the server as the cut recorded it
+        node.round.load_state_dict(state[node.plan.sync])
+        if node.round.server is not None:
+            node.round.server.load_state_dict(state["server"])
     if node.streaming is not None:  # the model's own weights, which streaming keeps apart from θ_g
         node.streaming.load_state_dict(state["streaming"])
     if node.scaler is not None and state["scaler"] is not None:
@@ -444,6 +481,106 @@ def resume(node) -> None:
             break
         unloadable.append(directory)
         del mine[round_]  # a process could not load it: every node tries the previous round they share
-    _check_same_state(node, directory, round_)
+    if node.plan.barrierless:
+        node.resumed_cut = round_
+        _check_cut(node, directory, round_)
+    else:
+        _check_same_state(node, directory, round_)
     # Every node's offset becomes the latest, so the resumed timeline stays common.
     node.time_offset_s = node.groups.max_float(node.time_offset_s)
+
+
+# --- async and quorum runs: consistent cuts (module docstring; real/round_async.py, round_quorum.py) ---
+
+def async_cuts(node) -> Cuts:
+    """The run's cuts in pushes (an async server's versions, a quorum server's arrivals), those after
+    the cut it resumed from: every K·n pushes
+    (--checkpoint-every K, else [training] checkpoint_every), --stop-after R's at R·n (where the run
+    stops), and with --checkpoint-final the last push's, n·rounds."""
+    n, rounds, opts = len(node.plan.nodes), node.spec.rounds, node.opts
+    stop = min(opts.stop_after, rounds) * n if opts.stop_after is not None else None
+    last = stop if stop is not None else rounds * n
+    due = set()
+    if opts.checkpoint:
+        every = opts.checkpoint_every or node.spec.checkpoint_every
+        if every:
+            due.update(range(every * n, last + 1, every * n))
+        if stop is not None or opts.checkpoint_final:
+            due.add(last)
+    resumed = getattr(node, "resumed_cut", 0)
+    return Cuts(tuple(sorted(v for v in due if v > resumed)), stop, resumed)
+
+
+def begin(node) -> None:
+    """After resuming or starting afresh, before the first round: an async or quorum run's cuts go
+    to its round (and server), and each leader takes its first snapshot (its state at its last pull:
+    the start, or the resumed one). Nothing for other runs."""
+    if not node.plan.barrierless:
+        return
+    node.async_cuts = async_cuts(node)
+    node.round.set_cuts(node.async_cuts)
+    node.async_written = node.async_cuts.resumed  # the newest cut this node has written its part of
+    node.async_snapshot = _async_snapshot(node) if node.is_leader and due_here(node, 0) else None
+
+
+def stopped(node) -> bool:
+    """Whether the node does no more rounds: an async or quorum run past its stop cut (others stop at `last`)."""
+    return node.plan.barrierless and node.round.stopped()
+
+
+def _async_snapshot(node) -> tuple[dict, float]:
+    """The node's state now (right after a pull) in host memory, and the seconds the copy took."""
+    start = time.perf_counter()
+    parts = snapshot(node)
+    return parts, time.perf_counter() - start
+
+
+def _after_pull(node, row: dict | None) -> float:
+    """An async or quorum leader after its pull: its part of each due cut passed since its last pull
+    (the snapshot held then; a cut at this very pull: the new one), and the new snapshot. Returns the
+    seconds training was blocked (the copy, and waits for the previous write)."""
+    start = time.perf_counter()
+    held = node.async_snapshot
+    node.async_snapshot = _async_snapshot(node)
+    if node.plan.sync == "quorum":
+        # A reply marked m is in cut m, which may not be taken yet (a close on the grace timer comes
+        # before the arrival that takes it): it is written at the next pull or at the end; the
+        # cuts before m have the previous pull as this node's last.
+        for cut in node.async_cuts.between(node.async_written, node.round.mark - 1):
+            _write_cut(node, cut, held, row)
+        return time.perf_counter() - start
+    version = node.round.pulled_version
+    for cut in node.async_cuts.between(node.async_written, version):
+        _write_cut(node, cut, node.async_snapshot if cut == version else held, row)
+    return time.perf_counter() - start
+
+
+def _write_cut(node, cut: int, held: tuple[dict, float], row: dict | None) -> None:
+    """Hand the node's part of `cut` (on node 0 with the server's state at it) to the background writer."""
+    parts, block_s = held
+    server = node.round.server
+    if server is not None:
+        parts = {**parts, "node.pt": {**parts["node.pt"], "server": server.take_recorded(cut)}}
+    out_dir, index, ident, floor = node.opts.out_dir, node.index, identity(node), node.round.complete
+    _finished(node)  # one write in flight at a time; raises CheckpointWriteError if it failed
+    _writer(node).submit(lambda: ckpt_set.write_set(out_dir, index, cut, ident, parts, block_s, floor), row)
+    node.async_written = cut
+
+
+def _check_cut(node, path: Path, cut: int) -> None:
+    """The loaded parts are one cut: the server's cut is this one (an async server's version), and
+    its record of each node's last pull (the closes a quorum node pulled) and pushes is what that
+    node loaded (an all-gather; rank 0 hosts the server)."""
+    plan, server, n = node.plan, node.round.server, len(node.plan.nodes)
+    if isinstance(server, QuorumServer):
+        view = [server.cut, *server.pulled, *server.arrived]
+    else:
+        view = [server.version, *server.pulled, *server.pushes] if server is not None else [-1] * (1 + 2 * n)
+    everyone = node.groups.all_gather_ints([node.round.pulled_version, node.rounds_done, *view])
+    version, pulled, pushes = everyone[0][2], everyone[0][3:3 + n], everyone[0][3 + n:]
+    odd = [plan.nodes[i].node for i in range(n) if everyone[plan.first_rank(i)][:2] != [pulled[i], pushes[i]]]
+    if version != cut or odd:
+        who = f"node {', '.join(odd)} holds another state than the server's record of it" if odd else \
+            f"the server's state is at version {version}"
+        raise ValueError(f"{path.parent}: cut {cut}: {who}; a checkpoint was altered or mixed from another run; "
+                         f"refusing to resume")

@@ -1,6 +1,7 @@
 """A node's checkpoint sets on disk: files that prove themselves, written whole or not at all.
 
-One set per checkpointed round, in its own directory:
+One set per checkpointed round (an async run's: per cut, named by the server's version at the cut,
+real/round_async.py), in its own directory:
 
     checkpoints/node{i}/round-{R:06d}/global.pt      θ_g and the outer momentum (the same on every node)
                                      /node.pt        what the node alone knows (inner AdamW, data
@@ -160,10 +161,12 @@ def save_file(obj, path: Path) -> dict:
 
 
 def write_set(out_dir: str | Path, index: int, round_: int, identity: str, parts: dict,
-              block_s: float) -> float:
-    """Write round_'s set whole (temp directory, fsync, rename), then drop sets beyond KEEP;
-    returns the seconds it took. CheckpointWriteError (one line) when it cannot be written:
-    its temporary directory is removed and the sets already there are untouched."""
+              block_s: float, floor: int | None = None) -> float:
+    """Write round_'s set whole (temp directory, fsync, rename), then drop sets beyond KEEP, except
+    those at or after `floor` (an async run's newest cut that every node has written its part of:
+    a slow node may not have written the cuts a fast one passed since); returns the seconds it
+    took. CheckpointWriteError (one line) when it cannot be written: its temporary directory is
+    removed and the sets already there are untouched."""
     start = time.perf_counter()
     final = set_dir(out_dir, index, round_)
     tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
@@ -192,7 +195,8 @@ def write_set(out_dir: str | Path, index: int, round_: int, identity: str, parts
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(exc.errno, _write_failure(exc, tmp, round_)) from None
     for old_round in sorted(set_rounds(out_dir, index))[:-KEEP]:
-        shutil.rmtree(set_dir(out_dir, index, old_round), ignore_errors=True)
+        if floor is None or old_round < floor:
+            shutil.rmtree(set_dir(out_dir, index, old_round), ignore_errors=True)
     return time.perf_counter() - start
 
 

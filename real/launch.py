@@ -112,9 +112,8 @@ def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
 
 
 def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
-    """An async or quorum run (real/round_async.py, real/round_quorum.py) has no round that every node
-    ends together, so no checkpoint set to resume from or stop after, and whole replicas to push: the
-    rest is refused in one line."""
+    """An async or quorum run (real/round_async.py, real/round_quorum.py) pushes whole replicas and
+    checkpoints consistent cuts (real/checkpoint.py): the rest is refused in one line."""
     if not plan.barrierless:
         return
     kind, why = ("an async" if plan.sync == "async" else "a quorum"), None
@@ -122,9 +121,6 @@ def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
         why = f"{plan_path}: sharding: {kind} node pushes its whole replica; expected none"
     elif opts.streaming is not None:
         why = f"Streaming DiLoCo's fragments: {kind} node pushes whole rounds"
-    elif opts.resume or opts.stop_after is not None or opts.checkpoint_every or opts.checkpoint_final:
-        why = (f"checkpoints (--resume, --stop-after, --checkpoint-every, --checkpoint-final): {kind} run "
-               "writes none (its nodes end rounds apart: no consistent set of the server and every node is built)")
     elif opts.on_node_loss == "continue":
         why = f"--on-node-loss continue: a lost node stops {kind} run (the server waits for its pushes)"
     if why is not None:

@@ -208,13 +208,18 @@ class Node:
             checkpoint.resume(self)
         elif self.groups.is_leader:
             checkpoint.start_afresh(self)
+        checkpoint.begin(self)  # an async or quorum run's cuts and first snapshot
         self.warm_up()
-        last = self.spec.rounds if self.opts.stop_after is None else min(self.spec.rounds, self.opts.stop_after)
+        # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint.py async_cuts).
+        stop = self.opts.stop_after if not self.plan.barrierless else None
+        last = self.spec.rounds if stop is None else min(self.spec.rounds, stop)
         bar = progress_bar(self.opts, self.spec, self.me, self.rounds_done) if self.rank == 0 else None
         self.groups.barrier()
         t0 = time.perf_counter()
         try:
             for r in range(self.rounds_done, last):
+                if checkpoint.stopped(self):
+                    break
                 self._inject_drift(r)
                 row = self.run_round(r, t0, bar)
                 self.rounds_done = r + 1

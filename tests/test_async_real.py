@@ -11,6 +11,7 @@ from facts.fidelity import GOALS, judge
 from real.diloco import DelayedNesterov
 from real.launch import LaunchError, check_inputs, launch
 from real.options import ExecOptions
+from real.streaming import StreamingSpec
 from tests.test_real_runs import final_weights, scenario_text
 
 PLAN_HEADER = "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sync"
@@ -125,10 +126,9 @@ def test_staleness_goal_is_judged_only_when_given():
 
 
 @pytest.mark.parametrize("opts, expected", [
-    ({"resume": True}, ("checkpoints (--resume, --stop-after, --checkpoint-every, --checkpoint-final): an async "
-                        "run writes none")),
-    ({"checkpoint_every": 2}, "an async run writes none"),
     ({"on_node_loss": "continue"}, "--on-node-loss continue: a lost node stops an async run"),
+    ({"streaming": StreamingSpec(fragments=1, sync_delay_steps=0)},
+     "Streaming DiLoCo's fragments: an async node pushes whole rounds"),
 ])
 def test_what_an_async_run_refuses(tmp_path, opts, expected):
     d = write_run(tmp_path / "r", "async", [("a", 2, 1), ("b", 2, 2)])

@@ -45,11 +45,11 @@ class _Groups:
         return value
 
 
-def _node(every=None, stop_after=None, final=False, mtbf_s=3600.0, barrierless=False):
+def _node(every=None, stop_after=None, final=False, mtbf_s=3600.0, sync="diloco"):
     opts = SimpleNamespace(checkpoint=True, checkpoint_every=every, checkpoint_final=final, stop_after=stop_after)
     spec = SimpleNamespace(checkpoint_every=None, mtbf_s=mtbf_s)
     return SimpleNamespace(opts=opts, spec=spec, rounds_done=0, is_leader=False, rank=1, groups=_Groups(),
-                           plan=SimpleNamespace(barrierless=barrierless))
+                           plan=SimpleNamespace(barrierless=sync == "quorum", sync=sync))
 
 
 def _due_rounds(node, last):
@@ -61,9 +61,16 @@ def _due_rounds(node, last):
     return due
 
 
-def test_an_async_run_writes_no_set():
-    """Its nodes end rounds apart: no set of the server and every node is consistent (real/round_async.py)."""
-    assert _due_rounds(_node(every=1, final=True, barrierless=True), 5) == []
+def test_a_quorum_run_snapshots_every_round_while_a_cut_is_due():
+    """Its nodes end rounds apart: its sets are cuts counted in arrivals (tests/test_quorum_checkpoint.py),
+    each node snapshotting at every pull until it has written its part of the last one."""
+    from real.round_async import Cuts
+
+    node = _node(every=1, final=True, sync="quorum")
+    node.async_cuts, node.async_written = Cuts(due=(2, 4)), 0
+    assert _due_rounds(node, 5) == [1, 2, 3, 4, 5]
+    node.async_written = 4
+    assert _due_rounds(node, 5) == []
 
 
 def test_a_fixed_cadence_writes_no_final_set_unless_asked_or_stopping_early():

@@ -1,5 +1,6 @@
 """Quorum rounds run for real (real/round_quorum.py): a quorum of everyone is DiLoCo, late nodes
-pull and go on, validate compares staleness, and what a quorum run refuses."""
+pull and go on, validate compares staleness, and what a quorum run refuses (its checkpoints:
+tests/test_quorum_checkpoint.py)."""
 from __future__ import annotations
 
 import pytest
@@ -12,6 +13,7 @@ import torch
 from real.launch import LaunchError, check_inputs
 from real.options import ExecOptions
 from real.round_quorum import node_shares
+from real.streaming import StreamingSpec
 from tests.test_async_real import PLAN_HEADER, run
 from tests.test_real_runs import final_weights, scenario_text
 
@@ -84,8 +86,9 @@ def test_validate_compares_a_quorum_runs_staleness(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("opts, expected", [
-    ({"resume": True}, "a quorum run writes none"),
     ({"on_node_loss": "continue"}, "--on-node-loss continue: a lost node stops a quorum run"),
+    ({"streaming": StreamingSpec(fragments=1, sync_delay_steps=0)},
+     "Streaming DiLoCo's fragments: a quorum node pushes whole rounds"),
 ])
 def test_what_a_quorum_run_refuses(tmp_path, opts, expected):
     d = write_quorum_run(tmp_path / "r", [("a", 2, 1), ("b", 2, 2)], quorum=0.5)
@@ -93,3 +96,10 @@ def test_what_a_quorum_run_refuses(tmp_path, opts, expected):
         check_inputs(d / "plan.csv", d / "scenario.toml", ExecOptions(out_dir=str(d / "out"), **opts))
     assert str(info.value).startswith("strategy t (sync quorum): ") and expected in str(info.value)
     assert "\n" not in str(info.value)
+
+
+def test_a_quorum_run_takes_checkpoint_options(tmp_path):
+    """Its checkpoints are consistent cuts (tests/test_quorum_checkpoint.py, which resumes): none is refused."""
+    d = write_quorum_run(tmp_path / "r", [("a", 2, 1), ("b", 2, 2)], quorum=0.5)
+    for opts in ({"stop_after": 1}, {"checkpoint_every": 1}, {"checkpoint_final": True}):  # --resume: its own test
+        check_inputs(d / "plan.csv", d / "scenario.toml", ExecOptions(out_dir=str(d / "out"), **opts))

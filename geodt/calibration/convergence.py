@@ -155,7 +155,8 @@ def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
         source, overrides = str(_without_fastest(scenario, run_dir.parent / f"{name}.toml")), []
     from simulator.strategies.registry import BARRIERLESS
 
-    # one checkpoint at the end at most (its cost out of the rounds); an async run writes none (refused)
+    # one checkpoint at the end at most (its cost out of the rounds); a run without a barrier none (its
+    # cuts are counted in pushes, not rounds: the measured rounds stay free of writes)
     checkpoints = [] if strategy in BARRIERLESS else ["--checkpoint-every", str(scenario.training.rounds)]
     command = [sys.executable, "-m", "geodt", "run", source, "--strategy", strategy, "--emulate",
                "--time-scale", str(args.time_scale), "--no-progress", "--data", args.data, "--out", str(run_dir),
