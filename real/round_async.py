@@ -53,6 +53,20 @@ HEADER, PAYLOAD, WEIGHTS, STATS = 0, 1, 2, 3  # message tags on the server group
 EXTRA_COLUMNS = ["staleness"]  # trace.csv's column after the run columns (async runs only)
 
 
+def push_and_pull(header: list[int], wire: torch.Tensor, params: int, stats_len: int, server: int,
+                  group) -> tuple[torch.Tensor, torch.Tensor]:
+    """A leader's push to the server on rank `server` (its header, then its encoded pseudo-gradient)
+    and its pull: (the fp32 global weights, the reply's `stats_len` float64 figures). The wire of
+    both rounds without a barrier (this module and real/round_quorum.py)."""
+    run_collective(dist.send, torch.tensor(header, dtype=torch.int64), dst=server, group=group, tag=HEADER)
+    run_collective(dist.send, wire, dst=server, group=group, tag=PAYLOAD)
+    weights = torch.empty(params, dtype=torch.float32)
+    run_collective(dist.recv, weights, src=server, group=group, tag=WEIGHTS)
+    stats = torch.zeros(stats_len, dtype=torch.float64)
+    run_collective(dist.recv, stats, src=server, group=group, tag=STATS)
+    return weights, stats
+
+
 @dataclass(frozen=True)
 class Cuts:
     """When an async run's consistent cuts are due, in server versions (pushes applied; the cut at V
@@ -244,13 +258,7 @@ class AsyncRound(Round):
                 outer.global_flat.copy_(self.server.theta)
                 self.pulled_version, self.complete = self.server.version, self.server.complete
             return staleness, service_s, 0
-        server, group = self.server_rank, self.group
-        run_collective(dist.send, torch.tensor([r], dtype=torch.int64), dst=server, group=group, tag=HEADER)
-        run_collective(dist.send, wire, dst=server, group=group, tag=PAYLOAD)
-        weights = torch.empty(outer.global_flat.numel(), dtype=torch.float32)
-        run_collective(dist.recv, weights, src=server, group=group, tag=WEIGHTS)
-        stats = torch.zeros(4, dtype=torch.float64)
-        run_collective(dist.recv, stats, src=server, group=group, tag=STATS)
+        weights, stats = push_and_pull([r], wire, outer.global_flat.numel(), 4, self.server_rank, self.group)
         outer.global_flat.copy_(weights)
         self.pulled_version, self.complete = int(stats[2]), int(stats[3])
         return int(stats[0]), float(stats[1]), wire.numel()

@@ -65,11 +65,9 @@ from formats.plan import quorum_need
 from formats.wire import encoded_bytes
 from real.diloco import OuterState
 from real.options import run_collective, sleep_until
-from real.round_async import Cuts
+from real.round_async import HEADER, PAYLOAD, STATS, WEIGHTS, Cuts, push_and_pull
 from real.rounds import NodeParts, Origin, Round, compute_phase, round_row
 from real.sync import decode, encode
-
-HEADER, PAYLOAD, WEIGHTS, STATS = 0, 1, 2, 3  # message tags on the server group
 
 
 @dataclass
@@ -378,14 +376,8 @@ class QuorumRound(Round):
             weights, stats = self.server.hand_in(decode(wire, delta.numel(), dtype))
             sent = 0
         else:
-            server, group = self.server_rank, self.group
-            run_collective(dist.send, torch.tensor([r, p.groups.index, 0], dtype=torch.int64), dst=server,
-                           group=group, tag=HEADER)
-            run_collective(dist.send, wire, dst=server, group=group, tag=PAYLOAD)
-            weights = torch.empty(outer.global_flat.numel(), dtype=torch.float32)
-            run_collective(dist.recv, weights, src=server, group=group, tag=WEIGHTS)
-            stats = torch.zeros(5, dtype=torch.float64)
-            run_collective(dist.recv, stats, src=server, group=group, tag=STATS)
+            weights, stats = push_and_pull([r, p.groups.index, 0], wire, outer.global_flat.numel(), 5,
+                                           self.server_rank, self.group)
             sent = wire.numel()
         outer.global_flat.copy_(weights)
         self.pulled_version, self.mark, self.complete = (int(v) for v in stats[2:].tolist())

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 from types import SimpleNamespace
 
-import pandas as pd
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,10 +18,11 @@ from real.checkpoint import async_cuts, latest_state  # noqa: E402
 from real.launch import launch  # noqa: E402
 from real.options import ExecOptions  # noqa: E402
 from real.round_async import Cuts  # noqa: E402
-from tests.test_async_real import PLAN_HEADER  # noqa: E402
+from tests.test_async_real import PLAN_HEADER, run  # noqa: E402
 from tests.test_real_runs import final_weights, scenario_text  # noqa: E402
 
-SLOW_FAST = [("a", 2, 2, 0.3), ("b", 2, 1, 0.02)]  # node, batch, local steps, emulated step seconds
+# node, batch, local steps, emulated step seconds: a's round (2 s) outlasts b's three on a loaded machine
+SLOW_FAST = [("a", 2, 2, 1.0), ("b", 2, 1, 0.02)]
 
 
 def _cut_node(nodes=2, rounds=5, every=None, stop_after=None, final=False, resumed=0, checkpoint=True):
@@ -69,10 +69,16 @@ def write_plan(d, nodes, rounds: int = 3):
     return d
 
 
-def launch_in(d, **opts) -> pd.DataFrame:
-    options = ExecOptions(out_dir=str(d / "out"), threads=1, progress=False, summary=False, **opts)
-    assert launch(d / "plan.csv", d / "scenario.toml", options) == 0
-    return pd.read_csv(d / "out" / "trace.csv")
+def assert_mixed_cut_refused(first, other, capfd) -> None:
+    """Node b's part of `first`'s newest cut replaced by `other`'s: --resume refuses in one line."""
+    node_b = ckpt_set.node_dir(first / "out", 1)
+    shutil.rmtree(node_b)
+    shutil.copytree(ckpt_set.node_dir(other / "out", 1), node_b)
+    capfd.readouterr()
+    options = ExecOptions(out_dir=str(first / "out"), threads=1, progress=False, resume=True, emulate=True)
+    assert launch(first / "plan.csv", first / "scenario.toml", options) == 2
+    err = capfd.readouterr().err
+    assert "cut 2: node b holds another state than the server's record of it" in err and "refusing to resume" in err
 
 
 def assert_same_weights(a, b) -> None:
@@ -83,11 +89,11 @@ def assert_same_weights(a, b) -> None:
 def test_one_node_resumed_at_a_cut_equals_a_straight_run(tmp_path):
     nodes = [("a", 2, 3, 0.01)]
     straight = write_plan(tmp_path / "straight", nodes)
-    launch_in(straight)
+    run(straight)
     part = write_plan(tmp_path / "part", nodes)
-    assert len(launch_in(part, stop_after=1)) == 1
+    assert len(run(part, stop_after=1)) == 1
     assert latest_state(part / "out", 0)["server"]["version"] == 1
-    trace = launch_in(part, resume=True)
+    trace = run(part, resume=True)
     assert list(trace["round"]) == [0, 1, 2] and list(trace["staleness"]) == [0, 0, 0]
     assert_same_weights(part, straight)
 
@@ -96,17 +102,17 @@ def test_two_nodes_stopped_twice_and_resumed_equal_a_straight_run(tmp_path):
     """Cut 2 (stop 1): b has pushed twice, a not yet (a's part: the start); cut 4 (stop 2): a has
     pushed once, b has finished (its part, its last pull, written at its end)."""
     straight = write_plan(tmp_path / "straight", SLOW_FAST)
-    whole = launch_in(straight, emulate=True)
+    whole = run(straight, emulate=True)
     assert list(whole.sort_values("round_end_s")["node"]) == list("bbbaaa")
     part = write_plan(tmp_path / "part", SLOW_FAST)
-    launch_in(part, emulate=True, stop_after=1, checkpoint_every=1)
+    run(part, emulate=True, stop_after=1, checkpoint_every=1)
     a, b = latest_state(part / "out", 0), latest_state(part / "out", 1)
     assert (a["rounds_done"], a["async"]["pulled_version"], b["rounds_done"], b["async"]["pulled_version"]) == (0, 0, 2, 2)
     assert a["server"]["pulled"] == [0, 2] and a["server"]["version"] == 2
-    launch_in(part, emulate=True, resume=True, stop_after=2, checkpoint_every=1)
+    run(part, emulate=True, resume=True, stop_after=2, checkpoint_every=1)
     a, b = latest_state(part / "out", 0), latest_state(part / "out", 1)
     assert (a["rounds_done"], b["rounds_done"], a["server"]["pushes"]) == (1, 3, [1, 3])
-    trace = launch_in(part, emulate=True, resume=True, checkpoint_every=1)
+    trace = run(part, emulate=True, resume=True, checkpoint_every=1)
     assert_same_weights(part, straight)
     key = ["node", "round"]
     assert trace.sort_values(key)[[*key, "staleness"]].values.tolist() == \
@@ -120,14 +126,7 @@ def test_resume_refuses_parts_of_two_different_cuts(tmp_path, capfd):
     """Node a's part from a run where b pushed first, node b's from one where a did (the same
     plan but for step times): each verifies, together they are no cut."""
     first = write_plan(tmp_path / "first", SLOW_FAST)
-    launch_in(first, emulate=True, stop_after=1)
-    other = write_plan(tmp_path / "other", [(n, b, h, s) for (n, b, h, _), s in zip(SLOW_FAST, (0.02, 0.3))])
-    launch_in(other, emulate=True, stop_after=1)
-    node_b = ckpt_set.node_dir(first / "out", 1)
-    shutil.rmtree(node_b)
-    shutil.copytree(ckpt_set.node_dir(other / "out", 1), node_b)
-    capfd.readouterr()
-    options = ExecOptions(out_dir=str(first / "out"), threads=1, progress=False, resume=True, emulate=True)
-    assert launch(first / "plan.csv", first / "scenario.toml", options) == 2
-    err = capfd.readouterr().err
-    assert "cut 2: node b holds another state than the server's record of it" in err and "refusing to resume" in err
+    run(first, emulate=True, stop_after=1)
+    other = write_plan(tmp_path / "other", [(n, b, h, s) for (n, b, h, _), s in zip(SLOW_FAST, (0.02, 1.0))])
+    run(other, emulate=True, stop_after=1)
+    assert_mixed_cut_refused(first, other, capfd)

@@ -9,7 +9,6 @@ first. With a quorum of one and no grace window each of b's pushes closes a roun
 as does its third (a a a)."""
 from __future__ import annotations
 
-import shutil
 from types import SimpleNamespace
 
 import pandas as pd
@@ -23,6 +22,7 @@ from real.launch import launch  # noqa: E402
 from real.options import ExecOptions  # noqa: E402
 from real.round_async import Cuts  # noqa: E402
 from real.round_quorum import Push, QuorumServer, past_stop  # noqa: E402
+from tests.test_async_checkpoint import assert_mixed_cut_refused  # noqa: E402
 from tests.test_async_real import PLAN_HEADER  # noqa: E402
 from tests.test_real_runs import final_weights, scenario_text  # noqa: E402
 
@@ -135,11 +135,4 @@ def test_resume_refuses_parts_of_two_different_cuts(tmp_path, capfd):
     other = write_plan(tmp_path / "other", [(n, b, h, s) for (n, b, h, _), s in zip(SLOW_FAST, (0.02, 1.0))])
     launch_in(other, stop_after=1)
     assert (latest_state(first / "out", 1)["rounds_done"], latest_state(other / "out", 1)["rounds_done"]) == (1, 0)
-    node_b = ckpt_set.node_dir(first / "out", 1)
-    shutil.rmtree(node_b)
-    shutil.copytree(ckpt_set.node_dir(other / "out", 1), node_b)
-    capfd.readouterr()
-    options = ExecOptions(out_dir=str(first / "out"), threads=1, progress=False, resume=True, emulate=True)
-    assert launch(first / "plan.csv", first / "scenario.toml", options) == 2
-    err = capfd.readouterr().err
-    assert "cut 2: node b holds another state than the server's record of it" in err and "refusing to resume" in err
+    assert_mixed_cut_refused(first, other, capfd)
