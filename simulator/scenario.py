@@ -342,6 +342,7 @@ def _with_network_profile(scenario: Scenario) -> Scenario:
     """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
     if scenario.network.profile is None:
         return scenario
+    # lazy: startup time (pandas, read only with a profile)
     from formats.netprofile import NetProfileError
     from simulator.models.netfit import read_network_profile  # pandas: only when used
 

@@ -45,6 +45,8 @@ import numpy as np
 import simpy
 
 from simulator.engines.engine_simpy import collector_paused
+from simulator.models.network import link_gbps, outer_step_s, payload_bytes
+from simulator.models.timing import node_timings
 
 WEIGHT_BYTES_PER_PARAM = 4  # the fp32 global weights a node pulls after its push
 STALE_FIELDS = ["staleness", "stale_work"]
@@ -60,9 +62,6 @@ def push_pull_raw(links_gbps, latency_ms: float, payload_bytes: float, weight_by
 def service_s(scenario, plan) -> np.ndarray:
     """Each plan node's async service (push, outer step, pull) on the scenario's typed links (nodes,); the
     server's outer step priced as the scenario's sync prices it (network.outer_step_s: the slowest node's)."""
-    from simulator.models.network import link_gbps, outer_step_s, payload_bytes
-    from simulator.models.timing import node_timings
-
     links = dict(zip((n.name for n in scenario.nodes), link_gbps(scenario)))
     weights = WEIGHT_BYTES_PER_PARAM * scenario.model.param_count
     outer = outer_step_s(scenario, [t.layout for t in node_timings(scenario)])

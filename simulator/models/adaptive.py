@@ -21,6 +21,7 @@ from formats.adaptive import deadline_steps, measured_step_s, rebalance_steps, r
 from formats.plan import Plan
 from simulator.models.drift import drift_factors
 from simulator.models.outage import outages, rejoin_round
+from simulator.models.timing import node_timings
 from simulator.models.workload import node_cvs
 from simulator.scenario import Scenario
 
@@ -36,8 +37,6 @@ class StepDraws:
         self.gpus = [n.gpus for n in plan.nodes]
         self.intra_s = np.zeros(len(plan.nodes))
         if any(self.cvs) and any(g > 1 for g in self.gpus):
-            from simulator.models.timing import node_timings
-
             intra = {t.node.name: t.intra_s for t in node_timings(scenario)}
             self.intra_s = np.array([intra[n.node] if n.gpus > 1 else 0.0 for n in plan.nodes])
         self.rng = np.random.default_rng((scenario.seed, ADAPT_STREAM))

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from formats.convergence import ConvergenceProfileError, read_convergence_profile
 from formats.errors import InputError
 from simulator.models.convergence import (
     FEATURES,
@@ -50,8 +51,6 @@ class LossSetup:
 
 
 def _profile_model(path: Path, shown: str) -> tuple[ConvergenceModel, pd.DataFrame]:
-    from formats.convergence import ConvergenceProfileError
-
     try:
         stat = path.stat()
     except OSError:
@@ -64,8 +63,6 @@ def _profile_model(path: Path, shown: str) -> tuple[ConvergenceModel, pd.DataFra
 
 @lru_cache(maxsize=8)
 def _fitted(path: str, shown: str, version) -> tuple[ConvergenceModel, pd.DataFrame]:
-    from formats.convergence import read_convergence_profile
-
     frame = read_convergence_profile(path)
     return fit_model(frame, shown), frame
 

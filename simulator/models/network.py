@@ -61,8 +61,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from facts.catalog import get_gpu
 from formats import wire
 from formats.wire import PAYLOAD_BYTES
+from simulator.models.timing import NodeTiming
 from simulator.scenario import Scenario
 
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
@@ -104,8 +106,6 @@ def profiled_host_figure(scenario: Scenario, node, figures: str, key: str) -> fl
     dict `figures`, entry `key`): the slowest of its profiles, or None where one lacks it."""
     if not node.profile:
         return None
-    from simulator.models.timing import NodeTiming
-
     index = scenario.nodes.index(node) if len(scenario.nodes) < 64 else None  # errors name nodes[i]
     values = [getattr(p, figures).get(key) for p in NodeTiming(scenario, node, index).profiles]
     return None if None in values or not values else max(values)
@@ -158,8 +158,6 @@ def node_outer_step_s(scenario: Scenario, node, layout) -> float:
     OUTER_STEP_DEVICE_BYTES_PER_PARAM per parameter of the
     device's shard (all of Ψ unsharded) through its memory, the slowest GPU's bandwidth; CPU
     devices keep the host figure."""
-    from facts.catalog import get_gpu
-
     n = scenario.model.param_count
     shard = n / layout.devices if layout.sharded else n
     cpu_devices = set(node.gpus) == {"cpu"}

@@ -120,6 +120,7 @@ _PROFILE_CACHE: dict = {}
 
 def _load_profile(path, seq_len, dtype, model, compiled=None):
     """A ProfileModel read once per file version (10,000 nodes may share one profile)."""
+    # lazy: startup time (pandas, read only with a profile)
     from simulator.models.profile_fit import ProfileModel
 
     try:
@@ -185,6 +186,7 @@ def intra_node_comm_s(scenario: Scenario, node: NodeConfig, layout: Layout) -> t
 
 def read_profiles(scenario: Scenario, node: NodeConfig, index: int) -> tuple:
     """The node's measured profiles, each checked against the scenario (model, GPU, compile)."""
+    # lazy: startup time (pandas, read only with a profile)
     from formats.profile import ProfileError  # pandas: only when profiles are used
 
     models = []

@@ -20,6 +20,7 @@ import numpy as np
 
 from formats.plan import Plan, merge_steps
 from simulator.models.drift import drift_factors
+from simulator.models.timing import intra_node_allreduce_s, node_timings
 from simulator.scenario import Scenario
 
 
@@ -40,8 +41,6 @@ def _steady_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
     cvs = node_cvs(scenario, plan)
     if not any(cvs):
         return np.broadcast_to(base, (rounds, len(base))).copy()
-    from simulator.models.timing import node_timings
-
     intra = {t.node.name: t.intra_s for t in node_timings(scenario)}
     rng = np.random.default_rng(scenario.seed)
     out = np.empty((rounds, len(base)))
@@ -60,8 +59,6 @@ def node_cvs(scenario: Scenario, plan: Plan) -> list[float]:
     given = scenario.simulation.jitter_cv
     if scenario.simulation.variability != "profile":
         return [given] * len(plan.nodes)
-    from simulator.models.timing import node_timings
-
     by_name = {t.node.name: t for t in node_timings(scenario)}  # alike nodes share one profile load
     cvs = []
     for n in plan.nodes:
@@ -98,8 +95,6 @@ def _steady_segments(scenario: Scenario, plan: Plan) -> tuple[np.ndarray, np.nda
         shape = (rounds * plan.fragments, len(plan.nodes))
         return (np.broadcast_to(np.tile(pre_steps * step, (rounds, 1)), shape),
                 np.broadcast_to(np.tile(delay_steps * step, (rounds, 1)), shape))
-    from simulator.models.timing import intra_node_allreduce_s
-
     rng = np.random.default_rng(scenario.seed)
     by_name = {node.name: node for node in scenario.nodes}
     out = np.empty((2, rounds, plan.fragments, len(plan.nodes)))

@@ -8,6 +8,7 @@ import numpy as np
 
 def loss_figure(losses: dict, setup) -> bytes:
     """PNG bytes (no timestamp or software tag: the same inputs give the same bytes)."""
+    # lazy: startup time (matplotlib)
     import matplotlib
 
     matplotlib.use("Agg")

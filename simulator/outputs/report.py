@@ -24,7 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simulator.engines.engine import simulate_chunks
+from simulator.models.totals import RunTotals
+from simulator.outputs.run_outputs import chunk_rounds
 from simulator.outputs.sweep_table import timeline_metrics
+from simulator.strategies import make_plan
 
 TOKENS_BAND = 0.05  # run tokens within ±5% of the baseline's count as the baseline's work
 TIE = 0.01  # tokens/s within 1% of the best are a tie, decided by idle
@@ -188,11 +192,6 @@ def answer(scenario, runs, engine: str = "simpy", losses: dict | None = None, ta
     strategy, shown where a strategy has no barrier."""
     baseline = next(((p, t) for p, t in runs if p.strategy == "baseline"), None)
     if baseline is None:  # its totals only, chunk by chunk: no whole timeline of a long run in memory
-        from simulator.engines.engine import simulate_chunks
-        from simulator.models.totals import RunTotals
-        from simulator.outputs.run_outputs import chunk_rounds
-        from simulator.strategies import make_plan
-
         plan = make_plan(scenario, "baseline")
         totals = RunTotals()
         simulate_chunks(scenario, plan, engine, lambda timeline, _: totals.add(timeline),

@@ -21,6 +21,7 @@ PARTS = (("compute_s", "compute", "tab:blue"), ("idle_s", "idle (waiting)", "tab
 def idle_figure(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]]) -> bytes:
     """PNG bytes from (strategy, node names, idle seconds per node, the run's first rounds'
     timeline rows) per strategy. No timestamp or software tag: the same inputs give the same bytes."""
+    # lazy: startup time (matplotlib)
     import matplotlib
 
     matplotlib.use("Agg")

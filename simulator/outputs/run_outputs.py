@@ -48,6 +48,7 @@ class TableWriter:
             self.handle.write(data if self.header else data[data.index(b"\n") + 1:])
             self.header = False
             return
+        # lazy: startup time (pyarrow.parquet)
         import pyarrow as pa
         import pyarrow.parquet as pq
 

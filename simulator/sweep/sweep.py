@@ -44,13 +44,16 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
+from simulator.engines.engine_analytic import run_streaming_analytic
 from simulator.models.loss_prediction import loss_setup, sweep_losses
 from simulator.models.network import node_outer_step_s, outer_step_s
 from simulator.models.timing import gpu_estimate, intra_node_comm_s
 from simulator.outputs.report import does_baseline_work
 from simulator.scenario import NodeConfig, Scenario
 from simulator.strategies import STRATEGIES, complete, round_half_up
+from simulator.strategies.streaming import segments
 from simulator.strategies.tables import NetTables, NodeTables, batch_cap, fragment_keys, node_spec_tflops
+from simulator.sweep.sweep_drift import drifted_metrics, sweep_factors
 from simulator.sweep.sweep_fit import check_kinds_fit, kind_node, kind_timing
 
 Kind = tuple[tuple[str, int], ...]  # ((gpu key, count), ...) in the order of --gpu-types
@@ -283,9 +286,6 @@ def metrics(d: dict, gpus: np.ndarray, seq_len: int, outer_s: np.ndarray | None 
 
 def _streaming_rounds(d: dict, idx: np.ndarray, fragments: int, delay: np.ndarray, rounds: int, outer_s):
     """(round_s, idle_s summed over nodes and rounds) of the streaming rows idx (deterministic steps)."""
-    from simulator.engines.engine_analytic import run_streaming_analytic
-    from simulator.strategies.streaming import segments
-
     outer = np.broadcast_to(np.asarray(outer_s, dtype=float), (len(d["steps"]),))[idx] / fragments
     allreduce = np.broadcast_to(np.asarray(d["comm_s"], dtype=float), (len(d["steps"]),))[idx] - outer
     pre, window = segments(d["steps"][idx], d["step_s"][idx], fragments, delay)
@@ -299,7 +299,6 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
     base = kt.base
     factors = None
     if drift:
-        from simulator.sweep.sweep_drift import drifted_metrics, sweep_factors
         factors = sweep_factors(drift, base.training.rounds, np.arange(first_id, first_id + len(kinds)),
                                 kinds.shape[1], seed)
     b = base.training.batch_size

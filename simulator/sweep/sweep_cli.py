@@ -24,7 +24,16 @@ import os
 import sys
 from pathlib import Path
 
-from formats.cli import non_negative_int, positive_float, positive_int
+from facts.catalog import CatalogError, get_gpu
+from formats.cli import OneLineParser, non_negative_int, positive_float, positive_int
+from formats.errors import FieldError, InputError
+from formats.files import FileLock
+from formats.limits import LIMITS, SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
+from formats.limits import check_work as refused
+from formats.owners import TEMP_SUFFIX, add_force_argument, check_owner, remove_orphan_temps, temp_prefix
+from simulator.scenario import load_scenario
+from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
+from simulator.strategies.streaming import FRAGMENT_CHOICES
 
 SWEEP_HELP = """\
     geodt sweep --nodes 4 --gpus-per-node 4 --gpu-types a30,v100,t4 [--mixed-nodes]
@@ -48,8 +57,6 @@ _WORKER: dict = {}
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    from formats.limits import LIMITS
-
     lo, hi = LIMITS["bandwidth_gbps"]
     try:
         values = tuple(float(v) for v in text.split(","))
@@ -61,9 +68,6 @@ def _floats(text: str) -> tuple[float, ...]:
 
 
 def parser():
-    from formats.cli import OneLineParser
-    from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
-
     p = OneLineParser(prog="geodt sweep", description=SWEEP_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--table", metavar="SCENARIO", help="instead of a sweep: every strategy on this scenario")
     p.add_argument("--base", default="paper",
@@ -76,8 +80,6 @@ def parser():
                    help="catalog keys, comma separated (default: the paper's five)")
     p.add_argument("--mixed-nodes", action="store_true", help="nodes may mix GPU types (default: one type per node)")
     p.add_argument("--bandwidth-gbps", type=_floats, default=(0.1, 1.0, 10.0), help="WAN bandwidths (default 0.1,1,10)")
-    from simulator.strategies.registry import STRATEGIES
-
     p.add_argument("--strategy", nargs="+", action="extend", metavar="S",
                    help=f"strategies (default: all of {', '.join(STRATEGIES)})")
     p.add_argument("--samples", type=positive_int, default=1000,
@@ -99,8 +101,6 @@ def parser():
     p.add_argument("--large", action="store_true",
                    help=large_help() + "; for streaming, " + large_help(
                        "fragment-sync steps (chunks x rounds x nodes x 17)", (SWEEP_STEPS, SWEEP_STEPS_LARGE)))
-    from formats.owners import add_force_argument
-
     add_force_argument(p)
     return p
 
@@ -113,8 +113,6 @@ SWEEP_ONLY = ("base", "nodes", "gpus_per_node", "gpu_types", "mixed_nodes", "ban
 
 def check_table_options(args, p) -> None:
     """--table with a sweep's option (e.g. --nodes 3): one line naming it, not a silently ignored option."""
-    from formats.errors import InputError
-
     given = [name for name in SWEEP_ONLY if getattr(args, name) != p.get_default(name)]
     if args.table and given:
         flag = "--" + given[0].replace("_", "-")
@@ -123,6 +121,7 @@ def check_table_options(args, p) -> None:
 
 
 def _init_worker(spec) -> None:
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.sweep.sweep_dataset import kind_tables, sweep_drift
 
     kind_tables(spec)  # built here first: a GPU type that cannot hold the batch is refused in the parent
@@ -139,8 +138,6 @@ def _quiet_worker() -> None:
 
 def _lock(out: Path):
     """An exclusive lock on DIR/.sweep.lock (waited for), removed with release()."""
-    from formats.files import FileLock
-
     def say():
         print(f"geodt sweep: another sweep is writing {out}; waiting for it", file=sys.stderr)
 
@@ -173,6 +170,7 @@ def _finished(out: Path) -> list[Path] | None:
 
 
 def _run_chunk(job) -> tuple[int, int]:
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.outputs.outputs import write_bytes
     from simulator.sweep.sweep_dataset import chunk_bytes
 
@@ -182,8 +180,7 @@ def _run_chunk(job) -> tuple[int, int]:
 
 
 def _spec_from_args(args, strategies):
-    from facts.catalog import CatalogError, get_gpu
-    from formats.errors import InputError
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.sweep.sweep import SweepSpec
 
     types = tuple(t.strip() for t in args.gpu_types.split(","))
@@ -219,20 +216,14 @@ def _spec_from_args(args, strategies):
 
 def claim(out: Path, command: str, force: bool) -> None:
     """InputError (one line) when --out holds another command's outputs (formats/owners.py)."""
-    from formats.errors import InputError
-    from formats.owners import check_owner
-
     why = check_owner(out, command, force)
     if why is not None:
         raise InputError(why)
 
 
 def _sweep(args, strategies, out: Path) -> int:
-    from formats.errors import InputError
-    from formats.owners import remove_orphan_temps
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.outputs.outputs import check_writable, write_text
-    from simulator.scenario import load_scenario
-
     spec = _spec_from_args(args, strategies)
     base = load_scenario(spec.base, spec.overrides)
     if base.simulation.jitter_cv != 0:
@@ -274,17 +265,15 @@ def check_sweep_work(args, spec, base) -> None:
     streaming's work grows with the rounds (its fragment-sync recurrence, over up to 16 fragments a
     round); a chunk of scenarios runs it at once, so it counts chunks x rounds x nodes x (1 + 16),
     bounded by formats.limits' SWEEP_STEPS (measured there)."""
-    from formats.errors import InputError
-    from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, check_work
-    from simulator.strategies.streaming import FRAGMENT_CHOICES
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.sweep.sweep import node_kinds, scenario_grid
 
     if "streaming" not in spec.strategies:
         return
     chunks = -(-len(scenario_grid(spec, len(node_kinds(spec)))[0]) // args.chunk)
-    why = check_work({"streaming": chunks * base.training.rounds * args.nodes * (1 + max(FRAGMENT_CHOICES))},
-                     args.large, unit="fragment-sync steps (chunks x rounds x nodes x 17)",
-                     limits=(SWEEP_STEPS, SWEEP_STEPS_LARGE), duration="about ten minutes")
+    why = refused({"streaming": chunks * base.training.rounds * args.nodes * (1 + max(FRAGMENT_CHOICES))},
+                  args.large, unit="fragment-sync steps (chunks x rounds x nodes x 17)",
+                  limits=(SWEEP_STEPS, SWEEP_STEPS_LARGE), duration="about ten minutes")
     if why is not None:
         raise InputError(f"{spec.base}: {why}")
 
@@ -293,6 +282,7 @@ def _publish(parts: list[Path], out: Path) -> list[Path]:
     """The finished parts become the dataset DIR/sweep/ (its folder renamed), then sweep.sha256."""
     import shutil
 
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.outputs.outputs import write_text
 
     manifest = "".join(f"{_digest(p.read_bytes())}  sweep/part-{k:05d}.parquet\n" for k, p in enumerate(parts))
@@ -309,8 +299,10 @@ def _publish(parts: list[Path], out: Path) -> list[Path]:
 def _current_part(path: Path) -> bool:
     """Whether a kept part has this version's columns: one an older geodt left (before sweep.csv's
     `comparable`) is redone, not mixed with newer parts into a dataset of two schemas."""
+    # lazy: startup time (pyarrow.parquet)
     import pyarrow.parquet as pq
 
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.sweep.sweep_dataset import COMPARABLE
 
     try:
@@ -324,6 +316,7 @@ def _run_chunks(args, spec, strategies, out: Path):
 
     from tqdm import tqdm
 
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.sweep.sweep import describe_grid, node_kinds, scenario_grid
 
     kinds = node_kinds(spec)
@@ -353,6 +346,7 @@ def _run_chunks(args, spec, strategies, out: Path):
             for job in jobs:
                 bar.update(_run_chunk(job)[1])
     chunks = [parts / f"chunk-{index:05d}.parquet" for index in range(-(-len(grid_kinds) // chunk))]
+    # lazy: startup time (pyarrow.parquet)
     import pyarrow.parquet as pq
 
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in chunks)
@@ -366,6 +360,7 @@ def _csv_into(stage, parts: list[Path]) -> bytes:
     its digest line."""
     import hashlib
 
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.outputs.outputs import csv_bytes
     from simulator.sweep.sweep_dataset import read_part
 
@@ -383,8 +378,7 @@ def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
     import shutil
     import tempfile
 
-    from formats.errors import InputError
-    from formats.owners import TEMP_SUFFIX, temp_prefix
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.outputs.outputs import OutputError, StagedOutput
     from simulator.sweep.sweep_dataset import SweepStats
 
@@ -422,16 +416,13 @@ def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
 
 
 def _table(args, strategies, out: Path | None) -> int:
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     import pandas as pd
 
-    from formats.errors import FieldError, InputError
     from simulator.cli import check_work, default_out
     from simulator.engines.engine import simulate, summary
     from simulator.outputs.outputs import OutputError, csv_bytes, write_output_set
     from simulator.outputs.sweep_table import format_markdown, table_frame
-    from simulator.scenario import load_scenario
-    from simulator.strategies import make_plan
-
     scenario = load_scenario(args.table, args.overrides)
     check_work(scenario, args.table, list(dict.fromkeys(["baseline", *strategies])), args.large)
     out = out or default_out(scenario.name, "table")
@@ -470,6 +461,7 @@ def with_comparable(table, plans, timelines):
     tokens_vs_baseline's per round: sync-ddp's round is one step of the same total work); plans[0]: the baseline."""
     import numpy as np
 
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.outputs.report import does_baseline_work
     from simulator.outputs.sweep_table import timeline_metrics
 
@@ -479,6 +471,7 @@ def with_comparable(table, plans, timelines):
 
 
 def _table_other_work() -> str:
+    # lazy: startup time (pandas: geodt sweep --help reads none of it)
     from simulator.outputs.report import TOKENS_BAND
 
     return (f"*: other work: the run trains on tokens beyond ±{TOKENS_BAND:.0%} of the baseline's (table.csv's "
@@ -486,9 +479,6 @@ def _table_other_work() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from formats.errors import InputError
-    from simulator.strategies import BARRIERLESS, STRATEGIES
-
     p = parser()
     try:
         args = p.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -514,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
+        # lazy: startup time (pandas: geodt sweep --help reads none of it)
         from simulator.cli import write_error
 
         print(f"geodt sweep: {write_error(args.out, exc, 'finished chunks are kept (each written whole)')}",

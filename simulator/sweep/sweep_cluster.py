@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from formats.errors import InputError
+from simulator.outputs.outputs import write_bytes
+from simulator.sweep.sweep_dataset import chunk_bytes
+
 CONNECT_TIMEOUT_S = 10  # a scheduler that does not answer in this long is taken as unreachable
 
 
 def connect(address: str):
     """A dask Client on the scheduler at `address`, before the sweep writes anything; InputError
     (one line) when Dask is missing or the scheduler cannot be reached."""
-    from formats.errors import InputError
-
     try:
         from dask.distributed import Client
     except ImportError:
@@ -39,12 +41,7 @@ def run_on_cluster(address, spec, jobs, progress) -> None:
     try:
         from dask.distributed import Client, as_completed
     except ImportError:
-        from formats.errors import InputError
-
         raise InputError("--scheduler: needs Dask (pip install 'geodt[cluster]')") from None
-    from simulator.outputs.outputs import write_bytes
-    from simulator.sweep.sweep_dataset import chunk_bytes
-
     client = address if isinstance(address, Client) else Client(address)
     try:
         futures = {client.submit(chunk_bytes, spec, first, kinds, bw, pure=False): (path, len(kinds))

@@ -18,6 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator.scenario import load_scenario
+from simulator.sweep.sweep import KindTables, chunk_frame, node_kinds
+from simulator.sweep.sweep_drift import parse_drift
+
 NEEDED = ["scenario_id", "strategy", "bandwidth_gbps", "speed_ratio", "idle_left", "speedup", "tokens_per_s",
           "idle_s_equal_tokens"]
 # Read where the dataset has it: a sweep's parts from before the column existed still load (no marks).
@@ -29,6 +33,7 @@ TARGET_CRITERION = ("time_to_target_s", "min")
 
 def part_bytes(frame: pd.DataFrame) -> bytes:
     """One chunk's rows as Parquet bytes, the same for the same frame on every run."""
+    # lazy: startup time (pyarrow.parquet)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -44,9 +49,6 @@ _TABLES: dict = {}  # this process's node tables, for the spec they were built f
 def kind_tables(spec):
     """The sweep's node tables (simulator/sweep/sweep.py KindTables), built once per process and spec."""
     if _TABLES.get("spec") != spec:
-        from simulator.scenario import load_scenario
-        from simulator.sweep.sweep import KindTables, node_kinds
-
         _TABLES.clear()
         _TABLES.update(spec=spec, tables=KindTables(load_scenario(spec.base, spec.overrides), node_kinds(spec)))
     return _TABLES["tables"]
@@ -56,20 +58,17 @@ def sweep_drift(spec) -> tuple:
     """--drift's events (simulator/sweep/sweep_drift.py), parsed: () without drift."""
     if not spec.drift:
         return ()
-    from simulator.sweep.sweep_drift import parse_drift
-
     return parse_drift(spec.drift)
 
 
 def chunk_bytes(spec, first: int, kinds, bw) -> bytes:
     """One chunk of scenarios (ids from first), every strategy, as its Parquet part: the unit of
     work on local processes and on a cluster alike (drift drawn from the spec's seed)."""
-    from simulator.sweep.sweep import chunk_frame
-
     return part_bytes(chunk_frame(kind_tables(spec), kinds, bw, spec.strategies, first, sweep_drift(spec), spec.seed))
 
 
 def read_part(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+    # lazy: startup time (pyarrow.parquet)
     import pyarrow.parquet as pq
 
     return pq.read_table(path, columns=columns).to_pandas()
@@ -116,6 +115,7 @@ class SweepStats:
     def from_parts(cls, paths) -> SweepStats:
         stats = cls()
         for path in paths:
+            # lazy: startup time (pyarrow.parquet)
             import pyarrow.parquet as pq
 
             names = pq.read_schema(path).names

@@ -21,7 +21,9 @@ from formats.adaptive import DEADLINE_SLACK, rebalance_steps, round_time_s
 from formats.config import coerce
 from formats.errors import FieldError, InputError
 from formats.toml import tomllib
+from simulator.engines.engine_analytic import run_streaming_analytic
 from simulator.models.drift import DRIFT_STREAM, DriftEvent, event_factors
+from simulator.strategies.streaming import segments
 
 
 def parse_drift(text: str) -> tuple[DriftEvent, ...]:
@@ -91,9 +93,6 @@ def drifted_metrics(d: dict, gpus: np.ndarray, seq_len: int, factors: np.ndarray
 
 def _streaming(d, idx, fragments, delay, factors, outer_s):
     """(wall_s, idle_s) of streaming rows idx under drift: the recurrence on drifted segments."""
-    from simulator.engines.engine_analytic import run_streaming_analytic
-    from simulator.strategies.streaming import segments
-
     rows = len(d["steps"])
     outer = np.broadcast_to(np.asarray(outer_s, dtype=float), (rows,))[idx] / fragments
     allreduce = np.broadcast_to(np.asarray(d["comm_s"], dtype=float), (rows,))[idx] - outer

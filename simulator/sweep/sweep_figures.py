@@ -25,6 +25,7 @@ HETERO_LABELS = ["alike", "<1.5x", "1.5-3x", "3-10x", ">10x"]
 
 
 def _plt():
+    # lazy: startup time (matplotlib)
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
