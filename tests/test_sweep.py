@@ -285,7 +285,7 @@ def test_sweep_marks_other_work_in_its_dataset_findings_and_figure(tmp_path, cap
     """sweep.csv's `comparable` is simulate's rule per scenario; the findings mark the speed-ups (and a
     winner) of strategies that do other work with *, under a note; speedup.png names them with a *."""
     from simulator.outputs.report import does_baseline_work
-    from simulator.sweep.sweep import sweep_figures
+    from simulator.sweep import sweep_figures
 
     args = ["--nodes", "3", "--gpus-per-node", "2", "--gpu-types", "a30,t4", "--bandwidth-gbps", "0.1,10",
             "--samples", "8", "--workers", "1", "--no-figures", "--strategy", "baseline", "A", "hybrid",
