@@ -256,9 +256,9 @@ def test_large_timelines_keep_their_first_rounds(tmp_path, write_scenario):
 
 
 def test_simulate_caps_the_trace_unless_full_trace(tmp_path, write_scenario, capsys, monkeypatch):
-    import simulator.outputs.perfetto
+    import simulator.cli
 
-    monkeypatch.setattr(simulator.outputs.perfetto, "TRACE_MAX_NODE_ROUNDS", 4)
+    monkeypatch.setattr(simulator.cli, "TRACE_MAX_NODE_ROUNDS", 4)  # the cap geodt simulate applies
     path = str(write_scenario())
     assert simulate_main([path, "--out", str(tmp_path / "capped"), "--strategy", "baseline"]) == 0
     assert "trace.json holds rounds 0-0 of 2" in capsys.readouterr().out

@@ -227,12 +227,12 @@ def test_a_full_disk_replaces_nothing(tmp_path, capsys, monkeypatch):
 
 
 def test_ctrl_c_in_simulate_is_one_line_130_and_nothing_written(tmp_path, capsys, monkeypatch):
-    import simulator.strategies as strategies
+    import simulator.cli
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(strategies, "make_plan", interrupted)
+    monkeypatch.setattr(simulator.cli, "make_plan", interrupted)
     assert simulate_main([*SMALL_ARGS, "--out", str(tmp_path / "o")]) == 130
     assert capsys.readouterr().err == "geodt simulate: interrupted; nothing was written\n"
     assert not (tmp_path / "o").exists()
