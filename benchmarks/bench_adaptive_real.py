@@ -10,7 +10,7 @@ calibrate scenario --scenario`, as benchmarks/bench_fidelity.py does; every plan
 batch: the adaptive strategies change H_i, not b_i), and the plan comes from those profiles; then
 again with the node's quota divided by 1.2, and the simulator predicts the run with that node's
 steps as much longer from the drift's round as that calibration measured (the drift's `factor`,
-its `cpu_quota_factor` 1.2: a quota / 1.2 does not make a step 1.2× longer, simulator/drift.py).
+its `cpu_quota_factor` 1.2: a quota / 1.2 does not make a step 1.2× longer, simulator/models/drift.py).
 
 `--wan shaped` (root): every node in a network namespace of its own with its link shaped by tbf
 (real/wan.py) at --bandwidth-gbps; the host's costs from `geodt calibrate network` once, the
@@ -56,7 +56,7 @@ def run_cmd(cmd: list[str], what: str) -> None:
 def calibrated(scenario: str, batch: int, work: Path, node: str, quota_factor: float) -> tuple[Path, float]:
     """The scenario with its devices' profiles measured just now, together, under their quotas;
     and the drift's step-time factor, measured likewise with `node`'s quota divided by quota_factor
-    (the slowdown that quota gives, which is not quota_factor: simulator/drift.py)."""
+    (the slowdown that quota gives, which is not quota_factor: simulator/models/drift.py)."""
     from simulator.scenario import load_scenario
 
     path = bf.SCENARIOS / f"{scenario}.toml"

@@ -39,7 +39,7 @@ from bench_fidelity import _run, run_case
 
 from facts.fidelity import ROUND_MEDIAN, STALENESS
 from geodt.paper.fmt import markdown
-from simulator.outputs import figure_bytes, write_bytes, write_csv, write_text
+from simulator.outputs.outputs import figure_bytes, write_bytes, write_csv, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 MIXES = ("two-node", "three-node")

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from time_to_loss_at_scale import SCENARIOS, target_of
 
 from geodt.paper.fmt import markdown
-from simulator.outputs import figure_bytes, write_bytes, write_csv, write_text
+from simulator.outputs.outputs import figure_bytes, write_bytes, write_csv, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -86,7 +86,7 @@ def calibrated_network_errors() -> list[float]:
 def assumed_network_errors() -> list[float]:
     """The byte-count price at the nominal rate against each committed link calibration's all-reduces."""
     from geodt.calibration.wan_links import comparison
-    from simulator.netfit import read_network_profile
+    from simulator.models.netfit import read_network_profile
     from simulator.scenario import load_scenario
 
     errors = []

@@ -3,7 +3,7 @@
 Reads benchmarks/estimate/published_throughput.csv (one published measurement per row, with
 its model configuration, GPU, per-GPU micro-batch, gradient accumulation, parallelism, GPUs per
 node, the nodes' network where published, and source) and compares each row's measured
-tokens/s per GPU with simulator.estimate's:
+tokens/s per GPU with simulator.models.estimate's:
 
     tokens/s = accum · b · s / (accum · overlapped(t_weights + t_launch + b · t_sample, t_fsdp) + t_optimizer / shards)
 
@@ -13,7 +13,7 @@ and reduce-scatters the gradients every micro-step, t_fsdp (`fsdp_collective_s`,
 and fp32 reduce-scatter), over the GPU's NVLink or, when the row spans nodes, the node's
 uplink (`uplink_gbps`) if slower; where a source does not publish its network the link is taken
 as no slower than NVLink. The collectives run behind the compute and slow it (`overlapped_s`).
-A row's `recompute` is one of simulator.estimate.RECOMPUTE. A row's `stack` is what prices it:
+A row's `recompute` is one of simulator.models.estimate.RECOMPUTE. A row's `stack` is what prices it:
 `lean` rows (llm-foundry, TinyLlama: flash attention, fused kernels) the lean step, nothing fitted
 (the estimate's constants are datasheet figures, published kernel efficiencies and op counts);
 another stack's rows that stack (facts/stacks.py), whose one constant benchmarks/fit_stacks.py
@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from facts.catalog import get_gpu
 from facts.presets import load_arch
 from facts.stacks import act_bytes_scale
-from simulator.estimate import Shape, estimate_step, fsdp_collective_s
-from simulator.outputs import write_text
+from simulator.models.estimate import Shape, estimate_step, fsdp_collective_s
+from simulator.outputs.outputs import write_text
 
 CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
 H200_DIRS = sorted(Path(__file__).with_name("estimate").glob("h200*"))

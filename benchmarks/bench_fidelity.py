@@ -26,7 +26,7 @@ encode/decode) come from `geodt calibrate network` run once at the start, its al
 rows dropped; their links are calibrated right before each run: `geodt calibrate network
 --wan shaped` on the case's own links, dtype and collective (LINK_REPEATS averaged per size,
 sizes up to LINK_MAX_MIB), whose all-reduce rows the simulator prices, at their mean, against
-its byte count (simulator/network.py WireCost; each node's own end of the average too, each
+its byte count (simulator/models/network.py WireCost; each node's own end of the average too, each
 node running its real inner steps between averages as in a run: geodt/calibration/wan_links.py). A case
 whose plan runs at the scenario's batch (baseline, measured-steps) takes its devices' step
 times from those inner steps (`--profiles-out`); hybrid cases calibrate their devices at every

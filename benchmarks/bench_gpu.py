@@ -10,8 +10,8 @@ Stages, each a subprocess with its own time limit, each a row of the table print
    `--batch auto` (to the largest batch that fits), the compiled step at the batches of
    ../shared/gpu's lean table (150m at 32, 1b at 16: each batch compiles afresh, 35-75 s);
    the profiles stay in OUT (with their warm-up and the host's outer step);
-3. the estimate (simulator/estimate.py: eager and lean steps) and the memory model
-   (simulator/memory.py: the planner's largest batch) against those profiles, and MFU;
+3. the estimate (simulator/models/estimate.py: eager and lean steps) and the memory model
+   (simulator/models/memory.py: the planner's largest batch) against those profiles, and MFU;
 4. a single-node `geodt validate` of llama-150m timed by its own eager profile (wall clock
    predicted and measured);
 5. a short nccl run (two nodes, one process per GPU) when the machine has two GPUs, else
@@ -77,8 +77,8 @@ def analyse(directory: Path) -> list[dict]:
     import pandas as pd
 
     from facts.presets import load_arch
-    from simulator.estimate import Shape, estimate_step
-    from simulator.memory import reserve_bytes, step_memory_bytes
+    from simulator.models.estimate import Shape, estimate_step
+    from simulator.models.memory import reserve_bytes, step_memory_bytes
     from simulator.scenario import load_scenario
 
     rows = []

@@ -6,7 +6,7 @@ pays, besides the all-reduce, CPU arithmetic over every parameter: the pseudo-gr
 Nesterov SGD step, and the copy of θ_g back into the model. This script times exactly those
 calls of real.diloco.OuterState (everything outer_sync does but the all-reduce) on CPU tensors
 shaped like a LLaMA's layers, and prints the median over repeats in nanoseconds per parameter:
-the figure simulator/network.py's OUTER_STEP_NS_PER_PARAM holds.
+the figure simulator/models/network.py's OUTER_STEP_NS_PER_PARAM holds.
 
 The default size is scaled down (50 M parameters, 4 fp32 buffers of 200 MB) so it runs beside
 other work; the cost is linear in the parameter count (memory-bound streams), so the rate per

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from simulator.engine import outer_share_s, simulate, simulate_syncs
-from simulator.engine_simpy import Barrier
+from simulator.engines.engine import outer_share_s, simulate, simulate_syncs
+from simulator.engines.engine_simpy import Barrier
 from simulator.scenario import ModelConfig, NodeConfig, Scenario, TrainingConfig
 from simulator.strategies import make_plan
 
@@ -191,7 +191,7 @@ def main() -> None:
 
     from dataclasses import replace
 
-    from simulator.workload import segment_matrices
+    from simulator.models.workload import segment_matrices
 
     streaming = replace(plan, fragments=args.fragments, sync_delay_steps=args.delay)
     pre, delay = segment_matrices(scenario, streaming)

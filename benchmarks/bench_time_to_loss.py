@@ -60,8 +60,8 @@ def sets(overrides: list[str]) -> list[str]:
 
 def target_for(profile: Path, overrides: list[str], mix: Path = REPORT_MIX) -> float:
     """The fitted baseline curve's loss at half the report mix's baseline tokens (rounded to 0.01)."""
-    from simulator.engine import simulate
-    from simulator.loss_prediction import loss_setup, plan_rounds
+    from simulator.engines.engine import simulate
+    from simulator.models.loss_prediction import loss_setup, plan_rounds
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -155,7 +155,7 @@ def verdicts(table: pd.DataFrame) -> list[str]:
 def prior_check() -> str:
     """The identical-replica prior's DiLoCo fit against the losses it cites (Charles et al. 2025, Table 4),
     as |ln(fit / measured)| against the fit error the paper reports (Table 11, per M)."""
-    from simulator.convergence_prior import (
+    from simulator.models.convergence_prior import (
         LOO_RESIDUAL_AVERAGE,
         LOO_RESIDUAL_INDEPENDENT,
         diloco_power_law_loss,

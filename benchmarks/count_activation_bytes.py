@@ -1,6 +1,6 @@
 """Memory traffic of a training step's forward + backward per token, counted op by op on geodt's own step.
 
-simulator/estimate.py prices the memory-bound part of a step (norms, rotary, SwiGLU, residual
+simulator/models/estimate.py prices the memory-bound part of a step (norms, rotary, SwiGLU, residual
 adds, casts, the loss, and the activation operands every GEMM reads and writes) as bytes per
 token through the GPU's memory bandwidth, from an op-by-op count of a lean training stack
 (ACT_BYTES_*: 58h + 12kv + 16f forward bytes per token per layer, ×3 with backward). This script

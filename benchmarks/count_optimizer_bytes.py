@@ -1,6 +1,6 @@
 """Memory traffic of the per-step fixed cost of train/step.py's training step, counted op by op.
 
-simulator/timing.py prices the part of a step that does not grow with the batch (gradient
+simulator/models/timing.py prices the part of a step that does not grow with the batch (gradient
 unscaling, clipping, the AdamW update) as OPTIMIZER_BYTES_PER_PARAM bytes of memory traffic per
 parameter through the GPU's memory bandwidth. This script counts those bytes on the exact code
 path: it runs train.step.train_step (forward, backward, GradScaler.unscale_ under fp16,

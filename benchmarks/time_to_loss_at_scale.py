@@ -36,8 +36,8 @@ SCENARIOS = {  # name -> (scenario, overrides, what it is)
 
 def target_of(source: str, overrides: list[str]) -> float:
     """The baseline's predicted round loss at TARGET_SHARE of its tokens, rounded up to 0.01."""
-    from simulator.engine import simulate
-    from simulator.loss_prediction import loss_setup, plan_rounds
+    from simulator.engines.engine import simulate
+    from simulator.models.loss_prediction import loss_setup, plan_rounds
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -103,7 +103,7 @@ def main() -> int:
              f"on {date.today().isoformat()} ({platform.machine()}, Python {platform.python_version()}); each folder "
              "holds `geodt simulate`'s outputs (summary.csv with loss_end and time_to_target_s, loss.png; trace.json left out: the command makes it).\n\n"
              "**Assumptions.** Nothing here was measured at this scale. Step times: the catalog estimate "
-             "(simulator/estimate.py). Loss curve: the literature prior (Besiroglu et al. 2024's Chinchilla fit on "
+             "(simulator/models/estimate.py). Loss curve: the literature prior (Besiroglu et al. 2024's Chinchilla fit on "
              "MassiveText-like data × Charles et al. 2025's DiLoCo factor for M replicas at H = 30, "
              "docs/PAPERS.md): a level and a shape, not a measurement of these models on your data. Each "
              "strategy's effect on the loss: the built-in convergence profile's, measured with the tiny model "

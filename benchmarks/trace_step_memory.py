@@ -1,6 +1,6 @@
 """The memory geodt's training step keeps, traced on CPU, as the torch-free table the simulator reads.
 
-simulator/memory.py plans batches from `facts/step_memory.csv`, which this script writes: the
+simulator/models/memory.py plans batches from `facts/step_memory.csv`, which this script writes: the
 bytes train/step.py's step holds at its peak, derived from the step itself rather than a formula
 for another stack. Each configuration runs the step (train.step.train_step on train.models'
 transformers Llama, bf16 autocast, AdamW as make_optimizer builds it on CUDA: fused) under
@@ -139,7 +139,7 @@ def check(table: Path) -> None:
     import pandas as pd
 
     from facts.presets import load_arch
-    from simulator.memory import traced_peak_bytes
+    from simulator.models.memory import traced_peak_bytes
 
     h200 = Path(__file__).with_name("estimate") / "h200"
     for preset, batches in (("llama-150m", (8, 32, 128)), ("llama-1b", (8, 32, 42))):

@@ -1,7 +1,7 @@
 """The eager step's op sequence with each op's work, traced on CPU, as the torch-free table
 (`facts/step_ops.csv`) the estimate's host/device pipeline reads.
 
-simulator/estimate.py prices an eager GPU step as a two-stage pipeline: the host dispatches the
+simulator/models/estimate.py prices an eager GPU step as a two-stage pipeline: the host dispatches the
 step's ops one after another (HOST_S_PER_OP each), the device runs each once it is dispatched and
 the previous one is done. For that it needs the ops in dispatch order and each op's share of the
 device's work. This script traces train/step.py's step (transformers' Llama, fused AdamW as

@@ -1,6 +1,6 @@
 """How far off a prediction may be: error bands from geodt's own validation record, and where each figure came from.
 
-A node's step time comes from one of three sources (simulator/timing.py, docs/DESIGN.md's
+A node's step time comes from one of three sources (simulator/models/timing.py, docs/DESIGN.md's
 precedence): `measured` (the scenario gives its `step_time_s`), `profile` (`geodt calibrate`'s
 measured t(b)) or `catalog` (the estimate from the GPU's datasheet figures), whose band is that of
 the step it prices: geodt's compiled (lean) step or its eager one. The network is
@@ -28,7 +28,7 @@ from pathlib import Path
 BANDS_CSV = Path(__file__).with_name("error_bands.csv")
 BAND_COLUMNS = ["kind", "source", "band_pct", "cases", "median_abs_pct", "record"]
 STEP_SOURCES = ("measured", "profile", "catalog")
-# The catalog's band depends on the step it prices (simulator/provenance.py band_source).
+# The catalog's band depends on the step it prices (simulator/models/provenance.py band_source).
 CATALOG_STEPS = ("catalog-compiled", "catalog-eager")
 NETWORK_SOURCES = ("calibrated", "assumed")
 LABELS = {"measured": "measured step", "profile": "profiled steps", "catalog": "catalog estimate",
@@ -73,6 +73,6 @@ def round_band_pct(nodes: list[tuple[str, float, float]], network_source: str,
 
 def describe(step_sources: list[str], network_source: str, catalog_stack: str = "") -> str:
     """The sources in words, e.g. "catalog estimate of geodt's eager step, network assumed"
-    (catalog_stack: the step the catalog priced, simulator/provenance.py catalog_stack)."""
+    (catalog_stack: the step the catalog priced, simulator/models/provenance.py catalog_stack)."""
     labels = {**LABELS, "catalog": f"{LABELS['catalog']} of {catalog_stack}" if catalog_stack else LABELS["catalog"]}
     return ", ".join([labels[s] for s in dict.fromkeys(step_sources)] + [labels[network_source]])

@@ -1,7 +1,7 @@
 """The stacks the catalog estimate prices ([training] stack) and each fitted stack's fit (facts/stack_fits.csv).
 
 - geodt: geodt's own step (train/step.py), the one `geodt run` executes: eager or compiled as
-  [training] compile says (simulator/estimate.py STEPS). Nothing fitted: every constant is a
+  [training] compile says (simulator/models/estimate.py STEPS). Nothing fitted: every constant is a
   datasheet figure, a published kernel efficiency or an op count of that step.
 - torchtitan-eager: torchtitan's FSDP2 step without torch.compile (its published Llama runs on
   A100 and H100 GPUs, benchmarks/estimate/published_throughput.csv, stack torchtitan-eager). Priced

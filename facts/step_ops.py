@@ -5,7 +5,7 @@ train/step.py's step): per attention variant (mha, gqa) and dtype, the step as s
 a segment either run once or repeated per decoder layer, each op's work a polynomial in the
 model's sizes (b batch, s seq_len, h hidden, kv kv size, nh heads, nkv kv heads, hd head size,
 f ffn, V vocabulary, L layers). `step_ops` evaluates them for one shape: the simulator's eager
-step pipeline (simulator/estimate.py) reads the result. Torch-free.
+step pipeline (simulator/models/estimate.py) reads the result. Torch-free.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Rounds that re-plan themselves while they run: the rules of plans with adapt = rebalance | deadline.
 
-One implementation for the simulator (simulator/adaptive.py, which predicts them) and the
+One implementation for the simulator (simulator/models/adaptive.py, which predicts them) and the
 executor (real/adaptive.py, which runs them), so both take the same decisions from the same
 numbers. Torch-free; numpy, vectorised over the last axis (nodes), any leading axes.
 

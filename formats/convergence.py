@@ -3,7 +3,7 @@
 One row per run, node and round of a short real training run (docs/DESIGN.md, "Convergence
 profile"): what the node trained on in that round and its mean inner-step loss, beside what
 the run was (strategy, averaging, payload, fragments, the model and corpus). The simulator
-fits its loss model from it (simulator/convergence.py). A run without a barrier (async) adds the
+fits its loss model from it (simulator/models/convergence.py). A run without a barrier (async) adds the
 node-round's `staleness` (trace.csv's: global updates the server applied between the node's pull
 and its push); a profile written before that column existed reads with 0 there (every run of it
 had a barrier). Torch-free.

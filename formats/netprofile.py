@@ -13,7 +13,7 @@ links end the same average at different times). And `seconds_mean`: a row's time
 where the profile has one, else its median; a run sums its syncs, outer steps and checkpoints,
 so the mean is what predicts them (on the shaped links a few slow repeats of an average are
 part of what a run pays; the median leaves them out).
-geodt/calibration/links.py writes it; simulator/netfit.py fits the simulator's models to it. Torch-free.
+geodt/calibration/links.py writes it; simulator/models/netfit.py fits the simulator's models to it. Torch-free.
 """
 from __future__ import annotations
 

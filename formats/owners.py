@@ -32,7 +32,7 @@ OUTPUTS = {
     "run": _RUN,
     "validate": _RUN,
 }
-_PARTS = re.compile(r"parts-chunk\d+")  # a sweep's resumable parts (simulator/sweep_cli.py)
+_PARTS = re.compile(r"parts-chunk\d+")  # a sweep's resumable parts (simulator/sweep/sweep_cli.py)
 ALL_OUTPUTS = frozenset().union(*OUTPUTS.values())
 
 TEMP_SUFFIX = ".tmp"

@@ -20,7 +20,7 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
                       | gradients (synchronous data parallel, sync-ddp: every step's gradients
                       averaged over all devices, weighted by batch; no outer step)
                       | async | quorum: rounds without DiLoCo's barrier (BARRIERLESS_SYNCS;
-                      simulator/engine_async.py; the executor: real/round_async.py,
+                      simulator/engines/engine_async.py; the executor: real/round_async.py,
                       real/round_quorum.py)
     link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
                       share of a partitioned all-reduce

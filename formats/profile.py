@@ -1,7 +1,7 @@
 """Calibration profiles on disk: the columns `geodt calibrate` writes and the checked reader.
 
 docs/DESIGN.md, "Profiles": tidy CSV, one row per batch size tried (out-of-memory rows
-included). calibrate/profile_writer.py writes it; simulator/profile_fit.py turns it into the
+included). calibrate/profile_writer.py writes it; simulator/models/profile_fit.py turns it into the
 timing and memory model t(b), m(b) the simulator uses. Torch-free.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ COLUMNS: tuple[str, ...] = (
     "ckpt_snapshot_ns_per_byte", "ckpt_write_ns_per_byte",
 )
 # Columns a profile written before them lacks, and what they read as: the mean as empty
-# (simulator/profile_fit.py then uses the median), compiled as false (every step was eager
+# (simulator/models/profile_fit.py then uses the median), compiled as false (every step was eager
 # before [training] compile existed), the warm-up as unmeasured.
 ADDED_COLUMNS: dict[str, str] = {"step_s_mean": "", "compiled": "false", "warmup_steps": "", "warmup_s": "",
                                  "outer_step_cpu_ns_per_param": "", "outer_step_device_ns_per_param": "",

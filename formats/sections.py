@@ -25,7 +25,7 @@ COMPILE_MODES = ("auto", "on", "off")
 # [training] stack: the software stack the catalog estimate prices (facts/stacks.py); geodt: its own step.
 STACKS = ("geodt", "torchtitan-eager")
 EXECUTED_STACK = STACKS[0]  # the one `geodt run` executes (real/config.py refuses the others)
-# [simulation] on_node_loss: what the others do when a node is lost (simulator/outage.py).
+# [simulation] on_node_loss: what the others do when a node is lost (simulator/models/outage.py).
 NODE_LOSS_POLICIES = ("stop", "continue")
 # [simulation] mtbf_s's default, named because the simulator's checkpoint pricing starts from it too.
 MTBF_S_DEFAULT = 86400.0

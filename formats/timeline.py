@@ -2,7 +2,7 @@
 
 docs/DESIGN.md, "Outputs", defines each column. The simulator writes timeline.csv and
 summary.csv, the executor trace.csv (the timeline's columns first, so a measured trace reads
-wherever a predicted timeline does: simulator/perfetto.py, geodt validate), and `geodt validate`
+wherever a predicted timeline does: simulator/outputs/perfetto.py, geodt validate), and `geodt validate`
 validation.csv. Lists, not tuples: pandas reads a list as a selection of columns.
 """
 from __future__ import annotations
@@ -12,21 +12,21 @@ TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s"
                     "tokens"]
 SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
 # `geodt simulate`'s summary.csv adds the loss model's figures for the node's strategy (the same on
-# each of its rows; simulator/loss_prediction.py): the predicted loss at the run's end and the
+# each of its rows; simulator/models/loss_prediction.py): the predicted loss at the run's end and the
 # wall-clock seconds to [training] target_loss (inf: not reached in the run; empty: no target).
 LOSS_COLUMNS = ["loss_end", "time_to_target_s"]
-# ... and where its figures come from and how far off they may be (simulator/provenance.py,
+# ... and where its figures come from and how far off they may be (simulator/models/provenance.py,
 # facts/bands.py): the node's step source (measured | profile | catalog), the network's
 # (calibrated | assumed), and the strategy's error band in % (the same on each of its rows).
 PROVENANCE_COLUMNS = ["step_source", "network_source", "error_band_pct"]
 # ... and the staleness of the strategy's merged pseudo-gradients, in global updates applied between a
-# node's pull and its merge (simulator/engine_async.py): their mean and 90th percentile over every merge of
+# node's pull and its merge (simulator/engines/engine_async.py): their mean and 90th percentile over every merge of
 # the run (the same on each of its rows; 0 for strategies with a barrier, whose merges see no update between).
 STALENESS_COLUMNS = ["staleness_mean", "staleness_p90"]
 # syncs.csv (`geodt simulate`), one row per node and fragment sync: when its compute towards the sync
 # began, reached the sync point, the all-reduce's start and end (the same for every node), the merge
 # point, and the wait there split into idle (before the all-reduce started: the wait for the other
-# nodes) and exposed comm (while it ran), then the outer step (simulator/engine_analytic.py).
+# nodes) and exposed comm (while it ran), then the outer step (simulator/engines/engine_analytic.py).
 SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
                 "merge_point_s", "idle_s", "exposed_s", "outer_s"]
 # trace.csv: the timeline plus what a real run measures (real/trace.py's docstring).

@@ -3,18 +3,18 @@
 One entry each, read by the simulator (which times a sync) and the executor (which runs it):
 
 - MODEL_DTYPES: the training dtypes a scenario, a profile and the GPU catalog may name.
-- COLLECTIVES: how the nodes all-reduce the pseudo-gradients (simulator/network.py times
+- COLLECTIVES: how the nodes all-reduce the pseudo-gradients (simulator/models/network.py times
   each, real/sync.py runs each).
 - PAYLOAD_BYTES: what the pseudo-gradients travel as, in bytes per element; int8 also sends
   one fp32 scale per INT8_CHUNK elements (`encoded_bytes`).
 - AVERAGING_MODES: how the nodes' pseudo-gradients are weighted ([diloco] averaging).
 - `partition_shares`: the water-filling shares of a bandwidth-balanced partitioned all-reduce
-  (derivation in simulator/network.py's docstring), vectorised over leading axes.
+  (derivation in simulator/models/network.py's docstring), vectorised over leading axes.
 - `ring_allreduce_s`: the ring all-reduce time 2(n−1)·latency + 2(n−1)/n · 8·P / B.
 - `bytes_sent_per_sync`: the bytes each node puts on the wire in one sync (trace.csv's bytes_sent).
 
 Adding a collective or a payload dtype is one entry here plus its code on each side (its time
-in simulator/network.py, its implementation in real/sync.py). Torch-free; numpy only.
+in simulator/models/network.py, its implementation in real/sync.py). Torch-free; numpy only.
 """
 from __future__ import annotations
 

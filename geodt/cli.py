@@ -13,10 +13,10 @@ import sys
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("simulator.cli", "simulate_main", "simulate DiLoCo rounds for each strategy"),
     "plan": ("simulator.cli", "plan_main", "print and write one strategy's plan"),
-    "sweep": ("simulator.sweep_cli", "main", "what-if sweeps over node mixes"),
+    "sweep": ("simulator.sweep.sweep_cli", "main", "what-if sweeps over node mixes"),
     "calibrate": ("geodt.calibration.cli", "main", ("measure a device, the links between processes, or a "
                   "scenario's devices (modes: device, network, scenario)")),
-    "profile": ("simulator.profile_check", "profile_main", "inspect a calibration profile (profile check)"),
+    "profile": ("simulator.models.profile_check", "profile_main", "inspect a calibration profile (profile check)"),
     "run": ("geodt.run_cmd", "run_main", "real DiLoCo training with a strategy's plan"),
     "validate": ("geodt.run_cmd", "validate_main", "simulate and run a plan, compare them"),
     "paper": ("geodt.paper", "main", "regenerate the papers' tables and figures"),

@@ -4,7 +4,7 @@ What a plan needs, against what the machine offers:
 - processes: one per device of every node (under torchrun: LOCAL_WORLD_SIZE of them here);
 - devices: a GPU per process when the backend is nccl (or auto finds one per process); without,
   every process trains on the CPU, whatever GPU the scenario names;
-- memory per process: simulator/memory.py's peak of one training step at the node's batch and
+- memory per process: simulator/models/memory.py's peak of one training step at the node's batch and
   layout (weights, gradients, AdamW's moments, the outer state where it lives on the device,
   activations; no reserve). On a GPU that peak is compared with the GPU's memory; on the CPU
   each local process is priced by `host_process_bytes`, the one rule for host memory (geodt
@@ -81,8 +81,8 @@ def this_machine() -> Machine:
 
 
 def process_bytes(scenario, node) -> float:
-    """simulator/memory.py's peak of one of the node's processes (its layout, its per-device batch)."""
-    from simulator.memory import Layout, memory_need_bytes
+    """simulator/models/memory.py's peak of one of the node's processes (its layout, its per-device batch)."""
+    from simulator.models.memory import Layout, memory_need_bytes
 
     layout = Layout(node.sharding or "none", node.activation_checkpointing or "none", node.gpus,
                     scenario.diloco.outer_state)
@@ -91,15 +91,16 @@ def process_bytes(scenario, node) -> float:
 
 def host_process_bytes(step_bytes: float) -> float:
     """Resident bytes of one process training on the CPU whose step peaks at step_bytes
-    (simulator/memory.py's figure, no reserve): the one rule for host memory (module docstring)."""
+    (simulator/models/memory.py's figure, no reserve): the one rule for host memory (module docstring)."""
     return HOST_STEP_FACTOR * step_bytes + HOST_PROCESS_BYTES
 
 
 def check_host_memory(what: str, need_bytes: float, available_bytes: float, remedy: str) -> None:
     """PreflightError (one line) when `what` needs more host memory than is available now."""
     if need_bytes > available_bytes:
-        raise PreflightError(f"{what} need about {need_bytes / GB:.1f} GB of memory on the CPU (simulator/memory.py's "
-                             f"step, geodt/preflight.py's rule) and {available_bytes / GB:.1f} GB available; "
+        raise PreflightError(f"{what} need about {need_bytes / GB:.1f} GB of memory on the CPU "
+                             f"(simulator/models/memory.py's step, geodt/preflight.py's rule) and "
+                             f"{available_bytes / GB:.1f} GB available; "
                              f"{remedy}")
 
 
@@ -131,8 +132,9 @@ def check_machine(scenario, plan, backend: str, machine: Machine) -> list[str]:
         smallest = min(machine.gpu_memory_bytes[:processes])
         node, need = max(needs, key=lambda item: item[1])
         if need > smallest:
-            raise PreflightError(f"{what}: node {node.node} needs {need / GB:.1f} GB per GPU (simulator/memory.py) and "
-                                 f"this machine's smallest GPU holds {smallest / GB:.1f} GB; use a smaller model or "
+            raise PreflightError(f"{what}: node {node.node} needs {need / GB:.1f} GB per GPU "
+                                 f"(simulator/models/memory.py) and this machine's smallest GPU holds "
+                                 f"{smallest / GB:.1f} GB; use a smaller model or "
                                  "batch (--set model.preset=..., --set training.batch_size=...) or another scenario")
         return []
     host = sum(node.gpus * host_process_bytes(need) for node, need in needs)

@@ -94,7 +94,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     from real.config import ConfigError
     from real.launch import LaunchError, check_inputs
     from simulator.cli import check_work, default_out, target_override
-    from simulator.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
+    from simulator.outputs.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -130,7 +130,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     lock = _claim(prog, out, args.force, opts.resume)
     if isinstance(lock, int):
         return lock
-    try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs.py)
+    try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs/outputs.py)
         write_output_set(out, {"plan.csv": csv_bytes(frame), "scenario.toml": toml_text.encode()}, owned=())
     except OutputError as exc:
         lock.release()
@@ -189,13 +189,13 @@ def check_resumable(spec, plan, opts) -> None:
 
 
 def validate_loss_setup(scenario, args):
-    """The loss model for comparing with this run (simulator/loss_prediction.py), or None where it has no
+    """The loss model for comparing with this run (simulator/models/loss_prediction.py), or None where it has no
     curve of this model on this run's corpus; with a target that is an InputError (one line). With a
     target and no --data, the run trains on the profile's corpus where it is the standard library's
     (args.data set, and said)."""
     from formats.errors import InputError
     from real.data import STDLIB_CORPUS, corpus_digest
-    from simulator.loss_prediction import loss_setup
+    from simulator.models.loss_prediction import loss_setup
 
     setup = loss_setup(scenario)
     if setup.target is not None and args.data is None and setup.same_model and setup.corpus.startswith(STDLIB_CORPUS):
@@ -215,12 +215,12 @@ def validate_loss_setup(scenario, args):
 
 
 def injected_drift(scenario, plan, opts):
-    """opts with the scenario's drift (simulator/drift.py) for the executor to inject, per plan node
+    """opts with the scenario's drift (simulator/models/drift.py) for the executor to inject, per plan node
     and round: padded steps under --emulate, else a node's CPU quota, so a drifting node needs one."""
     from dataclasses import replace
 
     from formats.errors import InputError
-    from simulator.drift import drift_factors
+    from simulator.models.drift import drift_factors
 
     factors = drift_factors(scenario, plan)
     if factors is None:
@@ -238,12 +238,12 @@ def injected_drift(scenario, plan, opts):
 
 
 def injected_outage(scenario, plan, opts):
-    """opts with the scenario's outages (simulator/outage.py) for the executor to inject: the node's
+    """opts with the scenario's outages (simulator/models/outage.py) for the executor to inject: the node's
     process SIGKILLs itself at the outage's round and rejoins at round + rounds (real/elastic.py)."""
     from dataclasses import replace
 
     from formats.errors import InputError
-    from simulator.outage import outages
+    from simulator.models.outage import outages
 
     lost = [(i, o) for i, o in outages(scenario, plan) if o.round < scenario.training.rounds]
     if not lost:
@@ -350,7 +350,7 @@ def _run(args, prepared) -> int:
         import pandas as pd
 
         from real.trace import summary
-        from simulator.perfetto import trace_csv_to_json
+        from simulator.outputs.perfetto import trace_csv_to_json
 
         print(run_heading(args.emulate, args.time_scale))
         trace = pd.read_csv(out / "trace.csv")
@@ -406,7 +406,7 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
     import pandas as pd
 
     from real.launch import launch
-    from simulator.outputs import write_csv
+    from simulator.outputs.outputs import write_csv
 
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)

@@ -128,7 +128,7 @@ def trace_main(argv: list[str]) -> int:
     from formats.errors import InputError
     from geodt.validation import predicted_timeline, report
     from simulator.cli import check_work
-    from simulator.outputs import write_csv
+    from simulator.outputs.outputs import write_csv
 
     args = _parser().parse_args(argv)
     run_dir = Path(args.trace)

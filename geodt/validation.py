@@ -30,8 +30,8 @@ def predicted_timeline(scenario, plan, engine: str):
     on average that a single seeded draw over or under-states."""
     from dataclasses import replace
 
-    from simulator.engine import simulate
-    from simulator.workload import node_cvs
+    from simulator.engines.engine import simulate
+    from simulator.models.workload import node_cvs
 
     timeline = simulate(scenario, plan, engine=engine)
     if not any(node_cvs(scenario, plan)):
@@ -55,12 +55,12 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
     is predicted). Both are signed, so a bias shows.
     network: what the run's processes talked over (real.wan.network_note).
-    wall: the predicted whole run (simulator.wallclock.WallClock), beside the measured one on every
+    wall: the predicted whole run (simulator.models.wallclock.WallClock), beside the measured one on every
     row (predicted_wall_s, measured_wall_s, wall_error_pct: the run's, the same for all nodes).
     """
     import pandas as pd
 
-    from simulator.wallclock import measured_wall_s
+    from simulator.models.wallclock import measured_wall_s
 
     rounds = sorted(set(trace["round"]))
     pred = timeline[timeline["round"].isin(rounds)].copy()
@@ -159,10 +159,10 @@ def verdict_lines(table, emulated: bool, network: str) -> list[str]:
 
 
 def band_line(scenario, timeline, table) -> str:
-    """The prediction's band (simulator/provenance.py: from the sources it was priced from) and
+    """The prediction's band (simulator/models/provenance.py: from the sources it was priced from) and
     whether the measured round of every node fell inside it."""
     from facts.bands import round_band_pct
-    from simulator.provenance import band_sources, network_source, sources_text, step_sources
+    from simulator.models.provenance import band_sources, network_source, sources_text, step_sources
 
     sources, keys, network = step_sources(scenario), band_sources(scenario), network_source(scenario)
     per_node = timeline.groupby("node", sort=False)[["compute_s", "comm_s"]].sum()
@@ -195,7 +195,7 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from simulator.outputs import save_figure
+    from simulator.outputs.outputs import save_figure
 
     nodes = list(table["node"])
     kind = run_kind(table)
@@ -265,8 +265,8 @@ def validation_text(table, wide: bool = False) -> str:
 def loss_comparison(scenario, plan, timeline, trace, scale: float, setup) -> tuple[dict, list[str]]:
     """The loss model against the run: validation.csv's loss columns and the lines to print (per round,
     predicted and measured loss; the time to the target both ways)."""
-    from simulator.convergence import time_to_target
-    from simulator.loss_prediction import format_time, measured, plan_rounds, predict
+    from simulator.models.convergence import time_to_target
+    from simulator.models.loss_prediction import format_time, measured, plan_rounds, predict
 
     pred = predict(setup, scenario, plan, plan_rounds(plan, timeline))
     seen = plan_rounds(plan, trace.assign(round_end_s=trace["round_end_s"] / scale))
@@ -294,11 +294,11 @@ def loss_comparison(scenario, plan, timeline, trace, scale: float, setup) -> tup
 def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool, time_scale: float,
            network: str, caveat: str, wide: bool = False, loss=None) -> None:
     """Write validation.csv, trace.json and validation.png into out; print the table and the verdict
-    (loss: the loss model's setup, simulator/loss_prediction.py, when the run's corpus is the profile's)."""
-    from simulator.network import outer_step_source
-    from simulator.outputs import write_csv
-    from simulator.perfetto import validation_trace, write_trace_json
-    from simulator.wallclock import predicted_wall_clock
+    (loss: the loss model's setup, simulator/models/loss_prediction.py, when the run's corpus is the profile's)."""
+    from simulator.models.network import outer_step_source
+    from simulator.models.wallclock import predicted_wall_clock
+    from simulator.outputs.outputs import write_csv
+    from simulator.outputs.perfetto import validation_trace, write_trace_json
 
     scale = time_scale if emulated else 1.0
     wall = predicted_wall_clock(scenario, timeline)

@@ -1,7 +1,7 @@
 """`geodt simulate` and `geodt plan`: load a scenario, make plans, simulate, print, write.
 
-`geodt simulate` writes its tables as the engine produces them (simulator/run_outputs.py) into a
-stage that replaces --out's files only once all are written (simulator/outputs.py StagedOutput).
+`geodt simulate` writes its tables as the engine produces them (simulator/outputs/run_outputs.py) into a
+stage that replaces --out's files only once all are written (simulator/outputs/outputs.py StagedOutput).
 """
 from __future__ import annotations
 
@@ -13,11 +13,24 @@ import pandas as pd
 
 from formats.cli import OneLineParser, positive_float
 from formats.errors import FieldError, InputError
+from formats.limits import check_work as refused
+from formats.limits import large_help
 from formats.owners import add_force_argument, check_owner
-from formats.timeline import LOSS_COLUMNS, STALENESS_COLUMNS
-from simulator.loss_figure import loss_figure
-from simulator.loss_prediction import describe, format_time, loss_setup, plan_rounds, predict
-from simulator.run_figure import idle_figure
+from formats.timeline import LOSS_COLUMNS, STALENESS_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
+from simulator.engines.engine import ENGINES, check_size, pick_engine, simulate, simulate_chunks, summary
+from simulator.models.loss_prediction import describe, format_time, loss_setup, plan_rounds, predict
+from simulator.models.network import codec_note, wire_note
+from simulator.models.provenance import band_note, sources_text, with_provenance
+from simulator.models.totals import RunTotals
+from simulator.outputs.loss_figure import loss_figure
+from simulator.outputs.outputs import OutputError, StagedOutput, csv_bytes, write_output_set
+from simulator.outputs.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
+from simulator.outputs.report import answer
+from simulator.outputs.run_figure import idle_figure
+from simulator.outputs.run_outputs import TIMELINE_FULL_MAX_ROWS, PlanSink, TableWriter, block_rounds, chunk_rounds
+from simulator.scenario import load_scenario
+from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
+from simulator.strategies.streaming import FRAGMENT_CHOICES
 
 SIMULATE_HELP = ("Load a scenario, plan each strategy, simulate its rounds and compare: a summary on the screen, "
                  "and the tables and figures in --out. The new files replace --out's old ones only once all are "
@@ -35,8 +48,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
                         help="the loss the run must reach ([training] target_loss): each strategy's predicted time "
                              "to it, and the recommendation ranks by it")
-    from formats.limits import large_help
-
     parser.add_argument("--large", action="store_true", help=large_help())
     add_force_argument(parser)
 
@@ -52,8 +63,6 @@ def estimated_rows(scenario, strategies: list[str]) -> dict[str, int]:
     """Timeline and sync rows each strategy would make, before planning (formats.limits.check_work):
     one per node and round; sync-ddp's rounds are the inner steps; streaming picks up to
     FRAGMENT_CHOICES' largest fragments, each a sync row per node and round."""
-    from simulator.strategies.streaming import FRAGMENT_CHOICES
-
     rounds, nodes = scenario.training.rounds, len(scenario.nodes)
     fragments = scenario.diloco.fragments
     rows = {}
@@ -69,8 +78,6 @@ def estimated_rows(scenario, strategies: list[str]) -> dict[str, int]:
 def check_work(scenario, source: str, strategies: list[str], large: bool, output: str | None = None) -> None:
     """InputError (one line) when the work estimated up front is beyond formats.limits' bounds
     (`output`: "csv" or "parquet" where the command writes the rows, for the size it names)."""
-    from formats.limits import check_work as refused
-
     why = refused(estimated_rows(scenario, strategies), large, output=output)
     if why is not None:
         raise InputError(f"{source}: {why}")
@@ -86,7 +93,7 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
     table["tokens"] = table["tokens"].astype("int64")
     layout = plan_frame["sharding"] + plan_frame["activation_checkpointing"].map({"none": "", "full": "+recompute"})
-    if (layout != "none").any():  # how each node holds its batch (simulator/memory.py), where any is sharded
+    if (layout != "none").any():  # how each node holds its batch (simulator/models/memory.py), where any is sharded
         table.insert(1, "memory", list(layout) + [""])
     return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
@@ -115,11 +122,6 @@ def plan_text(frame: pd.DataFrame, wide: bool = False) -> str:
 
 
 def _parser(prog: str, plan_only: bool) -> OneLineParser:
-    from simulator.engine import ENGINES
-    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
-    from simulator.run_outputs import TIMELINE_FULL_MAX_ROWS
-    from simulator.strategies import BARRIERLESS, STRATEGIES
-
     parser = OneLineParser(prog=prog, description=PLAN_HELP if plan_only else SIMULATE_HELP)
     _common(parser)
     if plan_only:
@@ -147,11 +149,6 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
 
 def _run(argv: list[str], plan_only: bool) -> int:
     """`geodt simulate` (plan_only False) or `geodt plan`: check, plan, simulate, write, print."""
-    from simulator.engine import ENGINES
-    from simulator.outputs import OutputError, write_output_set
-    from simulator.scenario import load_scenario
-    from simulator.strategies import STRATEGIES
-
     prog = "geodt plan" if plan_only else "geodt simulate"
     args = _parser(prog, plan_only).parse_args(argv)
     engine = None if plan_only else args.engine
@@ -197,12 +194,9 @@ def _run(argv: list[str], plan_only: bool) -> int:
 
 
 def _print_answer(scenario, results: list[tuple], plan_only: bool, engine, losses, setup) -> None:
-    """geodt simulate: strategies side by side and which to use (simulator/report.py); geodt plan:
+    """geodt simulate: strategies side by side and which to use (simulator/outputs/report.py); geodt plan:
     the loss model's prediction, when a target loss is given."""
     if not plan_only:
-        from simulator.provenance import band_note
-        from simulator.report import answer
-
         bands = {p.strategy: float(s["error_band_pct"].iloc[0]) for p, _, s in results}
         staleness = ({p.strategy: tuple(s[STALENESS_COLUMNS].iloc[0]) for p, _, s in results}
                      if any(p.barrierless for p, _, _ in results) else None)
@@ -245,8 +239,6 @@ def loss_notes(setup, losses: dict) -> str:
 
 def _plan_timelines(scenario, plans) -> dict:
     """`geodt plan`: each plan's rounds simulated (the exact engine), for idle.png and the loss model."""
-    from simulator.engine import simulate
-
     return {p.strategy: simulate(scenario, p, "auto") for p in plans}
 
 
@@ -257,15 +249,11 @@ def _plan_losses(scenario, plans, setup, timelines: dict) -> dict:
 
 def _idle_run(strategy: str, timeline: pd.DataFrame) -> tuple:
     """idle_figure's entry of one strategy from its whole timeline."""
-    from simulator.totals import RunTotals
-
     totals = RunTotals.of(timeline)
     return strategy, totals.nodes, totals.per_node[:, 1], timeline
 
 
 def _plans(scenario, source: str, strategies: list[str]) -> list:
-    from simulator.strategies import make_plan
-
     try:
         return [make_plan(scenario, s) for s in strategies]
     except FieldError as exc:
@@ -273,23 +261,14 @@ def _plans(scenario, source: str, strategies: list[str]) -> list:
 
 
 def _plan_csv(scenario, plans) -> bytes:
-    from simulator.outputs import csv_bytes
-
     return csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True))
 
 
 def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple], list[str], list[str], dict, list]:
     """Simulate every plan into --out's stage, the tables written chunk by chunk as the engine
-    produces them (simulator/run_outputs.py); then plan.csv, summary.csv, trace.json and
+    produces them (simulator/outputs/run_outputs.py); then plan.csv, summary.csv, trace.json and
     scenario.toml, loss.png and idle.png, and the whole set renamed into place. ((plan, totals,
     summary) per strategy, the notes to print, the stale files removed, the files written)."""
-    from formats.timeline import SYNC_COLUMNS, TIMELINE_COLUMNS
-    from simulator.engine import check_size, pick_engine, summary
-    from simulator.outputs import StagedOutput, csv_bytes
-    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
-    from simulator.provenance import with_provenance
-    from simulator.run_outputs import TableWriter, block_rounds
-
     for plan in plans:  # every refusal before anything is written
         check_size(scenario, plan)
     fmt = "csv" if args.csv else "parquet"
@@ -346,9 +325,6 @@ def _run_plan(scenario, plan, engine: str, rounds: int, block: int, tables, cap)
     """One strategy simulated into the tables; its PlanSink (totals, the trace's first rounds)."""
     from tqdm import tqdm
 
-    from simulator.engine import simulate_chunks
-    from simulator.run_outputs import PlanSink, chunk_rounds
-
     n = len(plan.nodes)
     sink = PlanSink(plan, rounds, *tables, block, None if cap is None else cap // n + 2)
     chunk = chunk_rounds(n, block)
@@ -364,8 +340,6 @@ def _run_plan(scenario, plan, engine: str, rounds: int, block: int, tables, cap)
 def _trace(sinks, plan_frame: pd.DataFrame, cap) -> tuple[str, int | None]:
     """trace.json (opens in ui.perfetto.dev) from every strategy's first rounds, and the rounds it
     holds when capped (else None)."""
-    from simulator.perfetto import simulation_trace_text
-
     heads = [head for sink in sinks for head in sink.heads]
     timeline = pd.concat([t for t, _ in heads], ignore_index=True)
     syncs = pd.concat([s for _, s in heads], ignore_index=True)
@@ -374,9 +348,6 @@ def _trace(sinks, plan_frame: pd.DataFrame, cap) -> tuple[str, int | None]:
 
 def _notes(sinks, engines, fmt: str, kept: int | None) -> list[str]:
     """What the run did that a reader must know: the engine, aggregated tables, a capped trace."""
-    from simulator.perfetto import TRACE_MAX_NODE_ROUNDS
-    from simulator.run_outputs import TIMELINE_FULL_MAX_ROWS
-
     notes = [f"engine: {engine} ({why})" for engine, why in dict.fromkeys(engines)]
     for sink in sinks:
         if sink.block > 1:
@@ -404,8 +375,6 @@ def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool =
         if plan_only:
             print(plan_text(frame, wide))
         else:
-            from simulator.provenance import sources_text
-
             print(format_table(summ, frame))
             print(f"band ± {summ['error_band_pct'].iloc[0]:.0f}% "
                   f"({sources_text(scenario, list(summ['step_source']))})")
@@ -413,12 +382,8 @@ def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool =
                if (p.payload_dtype or scenario.network.payload_dtype, p.collective or scenario.network.collective)
                != ("fp32", "ring")]
     if encoded:  # only the fused ring + fp32 all-reduce encodes nothing
-        from simulator.network import codec_note
-
         print(f"\nsync of {', '.join(encoded)}: {codec_note(scenario)}")
     if scenario.network_model is not None and scenario.network_model.shaped:
-        from simulator.network import wire_note
-
         print(f"sync: {wire_note(scenario)}")
 
 

@@ -29,8 +29,8 @@ from formats.scenario import DilocoConfig, ModelSection
 # [training], [network] and [simulation]: one definition, shared with the executor (formats/sections.py).
 from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig, choices_of
 from formats.toml import tomllib
-from simulator.drift import DriftEvent
-from simulator.outage import Outage
+from simulator.models.drift import DriftEvent
+from simulator.models.outage import Outage
 
 BUILTIN_DIR = Path(__file__).with_name("scenarios")
 
@@ -74,12 +74,12 @@ class NodeConfig:
     # profiles for such a node must be measured under the same limits).
     cpu_quota: float | None = None        # share of one core per device process, e.g. 0.6
     cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
-    # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/memory.py).
+    # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/models/memory.py).
     sharding: str | None = None
     activation_checkpointing: str | None = None
-    # How the node's speed changes over the run (simulator/drift.py): step-time multipliers per round.
+    # How the node's speed changes over the run (simulator/models/drift.py): step-time multipliers per round.
     drift: tuple[DriftEvent, ...] | None = None
-    outage: Outage | None = None  # lost for a while (simulator/outage.py)
+    outage: Outage | None = None  # lost for a while (simulator/models/outage.py)
 
     def __post_init__(self) -> None:
         problem = check_node_name(self.name)
@@ -342,8 +342,9 @@ def _with_network_profile(scenario: Scenario) -> Scenario:
     """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
     if scenario.network.profile is None:
         return scenario
+    # lazy: startup time (pandas, read only with a profile)
     from formats.netprofile import NetProfileError
-    from simulator.netfit import read_network_profile  # pandas: only when used
+    from simulator.models.netfit import read_network_profile  # pandas: only when used
 
     try:
         model = read_network_profile(scenario.resolve_path(scenario.network.profile))

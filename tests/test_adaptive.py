@@ -1,5 +1,5 @@
-"""Drift (simulator/drift.py) and rounds that adapt while they run (formats/adaptive.py,
-simulator/adaptive.py, strategies rebalance and deadline): exact factors and rules, one-line
+"""Drift (simulator/models/drift.py) and rounds that adapt while they run (formats/adaptive.py,
+simulator/models/adaptive.py, strategies rebalance and deadline): exact factors and rules, one-line
 errors, both engines equal under drift for every strategy, and the issue's goal: under a 20%
 mid-run slowdown of one node, rebalance and deadline keep idle below one inner step per node
 per round while the static plans' idle grows."""
@@ -10,8 +10,8 @@ import pytest
 
 from formats.adaptive import deadline_steps, keep_stepping, rebalance_steps, round_time_s
 from formats.errors import FieldError, InputError
-from simulator.drift import DriftEvent, drift_factors, event_factors
-from simulator.engine import simulate, summary
+from simulator.engines.engine import simulate, summary
+from simulator.models.drift import DriftEvent, drift_factors, event_factors
 from simulator.scenario import load_scenario
 from simulator.strategies import STRATEGIES, make_plan
 
@@ -196,10 +196,10 @@ def test_adaptive_strategies_refuse_streaming(write_scenario):
 def test_sweep_under_drift_matches_the_simulated_timeline(strategy):
     from dataclasses import replace
 
-    from simulator.network import outer_step_s
-    from simulator.sweep import KindTables, SweepSpec, decide, node_kinds, scenario_grid
-    from simulator.sweep_drift import drifted_metrics, parse_drift, sweep_factors
-    from simulator.sweep_table import timeline_metrics
+    from simulator.models.network import outer_step_s
+    from simulator.outputs.sweep_table import timeline_metrics
+    from simulator.sweep.sweep import KindTables, SweepSpec, decide, node_kinds, scenario_grid
+    from simulator.sweep.sweep_drift import drifted_metrics, parse_drift, sweep_factors
 
     spec = SweepSpec(nodes=3, gpus_per_node=2, gpu_types=("a30", "v100", "t4"), mixed_nodes=True,
                      bandwidths_gbps=(1.0,), strategies=(strategy,), samples=6, seed=1)
@@ -220,7 +220,7 @@ def test_sweep_under_drift_matches_the_simulated_timeline(strategy):
 
 
 def test_sweep_drift_is_sampled_per_scenario_and_bad_drift_is_one_line():
-    from simulator.sweep_drift import parse_drift, sweep_factors
+    from simulator.sweep.sweep_drift import parse_drift, sweep_factors
 
     f = sweep_factors(parse_drift('[{kind="walk", spread=0.1}]'), 10, np.arange(4), 2, 0)
     assert len({tuple(np.round(f[:, s, 0], 12)) for s in range(4)}) == 4
@@ -230,7 +230,7 @@ def test_sweep_drift_is_sampled_per_scenario_and_bad_drift_is_one_line():
         parse_drift("x")
 
 
-# --- a node that leaves and comes back (simulator/outage.py) -------------------------------
+# --- a node that leaves and comes back (simulator/models/outage.py) -------------------------------
 
 def _outage(write_scenario, policy, strategy="baseline", sets=()):
     scenario = load_scenario(str(write_scenario(THREE)), [
@@ -244,7 +244,7 @@ def _outage(write_scenario, policy, strategy="baseline", sets=()):
 
 
 def test_continue_leaves_the_others_training_and_rejoins_from_a_peer(write_scenario):
-    from simulator.outage import fetch_s
+    from simulator.models.outage import fetch_s
 
     scenario, plan, t = _outage(write_scenario, "continue", sets=["simulation.restart_s=0"])
     by = lambda node, col: t[t["node"] == node][col].to_numpy()

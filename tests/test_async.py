@@ -1,4 +1,4 @@
-"""Rounds without a barrier (issue 40): the async server and quorum rounds, simulated (simulator/engine_async.py)."""
+"""Rounds without a barrier (issue 40): the async server and quorum rounds, simulated (simulator/engines/engine_async.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,15 +6,15 @@ import pandas as pd
 import pytest
 
 from formats.plan import Plan, load_plan, quorum_need
-from simulator.engine import simulate, simulate_syncs
-from simulator.engine_async import (
+from simulator.engines.engine import simulate, simulate_syncs
+from simulator.engines.engine_async import (
     FIELDS,
     push_pull_raw,
     run_async_analytic,
     run_async_simpy,
     run_quorum_simpy,
 )
-from simulator.loss_prediction import loss_setup, plan_rounds, predict
+from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
 
@@ -112,7 +112,7 @@ def test_strategies_are_apart_from_the_barrier_ones():
     assert (a.sync, q.sync, q.quorum) == ("async", "quorum", 0.5) and quorum_need(q.quorum, 4) == 2
     assert [n.local_steps for n in a.nodes] == [n.local_steps for n in q.nodes] == [85, 85, 128, 102]
     assert a.comm_s == pytest.approx(float(push_pull_raw(1.0, 1.0, 215e6 * 2, 215e6 * 4, 0.0)) + 0.49, rel=0.05)
-    from simulator.engine_async import service_s
+    from simulator.engines.engine_async import service_s
 
     assert service_s(scenario, a).max() == a.comm_s  # the plan's comm_s: the slowest node's service, server free
     # four nodes' syncs (4 × 10.81 s) over the slowest round's compute (node3: 128 × 0.198 s = 25.34 s)
@@ -133,8 +133,8 @@ def test_loss_model_marks_update_staleness_not_calibrated_without_an_async_run(t
     """A profile without an async run (one written before it existed) leaves update_staleness unweighed,
     and says so; the built-in profile's async run weighs it (tests/test_async_loss.py)."""
     from formats.convergence import read_convergence_profile
-    from simulator.loss_prediction import BUILT_IN_PROFILE
-    from simulator.outputs import write_csv
+    from simulator.models.loss_prediction import BUILT_IN_PROFILE
+    from simulator.outputs.outputs import write_csv
 
     frame = read_convergence_profile(BUILT_IN_PROFILE)
     write_csv(frame[frame["run"] != "async"], tmp_path / "barriers.csv")
@@ -184,7 +184,7 @@ def test_readme_lists_them():
 
 def test_refused_where_only_barrier_rounds_are_timed(tmp_path, capsys):
     from simulator.cli import simulate_main
-    from simulator.sweep_cli import main as sweep_main
+    from simulator.sweep.sweep_cli import main as sweep_main
 
     assert simulate_main(["paper", "--strategy", "quorum", "--engine", "analytic", "--out", str(tmp_path)]) == 2
     assert "strategy quorum (quorum rounds) has no analytic path" in capsys.readouterr().err
@@ -194,7 +194,7 @@ def test_refused_where_only_barrier_rounds_are_timed(tmp_path, capsys):
 
 
 def test_recommendation_says_when_its_pick_rests_on_an_uncalibrated_effect():
-    from simulator.report import recommend_by_target
+    from simulator.outputs.report import recommend_by_target
 
     table = pd.DataFrame({"strategy": ["baseline", "async"], "time_to_target_s": [100.0, 80.0], "idle_s": [5.0, 0.0],
                           "tokens_per_s": [10.0, 12.0], "speedup": [1.0, 1.2], "loss_end": [3.0, 3.0],
@@ -225,7 +225,7 @@ def test_quorum_accounts_for_every_node_round(seed):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_quorum_of_everyone_runs_as_the_barrier_engine(seed):
-    from simulator.engine_analytic import run_analytic
+    from simulator.engines.engine_analytic import run_analytic
 
     rng = np.random.default_rng(seed)
     compute = rng.uniform(0.2, 3.0, (5, 4))

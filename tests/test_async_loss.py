@@ -1,5 +1,5 @@
 """The loss of a run without a barrier (issue 40): the async calibration run's staleness in the convergence
-profile (formats/convergence.py), read as stale work by the loss model (simulator/convergence.py), which
+profile (formats/convergence.py), read as stale work by the loss model (simulator/models/convergence.py), which
 fits update_staleness from it; old profiles without the column still load."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from formats.convergence import COLUMNS, ConvergenceProfileError, read_convergence_profile
-from simulator.convergence import LossCurve, features, fit_model, round_frame
-from simulator.loss_prediction import BUILT_IN_PROFILE, loss_setup, plan_rounds, predict
+from simulator.models.convergence import LossCurve, features, fit_model, round_frame
+from simulator.models.loss_prediction import BUILT_IN_PROFILE, loss_setup, plan_rounds, predict
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 
@@ -91,7 +91,7 @@ def test_the_built_in_profile_calibrates_update_staleness(capsys):
     setup = loss_setup(scenario)
     assert "update_staleness" in setup.model.coefficients
     plan = make_plan(scenario, "async")
-    from simulator.engine import simulate
+    from simulator.engines.engine import simulate
 
     got = predict(setup, scenario, plan, plan_rounds(plan, simulate(scenario, plan, "auto")))
     assert got["uncalibrated"] == [] and got["efficiency"] < 1
@@ -103,7 +103,7 @@ def test_calibrate_convergence_adds_an_async_run_to_an_old_profile(tmp_path):
     were (the default 0 after them), the async rows with the trace's staleness, and the fit weighs it."""
     pytest.importorskip("torch")  # the async run is real training
     from geodt.calibration.cli import main
-    from simulator.outputs import write_csv
+    from simulator.outputs.outputs import write_csv
 
     old = read_convergence_profile(BUILT_IN_PROFILE)
     out = tmp_path / "conv.csv"

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from facts.bands import Band, load_bands, round_band_pct
-from simulator.provenance import network_source, step_sources, with_provenance
+from simulator.models.provenance import network_source, step_sources, with_provenance
 from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def test_validate_says_whether_the_measured_rounds_fell_inside_the_band():
 
 
 def test_the_catalog_names_the_step_it_prices():
-    from simulator.provenance import band_sources, catalog_stack
+    from simulator.models.provenance import band_sources, catalog_stack
 
     assert catalog_stack(load_scenario("paper")) == "geodt's compiled step"  # compile = "auto": on for GPUs
     assert catalog_stack(load_scenario("paper", ['training.compile="off"'])) == "geodt's eager step"

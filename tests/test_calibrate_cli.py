@@ -16,8 +16,8 @@ import torch
 import calibrate.harness as harness
 from calibrate.cli import calibrate_main
 from formats.profile import COLUMNS
-from simulator.profile_check import profile_main
-from simulator.profile_fit import ProfileModel
+from simulator.models.profile_check import profile_main
+from simulator.models.profile_fit import ProfileModel
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["--device", "cpu", "--model", "tiny", "--seq-len", "16", "--repeats", "2", "--warmup", "1",

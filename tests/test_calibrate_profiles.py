@@ -11,7 +11,7 @@ import pytest
 
 from calibrate.profile_writer import ProfileWriter, write_new_profile
 from formats.profile import COLUMNS, ProfileError
-from simulator.profile_fit import ProfileModel, leave_one_out
+from simulator.models.profile_fit import ProfileModel, leave_one_out
 
 ROOT = Path(__file__).resolve().parents[1]
 # seq 128: the step times below are ones an RTX 3090 could measure (check_step_units)
@@ -210,7 +210,7 @@ def test_bad_profiles(tmp_path, edit, message):
 
 
 def test_profiles_module_is_torch_free():
-    code = "import sys, simulator.profile_fit, calibrate.profile_writer; sys.exit('torch' in sys.modules)"
+    code = "import sys, simulator.models.profile_fit, calibrate.profile_writer; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 

@@ -28,7 +28,7 @@ def test_the_young_daly_interval_by_arithmetic():
 
 
 def test_the_simulator_prices_the_same_cadence():
-    from simulator.checkpoints import CheckpointCost
+    from simulator.models.checkpoints import CheckpointCost
 
     cost = CheckpointCost(every=None, snapshot_s=0.5, write_s=1.5, note="", mtbf_s=3600.0)
     rounds = np.full(30, 10.0)

@@ -1,10 +1,10 @@
 """The simulator prices the executor's checkpoints: every k rounds and after the last, a snapshot
-that blocks, a write in the background (simulator/checkpoints.py)."""
+that blocks, a write in the background (simulator/models/checkpoints.py)."""
 import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.checkpoints import CheckpointCost
+from simulator.models.checkpoints import CheckpointCost
 from tests.test_netprofile import SCENARIO as CPU_SCENARIO
 from tests.test_netprofile import _rows
 
@@ -36,9 +36,9 @@ def _snapshot_rows(fixed_s=2e-4, copy_bps=80e9):
 
 @pytest.mark.parametrize("engine", ["simpy", "analytic"])
 def test_checkpoint_every_k_rounds_delays_only_those_rounds(tmp_path, write_scenario, engine):
-    from simulator.checkpoints import checkpoint_cost
-    from simulator.engine import simulate
-    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.engines.engine import simulate
+    from simulator.models.checkpoints import checkpoint_cost
+    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -58,7 +58,7 @@ def test_checkpoint_every_k_rounds_delays_only_those_rounds(tmp_path, write_scen
 
 def test_on_a_cpu_node_the_write_blocks(tmp_path, write_scenario):
     """A CPU node's background write takes the cores its training uses: snapshot and write block."""
-    from simulator.checkpoints import checkpoint_cost
+    from simulator.models.checkpoints import checkpoint_cost
     from simulator.scenario import load_scenario
 
     _snapshot_rows().to_csv(tmp_path / "net.csv", index=False)
@@ -69,7 +69,7 @@ def test_on_a_cpu_node_the_write_blocks(tmp_path, write_scenario):
 
 
 def test_a_profile_without_snapshot_rows_prices_the_write_as_blocking(tmp_path, write_scenario):
-    from simulator.checkpoints import checkpoint_cost
+    from simulator.models.checkpoints import checkpoint_cost
     from simulator.scenario import load_scenario
 
     _rows().to_csv(tmp_path / "net.csv", index=False)
@@ -78,11 +78,11 @@ def test_a_profile_without_snapshot_rows_prices_the_write_as_blocking(tmp_path, 
 
 
 def test_the_predicted_wall_clock_waits_for_the_last_write(tmp_path, write_scenario):
-    from simulator.checkpoints import checkpoint_cost
-    from simulator.engine import simulate
+    from simulator.engines.engine import simulate
+    from simulator.models.checkpoints import checkpoint_cost
+    from simulator.models.wallclock import predicted_wall_clock
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
-    from simulator.wallclock import predicted_wall_clock
 
     _snapshot_rows().to_csv(tmp_path / "net.csv", index=False)
     scenario = load_scenario(str(write_scenario(SCENARIO.replace("rounds = 2\n", "rounds = 4\ncheckpoint_every = 2\n"))))
@@ -106,9 +106,9 @@ def test_checkpoint_every_is_checked_like_every_training_key(write_scenario):
 def test_checkpoints_every_k_rounds_chunk_exactly_and_agree_across_engines(tmp_path, write_scenario, strategy):
     """Per-round checkpoints (every 3rd of 7, and a write long enough that the next one waits for
     it) through the chunked paths: the whole run's tables bit for bit; SimPy and analytic agree."""
-    from simulator.checkpoints import checkpoint_cost
-    from simulator.engine import simulate_chunks, simulate_syncs
-    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.engines.engine import simulate_chunks, simulate_syncs
+    from simulator.models.checkpoints import checkpoint_cost
+    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -150,8 +150,8 @@ def _profile_with_checkpoint(path, snapshot_ns="0.5", write_ns="2.0"):
 def test_without_a_network_profile_the_nodes_profiles_price_checkpoints(tmp_path):
     """A profile's host checkpoint rates (geodt calibrate device) price the snapshot and the write,
     the slowest host's of each; a node without them is named; none at all: not priced, said so."""
-    from simulator.checkpoints import checkpoint_cost
-    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.models.checkpoints import checkpoint_cost
+    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
     from simulator.scenario import load_scenario
 
     _profile_with_checkpoint(tmp_path / "a.csv", "0.5", "2.0")
@@ -177,10 +177,10 @@ def test_the_h200_run_with_checkpoints_is_predicted_from_its_profile():
     the measured 37.60 s is the run's own trace."""
     from pathlib import Path
 
-    from simulator.engine import simulate
+    from simulator.engines.engine import simulate
+    from simulator.models.wallclock import measured_wall_s, predicted_wall_clock
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
-    from simulator.wallclock import measured_wall_s, predicted_wall_clock
 
     folder = Path(__file__).resolve().parents[1] / "benchmarks/estimate/h200-2026-11-27"
     scenario = load_scenario(str(folder / "gpu1-ckpt.toml"))

@@ -1,4 +1,4 @@
-"""The loss model (simulator/convergence.py, loss_prediction.py): fits, features, time to a target, ranking."""
+"""The loss model (simulator/models/convergence.py, loss_prediction.py): fits, features, time to a target, ranking."""
 from __future__ import annotations
 
 import math
@@ -9,9 +9,17 @@ import pytest
 
 from formats.convergence import COLUMNS, ConvergenceProfileError, read_convergence_profile
 from formats.errors import InputError
-from simulator.convergence import LossCurve, features, fit_curve, fit_model, prior_curve, round_frame, time_to_target
-from simulator.convergence_prior import prior_loss
-from simulator.loss_prediction import BUILT_IN_PROFILE, loss_setup, plan_rounds, predict
+from simulator.models.convergence import (
+    LossCurve,
+    features,
+    fit_curve,
+    fit_model,
+    prior_curve,
+    round_frame,
+    time_to_target,
+)
+from simulator.models.convergence_prior import prior_loss
+from simulator.models.loss_prediction import BUILT_IN_PROFILE, loss_setup, plan_rounds, predict
 from simulator.scenario import load_scenario
 
 CURVE = LossCurve(2.0, 50.0, 0.5, "test")
@@ -132,7 +140,7 @@ def test_a_profile_of_another_model_named_explicitly_is_refused():
 
 
 def test_prediction_ranks_and_reaches(tmp_path):
-    from simulator.engine import simulate
+    from simulator.engines.engine import simulate
     from simulator.strategies import make_plan
 
     scenario = load_scenario("hetero-cpu", ["training.target_loss=4.0"])

@@ -2,7 +2,7 @@
 
 Every number written out below is the paper's own (arXiv 2503.09799v1; Besiroglu et al. 2024,
 arXiv 2404.10102 for the data term), typed here again rather than read from the module, so a
-wrong constant in simulator/convergence_prior.py fails a test instead of agreeing with itself.
+wrong constant in simulator/models/convergence_prior.py fails a test instead of agreeing with itself.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from simulator import convergence_prior as cp
+from simulator.models import convergence_prior as cp
 
 SWEPT_SIZES = (35e6, 90e6, 180e6, 335e6, 550e6, 1.3e9, 2.4e9)  # Table 4's rows
 DP = cp.DATA_PARALLEL

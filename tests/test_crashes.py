@@ -2,7 +2,7 @@
 exit status 2, nothing left behind.
 
 - host memory: every local process priced by geodt/preflight.py's rule (the step's peak from
-  simulator/memory.py x HOST_STEP_FACTOR + HOST_PROCESS_BYTES) against the memory available, for
+  simulator/models/memory.py x HOST_STEP_FACTOR + HOST_PROCESS_BYTES) against the memory available, for
   geodt run and geodt calibrate device / scenario (tested by arithmetic on a stated machine, never
   by a real out-of-memory);
 - a full disk (ENOSPC, injected) in geodt simulate and geodt sweep; an unreachable --scheduler;
@@ -134,7 +134,7 @@ def _enospc(*args, **kwargs):
 
 
 def test_simulate_on_a_full_disk(tmp_path, capsys, monkeypatch):
-    import simulator.run_outputs as run_outputs
+    import simulator.outputs.run_outputs as run_outputs
     from simulator.cli import simulate_main
 
     monkeypatch.setattr(run_outputs.TableWriter, "write", _enospc)
@@ -171,8 +171,8 @@ def test_simulate_parquet_failure_prints_nothing_more(tmp_path, capsys, monkeypa
 
 
 def test_sweep_on_a_full_disk(tmp_path, capsys, monkeypatch):
-    import simulator.outputs as outputs
-    from simulator.sweep_cli import main
+    import simulator.outputs.outputs as outputs
+    from simulator.sweep.sweep_cli import main
 
     monkeypatch.setattr(outputs, "write_bytes", _enospc)
     out = tmp_path / "sweep"
@@ -186,8 +186,8 @@ def test_sweep_on_a_full_disk(tmp_path, capsys, monkeypatch):
 def test_sweep_unreachable_scheduler(tmp_path, capsys, monkeypatch):
     """Before: a 56-line traceback after 30 s, and spec.json left in --out."""
     pytest.importorskip("dask.distributed")
-    import simulator.sweep_cluster as sweep_cluster
-    from simulator.sweep_cli import main
+    import simulator.sweep.sweep_cluster as sweep_cluster
+    from simulator.sweep.sweep_cli import main
 
     monkeypatch.setattr(sweep_cluster, "CONNECT_TIMEOUT_S", 1)
     out = tmp_path / "sweep"
@@ -247,7 +247,7 @@ def test_names_are_limited_in_bytes(tmp_path):
 
 def test_profile_field_over_csv_limit(tmp_path, capsys):
     from formats.profile import ProfileError, read_profile_frame
-    from simulator.profile_check import profile_main
+    from simulator.models.profile_check import profile_main
 
     source = next(p for p in sorted((ROOT / "profiles").rglob("*.csv")))
     lines = source.read_text().splitlines(keepends=True)

@@ -1,4 +1,4 @@
-"""The catalog step-time estimate (simulator/estimate.py): exact values, monotonicity, the published rows."""
+"""The catalog step-time estimate (simulator/models/estimate.py): exact values, monotonicity, the published rows."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from facts.presets import PRESETS
-from simulator.estimate import (
+from simulator.models.estimate import (
     ACT_BYTES_FFN_GATED,
     ACT_BYTES_H,
     ACT_BYTES_KV,
@@ -173,7 +173,14 @@ def test_the_eager_step_is_priced_from_its_counted_work():
     per layer, 54 per vocabulary entry) at 88.4% of the bandwidth, 144 kernels per layer."""
     from facts.catalog import get_gpu
     from facts.presets import load_arch
-    from simulator.estimate import ACT_BYTES_FFN_GATED, ACT_BYTES_H, ACT_BYTES_KV, EstimateError, Shape, estimate_step
+    from simulator.models.estimate import (
+        ACT_BYTES_FFN_GATED,
+        ACT_BYTES_H,
+        ACT_BYTES_KV,
+        EstimateError,
+        Shape,
+        estimate_step,
+    )
 
     shape = Shape.of(load_arch("llama-150m"))  # h 1024, kv 1024, f 2688, 12 layers, V 32000
     lean = estimate_step("h200", "bf16", 1024, shape=shape)
@@ -195,7 +202,7 @@ def test_an_eager_step_takes_at_least_the_hosts_dispatch_of_its_ops():
     tests/test_estimate_pipeline.py) is at least that and at least the device's; a compiled step and
     a CPU's have no host time."""
     from facts.presets import load_arch
-    from simulator.estimate import Shape, estimate_step
+    from simulator.models.estimate import Shape, estimate_step
 
     shape = Shape.of(load_arch("llama-150m"))  # 12 layers, no GQA
     eager = estimate_step("h200", "bf16", 1024, shape=shape, step="eager")
@@ -212,8 +219,8 @@ def test_an_eager_step_takes_at_least_the_hosts_dispatch_of_its_ops():
 
 
 def test_the_scenario_compile_mode_picks_the_step_priced(tmp_path):
+    from simulator.models.timing import compiled, gpu_estimate
     from simulator.scenario import load_scenario
-    from simulator.timing import compiled, gpu_estimate
 
     path = tmp_path / "s.toml"
     path.write_text('name = "s"\n[model]\npreset = "llama-150m"\n[[nodes]]\nname = "a"\ngpus = { "h200" = 1 }\n')

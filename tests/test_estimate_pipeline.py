@@ -1,4 +1,4 @@
-"""The eager step's host/device pipeline (simulator/estimate.py DispatchPipeline) and its fact file
+"""The eager step's host/device pipeline (simulator/models/estimate.py DispatchPipeline) and its fact file
 (facts/step_ops.csv, benchmarks/trace_step_ops.py)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from facts.step_ops import StepOps, step_ops
-from simulator.estimate import DispatchPipeline, Shape, estimate_step, pipeline_block, pipeline_s
+from simulator.models.estimate import DispatchPipeline, Shape, estimate_step, pipeline_block, pipeline_s
 
 
 def recursion(device_s, h):

@@ -6,7 +6,7 @@ import pytest
 
 from facts.fidelity import GOALS, IDLE_WORST, TIME_TO_TARGET, judge, node_verdict
 from geodt.validation import validation_table, verdict_lines
-from simulator.profile_check import profile_verdict
+from simulator.models.profile_check import profile_verdict
 
 
 def test_judge_reduces_each_goal_over_the_nodes():

@@ -25,7 +25,7 @@ from geodt.run_cmd import run_main, validate_main  # noqa: E402
 from simulator.cli import estimated_rows, plan_main, simulate_main  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 from simulator.strategies import make_plan  # noqa: E402
-from simulator.sweep_cli import main as sweep_main  # noqa: E402
+from simulator.sweep.sweep_cli import main as sweep_main  # noqa: E402
 
 CPU_MACHINE = Machine(cores=2, memory_bytes=24e9, gpu_memory_bytes=())
 
@@ -40,7 +40,7 @@ def call(main, argv) -> int:
 # --- 1. runs this machine can hold ---------------------------------------------------------------------
 
 def test_paper_on_a_cpu_machine_is_refused_by_memory():
-    """16 processes of llama-150m at batch 4 (fp16 model, simulator/memory.py) on a 24 GB machine without GPU."""
+    """16 processes of llama-150m at batch 4 (fp16 model, simulator/models/memory.py) on a 24 GB machine without GPU."""
     scenario = load_scenario("paper")
     plan = make_plan(scenario, "baseline")
     with pytest.raises(PreflightError) as info:
@@ -335,7 +335,7 @@ def test_profile_check_names_the_statistic_it_shows(tmp_path, capsys):
     medians, so profile check says which it shows instead of "measured"."""
     import pandas as pd
 
-    from simulator.profile_check import profile_main
+    from simulator.models.profile_check import profile_main
 
     source = ROOT / "profiles" / "cpu-1thread.csv"
     assert profile_main(["check", str(source)]) == 0

@@ -105,8 +105,8 @@ def run(argv: list[str]) -> tuple[int, str, str]:
 
 
 def check_outputs(out: Path) -> None:
+    from simulator.models.timing import node_timings
     from simulator.scenario import load_scenario
-    from simulator.timing import node_timings
 
     for csv in out.glob("*.csv"):
         # idle_left is NaN by definition where the baseline has no idle (nothing to remove); note is text;

@@ -122,8 +122,8 @@ def code_names(text: str) -> list[str]:
 
 
 def test_code_names_finds_code():
-    text = "usage: x [--out RUN_DIR]\n\nsee simulator/run_outputs.py, StagedOutput and WORK_ROWS; RUN_DIR/a.csv, 2 MiB"
-    assert code_names(text) == ["StagedOutput", "WORK_ROWS", "simulator/run_outputs.py"]
+    text = "usage: x [--out RUN_DIR]\n\nsee simulator/outputs/run_outputs.py, StagedOutput and WORK_ROWS; RUN_DIR/a.csv, 2 MiB"
+    assert code_names(text) == ["StagedOutput", "WORK_ROWS", "simulator/outputs/run_outputs.py"]
 
 
 @pytest.mark.parametrize("argv", every_help(), ids=" ".join)

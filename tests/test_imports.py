@@ -7,7 +7,8 @@ imports nothing of the project, facts only formats, train only formats and facts
 facts and simulator never import torch; only geodt/ composes stages. No module imports
 another's private (`_name`) names, and no import cycle exists between modules. Every import
 statement counts, at module level or inside a function (a lazy import is still an arrow); `ast`
-reads them without importing anything.
+reads them without importing anything. Inside simulator/, its rooms (models, engines, strategies,
+outputs, sweep, the commands) import down only (SIMULATOR_ROOMS).
 """
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ def test_every_package_is_walked():
 @pytest.mark.parametrize("package, statement, name", [
     ("simulator", "import real", "real"),
     ("simulator", "    from real.plan import Plan", "real"),  # inside a function: still an arrow
-    ("real", "from simulator import network", "simulator"),
+    ("real", "from simulator.models import network", "simulator"),
     ("calibrate", "import simulator.scenario", "simulator"),
     ("formats", "from facts.catalog import get_gpu", "facts"),
     ("formats", "from calibrate.harness import Calibrator", "calibrate"),
@@ -179,3 +180,63 @@ def test_an_import_cycle_is_caught(tmp_path):
     (tmp_path / "real" / "c.py").write_text("import real.a\n")
     (tmp_path / "real" / "d.py").write_text("import real.a\n")
     assert cycles(import_graph(tmp_path)) == [["real.a", "real.b", "real.c"]]
+
+
+# simulator/'s rooms, bottom up: models/ (what a step, a link, a round cost), engines/ (the clocks),
+# strategies/ (the plans), outputs/ (files, figures, the report), sweep/ (`geodt sweep`), and at the
+# top cli.py. An arrow runs down only. scenario.py sits beside models/: it reads models' drift,
+# outage and netfit (parts of a scenario), and models read the Scenario it builds. strategies/ may
+# import engines/ (barrierless and streaming plan with the engines' arithmetic); sweep/ may import
+# simulator.cli (`geodt sweep --table` is `geodt simulate`'s table, with its checks).
+SIMULATOR_ROOMS = {
+    "simulator.models": ("simulator.engines", "simulator.strategies", "simulator.outputs", "simulator.sweep",
+                         "simulator.cli"),
+    "simulator.scenario": ("simulator.engines", "simulator.strategies", "simulator.outputs", "simulator.sweep",
+                           "simulator.cli"),
+    "simulator.engines": ("simulator.strategies", "simulator.outputs", "simulator.sweep", "simulator.cli"),
+    "simulator.strategies": ("simulator.outputs", "simulator.sweep", "simulator.cli"),
+    "simulator.outputs": ("simulator.sweep", "simulator.cli"),
+    "simulator.cli": ("simulator.sweep",),
+}
+
+
+def in_room(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def room_violations(root: Path = ROOT) -> list[str]:
+    graph = import_graph(root)
+    return sorted(f"{module} imports {target}" for module, targets in graph.items() for target in targets
+                  for room, forbidden in SIMULATOR_ROOMS.items()
+                  if in_room(module, room) and any(in_room(target, f) for f in forbidden))
+
+
+def test_simulator_rooms_import_down_only():
+    assert room_violations() == []
+
+
+def test_every_simulator_module_sits_in_a_room():
+    rooms = (*SIMULATOR_ROOMS, "simulator.sweep", "simulator.__main__")
+    loose = [m for m in import_graph() if in_room(m, "simulator") and m != "simulator"
+             and not any(in_room(m, r) for r in rooms)]
+    assert loose == []
+
+
+@pytest.mark.parametrize("room, statement, target", [
+    ("models", "from simulator.engines.engine import simulate", "simulator.engines.engine"),
+    ("models", "    from simulator.outputs.report import answer", "simulator.outputs.report"),
+    ("engines", "from simulator.strategies import make_plan", "simulator.strategies"),
+    ("strategies", "from simulator.sweep import sweep", "simulator.sweep.sweep"),
+    ("outputs", "    from simulator.sweep.sweep import SweepSpec", "simulator.sweep.sweep"),
+])
+def test_an_arrow_up_between_rooms_is_caught(tmp_path, room, statement, target):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    for name in ("models", "engines", "strategies", "outputs", "sweep"):
+        (tmp_path / "simulator" / name).mkdir()
+        (tmp_path / "simulator" / name / "__init__.py").write_text("")
+    for module in ("engines/engine", "outputs/report", "sweep/sweep"):
+        (tmp_path / "simulator" / f"{module}.py").write_text("")
+    body = f"def f():\n{statement}\n" if statement.startswith(" ") else f"{statement}\n"
+    (tmp_path / "simulator" / room / "bad.py").write_text(body)
+    assert room_violations(tmp_path) == [f"simulator.{room}.bad imports {target}"]

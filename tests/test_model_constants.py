@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from simulator.network import OUTER_STEP_NS_PER_PARAM, outer_step_s
+from simulator.models.network import OUTER_STEP_NS_PER_PARAM, outer_step_s
+from simulator.models.timing import OPTIMIZER_BYTES_PER_PARAM
 from simulator.scenario import load_scenario
-from simulator.timing import OPTIMIZER_BYTES_PER_PARAM
 
 ROOT = Path(__file__).resolve().parents[1]
 

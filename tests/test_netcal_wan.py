@@ -45,7 +45,7 @@ step_time_s = 0.1
 def test_shaped_calibration_measures_each_dtype_on_the_scenario_links(tmp_path, write_scenario, capsys):
     from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, SHAPED_BACKEND
     from geodt.cli import main
-    from simulator.netfit import read_network_profile
+    from simulator.models.netfit import read_network_profile
 
     out = tmp_path / "net.csv"
     assert main(["calibrate", "network", "--wan", "shaped", "--scenario", str(write_scenario(SCENARIO)),
@@ -255,7 +255,7 @@ def test_profiles_out_writes_each_cpu_node_steps_as_a_profile_at_the_scenario_ba
     assert frame.step_s_mean[0] == pytest.approx(0.25) and frame.step_s_median[0] == pytest.approx(0.25)
     assert frame.device_name[0] == f"{device}; wan2 a 1/1, between shaped-WAN averages)"
     pointed = SCENARIO.replace("step_time_s = 0.1", "", 1).replace('name = "a"\n', f'name = "a"\nprofile = "{tmp_path}/a-0.csv"\n')
-    from simulator.timing import node_timings
+    from simulator.models.timing import node_timings
 
     timing = node_timings(load_scenario(str(write_scenario(pointed, name="pointed.toml"))))[0]
     assert timing.step_s(2) == pytest.approx(0.25)

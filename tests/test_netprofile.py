@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, NetProfileError
-from simulator.netfit import fit_affine, fit_ring, read_network_profile
+from simulator.models.netfit import fit_affine, fit_ring, read_network_profile
 
 # Encode / decode cost per fp32 byte (fixed, per byte) by payload dtype: about what
 # `geodt calibrate network` measured on the 2-core VM (int8 quantisation costs the most).
@@ -149,9 +149,9 @@ uplink_gbps = 2.0
 
 
 def test_simulator_uses_the_measured_network(tmp_path, write_scenario):
-    from simulator.network import outer_step_s, sync_s
+    from simulator.models.network import outer_step_s, sync_s
+    from simulator.models.timing import intra_node_allreduce_s
     from simulator.scenario import load_scenario
-    from simulator.timing import intra_node_allreduce_s
 
     _rows().to_csv(tmp_path / "net.csv", index=False)
     scenario = load_scenario(str(write_scenario(SCENARIO)))
@@ -190,8 +190,8 @@ def test_bad_network_and_cpu_keys(tmp_path, write_scenario, edit, expected):
 
 
 def test_measured_checkpoint_delays_every_round_in_both_engines(tmp_path, write_scenario):
-    from simulator.engine import simulate
-    from simulator.network import CHECKPOINT_BYTES_PER_PARAM, checkpoint_s
+    from simulator.engines.engine import simulate
+    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM, checkpoint_s
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -211,10 +211,10 @@ def test_measured_checkpoint_delays_every_round_in_both_engines(tmp_path, write_
 def test_profile_variability_drives_per_node_jitter(write_scenario):
     from pathlib import Path
 
-    from simulator.profile_fit import ProfileModel
+    from simulator.models.profile_fit import ProfileModel
+    from simulator.models.workload import compute_matrix, node_cvs
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
-    from simulator.workload import compute_matrix, node_cvs
 
     root = Path(__file__).resolve().parents[1]
     profile = ProfileModel.from_csv(root / "profiles" / "cpu-1thread.csv")
@@ -236,9 +236,9 @@ def test_a_node_of_several_devices_waits_for_the_slowest_draw(write_scenario):
     (for a lognormal of cv 0.2, E[max of 2] is about 1.11× the mean), the all-reduce unchanged."""
     import numpy as np
 
+    from simulator.models.workload import compute_matrix
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
-    from simulator.workload import compute_matrix
 
     text = SCENARIO.replace('profile = "net.csv"\n', "").replace("rounds = 2", "rounds = 400") + \
         "[simulation]\njitter_cv = 0.2\n"
@@ -273,9 +273,9 @@ def test_a_time_that_does_not_grow_is_a_fixed_cost():
 
 
 def test_sync_prices_encode_and_decode(tmp_path, write_scenario):
-    """t_codec of simulator/network.py, exactly, for a 2-node ring of int8 and a 3-node
+    """t_codec of simulator/models/network.py, exactly, for a 2-node ring of int8 and a 3-node
     partitioned fp16 sync with unequal links; the fused ring + fp32 encodes nothing."""
-    from simulator.network import codec_note, codec_s, outer_step_s, ring_allreduce_s, sync_s
+    from simulator.models.network import codec_note, codec_s, outer_step_s, ring_allreduce_s, sync_s
     from simulator.scenario import load_scenario
 
     pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()]).to_csv(tmp_path / "net.csv",
@@ -298,7 +298,7 @@ def test_sync_prices_encode_and_decode(tmp_path, write_scenario):
 
 
 def test_old_profile_prices_encoding_at_zero_and_says_so(tmp_path, write_scenario):
-    from simulator.network import codec_note, codec_s
+    from simulator.models.network import codec_note, codec_s
     from simulator.scenario import load_scenario
 
     _rows().to_csv(tmp_path / "net.csv", index=False)
@@ -313,7 +313,7 @@ def test_network_aware_keeps_fp32_where_int8_encoding_costs_more_than_it_saves(t
     costs more than the 3 bytes in 4 it saves on the wire (about 1 ns per byte): priced, the
     planner sends fp32; unpriced (an old profile) it sends int8, as before."""
     from formats.wire import PAYLOAD_BYTES
-    from simulator.network import sync_s
+    from simulator.models.network import sync_s
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -338,7 +338,7 @@ def _shaped_rows(scenario, dtype: str, collective: str, factors) -> pd.DataFrame
     """Shaped-WAN all-reduce rows made exactly: codec + f · byte-count time, f = factors[k] at the
     k-th size (64 KiB, 256 KiB, 1 MiB, 4 MiB of fp32)."""
     from formats.wire import PAYLOAD_BYTES
-    from simulator.network import codec_cost, link_gbps, wire_bytes_s_raw
+    from simulator.models.network import codec_cost, link_gbps, wire_bytes_s_raw
 
     links, rows = link_gbps(scenario), []
     for fp32_bytes, factor in zip((1 << 16, 1 << 18, 1 << 20, 1 << 22), factors):
@@ -360,10 +360,10 @@ def test_shaped_wan_rows_price_the_links_as_measured(tmp_path, write_scenario):
     the 1 MiB point 16% short."""
     import numpy as np
 
-    from simulator.network import WireCost, allreduce_s, bytes_s, codec_s, wire_cost, wire_note
+    from simulator.models.network import WireCost, allreduce_s, bytes_s, codec_s, wire_cost, wire_note
+    from simulator.models.timing import node_timings
     from simulator.scenario import load_scenario
     from simulator.strategies.tables import from_scenario
-    from simulator.timing import node_timings
 
     host = pd.concat([_rows().assign(payload_dtype="", collective=""), _codec_rows()])
     host.to_csv(tmp_path / "net.csv", index=False)
@@ -402,8 +402,8 @@ def test_each_nodes_own_sync_end_moves_its_idle(tmp_path, write_scenario):
     barrier. For a dtype not measured per node all nodes keep the one sync time."""
     import numpy as np
 
-    from simulator.engine import node_comm_s, simulate
-    from simulator.network import allreduce_s, node_sync_offsets_s
+    from simulator.engines.engine import node_comm_s, simulate
+    from simulator.models.network import allreduce_s, node_sync_offsets_s
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -443,7 +443,7 @@ def test_validate_prediction_keeps_the_network_profile_in_every_draw(tmp_path, w
     import numpy as np
 
     from geodt.run_cmd import predicted_timeline
-    from simulator.network import checkpoint_s
+    from simulator.models.network import checkpoint_s
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -465,8 +465,8 @@ def test_streaming_fragments_end_apart_per_node_too(tmp_path, write_scenario):
     all-reduce (half the payload) ends at the node's own offset at that size, in both engines."""
     import numpy as np
 
-    from simulator.engine import simulate_syncs
-    from simulator.network import node_sync_offsets_s
+    from simulator.engines.engine import simulate_syncs
+    from simulator.models.network import node_sync_offsets_s
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 

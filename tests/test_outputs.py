@@ -1,4 +1,4 @@
-"""simulator/outputs.py's csv_bytes: the same bytes as pandas' to_csv(index=False, float_format="%.9g").
+"""simulator/outputs/outputs.py's csv_bytes: the same bytes as pandas' to_csv(index=False, float_format="%.9g").
 
 The fast path formats column by column; every committed CSV must come out byte for byte as
 pandas wrote it before, so frames of every column kind the code writes (floats with and
@@ -12,7 +12,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.outputs import csv_bytes
+from simulator.outputs.outputs import csv_bytes
 
 
 def pandas_csv(frame: pd.DataFrame) -> bytes:
@@ -62,7 +62,7 @@ def test_same_bytes_as_pandas(frame):
 
 
 def test_timeline_and_plan_frames():
-    from simulator.engine import simulate, summary
+    from simulator.engines.engine import simulate, summary
     from simulator.scenario import load_scenario
     from simulator.strategies import STRATEGIES, make_plan
 

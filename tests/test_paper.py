@@ -15,8 +15,8 @@ from geodt.paper.infer import c_idle_s, c_row_checks, fit_t_max, infer, inferred
 from geodt.paper.related import fit_batch_time, share_curves
 from geodt.paper.tables import best_geodt_strategy, predict, table1, table2, table3
 from geodt.paper.variants import memory_band, variants
-from simulator.memory import static_memory_bytes, step_memory_bytes
-from simulator.network import OUTER_STEP_NS_PER_PARAM, sync_s
+from simulator.models.memory import static_memory_bytes, step_memory_bytes
+from simulator.models.network import OUTER_STEP_NS_PER_PARAM, sync_s
 from simulator.scenario import load_scenario
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "paper"

@@ -1,4 +1,4 @@
-"""simulator/perfetto.py: timelines as Chrome / Perfetto trace-event JSON.
+"""simulator/outputs/perfetto.py: timelines as Chrome / Perfetto trace-event JSON.
 
 Checks the trace-event format's required fields (JSON object form; complete events "X" with
 name, ph, ts, dur, pid, tid; metadata events "M" naming processes and threads), that the slices
@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from simulator.cli import simulate_main
-from simulator.engine import simulate
-from simulator.perfetto import (
+from simulator.engines.engine import simulate
+from simulator.outputs.perfetto import (
     SIMULATION_NOTE,
     _by_strategy,
     run_trace,
@@ -256,9 +256,9 @@ def test_large_timelines_keep_their_first_rounds(tmp_path, write_scenario):
 
 
 def test_simulate_caps_the_trace_unless_full_trace(tmp_path, write_scenario, capsys, monkeypatch):
-    import simulator.perfetto
+    import simulator.cli
 
-    monkeypatch.setattr(simulator.perfetto, "TRACE_MAX_NODE_ROUNDS", 4)
+    monkeypatch.setattr(simulator.cli, "TRACE_MAX_NODE_ROUNDS", 4)  # the cap geodt simulate applies
     path = str(write_scenario())
     assert simulate_main([path, "--out", str(tmp_path / "capped"), "--strategy", "baseline"]) == 0
     assert "trace.json holds rounds 0-0 of 2" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Unit-implausible profiles are refused in one line (simulator/profile_fit.py check_step_units)."""
+"""Unit-implausible profiles are refused in one line (simulator/models/profile_fit.py check_step_units)."""
 import csv
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from formats.profile import ProfileError
-from simulator.profile_fit import ProfileModel
+from simulator.models.profile_fit import ProfileModel
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "cpu-1thread.csv"

@@ -229,7 +229,7 @@ def test_what_continue_does_not_run_is_refused_in_one_line(tmp_path, extra, plan
 
 def test_validate_injects_the_scenarios_outage_and_the_node_rejoins_when_predicted(tmp_path, capsys):
     """[[nodes]] outage = {round = 3, rounds = 8} under continue: the node's process SIGKILLs itself at
-    round 3's start, restarts at once and is admitted at round 11's boundary, as simulator/outage.py has it."""
+    round 3's start, restarts at once and is admitted at round 11's boundary, as simulator/models/outage.py has it."""
     from geodt.run_cmd import validate_main
 
     out = tmp_path / "v"

@@ -1,12 +1,12 @@
-"""simulator/report.py: the table and the recommendation `geodt simulate` ends with, on hand-made plans."""
+"""simulator/outputs/report.py: the table and the recommendation `geodt simulate` ends with, on hand-made plans."""
 from __future__ import annotations
 
 import pytest
 
 from formats.plan import NodePlan, Plan
 from simulator.cli import simulate_main
-from simulator.engine import simulate
-from simulator.report import answer, answer_table, recommend
+from simulator.engines.engine import simulate
+from simulator.outputs.report import answer, answer_table, recommend
 from simulator.scenario import load_scenario
 
 

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.cli import plan_main, simulate_main
-from simulator.outputs import OWNED
-from simulator.run_figure import idle_figure
+from simulator.outputs.outputs import OWNED
+from simulator.outputs.run_figure import idle_figure
 
 SMALL = ["hetero-cpu", "--set", "training.rounds=3"]
 

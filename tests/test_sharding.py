@@ -1,6 +1,6 @@
 """Issue 15 items 1-3: sharding and recomputation inside a node, in the scenario, the plan, the
 memory model and the timing model. Exact numbers are worked by hand from the formulas in
-simulator/memory.py, simulator/timing.py and simulator/network.py (the arithmetic is in comments)."""
+simulator/models/memory.py, simulator/models/timing.py and simulator/models/network.py (the arithmetic is in comments)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,9 @@ import pytest
 
 from facts.catalog import get_gpu
 from simulator.cli import plan_main, simulate_main
-from simulator.estimate import OVERLAP_SLOWDOWN
-from simulator.layout_choice import memory_problem
-from simulator.memory import (
+from simulator.models.estimate import OVERLAP_SLOWDOWN
+from simulator.models.layout_choice import memory_problem
+from simulator.models.memory import (
     LAYOUT_ORDER,
     Layout,
     activation_bytes_per_sample,
@@ -21,10 +21,10 @@ from simulator.memory import (
     step_memory_bytes,
     transient_bytes,
 )
-from simulator.network import HOST_LINK_GBPS, node_outer_step_s, sync_s
+from simulator.models.network import HOST_LINK_GBPS, node_outer_step_s, sync_s
+from simulator.models.timing import gpu_estimate, intra_node_comm_s, node_timings
 from simulator.scenario import builtin_names, load_scenario
 from simulator.strategies import STRATEGIES, make_plan
-from simulator.timing import gpu_estimate, intra_node_comm_s, node_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_8B = "llama-3.1-8b"  # facts/presets.py: Meta's Llama-3.1-8B config
@@ -93,7 +93,7 @@ def test_fsdp_transient_and_activations_with_and_without_recomputation(tmp_path)
 
 
 def test_the_unsharded_peak_is_the_traced_steps(tmp_path):
-    """Unsharded: max(optimizer step, backward) of the traced step (simulator/memory.py)."""
+    """Unsharded: max(optimizer step, backward) of the traced step (simulator/models/memory.py)."""
     s = tiny(tmp_path)
     t = _table("bf16", "none")
     backward = t["backward_bytes_per_param"] * PSI + t["fixed_bytes"]

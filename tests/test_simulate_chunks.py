@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import simulator.run_outputs
+import simulator.outputs.run_outputs
 from simulator.cli import simulate_main
-from simulator.engine import pick_engine, simulate_chunks, simulate_syncs
-from simulator.engine_analytic import run_streaming_analytic
-from simulator.engine_simpy import run_simpy
+from simulator.engines.engine import pick_engine, simulate_chunks, simulate_syncs
+from simulator.engines.engine_analytic import run_streaming_analytic
+from simulator.engines.engine_simpy import run_simpy
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 
@@ -81,8 +81,8 @@ def test_parquet_and_csv_hold_the_same_tables(tmp_path):
 def test_a_long_run_aggregates_its_timeline_in_blocks(tmp_path, monkeypatch, capsys):
     """Above TIMELINE_FULL_MAX_ROWS node-rounds a strategy's timeline sums blocks of rounds and its syncs
     keep the first rounds; the totals (summary.csv) are the full run's; --full-timeline keeps all."""
-    monkeypatch.setattr(simulator.run_outputs, "TIMELINE_FULL_MAX_ROWS", 12)  # 4 nodes: 3 rounds
-    monkeypatch.setattr(simulator.run_outputs, "CHUNK_NODE_ROUNDS", 16)  # chunks of several blocks
+    monkeypatch.setattr(simulator.outputs.run_outputs, "TIMELINE_FULL_MAX_ROWS", 12)  # 4 nodes: 3 rounds
+    monkeypatch.setattr(simulator.outputs.run_outputs, "CHUNK_NODE_ROUNDS", 16)  # chunks of several blocks
     args = ["paper", "--set", "training.rounds=10", "--set", "simulation.jitter_cv=0.1", "--strategy", "baseline",
             "streaming"]
     assert simulate_main([*args, "--out", str(tmp_path / "agg")]) == 0
@@ -135,8 +135,8 @@ def test_adaptive_and_outage_runs_are_one_whole_chunk_with_their_tokens(strategy
     """An adaptive plan's rounds are made from the rounds before, an outage settled on the whole
     run: simulate_chunks hands them on as one chunk, the whole run's tables exactly, and the totals
     kept chunk by chunk give summary() the tokens the rounds trained on (not plan tokens x rounds)."""
-    from simulator.engine import summary
-    from simulator.totals import RunTotals
+    from simulator.engines.engine import summary
+    from simulator.models.totals import RunTotals
 
     scenario = load_scenario("paper", ["training.rounds=7", *sets])
     plan = make_plan(scenario, strategy)
@@ -156,8 +156,8 @@ def test_adaptive_and_outage_runs_are_one_whole_chunk_with_their_tokens(strategy
 
 def test_chunked_totals_carry_the_plans_tokens():
     """A plan simulated in chunks: RunTotals added chunk by chunk give summary() the tokens column's sums."""
-    from simulator.engine import summary
-    from simulator.totals import RunTotals
+    from simulator.engines.engine import summary
+    from simulator.models.totals import RunTotals
 
     scenario = load_scenario("paper", ["training.rounds=7"])
     plan = make_plan(scenario, "C")

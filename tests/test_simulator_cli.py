@@ -53,7 +53,7 @@ def test_plan_writes_plan_only(tmp_path, capsys):
 
 
 def test_simulator_never_imports_torch():
-    code = ("import sys; import simulator.cli, simulator.engine, simulator.strategies, simulator.timing; "
+    code = ("import sys; import simulator.cli, simulator.engines.engine, simulator.strategies, simulator.models.timing; "
             "from simulator.cli import simulate_main; import tempfile; "
             "simulate_main(['paper', '--out', tempfile.mkdtemp()]); "
             "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'torch imported'")

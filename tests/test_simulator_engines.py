@@ -9,13 +9,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from formats.plan import merge_steps
-from simulator.engine import simulate, simulate_syncs, summary
-from simulator.engine_analytic import run_analytic, run_streaming_analytic
-from simulator.engine_simpy import run_simpy, run_streaming_simpy
-from simulator.network import sync_s
+from simulator.engines.engine import simulate, simulate_syncs, summary
+from simulator.engines.engine_analytic import run_analytic, run_streaming_analytic
+from simulator.engines.engine_simpy import run_simpy, run_streaming_simpy
+from simulator.models.network import sync_s
+from simulator.models.workload import compute_matrix
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
-from simulator.workload import compute_matrix
 
 
 def test_hand_worked_idle(write_scenario):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from simulator.cli import plan_main, simulate_main
+from simulator.models.timing import node_timings
 from simulator.scenario import load_scenario
 from simulator.strategies import STRATEGIES, make_plan, register
-from simulator.timing import node_timings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def test_issue_reproducer_a_node_that_cannot_hold_batch_1_is_one_line(tmp_path, 
     assert err == (f"geodt simulate: {path}: nodes[1]: node 't4' cannot hold even batch 1: t4: batch 1 needs "
                    "20.2 GiB, the GPU gives a step 14.3 GiB of its 16.0; expected GPUs with more memory, a smaller model or a shorter seq_len")
     assert not (tmp_path / "o").exists()
-    from simulator.sweep_cli import main as sweep
+    from simulator.sweep.sweep_cli import main as sweep
     assert sweep(["--table", str(path), "--out", str(tmp_path / "t")]) == 2  # no more "A: 10.6x"
     assert "cannot hold even batch 1" in capsys.readouterr().err
 
@@ -104,7 +104,7 @@ def test_strategy_b_ends_where_nothing_bounds_memory():
 def test_nvlink_inside_sxm_nodes_pcie_elsewhere_and_the_key_overrides(tmp_path):
     nodes = [("sxm", {"h100-sxm": 8}), ("pcie", {"h100-pcie": 8}), ("mixed", {"h100-sxm": 4, "h100-pcie": 4})]
     scenario = load_scenario(str(cluster(tmp_path / "s.toml", nodes, batch=1)))
-    from simulator.timing import intra_node_allreduce_s, node_intra_gbps
+    from simulator.models.timing import intra_node_allreduce_s, node_intra_gbps
     assert [node_intra_gbps(n) for n in scenario.nodes] == [3600.0, 100.0, 100.0]
     grad_bits = 4 * scenario.model.param_count * 8
     sxm = intra_node_allreduce_s(scenario, scenario.nodes[0])
@@ -128,14 +128,14 @@ def test_ten_thousand_nodes_plan(tmp_path):
 
 def test_a_newly_registered_strategy_sweeps_and_plans_alike(monkeypatch):
     from simulator import strategies
-    from simulator.sweep import KindTables, SweepSpec, chunk_frame, decide, node_kinds, scenario_grid
+    from simulator.sweep.sweep import KindTables, SweepSpec, chunk_frame, decide, node_kinds, scenario_grid
 
     def half_steps(tables, net):
         batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)
         return {"batch": batch, "steps": np.maximum(1, batch * 0 + tables.local_steps // 2)}
 
     registry = dict(strategies.STRATEGIES)  # a copy: `half` is registered for this test only
-    for module in (strategies.registry, strategies, sys.modules["simulator.sweep"]):
+    for module in (strategies.registry, strategies, sys.modules["simulator.sweep.sweep"]):
         monkeypatch.setattr(module, "STRATEGIES", registry)
     register("half")(half_steps)
     spec = SweepSpec(nodes=3, gpus_per_node=2, gpu_types=("a30", "v100"), mixed_nodes=True,
@@ -152,7 +152,7 @@ def test_a_newly_registered_strategy_sweeps_and_plans_alike(monkeypatch):
 
 
 def test_sweep_refuses_a_gpu_type_that_cannot_hold_the_batch(tmp_path, capsys):
-    from simulator.sweep_cli import main as sweep
+    from simulator.sweep.sweep_cli import main as sweep
     # one GPU per node: nothing to shard over (with 4, plan and sweep both shard the t4 and fit it)
     args = ["--gpu-types", "a100-80gb,t4", "--set", 'model.preset="llama-1b"', "--set", "model.seq_len=2048",
             "--gpus-per-node", "1", "--samples", "4", "--out", str(tmp_path / "o")]
@@ -164,7 +164,7 @@ def test_sweep_refuses_a_gpu_type_that_cannot_hold_the_batch(tmp_path, capsys):
 
 @pytest.mark.parametrize("value", ["inf", "nan", "1e-30", "1e300"])
 def test_sweep_bandwidth_must_be_finite_and_in_range(tmp_path, capsys, value):
-    from simulator.sweep_cli import main as sweep
+    from simulator.sweep.sweep_cli import main as sweep
     assert sweep(["--bandwidth-gbps", value, "--samples", "4", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--bandwidth-gbps" in err
@@ -227,12 +227,12 @@ def test_a_full_disk_replaces_nothing(tmp_path, capsys, monkeypatch):
 
 
 def test_ctrl_c_in_simulate_is_one_line_130_and_nothing_written(tmp_path, capsys, monkeypatch):
-    import simulator.strategies as strategies
+    import simulator.cli
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(strategies, "make_plan", interrupted)
+    monkeypatch.setattr(simulator.cli, "make_plan", interrupted)
     assert simulate_main([*SMALL_ARGS, "--out", str(tmp_path / "o")]) == 130
     assert capsys.readouterr().err == "geodt simulate: interrupted; nothing was written\n"
     assert not (tmp_path / "o").exists()

@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from formats.profile import COLUMNS
-from simulator.engine import simulate, summary
+from simulator.engines.engine import simulate, summary
+from simulator.models.timing import node_timings
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
-from simulator.timing import node_timings
 
 
 def write_profile(path, gpu_key, times, oom=(), mem=None, total=None, seq_len=64, dtype="fp32", model="tiny"):
@@ -141,8 +141,8 @@ def test_a_node_prices_its_outer_step_from_its_own_profile(tmp_path):
     node's outer step from it (state on the CPU, or on the device), other nodes at the VM default."""
     from calibrate.profile_writer import ProfileWriter, set_profile_columns
     from formats.profile import COLUMNS
-    from simulator.memory import Layout
-    from simulator.network import OUTER_STEP_NS_PER_PARAM, node_outer_step_s, outer_step_s, outer_step_source
+    from simulator.models.memory import Layout
+    from simulator.models.network import OUTER_STEP_NS_PER_PARAM, node_outer_step_s, outer_step_s, outer_step_source
     from simulator.scenario import load_scenario
 
     identity = {"device_name": "NVIDIA H200", "device_index": 0, "gpu_key": "h200", "model": "tiny",
@@ -174,8 +174,8 @@ def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it
     import pandas as pd
 
     from geodt.cli import main
-    from simulator.checkpoints import checkpoint_cost
-    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.models.checkpoints import checkpoint_cost
+    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
     from simulator.scenario import load_scenario
 
     out = tmp_path / "p.csv"
@@ -192,7 +192,7 @@ def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it
     scenario = load_scenario(str(tmp_path / "s.toml"))
     size = CHECKPOINT_BYTES_PER_PARAM * scenario.model.param_count
     cost = checkpoint_cost(scenario)
-    # a CPU node: the write blocks after the snapshot (simulator/checkpoints.py)
+    # a CPU node: the write blocks after the snapshot (simulator/models/checkpoints.py)
     assert cost.snapshot_s == pytest.approx((snapshot_ns + write_ns) * 1e-9 * size) and cost.write_s == 0.0
 
 

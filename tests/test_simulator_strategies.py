@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from simulator.engine import simulate, summary
-from simulator.memory import step_memory_bytes
+from simulator.engines.engine import simulate, summary
+from simulator.models.memory import step_memory_bytes
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan, round_half_up
 from simulator.strategies.paper import mean_spec_tflops

@@ -11,7 +11,7 @@ import pytest
 from facts.bands import load_bands
 from facts.stacks import FITTED_STACKS, act_bytes_scale, band_source, load_fits
 from formats.sections import STACKS, TrainingConfig, choices_of, default_of
-from simulator.estimate import EstimateError, Shape, estimate_step
+from simulator.models.estimate import EstimateError, Shape, estimate_step
 from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +64,8 @@ def test_held_out_published_rows_fall_inside_the_band_the_fit_rows_give(stack):
 
 
 def test_a_scenario_prices_and_names_its_stack_on_gpu_nodes():
-    from simulator.provenance import band_sources, catalog_stack, sources_text
-    from simulator.timing import gpu_estimate, priced_stack
+    from simulator.models.provenance import band_sources, catalog_stack, sources_text
+    from simulator.models.timing import gpu_estimate, priced_stack
 
     default, titan = load_scenario("paper"), load_scenario("paper", ['training.stack="torchtitan-eager"'])
     shape = Shape.of(default.model.arch)

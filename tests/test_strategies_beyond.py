@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from formats.wire import partition_shares
-from simulator.engine import simulate, summary
-from simulator.network import (
+from simulator.engines.engine import simulate, summary
+from simulator.models.network import (
     allreduce_s,
     link_gbps,
     partitioned_allreduce_s,
@@ -14,12 +14,12 @@ from simulator.network import (
     ring_allreduce_s,
     sync_s,
 )
+from simulator.models.timing import node_timings
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
 from simulator.strategies.hybrid import TOLERANCE, capacity, least_round_s
 from simulator.strategies.network_aware import TARGET_UTILIZATION
 from simulator.strategies.tables import from_scenario
-from simulator.timing import node_timings
 
 # These tests were written for the paper scenario in bf16 with fp32 payloads (its defaults until
 # it took OpenDiLoCo's fp16 / fp16); they pin those settings so their thresholds keep their meaning.
@@ -85,7 +85,7 @@ def test_sync_ddp_splits_the_global_batch_by_speed():
     scenario = load_scenario("hetero-cpu", ["model.seq_len=128"])  # step times 0.06, 0.08, 0.11, 0.15 s at b = 4; G = 16
     plan = make_plan(scenario, "sync-ddp")
     # the split follows each node's t(b) shape (given step time × the catalog estimate's t(b)/t(4));
-    # the physics estimate (simulator.estimate) gives the nominal cpu device a larger fixed share than
+    # the physics estimate (simulator.models.estimate) gives the nominal cpu device a larger fixed share than
     # the old 40%-of-peak one did ([8, 5, 2, 1] then); CPU devices run the eager step ([training] compile
     # auto: off on CPU), whose estimate has a larger per-sample share than the lean one ([7, 4, 3, 2] then)
     assert [n.batch_size for n in plan.nodes] == [6, 5, 3, 2]

@@ -12,13 +12,13 @@ import pytest
 from formats.plan import NodePlan, Plan, PlanError, load_plan, merge_steps
 from formats.timeline import SYNC_COLUMNS
 from simulator.cli import simulate_main
-from simulator.engine import simulate, simulate_syncs
-from simulator.engine_analytic import run_analytic, run_streaming_analytic
-from simulator.engine_simpy import run_streaming_simpy
-from simulator.network import outer_step_s
+from simulator.engines.engine import simulate, simulate_syncs
+from simulator.engines.engine_analytic import run_analytic, run_streaming_analytic
+from simulator.engines.engine_simpy import run_streaming_simpy
+from simulator.models.network import outer_step_s
+from simulator.models.workload import segment_matrices
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
-from simulator.workload import segment_matrices
 
 FRAGMENT_KEYS = ["diloco.fragments=4", "diloco.sync_delay_steps=2"]
 
@@ -139,7 +139,7 @@ def test_without_a_delay_every_fragment_is_exposed_and_the_slow_node_sets_the_st
     rec = _rounds(pre, [[0.0, 0.0]] * 2, 1.0, 0.5, 2, engine)
     assert rec["start_s"].tolist() == [4.0, 9.5] and rec["end_s"].tolist() == [5.0, 10.5]
     assert rec["resume_s"].tolist() == [[5.5, 5.5], [11.0, 11.0]]
-    from simulator.engine import streaming_frames
+    from simulator.engines.engine import streaming_frames
     plan = Plan(strategy="x", seq_len=8, comm_s=1.5, fragments=2, nodes=(
         NodePlan(node="a", gpus=1, batch_size=1, local_steps=4, step_s=1.0),
         NodePlan(node="b", gpus=1, batch_size=1, local_steps=4, step_s=2.0)))
@@ -153,7 +153,7 @@ def test_a_fast_nodes_wait_splits_at_the_all_reduces_start(engine):
     # a (1 s steps) reaches its sync point at 1 s, b (3 s) at 3 s; τ = 1 step: a merges at 2 s and
     # waits for the all-reduce (3 s to 3.5 s): idle until it starts (1 s), exposed while it runs (0.5 s).
     rec = _rounds([[1.0, 3.0]], [[1.0, 3.0]], 0.5, 0.0, 1, engine)
-    from simulator.engine import streaming_frames
+    from simulator.engines.engine import streaming_frames
     plan = Plan(strategy="x", seq_len=8, comm_s=0.5, sync_delay_steps=1, nodes=(
         NodePlan(node="a", gpus=1, batch_size=1, local_steps=2, step_s=1.0),
         NodePlan(node="b", gpus=1, batch_size=1, local_steps=2, step_s=3.0)))
@@ -168,7 +168,7 @@ def test_a_node_that_ends_the_all_reduce_early_merges_early_and_waits_at_the_nex
     # both at the sync point at 2, start 2, a's end 3.5, b's 5; both merge at 3: a exposed 0.5,
     # b 2. Sync 1: a at its sync point at 5.5, b at 7 (start 7); a merges at 6.5 and waits: idle
     # 0.5 until the start, then exposed until its own end 8.5 (1.5); b exposed 8 → 10 (2).
-    from simulator.engine import streaming_frames
+    from simulator.engines.engine import streaming_frames
 
     run = run_streaming_simpy if engine == "simpy" else run_streaming_analytic
     rec = run(np.array([[2.0, 2.0]] * 2), np.array([[1.0, 1.0]] * 2), 3.0, 0.0, 2, node_offsets_s=[-1.5, 0.0])
@@ -315,7 +315,7 @@ def test_the_executor_runs_the_fragments_plan_csv_carries(tmp_path):
 def test_size_limits_name_timeline_rows_for_classic_plans_and_fragment_syncs_for_streaming(write_scenario):
     # A classic plan past the limit was once refused as "fragment syncs" (the streaming check ran first).
     from formats.errors import InputError
-    from simulator.engine import MAX_TIMELINE_ROWS, check_size
+    from simulator.engines.engine import MAX_TIMELINE_ROWS, check_size
 
     scenario = load_scenario(str(write_scenario(two_nodes(steps=8))))
     nodes = (NodePlan("a", 1, 4, 8, 1.0), NodePlan("b", 1, 4, 8, 1.0))

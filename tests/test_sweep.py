@@ -7,13 +7,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.engine import simulate
-from simulator.network import outer_step_s
+from simulator.engines.engine import simulate
+from simulator.models.network import outer_step_s
+from simulator.outputs.sweep_table import timeline_metrics
 from simulator.scenario import load_scenario
 from simulator.strategies import STRATEGIES, make_plan
-from simulator.sweep import KindTables, SweepSpec, decide, metrics, node_kinds, scenario_grid
-from simulator.sweep_cli import main as sweep
-from simulator.sweep_table import timeline_metrics
+from simulator.sweep.sweep import KindTables, SweepSpec, decide, metrics, node_kinds, scenario_grid
+from simulator.sweep.sweep_cli import main as sweep
 
 TYPES = ("rtx-2080-ti", "titan-rtx", "a30", "rtx-3090", "v100", "t4", "a100-80gb", "h100-sxm")
 
@@ -98,7 +98,7 @@ def test_same_seed_same_csv_and_resume(tmp_path, capsys):
 
 
 def test_an_interrupted_sweep_resumes(tmp_path, capsys, monkeypatch):
-    import simulator.sweep_cli as cli
+    import simulator.sweep.sweep_cli as cli
 
     real, calls = cli._run_chunk, []
 
@@ -173,7 +173,7 @@ def test_two_identical_sweeps_at_once_both_finish_with_one_result(tmp_path):
     import sys
 
     out = tmp_path / "a"
-    code = "import sys; from simulator.sweep_cli import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from simulator.sweep.sweep_cli import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     runs = [subprocess.Popen([sys.executable, "-c", code, *_args(out, "--no-figures", "--workers", "1")],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) for _ in range(2)]
@@ -244,7 +244,7 @@ def test_a_sweep_needs_out_and_a_table_has_a_default(tmp_path, capsys, monkeypat
 
 @pytest.mark.parametrize("strategy", ["baseline", "B", "C"])
 def test_fast_path_prices_the_eager_steps_pipeline_as_make_plan_does(strategy):
-    """compile = "off": every catalog GPU's step is the host/device pipeline (simulator/estimate.py);
+    """compile = "off": every catalog GPU's step is the host/device pipeline (simulator/models/estimate.py);
     the sweep's vectorised tables take the same floats."""
     spec = SweepSpec(nodes=3, gpus_per_node=2, gpu_types=TYPES, mixed_nodes=True, bandwidths_gbps=(1.0,),
                      strategies=(strategy,), samples=6, seed=5)
@@ -262,7 +262,7 @@ def test_table_marks_other_work_as_simulate_does(tmp_path):
     """sweep --table ranks speed-ups; a strategy training on other tokens than the baseline's (beyond
     ±5%, geodt simulate's *) is marked in table.md and not `comparable` in table.csv, by the same rule
     (sync-ddp's round is one step, so its tokens per round are 1%, its run's the baseline's)."""
-    from simulator.report import answer_table
+    from simulator.outputs.report import answer_table
 
     strategies = ["baseline", "A", "hybrid", "sync-ddp", "network-aware"]
     assert sweep(["--table", "paper", "--strategy", *strategies, "--out", str(tmp_path)]) == 0
@@ -284,8 +284,8 @@ def test_table_marks_other_work_as_simulate_does(tmp_path):
 def test_sweep_marks_other_work_in_its_dataset_findings_and_figure(tmp_path, capsys, monkeypatch):
     """sweep.csv's `comparable` is simulate's rule per scenario; the findings mark the speed-ups (and a
     winner) of strategies that do other work with *, under a note; speedup.png names them with a *."""
-    from simulator import sweep_figures
-    from simulator.report import does_baseline_work
+    from simulator.outputs.report import does_baseline_work
+    from simulator.sweep import sweep_figures
 
     args = ["--nodes", "3", "--gpus-per-node", "2", "--gpu-types", "a30,t4", "--bandwidth-gbps", "0.1,10",
             "--samples", "8", "--workers", "1", "--no-figures", "--strategy", "baseline", "A", "hybrid",
@@ -317,8 +317,8 @@ def test_a_part_from_before_comparable_is_redone_on_resume(tmp_path, capsys, mon
     into a dataset of two schemas (sweep.csv would have rows of another width)."""
     import pyarrow.parquet as pq
 
-    import simulator.sweep_cli as cli
-    from simulator.sweep_dataset import part_bytes, read_part
+    import simulator.sweep.sweep_cli as cli
+    from simulator.sweep.sweep_dataset import part_bytes, read_part
 
     real = cli._run_chunk
 

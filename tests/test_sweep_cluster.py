@@ -5,7 +5,7 @@ import pytest
 
 distributed = pytest.importorskip("dask.distributed", reason="the cluster extra (pip install 'geodt[cluster]')")
 
-from simulator.sweep_cli import main as sweep  # noqa: E402
+from simulator.sweep.sweep_cli import main as sweep  # noqa: E402
 
 ARGS = ["--nodes", "3", "--gpus-per-node", "2", "--gpu-types", "a30,v100,t4", "--mixed-nodes", "--bandwidth-gbps",
         "0.1,10", "--strategy", "baseline", "C", "streaming", "--samples", "120", "--seed", "3", "--chunk", "25",

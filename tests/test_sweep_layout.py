@@ -8,11 +8,12 @@ import re
 import numpy as np
 import pytest
 
-from simulator.engine import simulate
-from simulator.network import outer_step_s
+from simulator.engines.engine import simulate
+from simulator.models.network import outer_step_s
+from simulator.outputs.sweep_table import timeline_metrics
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan
-from simulator.sweep import (
+from simulator.sweep.sweep import (
     KindTables,
     SweepSpec,
     decide,
@@ -20,8 +21,7 @@ from simulator.sweep import (
     node_kinds,
     scenario_grid,
 )
-from simulator.sweep_cli import main as sweep
-from simulator.sweep_table import timeline_metrics
+from simulator.sweep.sweep_cli import main as sweep
 
 # llama-1b at batch 4 needs 26 GiB unsharded: an a30 (24 GB) and a titan-xp (12 GB) hold it only sharded
 SHARDED = ["model.preset=llama-1b"]

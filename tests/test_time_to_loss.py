@@ -9,7 +9,7 @@ import pytest
 
 from formats.timeline import LOSS_COLUMNS, VALIDATION_COLUMNS
 from simulator.cli import plan_main, simulate_main
-from simulator.report import answer_table, recommend
+from simulator.outputs.report import answer_table, recommend
 
 torch = pytest.importorskip("torch")
 
@@ -131,7 +131,7 @@ def test_calibrate_convergence_refuses_an_unknown_run(tmp_path, capsys):
 
 def test_answer_table_carries_the_loss_columns():
     from formats.plan import NodePlan, Plan
-    from simulator.engine import simulate
+    from simulator.engines.engine import simulate
     from simulator.scenario import load_scenario
 
     scenario = load_scenario("hetero-cpu")
@@ -143,7 +143,7 @@ def test_answer_table_carries_the_loss_columns():
 
 
 def test_sweep_with_a_target_adds_the_loss_columns_and_the_finding(tmp_path, capsys):
-    from simulator.sweep_cli import main
+    from simulator.sweep.sweep_cli import main
 
     out = tmp_path / "sw"
     assert main(["--gpu-types", "a30,t4", "--samples", "6", "--bandwidth-gbps", "1", "--out", str(out),
@@ -158,13 +158,13 @@ def test_sweep_with_a_target_adds_the_loss_columns_and_the_finding(tmp_path, cap
 
 
 def test_sweep_table_with_a_target(tmp_path, capsys):
-    from simulator.sweep_cli import main
+    from simulator.sweep.sweep_cli import main
 
     assert main(["--table", "hetero-cpu", "--out", str(tmp_path / "t"), "--target-loss", "4",
                  "--strategy", "baseline", "rebalance"]) == 0
     table = pd.read_csv(tmp_path / "t" / "table.csv")
     assert list(table["strategy"]) == ["baseline", "rebalance"] and table["loss_end"].notna().all()
-    assert "Predicted loss (simulator/loss_prediction.py), target 4" in capsys.readouterr().out
+    assert "Predicted loss (simulator/models/loss_prediction.py), target 4" in capsys.readouterr().out
 
 
 def test_calibrate_convergence_refuses_an_unreadable_corpus_in_one_line(tmp_path, capsys):

@@ -15,7 +15,7 @@ from formats.owners import own_temp, remove_orphan_temps
 from geodt.run_cmd import run_main
 from real.outdir import remove_stale_outputs
 from simulator.cli import plan_main, simulate_main
-from simulator.sweep_cli import main as sweep_main
+from simulator.sweep.sweep_cli import main as sweep_main
 
 RUN_FILES = {"plan.csv": b"earlier plan\n", "scenario.toml": b"# earlier scenario\n", "trace.csv": b"round\n0\n",
              "trace.json": b"{}"}

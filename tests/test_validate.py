@@ -240,7 +240,7 @@ def test_prediction_with_jitter_is_the_mean_over_seeds(write_scenario):
     from dataclasses import replace
 
     from geodt.run_cmd import VARIABILITY_SAMPLES, predicted_timeline
-    from simulator.engine import simulate
+    from simulator.engines.engine import simulate
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -258,8 +258,8 @@ def test_prediction_with_jitter_is_the_mean_over_seeds(write_scenario):
 def test_validation_table_compares_the_whole_wall_clock(tmp_path):
     """Predicted wall = startup (profiles' warm-up beyond steady steps) + the timeline's end + the last
     checkpoint; measured = the latest node's last round end plus its checkpoint (time-scaled)."""
+    from simulator.models.wallclock import WallClock, measured_wall_s, predicted_wall_clock
     from simulator.scenario import load_scenario
-    from simulator.wallclock import WallClock, measured_wall_s, predicted_wall_clock
 
     profile = tmp_path / "p.csv"
     profile.write_text(
@@ -296,8 +296,8 @@ def _finished_run(out, run: dict | None, scale: float = 1.0):
     and trace.csv = the predicted timeline with its times × scale (what an emulated run at that time
     scale records) plus the executor's columns; run: trace.csv's run columns (None: a trace from before
     it recorded them)."""
-    from simulator.engine import simulate
-    from simulator.outputs import write_csv, write_text
+    from simulator.engines.engine import simulate
+    from simulator.outputs.outputs import write_csv, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
@@ -380,11 +380,11 @@ def test_validate_trace_refuses_a_bad_record_in_one_line(tmp_path, capsys, run, 
 
 def test_validation_figure_names_an_emulated_run_emulated(tmp_path, monkeypatch):
     """validation.png of a schedule check: its legends, axes and titles say emulated, never measured."""
-    import simulator.outputs
+    import simulator.outputs.outputs
     from geodt.validation import plot_validation
 
     figures = []
-    monkeypatch.setattr(simulator.outputs, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    monkeypatch.setattr(simulator.outputs.outputs, "save_figure", lambda fig, path, **kw: figures.append(fig))
     timeline = pd.DataFrame({"strategy": "baseline", "node": ["a", "b"], "round": 0, "compute_s": [1.0, 2.0],
                              "idle_s": [1.0, 0.0], "comm_s": 0.5, "tokens": 64})
     for emulated in (True, False):

@@ -5,7 +5,7 @@ every process of every node, the plan's batches and local steps, each step padde
 step time scaled by --time-scale, so adaptive plans decide as they would) on real text
 (`--data python-stdlib`: the standard library's sources as bytes), with the same seed. Each run
 varies one thing the loss model must weigh (formats/convergence.py and
-simulator/convergence.py): unequal local steps, unequal batches, deadline rounds averaged
+simulator/models/convergence.py): unequal local steps, unequal batches, deadline rounds averaged
 plainly or by tokens, stale fragments (Streaming DiLoCo's τ), a 16-bit payload, a node that
 leaves and rejoins, one node fewer (the replicas M), no barrier at all (async: a parameter server
 merges each node's pseudo-gradient on arrival; its rows carry the trace's per node-round staleness,
@@ -214,7 +214,7 @@ def _append(out: Path, rows) -> None:
     import pandas as pd
 
     from formats.convergence import read_convergence_profile
-    from simulator.outputs import write_csv
+    from simulator.outputs.outputs import write_csv
 
     frame = rows
     if out.exists():

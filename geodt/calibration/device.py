@@ -5,16 +5,16 @@ divide, Nesterov, weights back; no all-reduce) is timed with the weights on the 
 outer state on the CPU (OpenDiLoCo's place; on a GPU the weights' copies down and up are
 included) and, on a GPU, on the device, and written into the profile as nanoseconds per
 parameter (formats/profile.py OUTER_STEP_COLUMNS, the same on every row). The simulator prices
-that node's outer step from them (simulator/network.py).
+that node's outer step from them (simulator/models/network.py).
 
 Then the host's checkpoint (real.checkpoint.time_checkpoint: the snapshot into host memory that
 blocks training, and the write behind it, into the profile's own folder, the disk this host's
 runs are likeliest to use) goes in as nanoseconds per byte (CHECKPOINT_COLUMNS); the simulator
-prices checkpoints from them where no network profile measured them (simulator/checkpoints.py).
+prices checkpoints from them where no network profile measured them (simulator/models/checkpoints.py).
 Both run here, in geodt/, because they time the executor's code (calibrate/ does not import real/).
 
 Before anything, a CPU calibration is priced by geodt/preflight.py's host memory rule (the step's
-peak from simulator/memory.py at the largest batch listed, or auto's first): a model this machine
+peak from simulator/models/memory.py at the largest batch listed, or auto's first): a model this machine
 cannot hold (llama-3.1-8b on 24 GB) is refused in one line instead of failing in the allocator.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
 def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, float]:
     """{"snapshot": ns, "write": ns} per checkpoint byte on this host (module docstring)."""
     from real.checkpoint import time_checkpoint
-    from simulator.network import CHECKPOINT_BYTES_PER_PARAM
+    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
 
     params = min(params, MAX_CHECKPOINT_PARAMS)
     snapshots, writes = time_checkpoint(params, CHECKPOINT_REPEATS, device, directory)
@@ -63,7 +63,7 @@ def cpu_memory_problem(argv: list[str], available_bytes: float | None = None) ->
     from calibrate.cli import UsageError, calibrate_parser, parse_batches
     from facts.presets import PresetError, load_arch
     from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
-    from simulator.memory import traced_peak_bytes
+    from simulator.models.memory import traced_peak_bytes
 
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):

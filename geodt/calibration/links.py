@@ -15,7 +15,7 @@ each, `--repeats` times:
   elements and decode() back, on every rank at once, as every node encodes in a real sync
   (rows `encode` / `decode`, size in elements, column payload_dtype).
 
-Rows go to a network profile CSV (simulator/netfit.py) that the simulator fits: ring
+Rows go to a network profile CSV (simulator/models/netfit.py) that the simulator fits: ring
 latency and bandwidth, outer-step cost per parameter, checkpoint write rate.
 """
 from __future__ import annotations
@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     from formats.netprofile import NetProfileError
-    from simulator.netfit import read_network_profile
+    from simulator.models.netfit import read_network_profile
 
     sizes = sizes_bytes(args.max_mib)
     rows_by_n = {}

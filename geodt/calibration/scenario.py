@@ -117,7 +117,7 @@ def memory_problem(scenario, batches: list[int], available_bytes: float | None =
     """Why this machine cannot hold every device process at the largest batch at once
     (geodt/preflight.py's host memory rule), in one line, or None."""
     from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
-    from simulator.memory import memory_need_bytes
+    from simulator.models.memory import memory_need_bytes
 
     processes = sum(node.gpu_count for node in scenario.nodes)
     batch = max(batches)

@@ -2,7 +2,7 @@
 
 One process per node of the scenario, each in its node's network namespace of a shaped WAN
 (real/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
-as the simulator's simulator/network.link_gbps gives it), runs real/sync.py's cross-node
+as the simulator's simulator/models/network.link_gbps gives it), runs real/sync.py's cross-node
 average exactly as the executor's node leaders do (under their CPU limits: cpu_cores,
 cpu_quota; between two averages each runs its round, the scenario's H inner steps at its batch,
 as between two syncs of a run, and with Streaming DiLoCo its fragment schedule, τ of those steps
@@ -17,7 +17,7 @@ process; a node's name: its own times); kinds encode / decode as plain
 `geodt calibrate network` writes them. Then a table of the measured sync against the
 simulator's price for it (wire time + encode/decode from these very rows), signed: by the
 byte count; the ratio f the simulator prices each size at once the profile is the scenario's
-`network.profile` (simulator/network.py WireCost); and the price of each size from the other
+`network.profile` (simulator/models/network.py WireCost); and the price of each size from the other
 sizes' rows alone (a held-out check of the interpolation).
 
 `--profiles-out DIR`: the inner steps each CPU node ran between the averages of the size
@@ -83,8 +83,8 @@ def parser() -> OneLineParser:
 
 def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float, wire=None) -> float:
     """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step): the
-    byte count, or through `wire` (simulator.network.WireCost) the links as measured."""
-    from simulator.network import CodecCost, WireCost, bytes_s, link_gbps
+    byte count, or through `wire` (simulator.models.network.WireCost) the links as measured."""
+    from simulator.models.network import CodecCost, WireCost, bytes_s, link_gbps
 
     params = fp32_bytes / 4
     wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s(scenario, collective, dtype, params))
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: --profiles-out {args.profiles_out}: expected an existing directory", file=sys.stderr)
         return 2
     from formats.errors import InputError
-    from simulator.network import link_gbps
+    from simulator.models.network import link_gbps
     from simulator.scenario import load_scenario
 
     try:
@@ -158,7 +158,7 @@ def between_averages(scenario, plan=None) -> list[dict]:
     begun after ⌊H/P⌋ − τ steps, with τ steps beside it on the main thread while a communication
     thread averages ("beside_steps"; overlapped_steps), as in a run, where the classic pattern
     (H steps, then an average alone) priced its compute 11-17% short on some nodes."""
-    from simulator.timing import node_timings
+    from simulator.models.timing import node_timings
 
     model, specs = scenario.model, []
     fragments, tau = scenario.diloco.fragments, scenario.diloco.sync_delay_steps
@@ -244,7 +244,7 @@ def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) ->
     from formats.netprofile import SHAPED_BACKEND
     from geodt.calibration.links import codec_summary, measure_shaped, to_frame
     from real.wan import WanError
-    from simulator.netfit import read_network_profile
+    from simulator.models.netfit import read_network_profile
 
     prog = "geodt calibrate network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
@@ -295,7 +295,7 @@ def comparison(scenario, model, frame):
     prices a size it did not measure)."""
     import pandas as pd
 
-    from simulator.network import bytes_s
+    from simulator.models.network import bytes_s
 
     rows, wire = [], _wire(scenario, model)
     every = frame[frame.kind == "all_reduce"]
@@ -314,8 +314,8 @@ def comparison(scenario, model, frame):
 
 
 def _wire(scenario, model):
-    """simulator.network.wire_cost of the scenario with `model` as its network profile."""
-    from simulator.network import wire_cost
+    """simulator.models.network.wire_cost of the scenario with `model` as its network profile."""
+    from simulator.models.network import wire_cost
 
     return wire_cost(replace(scenario, network_model=model))
 

@@ -15,7 +15,7 @@ import io
 import sys
 from pathlib import Path
 
-from simulator.outputs import write_bytes
+from simulator.outputs.outputs import write_bytes
 
 TIMELINE_ROUNDS = 3
 
@@ -42,7 +42,7 @@ def build() -> dict[str, bytes]:
 
 
 def write_files(files: dict[str, bytes], out: Path) -> None:
-    """Each file whole or not at all (simulator.outputs.write_bytes)."""
+    """Each file whole or not at all (simulator.outputs.outputs.write_bytes)."""
     for name, data in files.items():
         write_bytes(out / name, data)
 

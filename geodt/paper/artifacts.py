@@ -25,9 +25,9 @@ from geodt.paper.tables import (
     table3,
 )
 from geodt.paper.variants import memory_band, variants
-from simulator.engine import simulate
+from simulator.engines.engine import simulate
+from simulator.models.timing import node_timings
 from simulator.scenario import Scenario
-from simulator.timing import node_timings
 
 ROUND_DIGITS = 9  # strip float noise (1e-15) from derived columns so the CSVs read cleanly
 

@@ -9,7 +9,7 @@ import pandas as pd
 
 from geodt.paper import facts
 from geodt.paper.related import BatchFit, ShareCurves
-from simulator.outputs import figure_bytes
+from simulator.outputs.outputs import figure_bytes
 
 DPI = 110
 PAPER_COLOR, INFERRED_COLOR, CATALOG_COLOR = "#444444", "#1f77b4", "#d62728"

@@ -14,7 +14,7 @@ def round_as_printed(x: float, places: int) -> float:
 
 def csv_text(frame: pd.DataFrame) -> str:
     """A table as CSV text: no index, floats to 9 significant digits (stable, loads straight into pandas)."""
-    from simulator.outputs import csv_bytes
+    from simulator.outputs.outputs import csv_bytes
 
     return csv_bytes(frame).decode()
 

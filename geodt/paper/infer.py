@@ -13,7 +13,7 @@ t_max, and on nothing else (no assumption about how t grows with b):
 
 which is piecewise linear in t_max; the fit minimises Σ_i (idle_i^C − paper_i^C)². Rows A and
 B (which change b) are then out-of-sample predictions, made with the catalog estimate's shape
-of t(b) scaled to the inferred t_i (simulator.timing: step_time_s · est(b) / est(b_base)).
+of t(b) scaled to the inferred t_i (simulator.models.timing: step_time_s · est(b) / est(b_base)).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ implied values, not as facts.
 001 (minGPT `gpt-mini` on TinyShakespeare, node A = 2x A30, node B = 4x Titan Xp): we model
 one epoch with minGPT's defaults (6 layers, 6 heads, width 192, 65 characters, context 128,
 batch 64 per process, fp32: its trainer uses no autocast) and the catalog estimate of t(b)
-(simulator.timing). A share s of every global step's samples goes to node A, split evenly over
+(simulator.models.timing). A share s of every global step's samples goes to node A, split evenly over
 its GPUs, the rest to node B. Two readings of the paper's set-up are drawn:
   - one DDP job across both nodes: per step max(t_A, t_B) plus a ring all-reduce of fp32
     gradients among the 6 ranks over an assumed 1 Gbit/s, 1 ms link between the nodes;
@@ -31,15 +31,15 @@ import numpy as np
 from facts.catalog import get_gpu, peak_tflops
 from formats.wire import ring_allreduce_s
 from geodt.paper import facts
+from simulator.models.timing import DEFAULT_INTRA_NODE_GBPS, NodeTiming
 from simulator.scenario import ModelConfig, NetworkConfig, NodeConfig, Scenario
-from simulator.timing import DEFAULT_INTRA_NODE_GBPS, NodeTiming
 
 # ResNet-18 for 32x32 CIFAR images (the common CIFAR variant: 3x3 stem, no max-pool).
 RESNET18_CIFAR_PARAMS = 11_173_962
 RESNET18_CIFAR_FWD_FLOPS = 1.11e9      # 0.556 G multiply-adds per image, forward
 CIFAR10_TRAIN_SAMPLES = 50_000
 # A CNN's achieved fraction of the dense FP32 peak: geodt's earlier fixed catalog assumption, kept for
-# this one ResNet (simulator.estimate models decoder transformers, not convolutions).
+# this one ResNet (simulator.models.estimate models decoder transformers, not convolutions).
 CNN_MFU = 0.40
 
 # minGPT chargpt defaults (projects/chargpt/chargpt.py, mingpt/model.py, mingpt/trainer.py).

@@ -120,7 +120,7 @@ def render(f: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.outputs import write_bytes, write_text
+    from simulator.outputs.outputs import write_bytes, write_text
 
     p = argparse.ArgumentParser(prog="python -m geodt.paper.streaming", description=__doc__.splitlines()[0])
     p.add_argument("--dir", default="results/streaming", help="the simulate run's output directory")

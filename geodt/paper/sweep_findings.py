@@ -24,7 +24,7 @@ START = "<!-- sweep-findings: generated from results/sweep by `python -m geodt.p
 END = "<!-- /sweep-findings -->"
 UNDER = 0.10            # "under 10% of the baseline's idle"
 SPREAD = 3.0            # "the slowest node's step within 3× of the fastest's" (sweep_figures' 3-10x bin starts here)
-ALIKE = 1.001           # speed_ratio below this: all nodes equally fast (simulator.sweep_figures' "alike")
+ALIKE = 1.001           # speed_ratio below this: all nodes equally fast (simulator.sweep.sweep_figures' "alike")
 PAPER = ("A", "B", "C", "C-slowest")
 BALANCED = ("measured-steps", "hybrid", "network-aware")
 
@@ -210,7 +210,7 @@ def load(sweep_dir: Path) -> tuple[pd.DataFrame, str]:
 
     if (sweep_dir / "sweep.csv").exists():
         frame = pd.read_csv(sweep_dir / "sweep.csv", keep_default_na=False, na_values=[""])
-    else:  # the Parquet dataset alone (geodt sweep without --csv; simulator/sweep_dataset.py)
+    else:  # the Parquet dataset alone (geodt sweep without --csv; simulator/sweep/sweep_dataset.py)
         frame = pd.read_parquet(sweep_dir / "sweep")
     with open(sweep_dir / "scenario.toml", "rb") as fh:
         dtype = tomllib.load(fh)["model"]["dtype"]
@@ -218,7 +218,7 @@ def load(sweep_dir: Path) -> tuple[pd.DataFrame, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.outputs import write_text
+    from simulator.outputs.outputs import write_text
 
     p = argparse.ArgumentParser(prog="python -m geodt.paper.sweep_findings", description=__doc__.splitlines()[0])
     p.add_argument("--sweep", default="results/sweep",

@@ -24,11 +24,11 @@ from formats.plan import Plan
 from geodt.paper import facts
 from geodt.paper.fmt import round_as_printed
 from geodt.paper.infer import Inference, inferred_scenario
-from simulator.engine import simulate, summary
+from simulator.engines.engine import simulate, summary
+from simulator.models.timing import node_timings
 from simulator.scenario import Scenario, load_scenario
 from simulator.strategies import STRATEGIES, make_plan, node_plan, uniform_plan
 from simulator.strategies.paper import mean_spec_tflops, normalized_speed
-from simulator.timing import node_timings
 
 DTYPES = ("fp16", "bf16")      # fp16 first: the scenario's default (OpenDiLoCo's)
 PAYLOADS = ("fp16", "fp32")    # fp16 first: the scenario's default (OpenDiLoCo's)

@@ -4,7 +4,7 @@
   or bf16 training) under both payload dtypes of the pseudo-gradient all-reduce (fp16, as
   OpenDiLoCo sends it, and fp32), for the paper's strategies and geodt's main ones: total idle,
   idle against the baseline's, sync, round, the sync's share of a round, throughput.
-- `memory_band()`: strategy B per node in GiB: what a batch needs by simulator.memory, against
+- `memory_band()`: strategy B per node in GiB: what a batch needs by simulator.models.memory, against
   the GPU's memory, with activations and the reserve scaled by ±MEMORY_BAND (the model's two
   uncertain parts; the static 18 B/param is exact for fp32 AdamW with a 16-bit autocast copy).
 """
@@ -15,8 +15,8 @@ import pandas as pd
 from facts.catalog import get_gpu
 from geodt.paper import facts
 from geodt.paper.tables import PAYLOADS, SOURCES, paper_scenarios, plan_for
-from simulator.engine import simulate, summary
-from simulator.memory import activation_bytes_per_sample, reserve_bytes, static_memory_bytes
+from simulator.engines.engine import simulate, summary
+from simulator.models.memory import activation_bytes_per_sample, reserve_bytes, static_memory_bytes
 from simulator.scenario import Scenario
 
 VARIANT_STRATEGIES = ("baseline", "A", "B", "C", "C-slowest", "measured-steps", "hybrid", "network-aware")

@@ -93,10 +93,10 @@ def render_folder(frames: dict) -> str:
     lines = ["# results/what-if-1b/", "",
              ("1B-8B what-ifs (issue 15), each one `geodt sweep --table` run into the folder of its name; this file is "
              "written from their CSVs by `python -m geodt.paper.whatif` (geodt/paper/whatif.py); do not edit by hand. "
-             "Step times are the catalog estimate (simulator/estimate.py), sharding and recomputation are chosen by "
-             "`auto` (the least that holds the baseline batch on each node; per strategy, the least that holds its "
-             "batch), the outer state is on the CPU (OpenDiLoCo). Nothing here is measured. `modern.toml` and "
-             "`modern-8b.toml` are the results-local scenarios (their comments say why the 8B case has no RTX 4090 "
+             "Step times are the catalog estimate (simulator/models/estimate.py), sharding and recomputation are "
+             "chosen by `auto` (the least that holds the baseline batch on each node; per strategy, the least that "
+             "holds its batch), the outer state is on the CPU (OpenDiLoCo). Nothing here is measured. `modern.toml` "
+             "and `modern-8b.toml` are the results-local scenarios (their comments say why the 8B case has no RTX 4090 "
              "node: it needs 34.2 GiB per card even fully sharded with recomputation)."), ""]
     for name, args, what in CASES:
         table, plan = frames[name]
@@ -128,7 +128,7 @@ def replace_section(readme: str, section: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.outputs import write_text
+    from simulator.outputs.outputs import write_text
 
     p = argparse.ArgumentParser(prog="python -m geodt.paper.whatif", description=__doc__.splitlines()[0])
     p.add_argument("--dir", default="results/what-if-1b")

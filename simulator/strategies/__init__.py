@@ -21,10 +21,11 @@ import numpy as np
 
 from formats.errors import FieldError, InputError
 from formats.plan import NodePlan, Plan, PlanError
+from simulator.models.network import sync_s
+from simulator.models.timing import NodeTiming, node_timings
 from simulator.scenario import Scenario
 from simulator.strategies.registry import BARRIERLESS, STRATEGIES, Strategy, known, register  # noqa: F401 (the package's API)
 from simulator.strategies.tables import NetTables, NodeTables, from_scenario
-from simulator.timing import NodeTiming, node_timings
 
 
 def round_half_up(x: float) -> int:
@@ -42,8 +43,6 @@ def node_plan(timing: NodeTiming, batch_size: int, local_steps: int) -> NodePlan
 
 def uniform_plan(name: str, scenario: Scenario, nodes: list[NodePlan], note: str = "") -> Plan:
     """A plan whose rounds end with one ordinary outer sync over the scenario's network."""
-    from simulator.network import sync_s
-
     layouts = [t.layout for t in node_timings(scenario)]
     return Plan(strategy=name, nodes=tuple(nodes), comm_s=sync_s(scenario, layouts=layouts),
                 seq_len=scenario.model.seq_len, note=note, outer_state=scenario.diloco.outer_state)

@@ -8,7 +8,7 @@ one step a round), which leaves a round nothing to re-plan. b_i is not re-planne
 the executor would have to measure a new batch's step time before it could plan with it.
 Later rounds follow the plan's `adapt` (formats/adaptive.py): rebalance re-plans H_i before each
 round from the step times measured so far; deadline runs every node until a shared deadline. Without
-drift or jitter every round is round 0 (the sweep's closed form holds); simulator/adaptive.py
+drift or jitter every round is round 0 (the sweep's closed form holds); simulator/models/adaptive.py
 simulates them under drift and jitter. Classic DiLoCo only: a round that changes length would move
 Streaming DiLoCo's fragment schedule. """
 from __future__ import annotations

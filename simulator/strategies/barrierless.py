@@ -4,7 +4,7 @@ Both keep the baseline batch b and take H_i from each node's speed, Liu et al. 2
 local updates (docs/PAPERS.md): H_i = max(1, ⌊T / t_i(b)⌋) at the least round time T whose
 rounds hold the baseline's samples (formats/adaptive.py rebalance_steps, the rule `rebalance`
 plans round 0 with), so every node's round takes about T and the run trains on the baseline's
-tokens. What differs is how a round ends (simulator/engine_async.py):
+tokens. What differs is how a round ends (simulator/engines/engine_async.py):
 
 - `async`: a parameter server applies each node's pseudo-gradient when it arrives (one outer step
   per arrival; the paper's server uses delayed Nesterov momentum, which costs the simulator one
@@ -26,7 +26,7 @@ import numpy as np
 from formats.adaptive import rebalance_steps
 from formats.errors import FieldError
 from formats.plan import quorum_need
-from simulator.engine_async import WEIGHT_BYTES_PER_PARAM, push_pull_raw
+from simulator.engines.engine_async import WEIGHT_BYTES_PER_PARAM, push_pull_raw
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 

@@ -3,7 +3,7 @@
 The paper's second item of future work. Rule:
 
 1. Collective: the faster, for the nodes' own links (`uplink_gbps`), of the ring all-reduce
-   and the bandwidth-balanced partitioned all-reduce (`simulator.network`: each node
+   and the bandwidth-balanced partitioned all-reduce (`simulator.models.network`: each node
    aggregates a share of the payload in proportion to what its link can carry, as
    hivemind's load balancing does; slow links aggregate nothing).
 2. Compute: the `hybrid` allocation (b_i, H_i balanced within memory) at m times the
@@ -14,7 +14,7 @@ The paper's second item of future work. Rule:
    with the highest utilisation. Order (least change to the training recipe first): the
    scenario's payload dtype, then each smaller one (fp32 → fp16 → int8) at m = 1; then the
    payload whose sync is the shortest at m = 2, 4, 8: the smallest, unless the network
-   profile measured an encoding that costs more than its bytes save (simulator/network.py,
+   profile measured an encoding that costs more than its bytes save (simulator/models/network.py,
    t_codec), as on a fast link int8's quantisation can cost more than fp32's 4× bytes. Compression
    comes before longer rounds because 16-bit pseudo-gradients are what OpenDiLoCo all-reduces and
    8-bit ones what INTELLECT-1 used, while DiLoCo's own ablation loses quality as H grows past a few

@@ -26,7 +26,7 @@ class Strategy:
 
 STRATEGIES: dict[str, Strategy] = {}
 # Strategies whose rounds end without DiLoCo's barrier (issue 40: async, quorum). Simulated only, by
-# their own engines (simulator/engine_async.py): kept apart from STRATEGIES, which the sweep and
+# their own engines (simulator/engines/engine_async.py): kept apart from STRATEGIES, which the sweep and
 # `geodt paper` decide and time in bulk with the barrier's arithmetic, and which the executor runs.
 BARRIERLESS: dict[str, Strategy] = {}
 

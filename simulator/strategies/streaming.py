@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from simulator.engine_analytic import run_streaming_analytic
+from simulator.engines.engine_analytic import run_streaming_analytic
 from simulator.strategies.hybrid import hybrid_decide
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables

@@ -4,7 +4,7 @@ Every strategy decides from arrays, not from Scenario objects, so that `geodt sw
 thousands of scenarios at once with the very same code that `make_plan` runs for one (a row
 is never influenced by the other rows: every operation is elementwise or reduces within a
 row). `from_scenario` builds the arrays of one scenario (S = 1) from its NodeTimings; the
-sweep builds them from catalog tables (`simulator.sweep.KindTables`), with the same floats.
+sweep builds them from catalog tables (`simulator.sweep.sweep.KindTables`), with the same floats.
 
 Batch candidates: b = 1 .. MAX_BATCH_FACTOR × the baseline batch, and only those that fit
 in memory (`NodeTiming.fits`). The cap keeps the per-node batch within a factor 16 of the
@@ -22,7 +22,15 @@ import numpy as np
 
 from facts.catalog import get_gpu, spec_tflops
 from formats.wire import PAYLOAD_BYTES
-from simulator.network import CodecCost, WireCost, codec_cost, link_gbps, outer_step_s, wire_bytes_s_raw, wire_cost
+from simulator.models.network import (
+    CodecCost,
+    WireCost,
+    codec_cost,
+    link_gbps,
+    outer_step_s,
+    wire_bytes_s_raw,
+    wire_cost,
+)
 
 MAX_BATCH_FACTOR = 16
 
@@ -70,7 +78,7 @@ class NetTables:
     """What the outer sync costs depend on, per scenario; the rest is shared by all rows."""
 
     links_gbps: np.ndarray  # (S, n): each node's WAN link
-    outer_step_s: np.ndarray  # (S,): the outer step's time (simulator.network.outer_step_s)
+    outer_step_s: np.ndarray  # (S,): the outer step's time (simulator.models.network.outer_step_s)
     params: float
     latency_ms: float
     payload_dtype: str  # the scenario's

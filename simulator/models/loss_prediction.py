@@ -1,0 +1,177 @@
+"""Loss and time to a target loss, per strategy: the loss model (simulator/models/convergence.py) set up for a scenario.
+
+`loss_setup` chooses the curve and the effects once per scenario: the convergence profile named by
+`[training] convergence_profile`, else the built-in one (simulator/scenarios/, measured with
+`geodt calibrate convergence hetero-cpu` on this project's 2-core VM); its fitted curve where it
+trained the scenario's model at its sequence length, else the literature prior. `predict` turns
+one strategy's simulated rounds into its loss at the end and its time to `target_loss`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from formats.convergence import ConvergenceProfileError, read_convergence_profile
+from formats.errors import InputError
+from simulator.models.convergence import (
+    FEATURES,
+    ConvergenceModel,
+    curve_losses,
+    feature_values,
+    features,
+    fit_model,
+    prior_curve,
+    replica_move,
+    round_frame,
+    smoothed,
+    smoothed_rows,
+    time_to_target,
+    times_to_target,
+)
+
+BUILT_IN_PROFILE = Path(__file__).resolve().parents[1] / "scenarios" / "convergence-hetero-cpu.csv"
+CLAMP_MARGIN = 0.25  # a feature may go this share of the calibrated span beyond it before it is clamped
+
+
+@dataclass(frozen=True)
+class LossSetup:
+    model: ConvergenceModel
+    target: float | None
+    profile: str
+    same_model: bool  # the curve is the profile's own fit (else the prior)
+    corpus: str
+
+    @property
+    def floor(self) -> float:
+        return self.model.curve.floor
+
+
+def _profile_model(path: Path, shown: str) -> tuple[ConvergenceModel, pd.DataFrame]:
+    try:
+        stat = path.stat()
+    except OSError:
+        stat = None
+    try:  # a file as it is now (its size and time), fitted once per process
+        return _fitted(str(path), shown, None if stat is None else (stat.st_size, stat.st_mtime_ns))
+    except (ConvergenceProfileError, ValueError) as exc:
+        raise InputError(f"training.convergence_profile: {exc}") from None
+
+
+@lru_cache(maxsize=8)
+def _fitted(path: str, shown: str, version) -> tuple[ConvergenceModel, pd.DataFrame]:
+    frame = read_convergence_profile(path)
+    return fit_model(frame, shown), frame
+
+
+def loss_setup(scenario, target: float | None = None, nodes: int | None = None) -> LossSetup:
+    """The model for this scenario and the target (an argument overrides [training] target_loss; nodes
+    the scenario's node count); InputError (one line) for a profile of another model named explicitly,
+    or a target below the floor."""
+    named = scenario.training.convergence_profile
+    path = scenario.resolve_path(named) if named else BUILT_IN_PROFILE
+    model, frame = _profile_model(path, named or "built-in hetero-cpu profile")
+    first = frame.iloc[0]
+    params, nodes = scenario.model.param_count, nodes or len(scenario.nodes)
+    # a model is its parameter count at its sequence length (a preset and its config.json are one model)
+    same = int(first["seq_len"]) == scenario.model.seq_len and abs(float(first["params"]) - params) <= 1e-6 * params
+    if named and not same:
+        raise InputError(f"training.convergence_profile: {named} was measured on model {first['model']} at seq_len "
+                         f"{int(first['seq_len'])}; the scenario trains {scenario.model.preset or 'params'} at "
+                         f"{scenario.model.seq_len}; expected a profile of this model (geodt calibrate convergence "
+                         "SCENARIO), or no key: the literature prior with the built-in profile's effects")
+    # another node count: the profile's own measured effect where it has one, else the prior's factor
+    curve = (prior_curve(params, nodes) if not same else model.curve if "replicas_log2" in model.coefficients
+             else replica_move(model.curve, params, model.ref_nodes, nodes))
+    setup = LossSetup(model.with_curve(curve), scenario.training.target_loss if target is None else target,
+                      named or "built-in", same, str(first["corpus"]))
+    if setup.target is not None and not setup.target > setup.floor:
+        raise InputError(f"training.target_loss = {setup.target:g}: at or below the loss floor {setup.floor:.3f} "
+                         f"({curve.source}); expected a target above it")
+    return setup
+
+
+def _clamped(setup: LossSetup, x: dict) -> tuple[dict, list[str]]:
+    """x (scalars or arrays) with each calibrated feature held within the profile runs' span (plus
+    CLAMP_MARGIN); the features clamped anywhere."""
+    runs = setup.model.runs
+    out, clamped = dict(x), []
+    for k in setup.model.coefficients:
+        lo, hi = runs[k].min(), runs[k].max()
+        pad = CLAMP_MARGIN * (hi - lo)
+        v = np.clip(x[k], lo - pad, hi + pad)
+        if np.any(v != x[k]):
+            clamped.append(k)
+        out[k] = v
+    return out, clamped
+
+
+def sweep_losses(setup: LossSetup, scenario, d: dict, gpus: np.ndarray, round_s: np.ndarray) -> dict:
+    """loss_end and time_to_target_s of a sweep chunk's plans (simulator/sweep/sweep.py decide: batch, steps
+    (S, n), rounds, dtype, fragments, delay), each round taking round_s (S,): a static plan's rounds
+    train the same tokens, so its features are its one round's."""
+    work = (d["steps"] * d["batch"] * gpus).astype(float)
+    total = work.sum(axis=1)
+    x = feature_values(cv2=work.var(axis=1) / work.mean(axis=1) ** 2,
+                       log2_batch=(work * np.log2(d["batch"])).sum(axis=1) / total,
+                       log2_steps=(work * np.log2(d["steps"])).sum(axis=1) / total, missed=0.0 * total,
+                       base_batch=scenario.training.batch_size, base_steps=scenario.training.local_steps,
+                       averaging=scenario.diloco.averaging, fragments=d.get("fragments", 1),
+                       sync_delay_steps=d.get("delay", 0), payload_dtype=d["dtype"], nodes=work.shape[1],
+                       ref_nodes=setup.model.ref_nodes if setup.same_model else work.shape[1])
+    x, _ = _clamped(setup, x)
+    eta = np.exp(-sum(c * x[k] for k, c in setup.model.coefficients.items())) * np.ones(len(total))
+    rounds = int(np.ravel(d["rounds"])[0])
+    r = np.arange(rounds)
+    tokens_per_round = total * scenario.model.seq_len
+    loss = setup.model.curve.loss(eta[:, None] * tokens_per_round[:, None] * (r + 0.5))
+    end = np.asarray(round_s, dtype=float)[:, None] * (r + 1)
+    reach = (times_to_target(end, loss, setup.target) if setup.target is not None
+             else np.full(len(total), np.nan))
+    return {"loss_end": smoothed_rows(loss)[:, -1], "time_to_target_s": reach}
+
+
+def plan_rounds(plan, timeline: pd.DataFrame) -> pd.DataFrame:
+    """round_frame of a plan's timeline (simulated or traced)."""
+    return round_frame(timeline, {n.node: n.batch_size for n in plan.nodes}, {n.node: n.gpus for n in plan.nodes},
+                       plan.seq_len)
+
+
+def predict(setup: LossSetup, scenario, plan, rounds: pd.DataFrame) -> dict:
+    """loss_end, time_to_target_s (inf: never), efficiency η and what the model could not weigh, for one plan."""
+    x = features(rounds, base_batch=scenario.training.batch_size, base_steps=scenario.training.local_steps,
+                 averaging=scenario.diloco.averaging, fragments=plan.fragments,
+                 sync_delay_steps=plan.sync_delay_steps,
+                 payload_dtype=plan.payload_dtype or scenario.network.payload_dtype,
+                 ref_nodes=setup.model.ref_nodes if setup.same_model else len(plan.nodes))
+    x, clamped = _clamped(setup, x)
+    eta = setup.model.efficiency(x)
+    loss = curve_losses(setup.model.curve, rounds, eta)
+    reach = (time_to_target(rounds["end_s"].to_numpy(), loss, setup.target) if setup.target is not None
+             else float("nan"))
+    return {"loss_end": float(smoothed(loss)[-1]), "time_to_target_s": reach, "efficiency": eta,
+            "uncalibrated": setup.model.uncalibrated(x), "clamped": clamped,
+            "curve": pd.DataFrame({"round": rounds["round"], "end_s": rounds["end_s"], "loss": loss})}
+
+
+def measured(rounds: pd.DataFrame, target: float | None) -> dict:
+    """The same two figures from a real run's round_frame (its `loss` column, token-weighted over nodes)."""
+    loss = rounds["loss"].to_numpy(float)
+    reach = time_to_target(rounds["end_s"].to_numpy(), loss, target) if target is not None else float("nan")
+    return {"loss_end": float(smoothed(loss)[-1]), "time_to_target_s": reach}
+
+
+def describe(setup: LossSetup) -> str:
+    """One line: where the curve and the effects come from."""
+    fitted = ", ".join(f"{k} {c:+.2f}" for k, c in setup.model.coefficients.items())
+    missing = [k for k in FEATURES if k not in setup.model.coefficients]
+    text = (f"loss model: {setup.model.curve.source}; floor {setup.floor:.3f}; effects (ln-token cost per unit) from "
+            f"the {setup.profile} convergence profile: {fitted or 'none'}")
+    return text + (f"; not calibrated (no effect assumed): {', '.join(missing)}" if missing else "")
+
+
+def format_time(seconds: float) -> str:
+    return "never" if not np.isfinite(seconds) else f"{seconds:,.1f}"
