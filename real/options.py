@@ -46,7 +46,7 @@ class ExecOptions:
     # Streaming DiLoCo settings that replace the plan's; given, the streaming loop runs even for
     # P = 1, τ = 0, α = 0 (which must then equal the classic loop bit for bit: a test's check).
     streaming: StreamingSpec | None = None
-    # Injected drift (geodt run/validate from the scenario's nodes' drift, simulator/drift.py): per
+    # Injected drift (geodt run/validate from the scenario's nodes' drift, simulator/models/drift.py): per
     # plan node, per round, a step-time multiplier the node imposes on itself: under --emulate on the
     # padded step, for real on its CPU quota (cpu_quota / factor; real/worker.py _inject_drift).
     drift: tuple[tuple[float, ...], ...] | None = None
@@ -56,7 +56,7 @@ class ExecOptions:
     on_node_loss: str = "stop"
     # continue: restart a lost node's process this many seconds after it died (once), to rejoin; None: never.
     rejoin_after_s: float | None = None
-    # Injected outages (geodt run/validate from the scenario's [[nodes]] outage, simulator/outage.py): per
+    # Injected outages (geodt run/validate from the scenario's [[nodes]] outage, simulator/models/outage.py): per
     # lost node (plan index, round, rounds): its process SIGKILLs itself at that round's start, is restarted
     # at once and is admitted no earlier than round + rounds (real/elastic.py). Continue runs only.
     outage: tuple[tuple[int, int, int], ...] | None = None

@@ -6,7 +6,7 @@ nobody waits for anybody but the server. The server lives on rank 0, node 0's le
 training: a thread serves the other leaders over a gloo group of its own, point to point, one node at
 a time in the order their requests arrive (a receive from any source), and node 0 applies its own
 pushes in its process. One lock makes the two one server, so a node's sync waits for the push being
-served (the queue simulator/engine_async.py prices). Node 0's pushes cross no link: its comm_s is the
+served (the queue simulator/engines/engine_async.py prices). Node 0's pushes cross no link: its comm_s is the
 outer step alone, where the simulator prices every node's transfer too.
 
 The wire, per push of node j, on the server group: a one-element header (the round), then j's

@@ -1,7 +1,7 @@
 """Quorum rounds (strategy `quorum`, issue 40): a round closes on a quorum of nodes plus a grace
 window, not on everyone; a parameter server on rank 0 holds the global model.
 
-The rule is simulator/engine_async.py's Quorum, run for real. Node i runs its H_i inner steps and
+The rule is simulator/engines/engine_async.py's Quorum, run for real. Node i runs its H_i inner steps and
 pushes its pseudo-gradient. A node that pulled the model now standing is on time: it waits for the
 round's close. Once `need` nodes (fewer where fewer can still come) have pushes in, the grace window
 opens (plan.grace_s); its end, or nobody left to come, closes the round: the server averages every
@@ -221,7 +221,7 @@ class QuorumServer:
             self._reply(push, max(push.at, self.link_free), staleness, mark)
         else:
             self.waiting[node] = push
-        # The quorum counts the nodes that wait (simulator/engine_async.py Quorum: late work rides on a close)
+        # The quorum counts the nodes that wait (simulator/engines/engine_async.py Quorum: late work rides on a close)
         coming = sum(1 for i in range(self.n)
                      if self.arrived[i] < self.rounds and i not in self.waiting and not self.stopped[i])
         waiting = len(self.waiting)

@@ -63,7 +63,7 @@ def decode(buf: torch.Tensor, n: int, payload_dtype: str) -> torch.Tensor:
 # The reduce-scatter and all-gather are cut into pieces and run as point-to-point messages
 # posted at once: piece k's gather leaves as soon as piece k is summed, while later pieces'
 # scatter is still on the wire, so each link carries both phases in both directions together
-# (the time simulator/network.py prices). A piece is at least PIECE_BYTES on the wire: fewer,
+# (the time simulator/models/network.py prices). A piece is at least PIECE_BYTES on the wire: fewer,
 # larger pieces for small payloads (each message has a fixed cost).
 MAX_PIECES = 16
 PIECE_BYTES = 32 * 1024
