@@ -50,7 +50,7 @@ from real.rounds import NodeParts, Origin, Round, compute_phase, round_row
 from real.sync import decode, encode
 
 HEADER, PAYLOAD, WEIGHTS, STATS = 0, 1, 2, 3  # message tags on the server group
-EXTRA_COLUMNS = ["staleness"]  # trace.csv's column after the run columns (async runs only)
+STALENESS_COLUMNS = ("staleness",)  # trace.csv's column after the run columns (rounds without a barrier)
 
 
 def push_and_pull(header: list[int], wire: torch.Tensor, params: int, stats_len: int, server: int,
@@ -185,7 +185,7 @@ class ParameterServer:
 class AsyncRound(Round):
     """Asynchronous DiLoCo's round (the module doc)."""
 
-    extra_columns = tuple(EXTRA_COLUMNS)
+    extra_columns = STALENESS_COLUMNS
 
     def __init__(self, parts: NodeParts, rounds: int, timeout_s: float):
         self.parts = parts

@@ -65,7 +65,7 @@ from formats.plan import quorum_need
 from formats.wire import encoded_bytes
 from real.diloco import OuterState
 from real.options import run_collective, sleep_until
-from real.round_async import HEADER, PAYLOAD, STATS, WEIGHTS, Cuts, push_and_pull
+from real.round_async import HEADER, PAYLOAD, STALENESS_COLUMNS, STATS, WEIGHTS, Cuts, push_and_pull
 from real.rounds import NodeParts, Origin, Round, compute_phase, round_row
 from real.sync import decode, encode
 
@@ -236,7 +236,9 @@ class QuorumServer:
         """Merge every push in, the outer step, and the replies to the nodes that waited."""
         self.deadline = None
         entries, self.entries = self.entries, []
-        grad = torch.stack([push.delta for push in entries]).sum(0)
+        grad = entries[0].delta.clone()  # summed in place: no copy of every push at once
+        for push in entries[1:]:
+            grad.add_(push.delta)
         grad.div_(sum(self.shares[push.node] for push in entries))
         self.state.outer_step(grad, self.parts.diloco.outer_lr, self.parts.diloco.outer_momentum)
         self.version += 1
@@ -302,7 +304,7 @@ class QuorumServer:
 class QuorumRound(Round):
     """A quorum round (the module doc)."""
 
-    extra_columns = ("staleness",)
+    extra_columns = STALENESS_COLUMNS
 
     def __init__(self, parts: NodeParts, rounds: int, timeout_s: float):
         self.parts, self.rounds = parts, rounds
