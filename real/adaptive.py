@@ -8,14 +8,14 @@ computes the same next round from them: rebalance's H_i, deadline's T, and the r
 weights from the tokens each node did. No extra collective, no extra WAN round trip: the
 barrier's latency is the same for 16 bytes and for 2n·8.
 
-Under --on-node-loss continue (real/elastic.py) a round's members are the current epoch's nodes:
-the barrier is an all-reduce MAX of 3n float64 (each member writes only its own figures' slots,
-then the join flags), and the next round is planned over the members only, at the plan's samples
-per round K over ALL plan nodes (the survivors absorb a lost node's share: the global batch stays
-constant as nodes come and go). Each node's estimate is its last round's mean step time; a node
-that is gone keeps its last one, used again when it rejoins. Entering an epoch, the members take
-the estimates (and this round's plan) from the member that broadcasts θ_g (real/membership.py
-agree), and every epoch after the first re-plans the coming round over its members.
+Under --on-node-loss continue (real/members.py) a round's members are the current epoch's nodes,
+and the barrier is over them: the next round is planned over the members only, at the plan's
+samples per round K over ALL plan nodes (the survivors absorb a lost node's share: the global
+batch stays constant as nodes come and go). Each node's estimate is its last round's mean step
+time; a node that is gone keeps its last one, used again when it rejoins. Entering an epoch, the
+members take the estimates (and this round's plan) from the member that broadcasts θ_g
+(real/membership.py agree), and every epoch after the first re-plans the coming round over its
+members.
 
 A deadline node of G > 1 devices takes a step only if all its devices would (the largest
 elapsed time over them decides, one intra-node all-reduce per step), since they average
@@ -81,12 +81,12 @@ class AdaptiveRounds:
         else:
             self.deadline_s = float(round_time_s(self.estimates[m], self.units[m], self.samples))
 
-    def exchange(self, device: torch.device, compute_s: float, steps: int) -> np.ndarray:
-        """The barrier of an adaptive round (every node a member): every node's (step_s, steps) of this
+    def exchange(self, device: torch.device, compute_s: float, steps: int, members: Sequence[int]) -> np.ndarray:
+        """The barrier of an adaptive round over the run's `members`: every node's (step_s, steps) of this
         round summed in one all-reduce; sets the next round's plan; returns the steps every node did (n,)."""
         figures = self.figures(device, compute_s, steps)
         run_collective(dist.all_reduce, figures)
-        return self.take(figures.cpu().numpy(), range(self.n))
+        return self.take(figures.cpu().numpy(), members)
 
     def state(self) -> torch.Tensor:
         """What a member entering an epoch takes from the source member: estimates, H_i, T (2n + 1 float64)."""
@@ -101,19 +101,6 @@ class AdaptiveRounds:
         self.deadline_s = float(values[-1])
         if replan:
             self.plan_round(members)
-
-    def elastic_barrier(self, epoch, flags: torch.Tensor, round_state: dict, steps: int,
-                        averaging: str) -> tuple[float, float, torch.Tensor]:
-        """A --on-node-loss continue barrier (real/elastic.py): one all-reduce MAX over the epoch of 3n
-        float64, this node's figures of the round (round_state: start, compute_end) then the join
-        flags; plans the next round over the epoch's members. Returns (this node's averaging
-        coefficient, the divisor: by the tokens each member did) and the reduced join flags."""
-        figures = self.figures(torch.device("cpu"), round_state["compute_end"] - round_state["start"], steps)
-        reduced = torch.cat([figures, flags])
-        epoch.all_reduce(reduced, dist.ReduceOp.MAX)
-        done = self.take(reduced[: 2 * self.n].numpy(), epoch.members)
-        coef, divisor = round_weights(self.plan, averaging, done, epoch.members, self.index)
-        return coef, divisor, reduced[2 * self.n:]
 
 
 def round_weights(plan: Plan, averaging: str, done: np.ndarray, members: Sequence[int],

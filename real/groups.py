@@ -6,9 +6,17 @@ node's leader. Two kinds of group: each node's own (its G processes: the per-ste
 all-reduce, the broadcast of the cross-node average, the node's mean loss) and the leaders'
 (one process per node: the cross-node average, real/sync.py, and the trace gathering). Every
 process creates every group, in the same order, as torch.distributed requires.
+
+Under --on-node-loss continue the run-wide group is the current membership epoch's
+(real/members.py): `members` names the plan's nodes in it, ranks go to those nodes in plan
+order, and `position` is this node's place among them (its rank in the leaders' group); `index`
+is always the node's place in the plan (its data shard, its checkpoint folder, its trace row).
+`SoloGroups` stands in before a continue process has entered its first epoch.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -22,21 +30,26 @@ class Groups:
     """This process's place in the run: its node, its node's group and the leaders' group."""
 
     def __init__(self, plan: Plan, rank: int, world: int, device: torch.device, timeout_s: float,
-                 leaders_backend: str | None = None):
+                 leaders_backend: str | None = None, members: Sequence[int] | None = None):
         """leaders_backend: "gloo" when the outer state lives in host memory on GPUs (the WAN
-        average then runs through gloo, as OpenDiLoCo), else the default group's backend."""
+        average then runs through gloo, as OpenDiLoCo), else the default group's backend.
+        members: the plan indices of the nodes in the run-wide group (all of them unless given)."""
         self.plan, self.rank, self.world, self.device = plan, rank, world, device
-        self.index = plan.node_of_rank(rank)
+        self.members = tuple(range(len(plan.nodes)) if members is None else members)
+        # the ranks of the run-wide group: the members' processes, in plan order
+        ranked = self.ranked = plan if members is None else replace(plan, nodes=[plan.nodes[i] for i in self.members])
+        self.position = ranked.node_of_rank(rank)
+        self.index = self.members[self.position]
         self.me = plan.nodes[self.index]
-        self.leader_rank = plan.first_rank(self.index)
+        self.leader_rank = ranked.first_rank(self.position)
         self.local = rank - self.leader_rank
         self.is_leader = self.local == 0
         # Each with --timeout-s: new_group's own default is 30 minutes, not the default group's.
         timeout = timedelta(seconds=timeout_s)
-        node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + node.gpus)), timeout=timeout)
-                       for i, node in enumerate(plan.nodes)]
-        self.node = node_groups[self.index]
-        leaders = dist.new_group([plan.first_rank(i) for i in range(len(plan.nodes))], timeout=timeout,
+        node_groups = [dist.new_group(list(range(ranked.first_rank(i), ranked.first_rank(i) + node.gpus)),
+                                      timeout=timeout) for i, node in enumerate(ranked.nodes)]
+        self.node = node_groups[self.position]
+        leaders = dist.new_group([ranked.first_rank(i) for i in range(len(ranked.nodes))], timeout=timeout,
                                  backend=leaders_backend)
         self.leaders = leaders if self.is_leader else None
         self._flag = torch.zeros(1, device=device)
@@ -100,3 +113,27 @@ class Groups:
         tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
         run_collective(dist.all_reduce, tensor, op=dist.ReduceOp.MAX)
         return float(tensor.item())
+
+
+class SoloGroups:
+    """Groups for a node of one process before it is in a run-wide group (a continue run's process
+    until it enters its first epoch, real/members.py): what building its parts asks of it."""
+
+    def __init__(self, plan: Plan, index: int):
+        self.plan, self.rank, self.world, self.device = plan, index, plan.world_size, torch.device("cpu")
+        self.index, self.position, self.members = index, index, tuple(range(len(plan.nodes)))
+        self.me = plan.nodes[index]
+        self.leader_rank, self.local, self.is_leader = index, 0, True
+        self.node = self.leaders = None
+
+    def sync_device(self) -> None:
+        pass
+
+    def node_mean(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def node_sum(self, tensor: torch.Tensor) -> None:
+        pass
+
+    def node_max(self, value: int) -> int:
+        return value

@@ -128,25 +128,21 @@ def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
 
 
 def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> None:
-    """--on-node-loss continue runs what real/elastic.py covers; the rest is refused in one line."""
+    """--on-node-loss continue runs every round kind, collective and payload (real/members.py); what it
+    cannot run is refused in one line, saying why (the README's table has the same reasons)."""
     why = None
     if under_torchrun():
-        why = "runs under the local launcher only (torchrun's elastic agent restarts every process instead)"
-    elif opts.wan != "loopback":
-        why = f"runs on the loopback only, got --wan {opts.wan}"
+        why = ("runs under the local launcher only: torchrun's elastic agent restarts every process of the "
+               "group when one dies, so there is no survivor to continue")
     elif opts.backend == "nccl":
-        why = "runs on gloo (CPU) only, got --backend nccl"
+        why = ("runs on gloo only, got --backend nccl: an nccl communicator cannot be rebuilt over the "
+               "survivors here (no GPU to test it on)")
     elif any(node.gpus != 1 for node in plan.nodes):
-        why = f"{plan_path}: gpus: expected one process per node, got {[node.gpus for node in plan.nodes]}"
-    elif plan.sync == "gradients" or streams:
-        why = f"{plan_path}: runs classic DiLoCo rounds only (not sync-ddp or Streaming DiLoCo)"
-    elif plan.collective != "ring" or plan.payload_dtype != "fp32":
-        why = (f"{plan_path}: runs collective ring with payload fp32 only, got {plan.collective} "
-               f"{plan.payload_dtype}")
+        why = (f"{plan_path}: gpus: expected one process per node, got {[node.gpus for node in plan.nodes]} (the "
+               f"launcher restarts and admits a node's processes one by one, not as a node)")
     elif opts.resume or opts.stop_after is not None:
-        why = "keeps no checkpoints: --resume and --stop-after need --on-node-loss stop"
-    elif opts.drift is not None:
-        why = "does not inject drift (the scenario's nodes' drift); remove it or use --on-node-loss stop"
+        why = ("keeps no checkpoints (a node's set cannot be resumed once nodes came and went): --resume and "
+               "--stop-after need --on-node-loss stop")
     if why is not None:
         raise LaunchError(f"--on-node-loss continue {why}")
 

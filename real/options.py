@@ -52,13 +52,13 @@ class ExecOptions:
     drift: tuple[tuple[float, ...], ...] | None = None
     # the quota's divisors where not drift's (cpu_quota_factor)
     drift_quota: tuple[tuple[float, ...], ...] | None = None
-    # A node's process that dies: stop the run (exact --resume), or continue without it (real/elastic.py).
+    # A node's process that dies: stop the run (exact --resume), or continue without it (real/members.py).
     on_node_loss: str = "stop"
     # continue: restart a lost node's process this many seconds after it died (once), to rejoin; None: never.
     rejoin_after_s: float | None = None
     # Injected outages (geodt run/validate from the scenario's [[nodes]] outage, simulator/models/outage.py): per
     # lost node (plan index, round, rounds): its process SIGKILLs itself at that round's start, is restarted
-    # at once and is admitted no earlier than round + rounds (real/elastic.py). Continue runs only.
+    # at once and is admitted no earlier than round + rounds (real/members.py). Continue runs only.
     outage: tuple[tuple[int, int, int], ...] | None = None
     # --host 0.0.0.0 (every interface) is refused unless asked for: the rendezvous is unauthenticated.
     allow_any_host: bool = False

@@ -92,7 +92,7 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
                 opts: ExecOptions, store_spec: tuple | None, links: tuple | None = None, joining: bool = False) -> None:
     """Entry of one process; never returns: exits 0 when done, 1 for a lost peer, 2 for bad
     input, 130 when interrupted. `links`: the shaped WAN's nodes (real/wan.py), or None;
-    `joining`: a lost node's restarted process (--on-node-loss continue, real/elastic.py)."""
+    `joining`: a lost node's restarted process (--on-node-loss continue, real/members.py)."""
     sys.stderr.flush()
     sys.stderr = whole_lines(io.FileIO(2, "w", closefd=False))
     name = plan.nodes[plan.node_of_rank(rank)].node if rank < plan.world_size else f"rank {rank}"
@@ -107,12 +107,11 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
         cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
-        if opts.on_node_loss == "continue":  # no run-wide group: one per membership epoch
-            from real.elastic import ElasticNode
+        if opts.on_node_loss == "continue":  # the run-wide group is each membership epoch's (real/members.py)
             from real.membership import connect_store
 
             store = connect_store(store_spec, opts.collective_timeout_s())
-            node = ElasticNode(rank, spec, plan, opts, store, joining)
+            node = Node(rank, world, local_rank, spec, plan, opts, "gloo", store=store, joining=joining)
         else:
             backend = resolve_backend(opts.backend, local_world)
             store = init_process_group(backend, rank, world, opts.collective_timeout_s(), store_spec)

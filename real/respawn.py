@@ -1,5 +1,6 @@
 """The local launcher under --on-node-loss continue: watch the node processes, tell the others
-when one is lost, restart it when asked (real/elastic.py has the store keys and the protocol).
+when one is lost, restart it when asked (real/membership.py has the store keys and the protocol,
+real/members.py the rounds).
 
 A node's process killed by a signal (SIGKILL, the out-of-memory killer) is lost: the launcher
 allocates the next membership epoch with the members still alive (geodt/epochs, geodt/members/<e>)

@@ -17,7 +17,7 @@ import time
 
 from real.adaptive import round_weights
 from real.options import run_collective, sleep_until
-from real.rounds import NodeParts, Origin, Round, compute_phase, round_row
+from real.rounds import NodeParts, Origin, Progress, Round, compute_phase, round_row
 from real.sharding import sharded_average
 
 
@@ -30,18 +30,30 @@ class ClassicRound(Round):
         self.coef, self.divisor = parts.coef, parts.divisor
 
     def run(self, r: int, origin: Origin, bar=None) -> dict:
-        p = self.parts
-        round_start, clock, loss_sum, compute_end = compute_phase(p, bar)
+        round_start, clock, _, compute_end = compute_phase(self.parts, bar)
+        self.progress = Progress(round_start, clock, compute_end=compute_end)
+        return self._sync(r, origin)
+
+    retries_sync = True
+
+    def retry_sync(self, r: int, origin: Origin) -> dict:
+        """The barrier and the outer sync again, among a new membership (the inner steps kept)."""
+        return self._sync(r, origin)
+
+    def _sync(self, r: int, origin: Origin) -> dict:
+        """The barrier, the outer sync, the round's trace row."""
+        p, progress = self.parts, self.progress
+        round_start, compute_end = progress.start, progress.compute_end
         if p.steps.adaptive is None:
             p.groups.barrier()
         else:  # the barrier carries every node's step time and steps (real/adaptive.py)
             self._adapt_at_barrier(compute_end - round_start)
-        sync_start = time.perf_counter()
+        sync_start = progress.sync_start = time.perf_counter()
         sent = self._outer_sync()
         if p.opts.emulate:
             sleep_until(sync_start + p.plan.comm_s * p.opts.time_scale)
         sync_end = time.perf_counter()
-        return round_row(p, r, origin, loss_sum, clock, compute_s=compute_end - round_start,
+        return round_row(p, r, origin, p.steps.loss_sum, progress.clock, compute_s=compute_end - round_start,
                          idle_s=sync_start - compute_end, comm_s=sync_end - sync_start, start=round_start,
                          end=sync_end, bytes_sent=sent)
 
@@ -49,10 +61,9 @@ class ClassicRound(Round):
         """The adaptive barrier: agree on the next round, and weigh this round's pseudo-gradients
         by the tokens each node did (the plan's averaging, on this round's steps)."""
         p = self.parts
-        steps = p.steps.adaptive.exchange(p.device, compute_s, p.steps.round_steps)
+        steps = p.steps.adaptive.exchange(p.device, compute_s, p.steps.round_steps, p.members)
         p.groups.sync_device()
-        self.coef, self.divisor = round_weights(p.plan, p.diloco.averaging, steps, range(len(p.plan.nodes)),
-                                                p.groups.index)
+        self.coef, self.divisor = round_weights(p.plan, p.diloco.averaging, steps, p.members, p.groups.index)
 
     def _outer_sync(self) -> int:
         """Pseudo-gradient, cross-node average (leaders), broadcast in the node, outer step;

@@ -15,7 +15,7 @@ import time
 import torch
 
 from real.options import run_collective, sleep_until
-from real.rounds import NodeParts, Origin, Round, RoundClock, round_row
+from real.rounds import NodeParts, Origin, Progress, Round, RoundClock, round_row
 from real.sharding import peak_memory_reset
 
 
@@ -31,6 +31,7 @@ class GradientRound(Round):
         peak_memory_reset(p.device)
         round_start = time.perf_counter()
         clock = self.clock = RoundClock(deadline=round_start)
+        self.progress = Progress(round_start, clock)
         loss_sum = p.steps.run(clock, self._global_grad_sync, bar)
         p.outer.capture()  # checkpoints and the resume check read θ_g
         p.groups.sync_device()

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from real.options import run_collective
-from real.rounds import NodeParts, Origin, Round, RoundClock, node_grad_sync, round_row
+from real.rounds import NodeParts, Origin, Progress, Round, RoundClock, node_grad_sync, round_row
 from real.sharding import peak_memory_reset
 from real.streaming import FragmentedOuter, StreamingSpec, fragment_layout, threads_for_comm
 from real.sync import CrossNodeSync
@@ -93,19 +93,20 @@ def background_sync(parts: NodeParts, fragmented: FragmentedOuter, fragments: in
     """The communication thread and its own process groups (created by every process in the
     same order), with, on leaders, one cross-node average per fragment."""
     plan, groups = parts.plan, parts.groups
-    n = len(plan.nodes)
+    ranked = groups.ranked  # the run's nodes (a continue run's current members), ranks in their order
+    n = len(ranked.nodes)
     timeout = timedelta(seconds=parts.opts.collective_timeout_s())  # new_group's own default is 30 minutes
-    node_groups = [dist.new_group(list(range(plan.first_rank(i), plan.first_rank(i) + nd.gpus)), timeout=timeout)
-                   for i, nd in enumerate(plan.nodes)]
+    node_groups = [dist.new_group(list(range(ranked.first_rank(i), ranked.first_rank(i) + nd.gpus)), timeout=timeout)
+                   for i, nd in enumerate(ranked.nodes)]
     # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/worker.py)
-    leaders = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timeout,
+    leaders = dist.new_group([ranked.first_rank(i) for i in range(n)], timeout=timeout,
                              backend="gloo" if parts.outer_device != parts.device else None)
     crosses = None
     if groups.is_leader:
-        links = [nd.link_gbps for nd in plan.nodes]
-        crosses = [CrossNodeSync(leaders, n, groups.index, fragmented.numel(k), plan.payload_dtype,
+        links = [nd.link_gbps for nd in ranked.nodes]
+        crosses = [CrossNodeSync(leaders, n, groups.position, fragmented.numel(k), plan.payload_dtype,
                                  plan.collective, links) for k in range(fragments)]
-    return BackgroundSync(parts, crosses, leaders if groups.is_leader else None, node_groups[groups.index])
+    return BackgroundSync(parts, crosses, leaders if groups.is_leader else None, node_groups[groups.position])
 
 
 class StreamingRound(Round):
@@ -145,6 +146,7 @@ class StreamingRound(Round):
         peak_memory_reset(p.device)
         round_start = time.perf_counter()
         clock = RoundClock(deadline=round_start)
+        self.progress = Progress(round_start, clock)
         rows, resume, flight = [], round_start, None
 
         def after_step(step: int) -> None:
@@ -165,7 +167,7 @@ class StreamingRound(Round):
 
         loss_sum = p.steps.run(clock, node_grad_sync(p), bar, after_step)
         p.groups.sync_device()
-        end = time.perf_counter()
+        end = self.progress.compute_end = time.perf_counter()
         if p.groups.is_leader:
             self.rows.extend(rows)
         idle = sum(row["idle_s"] for row in rows)

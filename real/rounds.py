@@ -42,6 +42,17 @@ class RoundClock:
     deadline: float = 0.0    # when the current emulated step may end (DiLoCo and streaming rounds)
 
 
+@dataclass
+class Progress:
+    """How far the current round got (perf_counter seconds), kept by the round as it goes: under
+    --on-node-loss continue a round that fails is retried or written up from it (real/members.py)."""
+
+    start: float
+    clock: RoundClock
+    compute_end: float | None = None  # the inner steps are done
+    sync_start: float | None = None   # the barrier is passed: the outer sync began
+
+
 @dataclass(frozen=True)
 class Origin:
     """The run's time axis: t0 (time.perf_counter() at the common start, a barrier before the
@@ -72,11 +83,12 @@ class InnerSteps:
         self.adaptive = None    # an adaptive plan's rule (real/adaptive.py AdaptiveRounds), or None
         self.drift_factor = 1.0  # this round's injected step-time multiplier (ExecOptions.drift)
         self.round_steps = local_steps  # the steps of the current round: H_i, or an adaptive round's own
+        self.loss_sum = torch.zeros(())  # the current round's, summed over its steps so far
 
     def run(self, clock: RoundClock, grad_sync, bar, after_step=None) -> torch.Tensor:
         """The round's H_i inner steps; returns the node's loss (mean over its devices) summed
         over them. after_step(step), step = 1..H_i, runs after each (streaming's fragment syncs)."""
-        loss_sum = torch.zeros((), device=self.groups.device)
+        loss_sum = self.loss_sum = torch.zeros((), device=self.groups.device)  # so far, should the round fail
         step, round_start = 0, time.perf_counter()
         while self._wants_step(step, round_start):
             step += 1
@@ -140,6 +152,7 @@ class NodeParts:
     divisor: float
     grad_scale: float        # sync-ddp: b / B, this device's share of the global batch
     tokens_per_round: int
+    members: tuple[int, ...]  # the plan indices of the nodes in the run (a continue run's current epoch)
 
 
 def compute_phase(parts: NodeParts, bar) -> tuple[float, RoundClock, torch.Tensor, float]:
@@ -176,6 +189,22 @@ class Round(ABC):
     """One kind of round; real/worker.py calls run() once per round, close() once at the end."""
 
     extra_columns: tuple[str, ...] = ()  # trace.csv's columns after the run columns, in this kind's rows
+    progress: Progress | None = None  # the current round's, once it started
+    # Whether retry_sync can finish a round whose sync failed; kinds whose syncs run between the inner
+    # steps cannot, and run the round again from its start instead (real/members.py)
+    retries_sync: bool = False
+
+    def retry_sync(self, r: int, origin: Origin) -> dict:
+        """Under --on-node-loss continue, after a failed sync and a new membership: sync round r again
+        among the members, the inner steps kept; the round's trace row."""
+        raise NotImplementedError(f"{type(self).__name__} runs a failed round again from its start")
+
+    def state_dict(self) -> dict:
+        """What the round keeps across rounds beyond the node's parts (checkpoints, a new membership)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:  # noqa: B027 (nothing to load, unless a kind says)
+        """Take back state_dict()'s state."""
 
     @abstractmethod
     def run(self, r: int, origin: Origin, bar=None) -> dict:

@@ -105,7 +105,7 @@ def trace_frame(rows: list[dict], node_order: list[str], run: dict, extra: list[
 def write_trace(rows: list[dict], node_order: list[str], path: str | Path, run: dict,
                 extra: list[str] = ()) -> pd.DataFrame:
     """Write the trace whole or not at all (temp file, then os.replace); run: run_columns(opts);
-    `extra`: columns after those (--on-node-loss continue's `members`, real/elastic.py)."""
+    `extra`: columns after those (--on-node-loss continue's `members`, real/members.py)."""
     path = Path(path)
     frame = trace_frame(rows, node_order, run, extra)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
+from dataclasses import replace
 
 import torch
 
@@ -34,14 +34,15 @@ from real.adaptive import AdaptiveRounds
 from real.config import RunSpec
 from real.data import make_shard
 from real.diloco import OuterState, averaging_weights
-from real.groups import Groups
+from real.groups import Groups, SoloGroups
+from real.members import Elastic, Fixed
 from real.options import ExecOptions, run_config
 from real.round_async import AsyncRound
 from real.round_classic import ClassicRound
 from real.round_ddp import GradientRound
 from real.round_quorum import QuorumRound
 from real.round_streaming import StreamingRound
-from real.rounds import InnerSteps, NodeParts, Origin, Round
+from real.rounds import InnerSteps, NodeParts, Round
 from real.sharding import ShardingSpec, node_scaler, prepare_model
 from real.streaming import SYNC_NUMERIC, StreamingSpec, write_syncs
 from real.sync import CrossNodeSync
@@ -65,7 +66,7 @@ def streaming_spec(plan: Plan, opts: ExecOptions) -> StreamingSpec | None:
 def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, arch, sharding: ShardingSpec,
                 outer_device: torch.device, data_tokens=None) -> NodeParts:
     """The model (the same initial weights everywhere; sharded as the plan says), inner and
-    outer optimizer state, data, the averaging weights and, on leaders, the cross-node average."""
+    outer optimizer state, data, then what the run-wide group gives (`bind_parts`)."""
     d, me, device, seq_len = spec.diloco, groups.me, groups.device, spec.model.seq_len
     model = build_model(arch, seq_len, seed=spec.seed).to(device)
     model.train()
@@ -82,17 +83,27 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
     steps = InnerSteps(model, optimizer, scaler, data, groups, diloco=d, dtype=spec.model.dtype,
                        batch=me.batch_size, local_steps=me.local_steps, total_steps=spec.rounds * me.local_steps,
                        pad_step_s=pad_step_s)
-    tokens = [node.tokens_per_round(seq_len) for node in plan.nodes]
-    coefs, divisor = averaging_weights(d.averaging, tokens, [node.local_steps for node in plan.nodes])
-    params = layout.full_numel if layout else outer.global_flat.numel()
-    cross = (CrossNodeSync(groups.leaders, len(plan.nodes), groups.index, params, plan.payload_dtype,
-                           plan.collective, [node.link_gbps for node in plan.nodes])
-             if groups.is_leader else None)
-    return NodeParts(plan=plan, me=me, opts=opts, diloco=d, groups=groups, device=device, outer_device=outer_device,
-                     model=model, layout=layout, outer=outer, steps=steps, cross=cross, coef=coefs[groups.index],
-                     divisor=divisor,
-                     grad_scale=me.batch_size / sum(node.gpus * node.batch_size for node in plan.nodes),
-                     tokens_per_round=me.tokens_per_round(seq_len))
+    parts = NodeParts(plan=plan, me=me, opts=opts, diloco=d, groups=groups, device=device, outer_device=outer_device,
+                      model=model, layout=layout, outer=outer, steps=steps, cross=None, coef=1.0, divisor=1.0,
+                      grad_scale=1.0, tokens_per_round=me.tokens_per_round(seq_len), members=groups.members)
+    return bind_parts(parts, groups)
+
+
+def bind_parts(parts: NodeParts, groups: Groups) -> NodeParts:
+    """`parts` in the run-wide group `groups`: the averaging weights over its members, this share of
+    their global batch (sync-ddp), and on leaders their cross-node average (real/sync.py)."""
+    plan, me, seq_len = parts.plan, parts.me, parts.plan.seq_len
+    nodes = [plan.nodes[i] for i in groups.members]
+    coefs, divisor = averaging_weights(parts.diloco.averaging, [node.tokens_per_round(seq_len) for node in nodes],
+                                       [node.local_steps for node in nodes])
+    params = parts.layout.full_numel if parts.layout else parts.outer.global_flat.numel()
+    cross = (CrossNodeSync(groups.leaders, len(nodes), groups.position, params, plan.payload_dtype,
+                           plan.collective, [node.link_gbps for node in nodes])
+             if groups.is_leader and groups.leaders is not None else None)
+    parts.steps.groups = groups
+    return replace(parts, groups=groups, cross=cross, coef=coefs[groups.position], divisor=divisor,
+                   grad_scale=me.batch_size / sum(node.gpus * node.batch_size for node in nodes),
+                   members=groups.members)
 
 
 def progress_bar(opts: ExecOptions, spec: RunSpec, me, rounds_done: int = 0):
@@ -138,7 +149,9 @@ class Node:
     that checkpoints hold (real/checkpoint.py reads and restores these attributes)."""
 
     def __init__(self, rank: int, world: int, local_rank: int, spec: RunSpec, plan: Plan,
-                 opts: ExecOptions, backend: str, data_tokens=None):
+                 opts: ExecOptions, backend: str, data_tokens=None, store=None, joining: bool = False):
+        """store, joining: under --on-node-loss continue, the launcher's membership store and whether this
+        is a lost node's restarted process (real/members.py); the run-wide group is then an epoch's."""
         self.rank, self.world, self.spec, self.plan, self.opts = rank, world, spec, plan, opts
         self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
         me = plan.nodes[plan.node_of_rank(rank)]
@@ -150,8 +163,10 @@ class Node:
         # has no outer step: both keep the outer state beside the model.
         on_cpu = sharding.outer_state == "cpu" and plan.sync != "gradients" and streaming is None
         self.outer_device = torch.device("cpu") if on_cpu else self.device
-        self.groups = Groups(plan, rank, world, self.device, opts.collective_timeout_s(),
-                             "gloo" if self.outer_device != self.device else None)
+        elastic = opts.on_node_loss == "continue"
+        self.groups = (SoloGroups(plan, rank) if elastic else  # until it enters its first epoch
+                       Groups(plan, rank, world, self.device, opts.collective_timeout_s(),
+                              "gloo" if self.outer_device != self.device else None))
         self.index, self.me, self.is_leader = self.groups.index, self.groups.me, self.groups.is_leader
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -171,8 +186,36 @@ class Node:
             self.parts.steps.adaptive = AdaptiveRounds(plan, self.index)
             if opts.emulate:
                 self.parts.steps.adaptive.scale = opts.time_scale
-        self.round = make_round(self.parts, streaming, spec.rounds)
-        self.streaming = self.round if isinstance(self.round, StreamingRound) else None  # its state is checkpointed
+        self.streaming_settings = streaming
+        self.round = self.streaming = None  # its state is checkpointed when it streams
+        self.held_round = None  # between a continue run's epochs: the round's (progress, state) (unbind)
+        self.members = Elastic(self, store, joining) if elastic else Fixed()
+        if not elastic:
+            self.bind(self.groups)
+
+    def bind(self, groups) -> None:
+        """Work in the run-wide group `groups` (a continue run: each membership epoch's,
+        real/members.py): the parts that depend on it and the round, its state carried over."""
+        self.groups, self.is_leader = groups, groups.is_leader
+        if groups is not self.parts.groups:
+            self.parts = bind_parts(self.parts, groups)
+        self.round = make_round(self.parts, self.streaming_settings, self.spec.rounds)
+        if self.held_round is not None:
+            progress, state = self.held_round
+            self.round.load_state_dict(state)
+            self.round.progress, self.held_round = progress, None
+        self.streaming = self.round if isinstance(self.round, StreamingRound) else None
+
+    def unbind(self) -> None:
+        """Drop every reference to the run-wide group, so that leaving it closes its connections
+        (real/membership.py leave); the round's progress and state are held for the next bind."""
+        if self.round is not None:
+            self.held_round = (self.round.progress, self.round.state_dict())
+            self.round.close()
+        self.round = self.streaming = None
+        self.groups = SoloGroups(self.plan, self.index)
+        self.parts = replace(self.parts, groups=self.groups, cross=None)
+        self.parts.steps.groups = self.groups
 
     # The inner-step loop's position, which checkpoints save and restore.
     @property
@@ -191,49 +234,49 @@ class Node:
     def data_position(self, value: int) -> None:
         self.parts.steps.data_position = value
 
-    def run_round(self, r: int, t0: float, bar=None) -> dict:
-        """Round r (t0: the run's common start); returns the node's trace row."""
-        return self.round.run(r, Origin(t0, self.time_offset_s), bar)
-
     # --- the run -------------------------------------------------------------------------
     def warm_up(self) -> None:
         warm_up(self.model, self.batch, self.spec.model.seq_len, self.device)
         self.groups.sync_device()
 
     def run(self) -> None:
-        """Resume if asked, then the rounds (checkpoints every checkpoint_every rounds), then finish()."""
-        if self.groups.is_leader:
+        """Resume if asked, then the rounds (checkpoints every checkpoint_every rounds), then finish();
+        who takes part in each round is the membership policy's (real/members.py)."""
+        keeps = self.members.keeps_checkpoints
+        if self.groups.is_leader and keeps:
             checkpoint.remove_stale(self.opts.out_dir, self.index)
         if self.opts.resume:
             checkpoint.resume(self)
-        elif self.groups.is_leader:
+        elif self.groups.is_leader and keeps:
             checkpoint.start_afresh(self)
         checkpoint.begin(self)  # an async or quorum run's cuts and first snapshot
         self.warm_up()
         # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint.py async_cuts).
         stop = self.opts.stop_after if not self.plan.barrierless else None
         last = self.spec.rounds if stop is None else min(self.spec.rounds, stop)
-        bar = progress_bar(self.opts, self.spec, self.me, self.rounds_done) if self.rank == 0 else None
-        self.groups.barrier()
-        t0 = time.perf_counter()
+        origin = self.members.start(self)
+        shows_bar = self.rank == 0 and not getattr(self.members, "joining", False)
+        bar = progress_bar(self.opts, self.spec, self.me, self.rounds_done) if shows_bar else None
         try:
-            for r in range(self.rounds_done, last):
+            while self.rounds_done < last:
+                r = self.rounds_done
                 if checkpoint.stopped(self):
                     break
                 self._inject_drift(r)
-                row = self.run_round(r, t0, bar)
+                row = self.members.run_round(self, r, origin, bar)
                 self.rounds_done = r + 1
                 if self.is_leader:
                     self.trace.append(row)
                 # A sharded node's processes all take part in gathering its checkpoint.
-                if checkpoint.due_here(self, last) and (self.is_leader or self.layout):
+                if keeps and checkpoint.due_here(self, last) and (self.is_leader or self.layout):
                     row["ckpt_block_s"] = checkpoint.save(self, row if self.is_leader else None)
+                self.members.after_round(self, r, row)
                 if bar is not None:
                     bar.set_postfix(round=r, loss=f"{row['loss']:.3f}")
         finally:
             if bar is not None:
                 bar.close()
-        self.finish()
+        self.members.finish(self)
 
     def _inject_drift(self, r: int) -> None:
         """Round r's injected drift (ExecOptions.drift): the node's steps take drift × longer, padded
