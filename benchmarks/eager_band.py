@@ -12,8 +12,9 @@ the host dispatching the step's ops bounds it. This prints, from those rows and 
   no sync between them (calibrate/harness.py: CUDA events; train_step returns the loss
   unsynchronised), each step's end to the next's: the optimizer's device tail runs under the
   next step's dispatch from the second step on;
-- fitted on one day's rows and held out on the other's (a day is its folder: h200 is 2026-11-26): the host's seconds per op in either
-  timing (a grid, least squares of log error, as benchmarks/fit_stacks.py fits), and a partial
+- fitted on one day's rows and held out on the other's (a day is its folder: h200 is
+  2026-11-26): the host's seconds per op in either timing (a grid, least squares of log error,
+  as benchmarks/fit_stacks.py fits), and a partial
   overlap of the host's time H and the device's D, (H^p + D^p)^(1/p): each fit's band (its
   rows' worst) and the held-out day's worst, and how many land inside.
 
