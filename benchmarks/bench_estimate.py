@@ -27,7 +27,9 @@ exit status 1 if the median exceeds 10% or the worst 20% (the goals of issue 15)
 Then geodt's own step on an H200 (benchmarks/estimate/h200*/, one folder per day measured:
 profiles of the eager step, priced as `step="eager"`; profiles of the compiled step and the
 compiled points, priced as the lean step), every measured batch with its source; goal (issue
-29): within 10% at every batch >= 8; exit status 1 if missed.
+29): within 10% at every batch >= 8; exit status 1 if missed. Last, the eager rows it prices
+alike (`priced_alike`: the host-bound batches of one model, a batch timed on both days) whose
+measurements differ most: how far off any one estimate of them must be.
 """
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ CSV_PATH = Path(__file__).with_name("estimate") / "published_throughput.csv"
 H200_DIRS = sorted(Path(__file__).with_name("estimate").glob("h200*"))
 MEDIAN_GOAL, WORST_GOAL = 0.10, 0.20
 H200_GOAL, H200_MIN_BATCH = 0.10, 8
+# Estimates within this fraction of each other are "priced alike" (`priced_alike`): the host-bound
+# batches of one model differ by the device's last few ops after the host's last dispatch, < 0.1%.
+PRICED_ALIKE = 0.001
+PRINTED_ALIKE = 3  # the eager groups with the largest floors
 
 
 def write_or_check(path: Path, text: str, check: bool, source: str) -> int:
@@ -121,17 +127,44 @@ def h200_rows(directories: list[Path] = H200_DIRS) -> list[dict]:
             for r in frame[~frame["oom"]].itertuples():
                 rows.append({"model": r.model, "dtype": r.dtype, "seq_len": int(r.seq_len), "batch": int(r.batch_size),
                              "step": "lean" if compiled else "eager", "measured_s": float(r.step_s_mean),
-                             "source": f"{directory.name}/{path.name}"})
+                             "repeats": int(r.repeats), "source": f"{directory.name}/{path.name}"})
         points = directory / "compiled_points.csv"
         for r in (pd.read_csv(points).itertuples() if points.exists() else ()):
             rows.append({"model": r.model, "dtype": r.dtype, "seq_len": int(r.seq_len), "batch": int(r.batch_size),
-                         "step": "lean", "measured_s": float(r.step_s), "source": f"{directory.name}/{points.name}"})
+                         "step": "lean", "measured_s": float(r.step_s), "repeats": None,
+                         "source": f"{directory.name}/{points.name}"})
     for row in rows:
         est = estimate_step("h200", row["dtype"], row["seq_len"], shape=Shape.of(load_arch(row["model"])),
                             step=row["step"])
         row["estimate_s"] = est.step_s(row["batch"])
         row["error"] = row["estimate_s"] / row["measured_s"] - 1.0
     return rows
+
+
+def priced_alike(rows: list[dict]) -> list[dict]:
+    """Rows of one model, dtype and step that the estimate prices alike (within PRICED_ALIKE of the
+    group's least: the host-bound batches, the same batch on another day), two or more whose
+    measurements differ: the least worst |error| one estimate of them all can have,
+    (hi/lo − 1)/(hi/lo + 1) of the measured hi and lo, a floor under the band that no change of
+    a constant moving them together can lower (by more than PRICED_ALIKE). Largest floor first."""
+    out = []
+    keyed = sorted(rows, key=lambda r: (r["model"], r["dtype"], r["step"], r["estimate_s"]))
+    groups: list[list[dict]] = []
+    for r in keyed:
+        g = groups[-1] if groups else None
+        if (g and (g[0]["model"], g[0]["dtype"], g[0]["step"]) == (r["model"], r["dtype"], r["step"])
+                and r["estimate_s"] <= g[0]["estimate_s"] * (1 + PRICED_ALIKE)):
+            g.append(r)
+        else:
+            groups.append([r])
+    for group in groups:
+        lo, hi = min(r["measured_s"] for r in group), max(r["measured_s"] for r in group)
+        if len(group) > 1 and hi > lo:
+            out.append({"model": group[0]["model"], "dtype": group[0]["dtype"], "step": group[0]["step"],
+                        "estimate_s": group[0]["estimate_s"], "lo_s": lo, "hi_s": hi,
+                        "batches": sorted({r["batch"] for r in group}), "rows": len(group),
+                        "floor": (hi / lo - 1) / (hi / lo + 1)})
+    return sorted(out, key=lambda g: -g["floor"])
 
 
 def print_h200(rows: list[dict]) -> bool:
@@ -148,6 +181,10 @@ def print_h200(rows: list[dict]) -> bool:
     small = [abs(r["error"]) for r in rows if r["batch"] < H200_MIN_BATCH]
     print(f"{len(small)} rows at batch < {H200_MIN_BATCH} (host-bound: the host/device pipeline): median |error| "
           f"{statistics.median(small):.1%}, worst {max(small):.1%}")
+    for g in priced_alike([r for r in rows if r["step"] == "eager"])[:PRINTED_ALIKE]:
+        print(f"priced alike: {g['model']} {g['dtype']} {g['step']} batch {','.join(map(str, g['batches']))} "
+              f"({g['rows']} rows): {1e3 * g['estimate_s']:.1f} ms estimated, {1e3 * g['lo_s']:.1f}-"
+              f"{1e3 * g['hi_s']:.1f} ms measured; one estimate of them is off by >= {g['floor']:.1%}")
     return ok
 
 
