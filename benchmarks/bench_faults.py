@@ -1,8 +1,10 @@
 """The membership fault matrix of --on-node-loss continue, measured with real processes (a benchmark, not a test).
 
 Runs `geodt run hetero-cpu --strategy baseline --emulate --on-node-loss continue` (4 CPU nodes,
-classic DiLoCo, loopback) with each fault injected at its exact point (real/inject.py,
-GEODT_TEST_FAULTS), --repeats times each:
+4 inner steps a round) with each fault injected at its exact point (real/inject.py,
+GEODT_TEST_FAULTS), --repeats times each, for each kind of round (--kinds: classic DiLoCo, or
+Streaming DiLoCo with 2 fragments and τ = 1) on each network (--wans: the loopback, or the shaped
+WAN of real/wan.py, which needs root):
 - one-lost:         node medium lost at round R's start;
 - two-20ms:         medium at round R's start, slow 20 ms later (same round);
 - before-round-0:   medium lost as it enters membership epoch 0, before round 0;
@@ -15,7 +17,8 @@ rejoins), a run counted when every lost node's rows are within ±1 of it, and th
 launcher saw killed per run (the joiner case: 2, the node and its restart). The table goes to
 results/faults/faults.csv (temp name, then rename) and to stdout.
 
-    python benchmarks/bench_faults.py [--repeats 5] [--rounds 8] [--round 3] [--time-scale 1] [--out results/faults]
+    python benchmarks/bench_faults.py [--repeats 5] [--rounds 8] [--round 3] [--time-scale 1]
+        [--kinds classic,streaming] [--wans loopback,shaped] [--out results/faults]
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 SURVIVORS = ("fast", "slowest")  # in every case; slow survives where it is not lost
+KINDS = {"classic": [], "streaming": ["--set", "diloco.fragments=2", "--set", "diloco.sync_delay_steps=1"]}
+WANS = {"loopback": [], "shaped": ["--wan", "shaped"]}
 
 
 def cases(r: int) -> list[tuple[str, str, tuple[str, ...], int, list[str]]]:
@@ -49,7 +54,7 @@ def run_once(faults: str, extra: list[str], args, out: Path) -> tuple[int, str, 
     cmd = [sys.executable, "-m", "geodt", "run", "hetero-cpu", "--strategy", "baseline", "--emulate",
            "--on-node-loss", "continue", "--no-progress", "--out", str(out), "--timeout-s", str(args.timeout_s),
            "--time-scale", str(args.time_scale), "--set", f"training.rounds={args.rounds}",
-           "--set", "training.local_steps=3", *extra]
+           "--set", "training.local_steps=4", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GEODT_TEST_FAULTS": faults}
     start = time.monotonic()
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=20 * args.timeout_s)
@@ -58,8 +63,9 @@ def run_once(faults: str, extra: list[str], args, out: Path) -> tuple[int, str, 
     return result.returncode, result.stderr, trace, wall
 
 
-def measure(case, args) -> dict:
+def measure(case, kind: str, wan: str, args) -> dict:
     name, faults, lost, predicted, extra = case
+    extra = [*extra, *KINDS[kind], *WANS[wan]]
     finished = identical = within = kills = 0
     measured, walls = [], []
     for k in range(args.repeats):
@@ -75,9 +81,9 @@ def measure(case, args) -> dict:
         measured.append("/".join(map(str, rows)))
         within += all(abs(m - predicted) <= 1 for m in rows)
         kills += err.count("was killed by SIGKILL")  # the joiner case's second: its restart, killed while joining
-        print(f"  {name} run {k + 1}: exit {code}, lost rounds {measured[-1]}, {wall:.1f} s"
+        print(f"  {name} {kind} {wan} run {k + 1}: exit {code}, lost rounds {measured[-1]}, {wall:.1f} s"
               + ("" if code == 0 else f": {err.strip().splitlines()[-1] if err.strip() else ''}"), flush=True)
-    return {"case": name, "runs": args.repeats, "survivors_finished": finished, "weights_identical": identical,
+    return {"case": name, "kind": kind, "wan": wan, "runs": args.repeats, "survivors_finished": finished, "weights_identical": identical,
             "lost_rounds_predicted": predicted, "lost_rounds_measured": " ".join(measured),
             "lost_rounds_within_1": within, "kills_per_run": kills / args.repeats, "median_wall_s": round(float(pd.Series(walls).median()), 1)}
 
@@ -97,10 +103,13 @@ def main() -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--timeout-s", type=float, default=60.0)
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: classic, streaming")
+    parser.add_argument("--wans", default=",".join(WANS), help="comma-separated: loopback, shaped (root)")
     parser.add_argument("--out", default=str(ROOT / "results" / "faults"))
     args = parser.parse_args()
     chosen = [c for c in cases(args.round) if not args.cases or c[0] in args.cases.split(",")]
-    table = pd.DataFrame([measure(case, args) for case in chosen])
+    table = pd.DataFrame([measure(case, kind, wan, args) for wan in args.wans.split(",")
+                          for kind in args.kinds.split(",") for case in chosen])
     write_csv(table, Path(args.out) / "faults.csv")
     print(table.to_string(index=False))
     return 0

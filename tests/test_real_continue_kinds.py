@@ -31,19 +31,19 @@ def _run(tmp_path, capfd, *sets: str, outages=(("medium", 2, 2),), extra=()) -> 
     return code, trace, said.out + said.err
 
 
-def _check(code: int, trace: pd.DataFrame, said: str, lost: dict[str, int]) -> None:
-    """Exit 0 with identical weights; survivors in every round; node N absent from round lost[N] until it
-    rejoins (it may not, before the run ends: its restart takes seconds of this machine's time)."""
+def _check(code: int, trace: pd.DataFrame, said: str, lost: dict[str, int], rounds_run: int = ROUNDS) -> None:
+    """Exit 0 (the launcher's check of the members' final weights passed); survivors in every round;
+    node N absent from round lost[N] until it rejoins (it may not, before the run ends: its restart
+    takes seconds of this machine's time)."""
     assert code == 0, said
-    assert "final global weights (sha256) identical on the members" in said
     for node in ("fast", "medium", "slow", "slowest"):
         rounds = trace[trace.node == node]["round"].tolist()
         if node not in lost:
-            assert rounds == list(range(ROUNDS)), (node, rounds)
+            assert rounds == list(range(rounds_run)), (node, rounds)
             continue
         assert rounds[:lost[node]] == list(range(lost[node])), (node, rounds)
         back = rounds[lost[node]:]
-        assert back == list(range(back[0], ROUNDS)) if back else True, (node, rounds)
+        assert back == list(range(back[0], rounds_run)) if back else True, (node, rounds)
         assert not back or back[0] > lost[node]
     members = trace.groupby("round")["members"].nunique()
     assert (members == 1).all()  # every member of a round saw the same membership
@@ -62,9 +62,10 @@ def test_streaming_diloco_loses_a_node_and_goes_on(tmp_path, capfd):
 
 def test_sync_ddp_loses_a_node_and_goes_on(tmp_path, capfd):
     """sync-ddp's replicas average gradients every step: a loss reruns the round among the survivors, a
-    joiner takes the inner optimizer's state too (else the final weights would differ: exit 1)."""
+    joiner takes the inner optimizer's state too (else the final weights would differ: exit 1). Its
+    plan's rounds are steps (R × H); the outage's round is a plan round, in the simulator as here."""
     code, trace, said = _run(tmp_path, capfd, extra=("--strategy", "sync-ddp"))
-    _check(code, trace, said, {"medium": 2})
+    _check(code, trace, said, {"medium": 2}, rounds_run=ROUNDS * 4)
 
 
 def test_two_nodes_lost_in_one_round_with_a_partitioned_int8_average(tmp_path, capfd):
@@ -79,8 +80,10 @@ def test_drift_runs_under_continue(tmp_path, capfd):
     """A node's injected drift (its padded steps 1.5x longer from round 1) goes on across a loss."""
     code, trace, said = _run(tmp_path, capfd, 'nodes.slowest.drift=[{kind="step", round=1, factor=1.5}]')
     _check(code, trace, said, {"medium": 2})
-    steps = trace[trace.node == "slowest"].set_index("round")["compute_s"]
-    assert steps.loc[3:].min() > 1.3 * steps.loc[0]
+    planned = pd.read_csv(tmp_path / "run" / "plan.csv").set_index("node").loc["slowest"]
+    round_s = planned["local_steps"] * planned["step_s"]  # emulated: each step padded to step_s x drift
+    compute = trace[trace.node == "slowest"].set_index("round")["compute_s"]
+    assert compute.loc[1:].min() >= 1.5 * round_s * 0.99  # sleep's rounding: the padded steps end at or after it
 
 
 def test_shaped_wan_loses_a_node_and_goes_on(tmp_path, capfd):
