@@ -14,8 +14,9 @@ Per case: runs, runs whose survivors finished every round (exit 0), runs whose m
 global weights were identical (the launcher's digest check: no "differ" line), and the lost
 nodes' rounds (trace rows) predicted against measured: predicted R (0 before round 0: it never
 rejoins), a run counted when every lost node's rows are within ±1 of it, and the processes the
-launcher saw killed per run (the joiner case: 2, the node and its restart). The table goes to
-results/faults/faults.csv (temp name, then rename) and to stdout.
+launcher saw killed per run (the joiner case: 2, the node and its restart). Every run's record
+goes to results/faults/runs.csv and the table to results/faults/faults.csv (each temp name, then
+rename) and to stdout; --more adds the runs to those already recorded.
 
     python benchmarks/bench_faults.py [--repeats 5] [--rounds 8] [--round 3] [--time-scale 1]
         [--kinds classic,streaming] [--wans loopback,shaped] [--out results/faults]
@@ -63,29 +64,41 @@ def run_once(faults: str, extra: list[str], args, out: Path) -> tuple[int, str, 
     return result.returncode, result.stderr, trace, wall
 
 
-def measure(case, kind: str, wan: str, args) -> dict:
+def measure(case, kind: str, wan: str, args) -> list[dict]:
+    """--repeats runs of one case: a record per run."""
     name, faults, lost, predicted, extra = case
     extra = [*extra, *KINDS[kind], *WANS[wan]]
-    finished = identical = within = kills = 0
-    measured, walls = [], []
+    records = []
     for k in range(args.repeats):
         with tempfile.TemporaryDirectory(prefix="bench-faults-") as tmp:
             code, err, trace, wall = run_once(faults, extra, args, Path(tmp) / "run")
-        walls.append(wall)
         survivors = [n for n in (*SURVIVORS, "slow") if n not in lost]
         done = trace is not None and code == 0 and all(
             trace[trace.node == n]["round"].tolist() == list(range(args.rounds)) for n in survivors)
-        finished += done
-        identical += done and "final global weights differ" not in err
         rows = [int((trace.node == n).sum()) if trace is not None else -1 for n in lost]
-        measured.append("/".join(map(str, rows)))
-        within += all(abs(m - predicted) <= 1 for m in rows)
-        kills += err.count("was killed by SIGKILL")  # the joiner case's second: its restart, killed while joining
-        print(f"  {name} {kind} {wan} run {k + 1}: exit {code}, lost rounds {measured[-1]}, {wall:.1f} s"
-              + ("" if code == 0 else f": {err.strip().splitlines()[-1] if err.strip() else ''}"), flush=True)
-    return {"case": name, "kind": kind, "wan": wan, "runs": args.repeats, "survivors_finished": finished, "weights_identical": identical,
-            "lost_rounds_predicted": predicted, "lost_rounds_measured": " ".join(measured),
-            "lost_rounds_within_1": within, "kills_per_run": kills / args.repeats, "median_wall_s": round(float(pd.Series(walls).median()), 1)}
+        records.append({"case": name, "kind": kind, "wan": wan, "exit": code, "survivors_finished": int(done),
+                        "weights_identical": int(done and "final global weights differ" not in err),
+                        "lost_rounds_predicted": predicted, "lost_rounds_measured": "/".join(map(str, rows)),
+                        "lost_rounds_within_1": int(all(abs(m - predicted) <= 1 for m in rows)),
+                        # the joiner case's second kill: its restart, killed while joining
+                        "kills": err.count("was killed by SIGKILL"), "wall_s": round(wall, 1)})
+        print(f"  {name} {kind} {wan} run {k + 1}: exit {code}, lost rounds {records[-1]['lost_rounds_measured']}, "
+              f"{wall:.1f} s" + ("" if code == 0 else f": {err.strip().splitlines()[-1] if err.strip() else ''}"),
+              flush=True)
+    return records
+
+
+def table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per case, kind and network: the runs' counts (faults.csv)."""
+    keys = ["case", "kind", "wan"]
+    grouped = runs.groupby(keys, sort=False)
+    return pd.DataFrame({
+        "runs": grouped.size(), "survivors_finished": grouped["survivors_finished"].sum(),
+        "weights_identical": grouped["weights_identical"].sum(),
+        "lost_rounds_predicted": grouped["lost_rounds_predicted"].first(),
+        "lost_rounds_measured": grouped["lost_rounds_measured"].agg(" ".join),
+        "lost_rounds_within_1": grouped["lost_rounds_within_1"].sum(),
+        "kills_per_run": grouped["kills"].mean(), "median_wall_s": grouped["wall_s"].median()}).reset_index()
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -106,12 +119,19 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: classic, streaming")
     parser.add_argument("--wans", default=",".join(WANS), help="comma-separated: loopback, shaped (root)")
     parser.add_argument("--out", default=str(ROOT / "results" / "faults"))
+    parser.add_argument("--more", action="store_true",
+                        help="add these runs to the runs already in --out (runs.csv) rather than replace them")
     args = parser.parse_args()
     chosen = [c for c in cases(args.round) if not args.cases or c[0] in args.cases.split(",")]
-    table = pd.DataFrame([measure(case, kind, wan, args) for wan in args.wans.split(",")
-                          for kind in args.kinds.split(",") for case in chosen])
-    write_csv(table, Path(args.out) / "faults.csv")
-    print(table.to_string(index=False))
+    runs = pd.DataFrame([record for wan in args.wans.split(",") for kind in args.kinds.split(",")
+                         for case in chosen for record in measure(case, kind, wan, args)])
+    earlier = Path(args.out) / "runs.csv"
+    if args.more and earlier.exists():
+        runs = pd.concat([pd.read_csv(earlier, dtype={"lost_rounds_measured": str}), runs], ignore_index=True)
+    write_csv(runs, earlier)
+    faults = table(runs)
+    write_csv(faults, Path(args.out) / "faults.csv")
+    print(faults.to_string(index=False))
     return 0
 
 
