@@ -49,7 +49,8 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     parser.add_argument("scenario", help="a scenario TOML file or a built-in name (paper, hetero-cpu)")
     parser.add_argument("--strategy", default="baseline",
                         help=f"one of {', '.join(STRATEGIES)}, or without a barrier {', '.join(BARRIERLESS)} "
-                             f"(default baseline: DiLoCo as the scenario's [diloco] says, Streaming when it has fragments)")
+                             "(default baseline: DiLoCo as the scenario's [diloco] says, Streaming DiLoCo when "
+                             "it has fragments)")
     parser.add_argument("--out", help="output directory (default: out/<scenario name>/run-<S> or validate-<S>)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a scenario key, e.g. training.rounds=3 (repeatable)")
