@@ -1,7 +1,7 @@
 """The membership fault matrix of --on-node-loss continue, measured with real processes (a benchmark, not a test).
 
 Runs `geodt run hetero-cpu --strategy baseline --emulate --on-node-loss continue` (4 CPU nodes,
-classic DiLoCo, loopback) with each fault injected at its exact point (real/inject.py,
+classic DiLoCo, loopback) with each fault injected at its exact point (real/membership/inject.py,
 GEODT_TEST_FAULTS), --repeats times each:
 - one-lost:         node medium lost at round R's start;
 - two-20ms:         medium at round R's start, slow 20 ms later (same round);
