@@ -240,7 +240,7 @@ def injected_drift(scenario, plan, opts):
 
 def injected_outage(scenario, plan, opts):
     """opts with the scenario's outages (simulator/models/outage.py) for the executor to inject: the node's
-    process SIGKILLs itself at the outage's round and rejoins at round + rounds (real/elastic.py)."""
+    process SIGKILLs itself at the outage's round and rejoins at round + rounds (real/membership/members.py)."""
     from dataclasses import replace
 
     from formats.errors import InputError
