@@ -4,7 +4,7 @@ For each strategy (baseline, measured-steps, rebalance, deadline) runs `geodt va
 nothing padded) on a scenario of CPU devices made by quotas (default benchmarks/fidelity/
 quota-mix.toml: `fast` 0.9 of core 0, `slow` 0.45 of core 1), with `nodes.<node>.drift = [{kind
 = "step", round = R/2, factor = 1.2}]`: at that round's start the node's process lowers its own
-cgroup quota to quota / 1.2 (real/worker.py, train/cpulimit.py). Right before each run the
+cgroup quota to quota / 1.2 (real/process/worker.py, train/cpulimit.py). Right before each run the
 scenario's devices are calibrated together under their quotas at the scenario's batch (`geodt
 calibrate scenario --scenario`, as benchmarks/bench_fidelity.py does; every plan here runs at that
 batch: the adaptive strategies change H_i, not b_i), and the plan comes from those profiles; then
@@ -13,7 +13,7 @@ steps as much longer from the drift's round as that calibration measured (the dr
 its `cpu_quota_factor` 1.2: a quota / 1.2 does not make a step 1.2× longer, simulator/models/drift.py).
 
 `--wan shaped` (root): every node in a network namespace of its own with its link shaped by tbf
-(real/wan.py) at --bandwidth-gbps; the host's costs from `geodt calibrate network` once, the
+(real/wan/wan.py) at --bandwidth-gbps; the host's costs from `geodt calibrate network` once, the
 links calibrated on the shaped WAN right before each run (bench_fidelity.py's links_profile).
 
 Writes <out>/adaptive.csv (per repeat, strategy and node, from the drift's round on: predicted

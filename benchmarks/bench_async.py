@@ -8,7 +8,7 @@ Three parts, each a `geodt validate` of real processes on this machine:
    `quorum` beside `baseline`. Per node: predicted against measured compute, wait (idle), sync and round, and the
    mean staleness of its merges; the goals: round within 5% (per node, as `validate`'s verdict),
    the run's mean staleness within 10%.
-2. The shaped WAN (root: every node in a network namespace, real/wan.py): hetero-cpu `async` and
+2. The shaped WAN (root: every node in a network namespace, real/wan/wan.py): hetero-cpu `async` and
    `quorum` emulated (steps and syncs padded to the plan's, the transfers real), as a check that the
    server's point-to-point traffic runs over shaped links and keeps the schedule.
 3. Loss: hetero-cpu emulated on real text (`--target-loss`, the built-in convergence profile's

@@ -1,10 +1,10 @@
 """The membership fault matrix of --on-node-loss continue, measured with real processes (a benchmark, not a test).
 
 Runs `geodt run hetero-cpu --strategy baseline --emulate --on-node-loss continue` (4 CPU nodes,
-4 inner steps a round) with each fault injected at its exact point (real/inject.py,
+4 inner steps a round) with each fault injected at its exact point (real/membership/inject.py,
 GEODT_TEST_FAULTS), --repeats times each, for each kind of round (--kinds: classic DiLoCo, or
 Streaming DiLoCo with 2 fragments and τ = 1) on each network (--wans: the loopback, or the shaped
-WAN of real/wan.py, which needs root):
+WAN of real/wan/wan.py, which needs root):
 - one-lost:         node medium lost at round R's start;
 - two-20ms:         medium at round R's start, slow 20 ms later (same round);
 - before-round-0:   medium lost as it enters membership epoch 0, before round 0;

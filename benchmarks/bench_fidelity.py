@@ -19,7 +19,7 @@ per-node sync within 5% (median) and 10% (worst).
 
 WAN cases (WAN_CASES; `--wan-only` runs just these, `--no-wan` leaves them out): the tiny
 model on a shaped WAN (`geodt validate --wan shaped`, root: every node in a network namespace
-of its own, tbf at its link both ways; real/wan.py), with links slow enough that the sync is
+of its own, tbf at its link both ways; real/wan/wan.py), with links slow enough that the sync is
 at least half the round: ring and partitioned, equal and unequal uplinks, fp32/fp16/int8, 3
 and 4 nodes, baseline and the balancing strategies. Their host costs (outer step, checkpoint,
 encode/decode) come from `geodt calibrate network` run once at the start, its all-reduce

@@ -7,9 +7,9 @@ machine's drift over minutes falls on every condition alike:
 
 - calibration: one random batch reused, steps back to back (calibrate/harness.py's loop)
 - data: each step's batch read from the run's data shard, the learning rate set and the loss
-  summed, as real/rounds.py's InnerSteps does
+  summed, as real/rounds/rounds.py's InnerSteps does
 - rounds: + every H steps the round's end: the weights copied out and an outer Nesterov step
-  over every parameter (real/diloco.py's arithmetic), and a pause as long as the sync
+  over every parameter (real/core/diloco.py's arithmetic), and a pause as long as the sync
 - gloo: + the pseudo-gradient all-reduced over gloo among the scenario's processes at every
   round's end (the pause stays: the all-reduce on loopback is short)
 - checkpoint: + the model and optimizer state written with torch.save in a background thread
@@ -42,7 +42,7 @@ CONDITIONS = ["calibration", "data", "rounds", "gloo", "checkpoint"]
 
 
 def _outer_step(model, anchor, momentum, lr: float = 0.7, beta: float = 0.9) -> None:
-    """The round's end as real/diloco.py does it: pseudo-gradient, Nesterov outer step, reset."""
+    """The round's end as real/core/diloco.py does it: pseudo-gradient, Nesterov outer step, reset."""
     import torch
 
     with torch.no_grad():
@@ -58,7 +58,7 @@ def _device(rank: int, world: int, jobs: list, setup: dict, store: str, queue) -
     import torch.distributed as dist
 
     from facts.presets import load_arch
-    from real.data import make_shard
+    from real.core.data import make_shard
     from train.cpulimit import apply_cpu_limits, device_cores
     from train.models import build_model
     from train.step import make_optimizer, random_batch, train_step

@@ -1,13 +1,13 @@
 """How one sync's time spreads on the shaped WAN, and what TCP retransmits meanwhile (root).
 
-One process per node, each in its namespace of a real/wan.py ShapedWan and under its CPU quota,
-runs real/sync.py's cross-node average of `--fp32-bytes` (the executor's own average, on a
+One process per node, each in its namespace of a real/wan/wan.py ShapedWan and under its CPU quota,
+runs real/core/sync.py's cross-node average of `--fp32-bytes` (the executor's own average, on a
 thread as Streaming DiLoCo runs it) `--repeats` times, all starting together, a pause between
 two; each node records its own seconds per average and, from its namespace's
 /proc/thread-self/net/snmp and netstat, the segments it sent and retransmitted and its
 retransmission timeouts. `--busy NODE` keeps that node computing real inner steps (the tiny
 model at batch 4) for as long as each average runs, as a node does through its τ steps.
-`--queue-s S` replaces the links' tbf queue depth (real/wan.py _token_bucket) by S seconds at
+`--queue-s S` replaces the links' tbf queue depth (real/wan/wan.py _token_bucket) by S seconds at
 each link's rate, to compare depths.
 
 A mean of N averages whose tail is a rare multi-second stall (a retransmission timeout) moves
@@ -58,8 +58,8 @@ def _averages(rank: int, world: int, store: str, links, args: dict) -> tuple:
     import torch.distributed as dist
 
     from geodt.calibration.links import InnerSteps, _join_gloo
-    from real.streaming import threads_for_comm
-    from real.sync import CrossNodeSync
+    from real.core.streaming import threads_for_comm
+    from real.core.sync import CrossNodeSync
 
     barrier, _, _ = _join_gloo(rank, world, store, 1)
     elements = args["fp32_bytes"] // 4
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
 
-    from real import wan
+    from real.wan import wan
 
     nodes = [(name, float(gbps)) for name, gbps in (item.split("=") for item in args.links.split(","))]
     quotas = [float(q) for q in args.quotas.split(",")]

@@ -3,7 +3,7 @@
 Runs `geodt validate` on `hetero-cpu` (4 CPU nodes, emulated steps; --strategy baseline by default,
 any classic DiLoCo strategy: rebalance and deadline re-plan each round) with `nodes.<node>.outage =
 {round = R, rounds = K}` and `simulation.on_node_loss = "continue"`: the node's process SIGKILLs
-itself at round R's start (real/elastic.py), the launcher restarts it at once, and it is admitted
+itself at round R's start (real/membership/members.py), the launcher restarts it at once, and it is admitted
 no earlier than round R + K. Prints, from that one run:
 - the survivors' work lost at the loss: inner steps discarded (their rounds without a row) and the
   seconds the recovery took (the loss round's idle_s beyond the median idle_s of the rounds
@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def cold_start_s() -> float:
     """Seconds for a fresh process to import the executor (torch, transformers): most of a restart."""
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import real.elastic"], check=True, cwd=ROOT,
+    subprocess.run([sys.executable, "-c", "import real.process.worker"], check=True, cwd=ROOT,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     return time.perf_counter() - start
 

@@ -1,10 +1,10 @@
-"""CPU cost of DiLoCo's outer step per parameter, timed on the real executor's code (real/diloco.py).
+"""CPU cost of DiLoCo's outer step per parameter, timed on the real executor's code (real/core/diloco.py).
 
 OpenDiLoCo keeps the global weights and the outer optimizer on the CPU, so every outer sync
 pays, besides the all-reduce, CPU arithmetic over every parameter: the pseudo-gradient
 (copy the local weights out, θ_g − θ_local), the divide after the SUM all-reduce, the outer
 Nesterov SGD step, and the copy of θ_g back into the model. This script times exactly those
-calls of real.diloco.OuterState (everything outer_sync does but the all-reduce) on CPU tensors
+calls of real.core.diloco.OuterState (everything outer_sync does but the all-reduce) on CPU tensors
 shaped like a LLaMA's layers, and prints the median over repeats in nanoseconds per parameter:
 the figure simulator/models/network.py's OUTER_STEP_NS_PER_PARAM holds.
 
@@ -47,7 +47,7 @@ def machine() -> str:
 
 def time_outer_step(params: int, repeats: int) -> list[float]:
     """Seconds per outer step (without the all-reduce), one per repeat after a warm-up (CPU state)."""
-    from real.diloco import time_outer_step as timed
+    from real.core.diloco import time_outer_step as timed
 
     return timed(params, repeats)
 

@@ -2,7 +2,7 @@
 
 Two CPU replicas (one process each, gloo), the same model preset, initial weights (seed), data
 shards, inner steps H, rounds, inner AdamW and learning-rate schedule (train/step.py,
-real/diloco.py) and outer Nesterov SGD. geodt runs as `python -m real` with its default
+real/core/diloco.py) and outer Nesterov SGD. geodt runs as `python -m real` with its default
 settings (checkpoints included: the Young/Daly cadence); torchft as this file's `--torchft`
 command: a lighthouse and two replicas, each a Manager (quorum every sync, gloo) around
 torchft.local_sgd.DiLoCo with the whole model as its one fragment. Each command runs in a
@@ -100,9 +100,9 @@ def torchft_replica(args) -> None:
     from torchft.process_group import ProcessGroupGloo
 
     from facts.presets import load_arch
-    from real.config import load_run_spec
-    from real.data import make_shard
-    from real.diloco import inner_lr
+    from real.core.config import load_run_spec
+    from real.core.data import make_shard
+    from real.core.diloco import inner_lr
     from train.models import build_model
     from train.step import make_optimizer, train_step
 

@@ -7,7 +7,7 @@
 2. Sync: the all-reduce inside the executor's outer sync against a bare dist.all_reduce of
    the same number of fp32 values, two gloo processes on this machine. Goal: at least 0.8
    of its speed. The whole sync (pseudo-gradient, all-reduce, divide, outer Nesterov step,
-   copy into the model) is printed too, and each encoded average (real/sync.py: fp16/int8
+   copy into the model) is printed too, and each encoded average (real/core/sync.py: fp16/int8
    payloads, ring/partitioned) with the bytes it sends.
 
     PYTHONPATH=. .venv/bin/python benchmarks/bench_real.py [--step-preset tiny] [--sync-preset llama-60m]
@@ -45,8 +45,8 @@ def bench_inner_step(preset: str, seq_len: int, batch: int, steps: int, repeats:
     import torch
     import torch.distributed as dist
 
-    from real.config import load_plan, load_run_spec
-    from real.worker import ExecOptions, Node
+    from real.core.config import load_plan, load_run_spec
+    from real.process.worker import ExecOptions, Node
     from train.step import train_step
 
     torch.set_num_threads(threads)
@@ -96,7 +96,7 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
 
     from facts.presets import load_arch
     from formats.scenario import DilocoConfig
-    from real.diloco import OuterState, outer_sync
+    from real.core.diloco import OuterState, outer_sync
     from train.models import build_model
 
     torch.set_num_threads(threads)
@@ -133,7 +133,7 @@ def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) 
         print(f"  speed ratio (bare / executor) {b / a:9.3f}     goal >= 0.8: {'met' if b / a >= 0.8 else 'NOT met'}")
         print(f"  whole outer sync              {w * 1e3:9.2f} ms  (all-reduce + pseudo-gradient, "
               f"outer step, copy: ratio to bare {b / w:.3f})")
-    from real.sync import CrossNodeSync
+    from real.core.sync import CrossNodeSync
 
     for dtype in ("fp32", "fp16", "int8"):
         for collective, links in (("ring", [1.0, 1.0]), ("partitioned", [1.0, 3.0])):

@@ -1,7 +1,7 @@
 """Rounds that re-plan themselves while they run: the rules of plans with adapt = rebalance | deadline.
 
 One implementation for the simulator (simulator/models/adaptive.py, which predicts them) and the
-executor (real/adaptive.py, which runs them), so both take the same decisions from the same
+executor (real/rounds/adaptive.py, which runs them), so both take the same decisions from the same
 numbers. Torch-free; numpy, vectorised over the last axis (nodes), any leading axes.
 
 Both keep a round's work at the plan's samples per round K = Σ_i H_i·b_i·G_i (the strategy made

@@ -4,9 +4,9 @@ One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV (docs
 "Outputs"); kinds: `all_reduce` (a SUM all-reduce of `size` bytes among `processes` ranks),
 `outer_step` (the executor's outer step over `size` parameters), `checkpoint` (writing `size`
 bytes), `snapshot` (copying `size` bytes of state into host memory: the part of a checkpoint
-that blocks training, real/checkpoint.py), `encode` and `decode` (real/sync.py's encode() of `size` fp32 elements into
-`payload_dtype`, and decode() back). The columns payload_dtype and collective are optional
-(profiles written before they existed still load): absent or empty, a row is fp32 and ring.
+that blocks training, real/checkpoint/checkpoint.py), `encode` and `decode` (real/core/sync.py's
+encode() of `size` fp32 elements into `payload_dtype`, and decode() back). The columns payload_dtype and
+collective are optional (profiles written before they existed still load): absent or empty, a row is fp32 and ring.
 So is `node`: empty, a row is every process's (each repeat's slowest); a scenario node's name,
 that node's own time in the same measurement (shaped-WAN all-reduces, where nodes on unequal
 links end the same average at different times). And `seconds_mean`: a row's time is its mean

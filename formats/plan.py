@@ -3,7 +3,7 @@
 The one contract between the planner (`simulator`, which builds Plans) and the executor
 (`real`, which runs them). Torch-free and simulator-free, so both sides import it.
 
-plan.csv, one row per node (plan order = rank order, see real/launch.py):
+plan.csv, one row per node (plan order = rank order, see real/process/launch.py):
 
     strategy          the strategy that made the plan (same on every row)
     node              node name (unique)
@@ -20,8 +20,8 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
                       | gradients (synchronous data parallel, sync-ddp: every step's gradients
                       averaged over all devices, weighted by batch; no outer step)
                       | async | quorum: rounds without DiLoCo's barrier (BARRIERLESS_SYNCS;
-                      simulator/engines/engine_async.py; the executor: real/round_async.py,
-                      real/round_quorum.py)
+                      simulator/engines/engine_async.py; the executor: real/rounds/round_async.py,
+                      real/rounds/round_quorum.py)
     link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
                       share of a partitioned all-reduce
     cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
@@ -31,7 +31,7 @@ plan.csv, one row per node (plan order = rank order, see real/launch.py):
                       state (none: every device a whole replica, DDP; zero1: AdamW moments /G;
                       zero2: + gradients /G; fsdp: + parameters /G, FSDP2 `fully_shard` per
                       layer); never "auto" (the planner writes what it chose). The executor
-                      runs zero1 as zero2 (real/sharding.py says why)
+                      runs zero1 as zero2 (real/core/sharding.py says why)
     activation_checkpointing  none | full: full = every decoder layer recomputed in backward
                       (only the layer inputs kept)
     outer_state       cpu | device: where each device process keeps its DiLoCo global weights
@@ -55,7 +55,7 @@ fragment_alpha 0.0, fragment_pattern sequential), adapt none, no quorum. `geodt 
 write every column.
 
 Streaming DiLoCo (arXiv 2501.18512; torchft.local_sgd.DiLoCo, whose semantics these are;
-real/streaming.py runs it): the model's layers form P fragments (`sequential`: consecutive
+real/core/streaming.py runs it): the model's layers form P fragments (`sequential`: consecutive
 layers; `strided`: layer l in fragment l mod P) and each round syncs them one after the other,
 fragment p (0-based) at its merge point, the end of inner step m_p = ⌊H_i·(p + 1) / P⌋ of the
 round (`merge_steps`; torchft's H/P, 2H/P, ... when P divides H). The fragment's pseudo-gradient

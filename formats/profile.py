@@ -28,11 +28,11 @@ COLUMNS: tuple[str, ...] = (
 ADDED_COLUMNS: dict[str, str] = {"step_s_mean": "", "compiled": "false", "warmup_steps": "", "warmup_s": "",
                                  "outer_step_cpu_ns_per_param": "", "outer_step_device_ns_per_param": "",
                                  "ckpt_snapshot_ns_per_byte": "", "ckpt_write_ns_per_byte": ""}
-# The host's outer step (`geodt calibrate device` times real.diloco's after the batches; the same
+# The host's outer step (`geodt calibrate device` times real.core.diloco's after the batches; the same
 # on every row): nanoseconds per parameter with the outer state on the CPU (the weights' copies
 # down and up included on a GPU) and on the device; empty where not measured.
 OUTER_STEP_COLUMNS: dict[str, str] = {"cpu": "outer_step_cpu_ns_per_param", "device": "outer_step_device_ns_per_param"}
-# The host's checkpoint (`geodt calibrate device` times real/checkpoint.py's snapshot and write
+# The host's checkpoint (`geodt calibrate device` times real/checkpoint/checkpoint.py's snapshot and write
 # after the outer step; the same on every row): nanoseconds per checkpoint byte for the snapshot
 # into host memory, which blocks training, and for the write behind it; empty where not measured.
 CHECKPOINT_COLUMNS: dict[str, str] = {"snapshot": "ckpt_snapshot_ns_per_byte", "write": "ckpt_write_ns_per_byte"}

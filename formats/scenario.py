@@ -3,7 +3,7 @@
 (`[training]`, `[network]` and `[simulation]` are in formats/sections.py, each key's default and
 doc beside it; this module keeps the compile rule and the Young/Daly checkpoint interval.)
 
-The simulator (simulator/scenario.py) and the executor (real/config.py) build these from the
+The simulator (simulator/scenario.py) and the executor (real/core/config.py) build these from the
 same TOML with `formats.config.build`, so a key means the same thing, has the same default and
 is refused for the same reason on both sides. The simulator extends ModelSection with the
 resolved architecture (it needs the preset's parameter count and FLOPs); the executor adds

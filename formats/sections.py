@@ -3,7 +3,7 @@
 Each key is a field of a frozen dataclass made by `key(default, doc, *checks, choices=...)`: its
 default, its one-line documentation, its allowed values and its checks sit beside it, and nowhere
 else. The simulator (simulator/scenario.py) uses these classes as its scenario sections; the
-executor (real/config.py) builds the same classes from the resolved scenario and keeps the few
+executor (real/core/config.py) builds the same classes from the resolved scenario and keeps the few
 values it needs; docs/DESIGN.md's scenario block for these sections is rendered from the same
 metadata (formats/scenario_doc.py). `check_keys` runs every field's checks in `__post_init__`,
 so a section built by `formats.config.build` from TOML, or directly, is validated the same way.
@@ -24,7 +24,7 @@ from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 COMPILE_MODES = ("auto", "on", "off")
 # [training] stack: the software stack the catalog estimate prices (facts/stacks.py); geodt: its own step.
 STACKS = ("geodt", "torchtitan-eager")
-EXECUTED_STACK = STACKS[0]  # the one `geodt run` executes (real/config.py refuses the others)
+EXECUTED_STACK = STACKS[0]  # the one `geodt run` executes (real/core/config.py refuses the others)
 # [simulation] on_node_loss: what the others do when a node is lost (simulator/models/outage.py).
 NODE_LOSS_POLICIES = ("stop", "continue")
 # [simulation] mtbf_s's default, named because the simulator's checkpoint pricing starts from it too.

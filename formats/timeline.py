@@ -29,11 +29,11 @@ STALENESS_COLUMNS = ["staleness_mean", "staleness_p90"]
 # nodes) and exposed comm (while it ran), then the outer step (simulator/engines/engine_analytic.py).
 SYNC_COLUMNS = ["strategy", "node", "round", "fragment", "compute_start_s", "sync_point_s", "start_s", "end_s",
                 "merge_point_s", "idle_s", "exposed_s", "outer_s"]
-# trace.csv: the timeline plus what a real run measures (real/trace.py's docstring).
+# trace.csv: the timeline plus what a real run measures (real/rounds/trace.py's docstring).
 TRACE_COLUMNS = TIMELINE_COLUMNS + ["loss", "overrun_steps", "ckpt_block_s", "ckpt_background_s",
                                     "local_steps", "batch_size",
                                     "bytes_sent", "peak_mem_bytes"]
-# trace.csv's run columns after TRACE_COLUMNS, the same on every row (real/trace.py run_columns): how the run
+# trace.csv's run columns after TRACE_COLUMNS, the same on every row (real/rounds/trace.py run_columns): how the run
 # was made, so that whatever reads the trace later (geodt validate --trace) labels it as it ran. mode:
 # MODES[emulated]; time_scale: --time-scale under --emulate (the run's times are the plan's × it), else 1.
 RUN_COLUMNS = ["mode", "time_scale"]
@@ -41,7 +41,7 @@ MODES = {False: "measured", True: "emulated"}  # a real run | a schedule check (
 # validate's loss model against the run (geodt/validation.py loss_comparison); empty until compared
 LOSS_VALIDATION_COLUMNS = ["predicted_loss_end", "measured_loss_end", "predicted_time_to_target_s",
                            "measured_time_to_target_s", "loss_model_time_to_target_s"]
-# validation.csv of an async run (trace.csv with `staleness`, real/round_async.py), after the others: per node,
+# validation.csv of an async run (trace.csv with `staleness`, real/rounds/round_async.py), after the others: per node,
 # the mean staleness of its merges, predicted and measured, and the run's mean over every merge (the same on
 # each row; the STALENESS goal of facts/fidelity.py judges their error), and the run's 90th percentile
 # (linearly interpolated, as summary.csv's staleness_p90).

@@ -4,7 +4,7 @@ One entry each, read by the simulator (which times a sync) and the executor (whi
 
 - MODEL_DTYPES: the training dtypes a scenario, a profile and the GPU catalog may name.
 - COLLECTIVES: how the nodes all-reduce the pseudo-gradients (simulator/models/network.py times
-  each, real/sync.py runs each).
+  each, real/core/sync.py runs each).
 - PAYLOAD_BYTES: what the pseudo-gradients travel as, in bytes per element; int8 also sends
   one fp32 scale per INT8_CHUNK elements (`encoded_bytes`).
 - AVERAGING_MODES: how the nodes' pseudo-gradients are weighted ([diloco] averaging).
@@ -14,7 +14,7 @@ One entry each, read by the simulator (which times a sync) and the executor (whi
 - `bytes_sent_per_sync`: the bytes each node puts on the wire in one sync (trace.csv's bytes_sent).
 
 Adding a collective or a payload dtype is one entry here plus its code on each side (its time
-in simulator/models/network.py, its implementation in real/sync.py). Torch-free; numpy only.
+in simulator/models/network.py, its implementation in real/core/sync.py). Torch-free; numpy only.
 """
 from __future__ import annotations
 

@@ -159,7 +159,7 @@ def check_host(host: str, allow_any: bool = False) -> None:
     import ipaddress
     import socket
 
-    from real.launch import LaunchError, check_host_policy, resolve_host, under_torchrun
+    from real.process.launch import LaunchError, check_host_policy, resolve_host, under_torchrun
 
     if under_torchrun():
         return

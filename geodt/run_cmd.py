@@ -37,7 +37,7 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
     from formats.cli import OneLineParser, positive_float
     from formats.limits import large_help
     from formats.owners import add_force_argument
-    from real.cli import add_exec_arguments
+    from real.process.cli import add_exec_arguments
     from simulator.strategies.registry import BARRIERLESS, STRATEGIES
 
     description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
@@ -92,9 +92,9 @@ def _prepare(prog: str, args: argparse.Namespace):
     """
     from formats.errors import InputError
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
-    from real.cli import exec_options
-    from real.config import ConfigError
-    from real.launch import LaunchError, check_inputs
+    from real.core.config import ConfigError
+    from real.process.cli import exec_options
+    from real.process.launch import LaunchError, check_inputs
     from simulator.cli import check_work, default_out, target_override
     from simulator.outputs.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
@@ -143,11 +143,11 @@ def _prepare(prog: str, args: argparse.Namespace):
 
 def _claim(prog: str, out: Path, force: bool, resume: bool):
     """DIR's run lock, once DIR may take this run; else the exit status, one line said and nothing
-    written: another run holds it (real/outdir.py), or it holds another command's outputs or an
+    written: another run holds it (real/process/outdir.py), or it holds another command's outputs or an
     earlier run's checkpoints that this run does not resume (formats/owners.py; --force)."""
     from formats.owners import check_owner
-    from real.launch import saved_checkpoints
-    from real.outdir import OutDirError, take_lock
+    from real.process.launch import saved_checkpoints
+    from real.process.outdir import OutDirError, take_lock
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -165,13 +165,13 @@ def _claim(prog: str, out: Path, force: bool, resume: bool):
 
 def check_resumable(spec, plan, opts) -> None:
     """--resume: the checkpoints in --out were made by this run's plan and settings (their manifests'
-    run_identity, real/checkpoint.py), checked before plan.csv and scenario.toml are replaced; a
+    run_identity, real/checkpoint/checkpoint.py), checked before plan.csv and scenario.toml are replaced; a
     LaunchError naming the first set that differs."""
     import json
 
-    from real.ckpt_set import run_identity
-    from real.launch import LaunchError, saved_checkpoints
-    from real.options import run_config
+    from real.checkpoint.ckpt_set import run_identity
+    from real.core.options import run_config
+    from real.process.launch import LaunchError, saved_checkpoints
 
     if not opts.resume:
         return
@@ -196,7 +196,7 @@ def validate_loss_setup(scenario, args):
     target and no --data, the run trains on the profile's corpus where it is the standard library's
     (args.data set, and said)."""
     from formats.errors import InputError
-    from real.data import STDLIB_CORPUS, corpus_digest
+    from real.core.data import STDLIB_CORPUS, corpus_digest
     from simulator.models.loss_prediction import loss_setup
 
     setup = loss_setup(scenario)
@@ -241,7 +241,7 @@ def injected_drift(scenario, plan, opts):
 
 def injected_outage(scenario, plan, opts):
     """opts with the scenario's outages (simulator/models/outage.py) for the executor to inject: the node's
-    process SIGKILLs itself at the outage's round and rejoins at round + rounds (real/members.py)."""
+    process SIGKILLs itself at the outage's round and rejoins at round + rounds (real/membership/members.py)."""
     from dataclasses import replace
 
     from formats.errors import InputError
@@ -342,7 +342,7 @@ def run_main(argv: list[str]) -> int:
 def _run(args, prepared) -> int:
     from dataclasses import replace
 
-    from real.launch import launch
+    from real.process.launch import launch
 
     out = Path(args.out)
     opts = replace(prepared[2], summary=False)  # printed below, with what was measured and what emulated
@@ -351,7 +351,7 @@ def _run(args, prepared) -> int:
     if status == 0:
         import pandas as pd
 
-        from real.trace import summary
+        from real.rounds.trace import summary
         from simulator.outputs.perfetto import trace_csv_to_json
 
         print(run_heading(args.emulate, args.time_scale))
@@ -359,7 +359,7 @@ def _run(args, prepared) -> int:
         print(summary(trace))
         print_membership(trace, prepared[1])
         naming(out / "trace.json", trace_csv_to_json, out / "trace.csv", out / "trace.json", args.emulate)
-        from real.wan import network_note
+        from real.wan.wan import network_note
 
         print(f"geodt run: wrote {out / 'trace.csv'}, {out / 'trace.json'}; network: {network_note(out)}")
     return status
@@ -407,7 +407,7 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
     opts = replace(opts, summary=False)  # validate prints its own table
     import pandas as pd
 
-    from real.launch import launch
+    from real.process.launch import launch
     from simulator.outputs.outputs import write_csv
 
     out = Path(args.out)
@@ -419,7 +419,7 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
         return status
     trace = pd.read_csv(out / "trace.csv")
     from geodt.validation import report
-    from real.wan import network_note
+    from real.wan.wan import network_note
 
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
               if reproduction_warnings(scenario, plan, args.emulate) else "")
@@ -430,9 +430,9 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
 
 
 def print_membership(trace, plan) -> None:
-    """--on-node-loss continue: who left and rejoined when (real/trace.py), after the summary."""
+    """--on-node-loss continue: who left and rejoined when (real/rounds/trace.py), after the summary."""
     if "members" in trace:
-        from real.trace import membership_lines
+        from real.rounds.trace import membership_lines
 
         for line in membership_lines(trace, [node.node for node in plan.nodes]):
             print(line)

@@ -8,7 +8,7 @@ RUN_DIR/trace.csv: the same validation.csv, validation.png, timeline.csv and tra
 `geodt validate`, written into --out (default RUN_DIR/validation: the run's own
 files are left as they are). Nothing runs; nothing of the machine this runs on is measured.
 
-How the run was made comes from trace.csv's run columns (`mode`, `time_scale`; real/trace.py):
+How the run was made comes from trace.csv's run columns (`mode`, `time_scale`; real/rounds/trace.py):
 an emulated run's validation says "emulated" everywhere (table, verdict, trace.json's tracks,
 validation.png) and its times are divided by its own time scale, whatever --emulate and
 --time-scale say; a flag that contradicts the record is named on stderr in one line. A trace
@@ -144,7 +144,7 @@ def trace_main(argv: list[str]) -> int:
     except InputError as exc:
         print(f"geodt validate: {exc}", file=sys.stderr)
         return 2
-    from real.wan import network_note
+    from real.wan.wan import network_note
 
     # wan.csv names a shaped run's network; without it the run was on loopback (one machine) or
     # on whatever network joined the machines, which the trace does not record.

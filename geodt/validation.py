@@ -54,7 +54,7 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     error_pct_of_round = 100 × (measured idle − predicted idle) / predicted round time;
     comm_error_pct = 100 × (measured sync − predicted sync) / predicted sync (NaN where no sync
     is predicted). Both are signed, so a bias shows.
-    network: what the run's processes talked over (real.wan.network_note).
+    network: what the run's processes talked over (real.wan.wan.network_note).
     wall: the predicted whole run (simulator.models.wallclock.WallClock), beside the measured one on every
     row (predicted_wall_s, measured_wall_s, wall_error_pct: the run's, the same for all nodes).
     """
@@ -142,7 +142,7 @@ def wall_line(wall, measured_s: float, kind: str = MODES[False]) -> str:
 
 
 def shaped_wan(network: str) -> bool:
-    """Whether the run's processes talked over a shaped WAN (real.wan.network_note's words)."""
+    """Whether the run's processes talked over a shaped WAN (real.wan.wan.network_note's words)."""
     return network.startswith("shaped")
 
 

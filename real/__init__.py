@@ -2,15 +2,27 @@
 
 Never imports `simulator`: its inputs are files (plan.csv, a resolved scenario TOML) whose
 schemas live in `formats/` (torch-free, shared with the simulator); importing `real` does not
-import torch. Modules: config (scenario sections), options (how to execute), launch (processes
-and rendezvous), process (one process's life), worker (a node: its parts, its round, the run),
-rounds (the Round interface, the parts a round is handed, the one inner-step loop),
-round_classic (DiLoCo), round_ddp (sync-ddp), round_streaming (Streaming DiLoCo's round and
-communication thread), streaming (Streaming DiLoCo's settings, fragments, syncs.csv), groups
-(process groups and a node's collectives), sync (cross-node average by payload and collective),
-sharding (inside a node), diloco (arithmetic), data, checkpoint (a node's state, saving
-in the background, resuming), ckpt_set (checkpoint sets on disk: digests, manifest), outdir (the
---out lock, stale files, disk space), supervise (the launcher watching its workers), trace (rows,
-gathering, trace.csv), wan (the shaped WAN). Run it as
-`python -m real --plan plan.csv --scenario scenario.toml --out DIR`.
+import torch. Run it as `python -m real --plan plan.csv --scenario scenario.toml --out DIR`.
+
+Rooms, bottom up; an arrow runs down only (tests/test_imports.py REAL_ROOMS):
+
+- core/: what every round is made of: config (the scenario sections it reads), options (how to
+  execute; run_collective, sleep_until), data, diloco (the arithmetic), streaming (Streaming
+  DiLoCo's settings, fragments, syncs.csv), sync (cross-node average by payload and collective),
+  sharding (inside a node), groups (process groups and a node's collectives).
+- rounds/: the kinds of round: rounds (the Round interface, the parts a round is handed, the one
+  inner-step loop), round_classic (DiLoCo), round_ddp (sync-ddp), round_streaming,
+  round_async and round_quorum (no barrier), adaptive (rebalance / deadline), trace (rows,
+  gathering, trace.csv). Imports core/.
+- checkpoint/: checkpoint (a node's state, saved in the background, resumed; an async or quorum
+  cut), ckpt_set (checkpoint sets on disk: digests, manifest). Imports core/ and rounds/.
+- membership/: who is in the run: members (the policy the round loop consults: fixed, or
+  `--on-node-loss continue`), membership (the epochs, joins and admissions in the store), inject
+  (faults at exact points). Imports core/, rounds/ and checkpoint/.
+- wan/: the shaped WAN (network namespaces, shaped links, liveness); imports nothing of real/,
+  and only process/ imports it.
+- process/: the processes, at the top: worker (a node: its parts, its round, the run), process
+  (one process's life), launch (processes and rendezvous), supervise (the launcher watching its
+  workers), respawn (the launcher under continue), outdir (the --out lock, stale files, disk
+  space), cli (`python -m real`, __main__.py). Imports every room below.
 """

@@ -1,8 +1,8 @@
-"""`python -m real`: the executor's command line (see real.cli)."""
+"""`python -m real`: the executor's command line (see real.process.cli)."""
 import os
 import sys
 
-from real.cli import main
+from real.process.cli import main
 
 if __name__ == "__main__":
     code = main()

@@ -1,4 +1,4 @@
-"""Checkpoints of an async run (real/checkpoint.py, real/round_async.py): consistent cuts of the
+"""Checkpoints of an async run (real/checkpoint/checkpoint.py, real/rounds/round_async.py): consistent cuts of the
 parameter server and every node, --stop-after at a cut, and a --resume that redoes the same pushes.
 
 The two-node runs are emulated so that the order of pushes is the run's own, not the machine's:
@@ -13,11 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from real import ckpt_set  # noqa: E402
-from real.checkpoint import async_cuts, latest_state  # noqa: E402
-from real.launch import launch  # noqa: E402
-from real.options import ExecOptions  # noqa: E402
-from real.round_async import Cuts  # noqa: E402
+from real.checkpoint import ckpt_set  # noqa: E402
+from real.checkpoint.checkpoint import async_cuts, latest_state  # noqa: E402
+from real.core.options import ExecOptions  # noqa: E402
+from real.process.launch import launch  # noqa: E402
+from real.rounds.round_async import Cuts  # noqa: E402
 from tests.test_async_real import PLAN_HEADER, run  # noqa: E402
 from tests.test_real_runs import final_weights, scenario_text  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Asynchronous DiLoCo run for real (real/round_async.py): the server's update rule against peers,
+"""Asynchronous DiLoCo run for real (real/rounds/round_async.py): the server's update rule against peers,
 a run's arithmetic and accounting, validate's staleness, and what an async run refuses."""
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from facts.fidelity import GOALS, judge
-from real.diloco import DelayedNesterov
-from real.launch import LaunchError, check_inputs, launch
-from real.options import ExecOptions
-from real.streaming import StreamingSpec
+from real.core.diloco import DelayedNesterov
+from real.core.options import ExecOptions
+from real.core.streaming import StreamingSpec
+from real.process.launch import LaunchError, check_inputs, launch
 from tests.test_real_runs import final_weights, scenario_text
 
 PLAN_HEADER = "strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sync"

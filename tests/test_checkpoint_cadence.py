@@ -1,6 +1,6 @@
 """Checkpoints that cost what they must: the Young/Daly cadence (formats/scenario.py), no final
 set unless asked, digests named in the manifest, and a resume that falls back past a set that
-verifies but does not load (real/checkpoint.py, real/ckpt_set.py)."""
+verifies but does not load (real/checkpoint/checkpoint.py, real/checkpoint/ckpt_set.py)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import torch
 
 from formats.scenario import rounds_between_checkpoints, young_daly_interval_s
 from formats.sections import MTBF_S_DEFAULT
-from real import checkpoint, ckpt_set
+from real.checkpoint import checkpoint, ckpt_set
 
 
 def test_the_young_daly_interval_by_arithmetic():
@@ -64,7 +64,7 @@ def _due_rounds(node, last):
 def test_a_quorum_run_snapshots_every_round_while_a_cut_is_due():
     """Its nodes end rounds apart: its sets are cuts counted in arrivals (tests/test_quorum_checkpoint.py),
     each node snapshotting at every pull until it has written its part of the last one."""
-    from real.round_async import Cuts
+    from real.rounds.round_async import Cuts
 
     node = _node(every=1, final=True, sync="quorum")
     node.async_cuts, node.async_written = Cuts(due=(2, 4)), 0

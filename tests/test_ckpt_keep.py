@@ -1,12 +1,12 @@
-"""The sets a node keeps cover a peer whose last background write failed (real/ckpt_set.py KEEP).
+"""The sets a node keeps cover a peer whose last background write failed (real/checkpoint/ckpt_set.py KEEP).
 
 Seen under load (two suites at once): node a wrote rounds 5 and 6 and dropped 3 and 4, while
 node victim's write of round 5 had failed on a full disk, noticed only when round 6's checkpoint
 was due (after round 6's sync): the nodes shared no round and --resume refused."""
 import torch
 
-from real.checkpoint import verified_sets
-from real.ckpt_set import set_rounds, write_set
+from real.checkpoint.checkpoint import verified_sets
+from real.checkpoint.ckpt_set import set_rounds, write_set
 
 
 def _parts(round_: int) -> dict:

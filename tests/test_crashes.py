@@ -202,7 +202,7 @@ def test_sweep_unreachable_scheduler(tmp_path, capsys, monkeypatch):
 def test_threads_are_bounded(tmp_path, capsys):
     from calibrate.cli import calibrate_main
     from geodt.run_cmd import run_main
-    from real.options import ExecOptions
+    from real.core.options import ExecOptions
 
     assert max_threads() == THREADS_PER_CPU * (os.cpu_count() or 1)
     with pytest.raises(ValueError, match="--threads: expected 0 \\(auto\\) or 1 to"):

@@ -21,10 +21,10 @@ import pandas as pd
 import pytest
 import torch
 
-from real.checkpoint import verified_sets
-from real.ckpt_set import set_rounds
-from real.launch import launch
-from real.options import ExecOptions
+from real.checkpoint.checkpoint import verified_sets
+from real.checkpoint.ckpt_set import set_rounds
+from real.core.options import ExecOptions
+from real.process.launch import launch
 from tests.proctree import ctrl_c_reaches_it, launcher_env, running, spawned_children
 
 SCENARIO = """name = "faults"
@@ -177,10 +177,10 @@ def test_trace_splits_checkpoint_time_into_blocking_and_background(tmp_path, fin
 # --- disk space --------------------------------------------------------------------------------
 
 def test_too_little_space_is_refused_before_the_run(tmp_path, capfd, monkeypatch):
-    import real.outdir
+    import real.process.outdir
 
     d = _inputs(tmp_path / "in", rounds=2)
-    monkeypatch.setattr(real.outdir.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
+    monkeypatch.setattr(real.process.outdir.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
     capfd.readouterr()
     assert _launch(d, tmp_path / "out") == 2
     lines = _lines(capfd.readouterr().err)
@@ -339,7 +339,7 @@ def test_a_second_run_on_a_busy_out_is_refused_naming_the_first(tmp_path, capsys
 
 
 def test_rendezvous_folders_of_live_launchers_are_kept(tmp_path):
-    from real.outdir import remove_orphan_rendezvous
+    from real.process.outdir import remove_orphan_rendezvous
 
     mine = Path(tempfile.mkdtemp(prefix=f"geodt-rdzv-{os.getpid()}-", dir=tmp_path))
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

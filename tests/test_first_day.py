@@ -165,12 +165,12 @@ def test_refused_runs_leave_nothing(tmp_path, capsys, main, extra, needles):
 
 
 def test_interrupted_before_a_checkpoint_says_there_is_nothing_to_resume(tmp_path):
-    from real.launch import INTERRUPTED, INTERRUPTED_EARLY, interrupted_note
+    from real.process.launch import INTERRUPTED, INTERRUPTED_EARLY, interrupted_note
 
     assert interrupted_note(tmp_path) == INTERRUPTED_EARLY and "nothing to resume" in INTERRUPTED_EARLY
     (tmp_path / "checkpoints").mkdir()
     assert interrupted_note(tmp_path) == INTERRUPTED_EARLY
-    (tmp_path / "checkpoints" / "node0.pt").write_bytes(b"x")  # not a checkpoint set (real/ckpt_set.py)
+    (tmp_path / "checkpoints" / "node0.pt").write_bytes(b"x")  # not a checkpoint set (real/checkpoint/ckpt_set.py)
     assert interrupted_note(tmp_path) == INTERRUPTED_EARLY
     (tmp_path / "checkpoints" / "node0" / "round-000003").mkdir(parents=True)
     (tmp_path / "checkpoints" / "node0" / "round-000003" / "manifest.json").write_text("{}")

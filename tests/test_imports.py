@@ -8,7 +8,8 @@ facts and simulator never import torch; only geodt/ composes stages. No module i
 another's private (`_name`) names, and no import cycle exists between modules. Every import
 statement counts, at module level or inside a function (a lazy import is still an arrow); `ast`
 reads them without importing anything. Inside simulator/, its rooms (models, engines, strategies,
-outputs, sweep, the commands) import down only (SIMULATOR_ROOMS).
+outputs, sweep, the commands) import down only (SIMULATOR_ROOMS); inside real/, its rooms (core,
+rounds, checkpoint, membership, wan, process) likewise (REAL_ROOMS).
 """
 from __future__ import annotations
 
@@ -75,8 +76,8 @@ def test_no_private_name_crosses_modules():
 
 def test_an_imported_private_name_is_caught(tmp_path):
     (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "bad.py").write_text("def f():\n    from real.launch import _pin_gloo\n")
-    assert private_imports(tmp_path) == ["real/bad.py:2: real.launch._pin_gloo"]
+    (tmp_path / "real" / "bad.py").write_text("def f():\n    from real.process.launch import _pin_gloo\n")
+    assert private_imports(tmp_path) == ["real/bad.py:2: real.process.launch._pin_gloo"]
 
 
 def test_every_package_is_walked():
@@ -96,7 +97,7 @@ def test_every_package_is_walked():
     ("simulator", "from calibrate.harness import Calibrator", "calibrate"),
     ("real", "    from calibrate.harness import describe_device", "calibrate"),
     ("facts", "import torch", "torch"),
-    ("train", "from real.sync import encode", "real"),
+    ("train", "from real.core.sync import encode", "real"),
     ("calibrate", "from geodt.calibration import links", "geodt"),
 ])
 def test_an_inserted_import_is_caught(tmp_path, package, statement, name):
@@ -204,15 +205,42 @@ def in_room(module: str, room: str) -> bool:
     return module == room or module.startswith(room + ".")
 
 
+# real/'s rooms, bottom up: core/ (config, options, data, the DiLoCo and Streaming arithmetic, sync,
+# sharding, groups), rounds/ (the Round interface, the inner-step loop, each kind of round, adaptive,
+# trace), checkpoint/ (a checkpoint holds an async or quorum cut: it imports rounds/), membership/
+# (members, the membership store's protocol, injected faults), and at the top process/ (worker,
+# process, launch, supervise, respawn, outdir, cli). wan/ (the shaped WAN) imports nothing of real/
+# and only process/ imports it.
+REAL_ROOMS = {
+    "real.core": ("real.rounds", "real.checkpoint", "real.membership", "real.wan", "real.process"),
+    "real.rounds": ("real.checkpoint", "real.membership", "real.wan", "real.process"),
+    "real.checkpoint": ("real.membership", "real.wan", "real.process"),
+    "real.membership": ("real.wan", "real.process"),
+    "real.wan": ("real.core", "real.rounds", "real.checkpoint", "real.membership", "real.process"),
+}
+ROOMS = {**SIMULATOR_ROOMS, **REAL_ROOMS}
+
+
 def room_violations(root: Path = ROOT) -> list[str]:
     graph = import_graph(root)
     return sorted(f"{module} imports {target}" for module, targets in graph.items() for target in targets
-                  for room, forbidden in SIMULATOR_ROOMS.items()
+                  for room, forbidden in ROOMS.items()
                   if in_room(module, room) and any(in_room(target, f) for f in forbidden))
 
 
 def test_simulator_rooms_import_down_only():
     assert room_violations() == []
+
+
+def test_real_rooms_import_down_only():
+    assert [v for v in room_violations() if v.startswith("real.")] == []
+
+
+def test_every_real_module_sits_in_a_room():
+    rooms = (*REAL_ROOMS, "real.process", "real.__main__")
+    loose = [m for m in import_graph() if in_room(m, "real") and m != "real"
+             and not any(in_room(m, r) for r in rooms)]
+    assert loose == []
 
 
 def test_every_simulator_module_sits_in_a_room():
@@ -240,3 +268,38 @@ def test_an_arrow_up_between_rooms_is_caught(tmp_path, room, statement, target):
     body = f"def f():\n{statement}\n" if statement.startswith(" ") else f"{statement}\n"
     (tmp_path / "simulator" / room / "bad.py").write_text(body)
     assert room_violations(tmp_path) == [f"simulator.{room}.bad imports {target}"]
+
+
+@pytest.mark.parametrize("room, statement, target", [
+    ("core", "from real.rounds.rounds import Round", "real.rounds.rounds"),
+    ("core", "    from real.process.launch import launch", "real.process.launch"),  # inside a function
+    ("rounds", "from real.checkpoint import checkpoint", "real.checkpoint.checkpoint"),
+    ("checkpoint", "from real.membership.members import Fixed", "real.membership.members"),
+    ("membership", "    from real.wan.wan import lost_message", "real.wan.wan"),
+    ("membership", "from real.process.worker import Node", "real.process.worker"),
+    ("wan", "from real.core.options import PeerLost", "real.core.options"),
+])
+def test_an_arrow_up_between_real_rooms_is_caught(tmp_path, room, statement, target):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    for name in ("core", "rounds", "checkpoint", "membership", "wan", "process"):
+        (tmp_path / "real" / name).mkdir()
+        (tmp_path / "real" / name / "__init__.py").write_text("")
+    for module in ("core/options", "rounds/rounds", "checkpoint/checkpoint", "membership/members", "wan/wan",
+                   "process/launch", "process/worker"):
+        (tmp_path / "real" / f"{module}.py").write_text("")
+    body = f"def f():\n{statement}\n" if statement.startswith(" ") else f"{statement}\n"
+    (tmp_path / "real" / room / "bad.py").write_text(body)
+    assert room_violations(tmp_path) == [f"real.{room}.bad imports {target}"]
+
+
+def test_an_arrow_down_between_real_rooms_passes(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    for name in ("core", "rounds", "process"):
+        (tmp_path / "real" / name).mkdir()
+        (tmp_path / "real" / name / "__init__.py").write_text("")
+    (tmp_path / "real" / "core" / "options.py").write_text("")
+    (tmp_path / "real" / "rounds" / "rounds.py").write_text("from real.core.options import PeerLost\n")
+    (tmp_path / "real" / "process" / "worker.py").write_text("from real.rounds.rounds import Round\n")
+    assert room_violations(tmp_path) == []

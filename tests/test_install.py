@@ -78,7 +78,7 @@ def test_conftest_finds_modules_importing_torch_at_top_level(tmp_path):
 
     cases = {"a.py": "import torch\n", "b.py": "from transformers import LlamaConfig\n",
              "c.py": "import torch.distributed as dist\n", "d.py": "def f():\n    import torch\n",
-             "e.py": "import numpy\nfrom real.config import load_plan\n"}
+             "e.py": "import numpy\nfrom real.core.config import load_plan\n"}
     for name, text in cases.items():
         (tmp_path / name).write_text(text)
     assert {n for n in cases if _imports_extra_at_top_level(tmp_path / n)} == {"a.py", "b.py", "c.py"}

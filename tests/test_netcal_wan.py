@@ -1,7 +1,7 @@
 """`geodt calibrate network --wan shaped --scenario S`: the sync timed on the scenario's own
-shaped links (real/wan.py), written as network-profile rows the simulator loads.
+shaped links (real/wan/wan.py), written as network-profile rows the simulator loads.
 
-Needs root and the kernel's netns, veth, bridge and tbf (skips with real.wan.missing_support()'s
+Needs root and the kernel's netns, veth, bridge and tbf (skips with real.wan.wan.missing_support()'s
 reason otherwise). Timing assertions are lower bounds only: a tbf link caps the rate, so a sync
 can take longer on a busy machine, never less than its bytes at the link's rate.
 """
@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 pytest.importorskip("torch")
-from real import wan
+from real.wan import wan
 
 MISSING = wan.missing_support()
 

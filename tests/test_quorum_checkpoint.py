@@ -1,4 +1,4 @@
-"""Checkpoints of a quorum run (real/round_quorum.py, real/checkpoint.py): consistent cuts counted in
+"""Checkpoints of a quorum run (real/rounds/round_quorum.py, real/checkpoint/checkpoint.py): consistent cuts counted in
 arrivals, where a push still waiting for its close is left out and a late push the next close will
 merge is kept; --stop-after at a cut, and a --resume that redoes the same pushes.
 
@@ -16,12 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from real import ckpt_set  # noqa: E402
-from real.checkpoint import latest_state  # noqa: E402
-from real.launch import launch  # noqa: E402
-from real.options import ExecOptions  # noqa: E402
-from real.round_async import Cuts  # noqa: E402
-from real.round_quorum import Push, QuorumServer, past_stop  # noqa: E402
+from real.checkpoint import ckpt_set  # noqa: E402
+from real.checkpoint.checkpoint import latest_state  # noqa: E402
+from real.core.options import ExecOptions  # noqa: E402
+from real.process.launch import launch  # noqa: E402
+from real.rounds.round_async import Cuts  # noqa: E402
+from real.rounds.round_quorum import Push, QuorumServer, past_stop  # noqa: E402
 from tests.test_async_checkpoint import assert_mixed_cut_refused  # noqa: E402
 from tests.test_async_real import PLAN_HEADER  # noqa: E402
 from tests.test_real_runs import final_weights, scenario_text  # noqa: E402

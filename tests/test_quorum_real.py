@@ -1,4 +1,4 @@
-"""Quorum rounds run for real (real/round_quorum.py): a quorum of everyone is DiLoCo, late nodes
+"""Quorum rounds run for real (real/rounds/round_quorum.py): a quorum of everyone is DiLoCo, late nodes
 pull and go on, validate compares staleness, and what a quorum run refuses (its checkpoints:
 tests/test_quorum_checkpoint.py)."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ pytest.importorskip("torch")
 import pandas as pd
 import torch
 
-from real.launch import LaunchError, check_inputs
-from real.options import ExecOptions
-from real.round_quorum import node_shares
-from real.streaming import StreamingSpec
+from real.core.options import ExecOptions
+from real.core.streaming import StreamingSpec
+from real.process.launch import LaunchError, check_inputs
+from real.rounds.round_quorum import node_shares
 from tests.test_async_real import PLAN_HEADER, run
 from tests.test_real_runs import final_weights, scenario_text
 

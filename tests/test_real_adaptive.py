@@ -1,4 +1,4 @@
-"""Adaptive plans in the executor (real/adaptive.py): two CPU nodes (gloo, `tiny` model) run
+"""Adaptive plans in the executor (real/rounds/adaptive.py): two CPU nodes (gloo, `tiny` model) run
 rebalance and deadline rounds; the steps each round took follow formats/adaptive.py's rule on
 the step times the trace measured, and the final weights are DiLoCo's with those steps and
 token weights (a single-process reference)."""
@@ -13,11 +13,11 @@ import torch
 from test_real_runs import SEQ_LEN, _distance, final_weights, plain_model, scenario_text
 
 from formats.adaptive import rebalance_steps, round_time_s
-from real.config import load_plan, load_run_spec
-from real.data import make_shard
-from real.diloco import inner_lr
-from real.launch import launch
-from real.worker import ExecOptions
+from real.core.config import load_plan, load_run_spec
+from real.core.data import make_shard
+from real.core.diloco import inner_lr
+from real.process.launch import launch
+from real.process.worker import ExecOptions
 from train.step import train_step
 
 # The plan's step times are far below what the tiny model takes here, so the rounds must adapt:

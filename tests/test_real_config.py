@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from real.cli import main as real_main
-from real.config import ConfigError, load_plan, load_run_spec
+from real.core.config import ConfigError, load_plan, load_run_spec
+from real.process.cli import main as real_main
 
 PLAN = """strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s
 baseline,a,1,2,3,0.05,192,0.01
@@ -109,8 +109,8 @@ def test_cli_missing_data_file_exits_2(tmp_path, capsys):
 
 
 def test_empty_plan_cells_take_the_scenarios_network_values(tmp_path):
-    from real.launch import check_inputs
-    from real.worker import ExecOptions
+    from real.process.launch import check_inputs
+    from real.process.worker import ExecOptions
 
     scenario = SCENARIO.replace("bandwidth_gbps = 1.0", 'bandwidth_gbps = 1.0\ncollective = "partitioned"\n'
                                                       'payload_dtype = "fp16"')
@@ -130,20 +130,20 @@ def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
 
     pytest.importorskip("tomli")
     import formats.toml
-    import real.config
+    import real.core.config
 
     monkeypatch.setattr(sys, "version_info", (3, 10, 0))
     monkeypatch.setitem(sys.modules, "tomllib", None)  # as on 3.10: no such module
     try:
         assert importlib.reload(formats.toml).tomllib.__name__ == "tomli"
-        module = importlib.reload(real.config)
+        module = importlib.reload(real.core.config)
         assert module.tomllib.__name__ == "tomli"
         _, scenario_path = write(tmp_path)
         assert module.load_run_spec(scenario_path).rounds == 2
     finally:
         monkeypatch.undo()
         importlib.reload(formats.toml)
-        importlib.reload(real.config)
+        importlib.reload(real.core.config)
 
 
 def test_plan_round_trips_through_the_shared_schema(tmp_path):
@@ -163,8 +163,8 @@ def test_plan_round_trips_through_the_shared_schema(tmp_path):
 
 def test_plan_layout_cells_resolve_to_none_and_the_scenarios_outer_state(tmp_path):
     """Empty sharding / activation_checkpointing cells mean none; outer_state comes from [diloco]."""
-    from real.launch import check_inputs
-    from real.worker import ExecOptions
+    from real.process.launch import check_inputs
+    from real.process.worker import ExecOptions
 
     scenario = SCENARIO.replace("[training]", "[training]\nsharding = \"auto\"").replace(
         'averaging = "tokens"', 'averaging = "tokens"\nouter_state = "cpu"')
@@ -175,9 +175,9 @@ def test_plan_layout_cells_resolve_to_none_and_the_scenarios_outer_state(tmp_pat
 
 
 def test_executor_refuses_a_layout_it_does_not_run(tmp_path):
-    """A sharded node runs classic DiLoCo rounds only (real/sharding.py); sync-ddp is refused."""
-    from real.launch import LaunchError, check_inputs
-    from real.worker import ExecOptions
+    """A sharded node runs classic DiLoCo rounds only (real/core/sharding.py); sync-ddp is refused."""
+    from real.process.launch import LaunchError, check_inputs
+    from real.process.worker import ExecOptions
 
     plan = ("strategy,node,gpus,batch_size,local_steps,step_s,tokens_per_round,comm_s,sync,sharding\n"
             "sync-ddp,a,2,2,3,0.05,384,0.01,gradients,zero2\n")
@@ -190,7 +190,7 @@ def test_executor_refuses_a_layout_it_does_not_run(tmp_path):
 
 
 def test_on_the_shaped_wan_the_collectives_leave_time_to_name_the_lost_node_and_stop():
-    from real.options import SHAPED_STOP_BUDGET_S, ExecOptions
+    from real.core.options import SHAPED_STOP_BUDGET_S, ExecOptions
 
     assert SHAPED_STOP_BUDGET_S == 4.0
     assert ExecOptions(out_dir="o", timeout_s=10.0).collective_timeout_s() == 10.0  # loopback: as given

@@ -1,4 +1,4 @@
-"""--on-node-loss continue in every kind of run the one round loop runs (real/members.py): Streaming
+"""--on-node-loss continue in every kind of run the one round loop runs (real/membership/members.py): Streaming
 DiLoCo, sync-ddp, a partitioned int8 average, two nodes lost in one round, drift, the shaped WAN.
 Each is a real run of hetero-cpu's four CPU nodes (emulated steps) with [[nodes]] outages injected
 (each lost node SIGKILLs itself at its round's start and is restarted at once): it ends 0, which the
@@ -87,7 +87,7 @@ def test_drift_runs_under_continue(tmp_path, capfd):
 
 
 def test_shaped_wan_loses_a_node_and_goes_on(tmp_path, capfd):
-    from real import wan
+    from real.wan import wan
 
     missing = wan.missing_support()
     if missing is not None:

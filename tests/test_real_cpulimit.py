@@ -136,7 +136,7 @@ def _drift_child(queue):
     group = next(Path("/sys/fs/cgroup").glob(f"**/geodt-test-drift.{os.getpid()}"))
     quota_file = group / ("cpu.max" if (group / "cpu.max").exists() else "cpu.cfs_quota_us")
     before = quota_file.read_text().split()[0]
-    set_own_quota(0.5 / 1.25)  # a drift of factor 1.25 injected mid-run (real/worker.py)
+    set_own_quota(0.5 / 1.25)  # a drift of factor 1.25 injected mid-run (real/process/worker.py)
     after = quota_file.read_text().split()[0]
     cleanup()
     queue.put((refused, (before, after)))

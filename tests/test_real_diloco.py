@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from formats.scenario import DilocoConfig
-from real.data import ArrayShard, SyntheticShard, make_chain
-from real.diloco import OuterState, averaging_weights, inner_lr, outer_sync
+from real.core.data import ArrayShard, SyntheticShard, make_chain
+from real.core.diloco import OuterState, averaging_weights, inner_lr, outer_sync
 
 
 def test_inner_lr_warmup_then_cosine_to_min_ratio():

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from real.ckpt_set import set_rounds
+from real.checkpoint.ckpt_set import set_rounds
 from tests.tiny_run import tiny_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -116,8 +116,8 @@ def test_host_binds_the_store_to_that_address_only(tmp_path):
     ip = _lan_address()
     if ip is None:
         pytest.skip("no non-loopback IPv4 address")
-    from real.launch import launch
-    from real.worker import ExecOptions
+    from real.process.launch import launch
+    from real.process.worker import ExecOptions
 
     (tmp_path / "plan.csv").write_text(PLAN)
     (tmp_path / "scenario.toml").write_text(SCENARIO.replace("rounds = 50", "rounds = 1"))

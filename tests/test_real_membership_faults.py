@@ -1,7 +1,7 @@
-"""--on-node-loss continue under the faults that strain the membership protocol (real/membership.py):
+"""--on-node-loss continue under the faults that strain the membership protocol (real/membership/membership.py):
 two nodes lost in the same round, a node lost before round 0, a node lost while the survivors'
 epoch forms, a restarted node killed while it joins. Each is injected at its exact point
-(real/inject.py) into real processes; the survivors must finish with identical final weights, and
+(real/membership/inject.py) into real processes; the survivors must finish with identical final weights, and
 within --timeout-s (a survivor stuck in gloo's rendezvous for a dead member would take all of it).
 Also: the membership store is private to this user, members whose final weights differ end the
 run with 1, and --host's unauthenticated rendezvous is said or refused."""
@@ -97,7 +97,7 @@ def test_members_whose_final_weights_differ_end_the_run_with_1(tmp_path):
 
 def test_differing_weights_names_the_nodes():
     from formats.plan import NodePlan, Plan
-    from real.respawn import differing_weights
+    from real.process.respawn import differing_weights
 
     class Store:
         def __init__(self, values):
@@ -120,8 +120,8 @@ def test_differing_weights_names_the_nodes():
 
 
 def test_the_membership_store_is_a_file_only_this_user_can_open(tmp_path):
-    from real.membership import connect_store
-    from real.outdir import rendezvous_dir
+    from real.membership.membership import connect_store
+    from real.process.outdir import rendezvous_dir
 
     with rendezvous_dir() as folder:
         assert stat.S_IMODE(Path(folder).stat().st_mode) == 0o700
@@ -132,7 +132,7 @@ def test_the_membership_store_is_a_file_only_this_user_can_open(tmp_path):
 
 
 def test_host_any_is_refused_without_the_flag_and_other_hosts_are_warned(tmp_path):
-    from real.launch import LaunchError, check_host_policy
+    from real.process.launch import LaunchError, check_host_policy
 
     with pytest.raises(LaunchError, match=r"^--host 0\.0\.0\.0: binds every interface .* or --allow-any-host$"):
         check_host_policy("0.0.0.0", "0.0.0.0", allow_any=False)

@@ -1,4 +1,4 @@
-"""--on-node-loss continue (real/members.py, real/respawn.py): a node's process SIGKILLed mid-run
+"""--on-node-loss continue (real/membership/members.py, real/process/respawn.py): a node's process SIGKILLed mid-run
 leaves the others training among themselves, and with --rejoin-after-s it comes back from a live
 peer's global weights and outer state; stop stays as it was (tests/test_real_failures.py)."""
 from __future__ import annotations
@@ -140,7 +140,7 @@ def test_an_adaptive_round_after_a_loss_covers_the_plans_K_over_the_members_and_
     lost and a and c's retried barrier plans round 1 over them: T = 0.75 s (6 + 2 steps = K), b keeps
     its estimate. b rejoins, taking a's state: T = 0.75 s over all three (6 + 1 + 2 = 9 >= K, the least
     T; with the plan's 0.25 s for b it would be 0.625 s and 5 + 2 + 1)."""
-    from real.adaptive import AdaptiveRounds, round_weights
+    from real.rounds.adaptive import AdaptiveRounds, round_weights
 
     for mode in ("rebalance", "deadline"):
         plan = _adaptive_plan(mode)

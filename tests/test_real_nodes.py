@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from facts.presets import load_arch
-from real.launch import launch
-from real.worker import ExecOptions
+from real.process.launch import launch
+from real.process.worker import ExecOptions
 from tests.test_real_runs import SEQ_LEN, _distance, scenario_text
 from train.models import build_model
 
@@ -90,9 +90,9 @@ def test_cpu_limits_from_the_plan_are_applied_and_removed(tmp_path):
 def test_gradient_sync_plan_is_synchronous_data_parallel(tmp_path):
     """sync = gradients (sync-ddp): devices of b = 1, 1 (node a) and 2 (node b) per step equal
     one process stepping on the concatenated batch of 4, the global batch's mean loss."""
-    from real.config import load_run_spec
-    from real.data import make_shard
-    from real.diloco import inner_lr
+    from real.core.config import load_run_spec
+    from real.core.data import make_shard
+    from real.core.diloco import inner_lr
     from train.step import make_optimizer, train_step
 
     d = tmp_path / "sync"

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from facts.presets import load_arch
-from real.checkpoint import latest_state
-from real.ckpt_set import load_set, read_manifest, write_set
-from real.config import load_plan, load_run_spec
-from real.data import make_shard
-from real.diloco import inner_lr
-from real.launch import launch
-from real.worker import ExecOptions
+from real.checkpoint.checkpoint import latest_state
+from real.checkpoint.ckpt_set import load_set, read_manifest, write_set
+from real.core.config import load_plan, load_run_spec
+from real.core.data import make_shard
+from real.core.diloco import inner_lr
+from real.process.launch import launch
+from real.process.worker import ExecOptions
 from train.models import build_model
 from train.step import make_optimizer, train_step
 

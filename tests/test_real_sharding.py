@@ -2,7 +2,7 @@
 
 Node a has 2 devices at batch 2 per device, node b 1 device; two rounds of DiLoCo, so the
 sharded node's pseudo-gradient goes through the gather to its leader, the cross-node average
-and the scatter back to the shards (real/sharding.py). Sharded and unsharded differ only in
+and the scatter back to the shards (real/core/sharding.py). Sharded and unsharded differ only in
 float summation order: FSDP2 averages gradients by a reduce-scatter of each parameter where
 the unsharded node all-reduces one flat vector, and the gradient norm for clipping is summed
 over shards then across processes instead of over whole tensors. Those are rounding-level
@@ -22,10 +22,10 @@ import torch
 from facts.presets import load_arch
 from formats.plan import NodePlan, Plan
 from formats.wire import bytes_sent_per_sync
-from real.checkpoint import latest_state
-from real.launch import launch
-from real.options import ExecOptions
-from real.sharding import ShardingSpec
+from real.checkpoint.checkpoint import latest_state
+from real.core.options import ExecOptions
+from real.core.sharding import ShardingSpec
+from real.process.launch import launch
 from tests.test_real_runs import SEQ_LEN, _distance, scenario_text
 from train.models import build_model
 
@@ -130,7 +130,7 @@ def _layout_worker(rank: int, world: int, store_path: str, results) -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
-    from real.sharding import ShardLayout
+    from real.core.sharding import ShardLayout
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)

@@ -1,7 +1,7 @@
 """The cross-node average for every payload dtype and collective, against the fp32 average.
 
-Three gloo processes average known vectors through real.sync.CrossNodeSync. Tolerances come
-from the encodings (real/sync.py): fp32 partitioned only reorders the fp32 sum; fp16 rounds
+Three gloo processes average known vectors through real.core.sync.CrossNodeSync. Tolerances come
+from the encodings (real/core/sync.py): fp32 partitioned only reorders the fp32 sum; fp16 rounds
 each node's values and the aggregated sum to fp16 (≤ 2^-11 relative each); int8 is off by at
 most s/2 per element per encoding (s = the chunk's max|x|/127), over the n nodes' segments
 and the aggregated one. bytes_sent must equal formats.wire.bytes_sent_per_sync exactly.
@@ -32,7 +32,7 @@ def inputs(rank: int) -> torch.Tensor:
 def _worker(rank: int, store_path: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from real.sync import CrossNodeSync
+    from real.core.sync import CrossNodeSync
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, N), rank=rank, world_size=N)
@@ -110,7 +110,7 @@ def test_pipelined_pieces_give_the_same_bits_and_bytes(results, case):
 
 
 def test_piece_bounds_cut_at_int8_chunks_and_cover_the_segment():
-    from real.sync import piece_bounds
+    from real.core.sync import piece_bounds
 
     assert piece_bounds(1000, 3) == [(0, 512), (512, 1000), (1000, 1000)]
     assert piece_bounds(333, 3) == [(0, 256), (256, 333), (333, 333)]

@@ -1,8 +1,8 @@
-"""The shaped WAN (real/wan.py): link rates, what stays inside a node, and that geodt removes
+"""The shaped WAN (real/wan/wan.py): link rates, what stays inside a node, and that geodt removes
 every namespace it made (normal exit, a failed build, stale leftovers of a killed run).
 
 These need root and the kernel's netns, veth, bridge and tbf; without them they skip with
-the reason real.wan.missing_support() gives. Runs of the executor on the WAN (a cut link,
+the reason real.wan.wan.missing_support() gives. Runs of the executor on the WAN (a cut link,
 a killed node, Ctrl-C) are in tests/test_real_wan_failures.py.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from real import wan
+from real.wan import wan
 
 MISSING = wan.missing_support()
 pytestmark = [pytest.mark.wan, pytest.mark.skipif(MISSING is not None, reason=MISSING or "")]

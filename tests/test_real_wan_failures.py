@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from real import wan
-from real.checkpoint import verified_sets, weights_digest
-from real.ckpt_set import load_set, set_rounds
+from real.checkpoint.checkpoint import verified_sets, weights_digest
+from real.checkpoint.ckpt_set import load_set, set_rounds
+from real.wan import wan
 from tests.proctree import ctrl_c_reaches_it, launcher_env
 from tests.tiny_run import tiny_scenario
 

@@ -1,5 +1,5 @@
-"""Whom a node blames when it loses its peers on the shaped WAN (real/wan.py lost_message,
-real/process.py _say_lost), on loopback addresses: no namespaces or root needed.
+"""Whom a node blames when it loses its peers on the shaped WAN (real/wan/wan.py lost_message,
+real/process/process.py _say_lost), on loopback addresses: no namespaces or root needed.
 
 The race this pins down (seen in CI): node a notices the killed victim first, reports it and
 exits; node c notices only when a's exit breaks its ring connection, and must not name a too.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from real import wan
-from real.process import _say_lost
+from real.process.process import _say_lost
+from real.wan import wan
 
 
 def _links(*names: str) -> tuple[wan.NodeLink, ...]:

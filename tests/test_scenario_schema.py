@@ -17,7 +17,7 @@ from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 # The stages' scenario readers: neither may define a default or an allowed value of these sections.
-READERS = ("simulator/scenario.py", "real/config.py")
+READERS = ("simulator/scenario.py", "real/core/config.py")
 CLASSES = (TrainingConfig, NetworkConfig, SimulationConfig)
 KEYS = {f.name for cls in CLASSES for f in fields(cls)}
 STRING_DEFAULTS = {f.default for cls in CLASSES for f in fields(cls) if isinstance(f.default, str)}
@@ -81,7 +81,7 @@ def test_a_second_copy_is_caught(copy):
 
 def test_executor_and_simulator_read_the_same_defaults(tmp_path):
     """A scenario that gives only what the executor requires: every value it reads is the section's default."""
-    from real.config import load_run_spec
+    from real.core.config import load_run_spec
 
     path = tmp_path / "scenario.toml"
     path.write_text('name = "t"\n[model]\npreset = "tiny"\n[training]\nrounds = 3\n')
@@ -102,7 +102,7 @@ def test_executor_and_simulator_read_the_same_defaults(tmp_path):
 def test_both_stages_refuse_a_bad_key_alike(tmp_path, section, line, message):
     """The same one-line message from the simulator (InputError) and the executor (ConfigError)."""
     from formats.errors import InputError
-    from real.config import ConfigError, load_run_spec
+    from real.core.config import ConfigError, load_run_spec
     from simulator.scenario import load_scenario
 
     path = tmp_path / "scenario.toml"

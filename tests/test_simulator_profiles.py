@@ -167,7 +167,7 @@ def test_a_node_prices_its_outer_step_from_its_own_profile(tmp_path):
 
 
 def test_calibrate_device_times_the_hosts_checkpoint_and_the_simulator_prices_it(tmp_path, capsys):
-    """`geodt calibrate device` times real/checkpoint.py's snapshot and write on its host into the
+    """`geodt calibrate device` times real/checkpoint/checkpoint.py's snapshot and write on its host into the
     profile (ns per byte, every row alike; its timing file removed), and a scenario of that profile
     prices its checkpoints from them."""
     pytest.importorskip("torch")  # calibrate device times steps
@@ -203,12 +203,12 @@ def test_a_checkpoint_that_cannot_be_written_leaves_the_profile_without_its_colu
 
     import pandas as pd
 
-    import real.checkpoint
+    import real.checkpoint.checkpoint
     from geodt.cli import main
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", "x")
-    monkeypatch.setattr(real.checkpoint, "time_checkpoint", full)
+    monkeypatch.setattr(real.checkpoint.checkpoint, "time_checkpoint", full)
     out = tmp_path / "p.csv"
     assert main(["calibrate", "device", "--device", "cpu", "--model", "tiny", "--seq-len", "16", "--batch", "1",
                  "--repeats", "1", "--warmup", "0", "--compile", "off", "--out", str(out)]) == 0

@@ -82,7 +82,7 @@ def test_a_scenario_prices_and_names_its_stack_on_gpu_nodes():
 def test_geodt_run_refuses_a_planning_only_stack(tmp_path):
     from test_real_config import SCENARIO
 
-    from real.config import ConfigError, load_run_spec
+    from real.core.config import ConfigError, load_run_spec
 
     path = tmp_path / "scenario.toml"
     path.write_text(SCENARIO.replace("batch_size = 2\n", 'batch_size = 2\nstack = "torchtitan-eager"\n'))

@@ -1,4 +1,4 @@
-"""Streaming DiLoCo (real/streaming.py): layout, schedule, torchft's regression fixtures, and
+"""Streaming DiLoCo (real/core/streaming.py): layout, schedule, torchft's regression fixtures, and
 executor runs (P = 1 against the classic loop bit for bit, payloads and collectives per
 fragment, resume, overlap accounting, bad input)."""
 from __future__ import annotations
@@ -12,11 +12,11 @@ import torch
 
 from formats.plan import NodePlan, load_plan
 from formats.wire import bytes_sent_per_sync
-from real.checkpoint import latest_state
-from real.diloco import OuterState
-from real.launch import launch
-from real.options import ExecOptions
-from real.streaming import FragmentedOuter, StreamingSpec, fragment_layout
+from real.checkpoint.checkpoint import latest_state
+from real.core.diloco import OuterState
+from real.core.options import ExecOptions
+from real.core.streaming import FragmentedOuter, StreamingSpec, fragment_layout
+from real.process.launch import launch
 from tests.test_real_runs import scenario_text
 
 FIXTURES = Path(__file__).parent / "fixtures" / "torchft"

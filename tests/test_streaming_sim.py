@@ -291,10 +291,10 @@ def test_streaming_keeps_classic_diloco_when_nothing_is_to_hide(write_scenario):
 
 def test_the_executor_runs_the_fragments_plan_csv_carries(tmp_path):
     """plan.csv's streaming columns, as the simulator writes them, are what the executor runs
-    (real/streaming.py reads the Plan attributes): two fragments, one step of delay, per node."""
+    (real/core/streaming.py reads the Plan attributes): two fragments, one step of delay, per node."""
     pytest.importorskip("torch")
-    from real.launch import launch
-    from real.options import ExecOptions
+    from real.core.options import ExecOptions
+    from real.process.launch import launch
     from tests.test_real_runs import scenario_text
 
     nodes = (NodePlan(node="a", gpus=1, batch_size=1, local_steps=4, step_s=0.01),

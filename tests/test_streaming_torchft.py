@@ -23,11 +23,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from facts.presets import load_arch
-from real.config import load_run_spec
-from real.data import make_shard
-from real.diloco import inner_lr
-from real.launch import launch
-from real.options import ExecOptions
+from real.core.config import load_run_spec
+from real.core.data import make_shard
+from real.core.diloco import inner_lr
+from real.core.options import ExecOptions
+from real.process.launch import launch
 from tests.test_real_runs import SEQ_LEN, plan_text, scenario_text
 from train.models import build_model
 from train.step import make_optimizer, train_step

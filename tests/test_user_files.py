@@ -13,7 +13,7 @@ import pytest
 from formats.files import child_path
 from formats.owners import own_temp, remove_orphan_temps
 from geodt.run_cmd import run_main
-from real.outdir import remove_stale_outputs
+from real.process.outdir import remove_stale_outputs
 from simulator.cli import plan_main, simulate_main
 from simulator.sweep.sweep_cli import main as sweep_main
 

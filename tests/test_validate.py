@@ -397,10 +397,10 @@ def test_validation_figure_names_an_emulated_run_emulated(tmp_path, monkeypatch)
 
 
 def test_trace_csv_records_how_the_run_was_made():
-    """real/trace.py: mode and time_scale on every row, after the timeline's and the executor's columns."""
+    """real/rounds/trace.py: mode and time_scale on every row, after the timeline's and the executor's columns."""
     from formats.timeline import RUN_COLUMNS, TRACE_COLUMNS
-    from real.options import ExecOptions
-    from real.trace import run_columns, trace_frame
+    from real.core.options import ExecOptions
+    from real.rounds.trace import run_columns, trace_frame
 
     row = dict.fromkeys(TRACE_COLUMNS, 0) | {"strategy": "baseline", "node": "a"}
     emulated = trace_frame([row], ["a"], run_columns(ExecOptions(out_dir=".", emulate=True, time_scale=0.5)))

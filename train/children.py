@@ -2,7 +2,7 @@
 
 `geodt calibrate scenario --scenario` keeps every device stepping until the last one is done and waits
 at barriers without a timeout, `geodt calibrate network` waits in collectives, and a local
-run's workers (real/launch.py) ignore SIGINT so that the launcher alone handles Ctrl-C. torch's
+run's workers (real/process/launch.py) ignore SIGINT so that the launcher alone handles Ctrl-C. torch's
 start_processes asks the kernel for SIGINT to each child when its parent goes, but a command
 started with SIGINT ignored (a background job of a script, nohup) hands that on to its
 children, and they then ignore it: killed (SIGKILL, or SIGTERM, which Python does not turn into
@@ -11,7 +11,7 @@ workers training until their collectives timed out. Each of them calls
 `die_with_parent(parent_pid)` first: the kernel then sends it SIGKILL when its parent goes
 (prctl PR_SET_PDEATHSIG), and it exits at once if the parent is already gone. A CPU cgroup or
 network namespace left behind that way is removed the next time one is made
-(train/cpulimit.py, real/wan.py). Elsewhere than Linux this does nothing. Standard library
+(train/cpulimit.py, real/wan/wan.py). Elsewhere than Linux this does nothing. Standard library
 only.
 """
 from __future__ import annotations

@@ -140,7 +140,7 @@ def _set_quota(quota: float, tag: str) -> Callable[[], None]:
 
 def set_own_quota(quota: float) -> None:
     """Change the quota of the cgroup apply_cpu_limits made for this process (a drift injected
-    mid-run: real/worker.py). CpuLimitError where this process is not in a group of its own."""
+    mid-run: real/process/worker.py). CpuLimitError where this process is not in a group of its own."""
     group = _own_cgroup_v2() if _v2() else _own_cgroup_v1()
     if not group.name.endswith(f".{os.getpid()}"):  # never a parent group shared with others
         raise CpuLimitError(f"cpu_quota: this process has no cgroup of its own ({group}); "

@@ -109,7 +109,7 @@ def _check(args):
                          f"of {', '.join(RUNS)}")
     if "baseline" not in runs and not _done_runs(args.out or Path("out") / scenario.name / "convergence.csv"):
         raise InputError(f"--runs {args.runs}: expected baseline among them (every run is measured against it)")
-    from real.data import DataError, load_tokens
+    from real.core.data import DataError, load_tokens
 
     try:  # a corpus that cannot be read is one line now, not a failed run later
         load_tokens(args.data, scenario.model.arch.vocab_size if scenario.model.arch else 256)
@@ -184,7 +184,7 @@ def _rows(scenario, name: str, run_dir: Path, data: str):
     import torch
 
     from formats.convergence import COLUMNS
-    from real.data import corpus_digest
+    from real.core.data import corpus_digest
     from simulator.scenario import load_scenario
 
     trace = pd.read_csv(run_dir / "trace.csv")

@@ -1,13 +1,13 @@
 """`geodt calibrate device`: a device's profile (calibrate/cli.py), then the outer step on its host.
 
-After the batches, the host's DiLoCo outer step (real.diloco.time_outer_step: pseudo-gradient,
+After the batches, the host's DiLoCo outer step (real.core.diloco.time_outer_step: pseudo-gradient,
 divide, Nesterov, weights back; no all-reduce) is timed with the weights on the device and the
 outer state on the CPU (OpenDiLoCo's place; on a GPU the weights' copies down and up are
 included) and, on a GPU, on the device, and written into the profile as nanoseconds per
 parameter (formats/profile.py OUTER_STEP_COLUMNS, the same on every row). The simulator prices
 that node's outer step from them (simulator/models/network.py).
 
-Then the host's checkpoint (real.checkpoint.time_checkpoint: the snapshot into host memory that
+Then the host's checkpoint (real.checkpoint.checkpoint.time_checkpoint: the snapshot into host memory that
 blocks training, and the write behind it, into the profile's own folder, the disk this host's
 runs are likeliest to use) goes in as nanoseconds per byte (CHECKPOINT_COLUMNS); the simulator
 prices checkpoints from them where no network profile measured them (simulator/models/checkpoints.py).
@@ -35,7 +35,7 @@ CHECKPOINT_REPEATS = 2
 
 def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
     """{"cpu": ns, "device": ns} per parameter of the outer step on this host (no "device" on CPU)."""
-    from real.diloco import time_outer_step
+    from real.core.diloco import time_outer_step
 
     params = min(params, MAX_TIMED_PARAMS)
     places = {"cpu": "cpu"} if device == "cpu" else {"cpu": "cpu", "device": device}
@@ -45,7 +45,7 @@ def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
 
 def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, float]:
     """{"snapshot": ns, "write": ns} per checkpoint byte on this host (module docstring)."""
-    from real.checkpoint import time_checkpoint
+    from real.checkpoint.checkpoint import time_checkpoint
     from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
 
     params = min(params, MAX_CHECKPOINT_PARAMS)

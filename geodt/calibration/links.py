@@ -5,13 +5,13 @@ do (a FileStore on loopback locally; env:// under torchrun) and measure, after o
 each, `--repeats` times:
 
 - a SUM all-reduce of fp32 buffers from 64 KiB up to `--max-mib` (×4 per size);
-- the outer step of real/diloco.py (pseudo-gradient, Nesterov SGD, copy back) over the same
+- the outer step of real/core/diloco.py (pseudo-gradient, Nesterov SGD, copy back) over the same
   numbers of parameters, split into 1 Mi-parameter tensors as a model's layers are, on every
   rank at once (they all run it in a real sync; the slowest rank's time is kept);
 - a checkpoint write of the same numbers of bytes (torch.save to a temp name, rename), on
-  every rank at once into the output's directory, as real/checkpoint.py writes, and the
+  every rank at once into the output's directory, as real/checkpoint/checkpoint.py writes, and the
   snapshot before it (a fresh host copy of the state, the part that blocks training);
-- per payload dtype (fp32, fp16, int8), real/sync.py's encode() of the same numbers of fp32
+- per payload dtype (fp32, fp16, int8), real/core/sync.py's encode() of the same numbers of fp32
   elements and decode() back, on every rank at once, as every node encodes in a real sync
   (rows `encode` / `decode`, size in elements, column payload_dtype).
 
@@ -176,14 +176,14 @@ def _beside_average(spec: dict, compute):
 
 def _time_overlapped(repeats: int, fn, mark_start, before, beside) -> list[float]:
     """Seconds of fn() per repeat on this rank, fn on a communication thread as Streaming
-    DiLoCo's (real/streaming.py BackgroundSync): per repeat, before() (the steps up to the
+    DiLoCo's (real/core/streaming.py BackgroundSync): per repeat, before() (the steps up to the
     average's start), then fn() begun on the thread, all ranks marked started by mark_start()
     (the run's leaders' one-element all-reduce) and timed from there, while beside() (τ steps)
     runs; the next repeat once both are done. No barrier between repeats: as in a run, only the
     averages line the ranks up. After a warm-up average."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from real.streaming import threads_for_comm
+    from real.core.streaming import threads_for_comm
 
     def timed() -> float:
         mark_start()
@@ -239,7 +239,7 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
     import torch
     import torch.distributed as dist
 
-    from real.diloco import OuterState
+    from real.core.diloco import OuterState
 
     barrier, slowest, _ = _join_gloo(rank, world, store_path, args_dict["threads"])
 
@@ -271,7 +271,7 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
         rows.append(("checkpoint", size, slowest(_time_all(repeats, save, barrier))))
         path.unlink(missing_ok=True)
 
-        def snapshot():  # the blocking part of real/checkpoint.py's save: fresh host copies
+        def snapshot():  # the blocking part of real/checkpoint/checkpoint.py's save: fresh host copies
             return [p.detach().to("cpu", copy=True) for p in params]
         rows.append(("snapshot", size, slowest(_time_all(repeats, snapshot, barrier))))
         rows.extend(codec_rows(size // 4, repeats, barrier, slowest))
@@ -291,11 +291,11 @@ def _affine_rate(fit) -> str:
 
 def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
     """(kind, elements, [seconds], payload_dtype) for encode() and decode() of `elements` fp32
-    values (real/sync.py), each payload dtype, timed on every rank at once."""
+    values (real/core/sync.py), each payload dtype, timed on every rank at once."""
     import torch
 
     from formats.wire import PAYLOAD_BYTES
-    from real.sync import decode, encode
+    from real.core.sync import decode, encode
 
     rows = []
     values = torch.randn(elements, generator=torch.Generator().manual_seed(elements))
@@ -318,7 +318,7 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     """Rows (kind, size, [seconds per repeat]) measured among `processes` spawned processes."""
     import torch.multiprocessing as mp
 
-    from real.launch import pin_gloo
+    from real.process.launch import pin_gloo
 
     pin_gloo("127.0.0.1")  # nothing listens beyond loopback
     ctx = mp.get_context("spawn")
@@ -355,7 +355,7 @@ def wan_node(link, cores, quota, parent_pid: int, cgroup: str):
     """This spawned process as one node of a shaped WAN: it dies with `parent_pid`, enters the
     node's namespace (before any socket exists) and runs under the CPU limits (None, None: none)
     until the block ends."""
-    from real.wan import enter
+    from real.wan.wan import enter
     from train.children import die_with_parent
     from train.cpulimit import apply_cpu_limits
 
@@ -371,7 +371,7 @@ def wan_node(link, cores, quota, parent_pid: int, cgroup: str):
 def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:
     """One node of the shaped WAN: into its namespace and under its leader's CPU limits (a node
     with a CPU quota runs its share of the sync, copies, sums and encoding, at that quota in a
-    run), then every (dtype, collective, size) through real/sync.py's CrossNodeSync exactly as
+    run), then every (dtype, collective, size) through real/core/sync.py's CrossNodeSync exactly as
     the executor's leaders average."""
     cores, quota = args_dict["limits"][rank]
     with wan_node(links[rank], cores, quota, args_dict["parent_pid"], f"geodt-netcal-{rank}"):
@@ -383,7 +383,7 @@ def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict
     import torch
     import torch.distributed as dist
 
-    from real.sync import CrossNodeSync
+    from real.core.sync import CrossNodeSync
 
     barrier, slowest, every = _join_gloo(rank, world, store_path, args_dict["threads"])
 
@@ -421,7 +421,7 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
                    collectives: list[str], repeats: int, threads: int, progress=None, describe=None,
                    limits: list[tuple] | None = None, between: list[dict] | None = None) -> tuple[list, dict]:
     """(rows, inner): rows (kind, size, [seconds], payload_dtype[, collective[, node]]) measured
-    among one process per node, each in its node's namespace of a shaped WAN (real/wan.py) built
+    among one process per node, each in its node's namespace of a shaped WAN (real/wan/wan.py) built
     for `nodes` [(name, link_gbps)] and removed on every way out, under `limits` [(cores, quota)]
     per node (None: none), each node running its `between` (_between_averages: real inner steps
     or a busy loop; None: nothing) between two averages as it would between two syncs of a run;
@@ -429,7 +429,7 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
     averages]})}, empty for a node without inner steps. WanError where it cannot be built."""
     import torch.multiprocessing as mp
 
-    from real.wan import ShapedWan
+    from real.wan.wan import ShapedWan
 
     args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
                  "threads": threads, "limits": limits or [(None, None)] * len(nodes),

@@ -47,7 +47,7 @@ def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
     from train.step import random_batch, train_step
 
     node, j, gpus, cores, quota = jobs[rank]
-    cores = device_cores(cores, gpus, j)  # as real/process.py places a node's devices
+    cores = device_cores(cores, gpus, j)  # as real/process/process.py places a node's devices
     cleanup = apply_cpu_limits(cores, quota, f"geodt-cal-{rank}")
     try:
         torch.set_num_threads(setup["threads"])

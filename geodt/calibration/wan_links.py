@@ -1,8 +1,8 @@
 """`geodt calibrate network --wan shaped --scenario S`: the sync measured on the scenario's own links.
 
 One process per node of the scenario, each in its node's network namespace of a shaped WAN
-(real/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
-as the simulator's simulator/models/network.link_gbps gives it), runs real/sync.py's cross-node
+(real/wan/wan.py: tbf both ways at the node's link_gbps, min(network.bandwidth_gbps, uplink_gbps),
+as the simulator's simulator/models/network.link_gbps gives it), runs real/core/sync.py's cross-node
 average exactly as the executor's node leaders do (under their CPU limits: cpu_cores,
 cpu_quota; between two averages each runs its round, the scenario's H inner steps at its batch,
 as between two syncs of a run, and with Streaming DiLoCo its fragment schedule, τ of those steps
@@ -179,7 +179,7 @@ def between_averages(scenario, plan=None) -> list[dict]:
 def overlapped_steps(local_steps: int, fragments: int, delay_steps: int) -> tuple[int, int]:
     """(steps before an average starts, steps run beside it) as a run's schedule has them: classic
     DiLoCo (P = 1, τ = 0) H steps, then an average that blocks; Streaming DiLoCo one average per
-    fragment, ⌊H/P⌋ steps apart (the first fragment's period; real/streaming.py), begun τ steps
+    fragment, ⌊H/P⌋ steps apart (the first fragment's period; real/core/streaming.py), begun τ steps
     before its merge, so ⌊H/P⌋ − τ before and τ beside."""
     from formats.plan import merge_steps
 
@@ -243,7 +243,7 @@ def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) ->
 
     from formats.netprofile import SHAPED_BACKEND
     from geodt.calibration.links import codec_summary, measure_shaped, to_frame
-    from real.wan import WanError
+    from real.wan.wan import WanError
     from simulator.models.netfit import read_network_profile
 
     prog = "geodt calibrate network --wan shaped"

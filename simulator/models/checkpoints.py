@@ -1,4 +1,4 @@
-"""What a run's checkpoints cost its timeline (the executor's: real/checkpoint.py).
+"""What a run's checkpoints cost its timeline (the executor's: real/checkpoint/checkpoint.py).
 
 After every `[training] checkpoint_every`-th round (absent: the Young/Daly interval from one
 checkpoint's cost and `[simulation] mtbf_s`, in rounds of the mean round; formats/scenario.py), the executor stops

@@ -8,8 +8,8 @@
   Nesterov SGD, copy back into the model), run on every rank at once (the slowest rank's time);
 - kind `checkpoint`: writing a checkpoint of `size` bytes as the executor does (temp, rename);
 - kind `snapshot`: copying `size` bytes of state into host memory, the part of a checkpoint that
-  blocks training (the write runs in the background; real/checkpoint.py);
-- kinds `encode` / `decode`: real/sync.py's encode() of `size` fp32 elements into
+  blocks training (the write runs in the background; real/checkpoint/checkpoint.py);
+- kinds `encode` / `decode`: real/core/sync.py's encode() of `size` fp32 elements into
   `payload_dtype` (fp16 cast; int8 with one fp32 scale per 256 values) and decode() back.
 
 One row per (kind, processes, size[, payload_dtype, collective]), tidy CSV. `NetworkModel` fits:

@@ -27,7 +27,7 @@ still sends and receives its own payload once, hence the floor 1 / min B. Two la
 
 With equal links τ = 2(n−1)/(n·B), the ring's bandwidth term; with one slow link the
 partitioned collective approaches P·8 / B_slow against the ring's 2(n−1)/n · P·8 / B_slow.
-Encoding (real/sync.py). Except the fused ring + fp32 all-reduce, the executor encodes and
+Encoding (real/core/sync.py). Except the fused ring + fp32 all-reduce, the executor encodes and
 decodes its payload on the CPU (or GPU): node i with segment L_i of the P parameters encodes
 its n segments (P elements), decodes the n received versions of its own segment (n·L_i),
 encodes the sum (L_i) and decodes the n gathered segments (P). With a network profile's
@@ -68,7 +68,7 @@ from simulator.models.timing import NodeTiming
 from simulator.scenario import Scenario
 
 CHECKPOINT_BYTES_PER_PARAM = 16  # fp32 global weights, outer momentum, AdamW exp_avg and exp_avg_sq
-# The outer step on the CPU (pseudo-gradient, divide, Nesterov, copy back: real.diloco.OuterState), per
+# The outer step on the CPU (pseudo-gradient, divide, Nesterov, copy back: real.core.diloco.OuterState), per
 # parameter. Measured by benchmarks/bench_outer_step.py (rerun it to re-measure) on 2026-11-23 on this
 # project's 2-core AMD EPYC, torch 2.13.0+cpu, 2 threads, 50 M fp32 parameters, the machine otherwise
 # idle: four runs of 7 repeats gave medians of 2.313, 2.061, 2.241 and 2.272 ns per parameter (their

@@ -17,7 +17,7 @@ tokens. What differs is how a round ends (simulator/engines/engine_async.py):
   figures from a paper (Decoupled DiLoCo's grace window is adaptive).
 
 Not in STRATEGIES (registry.py BARRIERLESS): the sweep and `geodt paper` time strategies with the
-barrier's arithmetic. The executor runs both (real/round_async.py, real/round_quorum.py).
+barrier's arithmetic. The executor runs both (real/rounds/round_async.py, real/rounds/round_quorum.py).
 """
 from __future__ import annotations
 

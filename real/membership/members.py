@@ -1,0 +1,326 @@
+"""Who is in the run: the policy the one round loop (real/process/worker.py `Node.run`) consults to start,
+to run each round, to look for joiners after it, and to finish.
+
+`Fixed` (--on-node-loss stop): the plan's nodes throughout, in one run-wide process group; a lost
+peer ends the process (PeerLost, real/process/process.py) and the run is resumed from its checkpoints.
+
+`Elastic` (--on-node-loss continue): the members move through epochs (real/membership/membership.py: each a
+fresh run-wide gloo group over the members, allocated by the launcher when a member dies and by
+the first member when nodes ask to join). Entering an epoch, the node rebuilds what depends on the
+group (`Node.bind`: real/core/groups.py over the members, the averaging weights and cross-node average
+over them, the round of the plan's kind) and the members agree on the state: every member's
+completed rounds (all-reduce MAX), then θ_g and the outer momentum (with an adaptive plan's
+estimates; with sync-ddp, whose replicas are one model, the inner optimizer's state too) from the
+first member holding the most. Every kind of round, collective and payload runs in it unchanged.
+
+A round that fails (a member died) is finished among the survivors:
+- a member behind (its sync failed while another's completed) takes the state: its pseudo-
+  gradient was in that average, so the round is its too (its trace row ends when it learns so);
+- a member at the latest round retries what failed. A DiLoCo round keeps its inner steps and
+  syncs again (`Round.retry_sync`): only the lost node's round is lost. Kinds whose syncs run
+  between the inner steps (Streaming DiLoCo's fragments, sync-ddp's gradients) cannot resume
+  mid-round: the node restores the state it held at the round's start (kept in host memory each
+  round, as a checkpoint's snapshot) and runs the round again with the survivors.
+A joiner (a lost node's restarted process) takes θ_g, the momentum and the round, sets its
+learning-rate schedule and data position to where they would be, and trains on with fresh inner
+AdamW state (with sync-ddp, the source's). After every round the members learn, in one all-reduce
+MAX of a flag per node, whether a node asked to join (geodt/join/<i>); if so the first member opens
+the next epoch with it and all enter it. Each round's trace row (and a streaming round's fragment
+rows) goes into the store at once, so rows of a node that died are still written; the first member
+writes the outputs from them, and every member leaves the digest of its final global weights for
+the launcher's check (real/process/respawn.py).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+
+from formats.plan import Plan
+from real.checkpoint import checkpoint
+from real.checkpoint.checkpoint import save_whole
+from real.core.groups import Groups
+from real.core.options import ExecOptions, PeerLost, run_collective
+from real.core.streaming import SYNC_NUMERIC, write_syncs
+from real.membership.inject import Faults
+from real.membership.membership import (
+    FAILURES,
+    agree,
+    ask_to_join,
+    enter_next_epoch,
+    first_line,
+    join_requests,
+    leave,
+    open_next_epoch,
+    wait_for_admission,
+)
+from real.rounds.rounds import Origin, round_row
+from real.rounds.trace import NUMERIC_COLUMNS, membership_lines, run_columns, summary, write_trace
+
+
+class Fixed:
+    """--on-node-loss stop: the plan's nodes throughout (the module doc)."""
+
+    keeps_checkpoints = True
+
+    def start(self, node) -> Origin:
+        node.groups.barrier()
+        return Origin(time.perf_counter(), node.time_offset_s)
+
+    def run_round(self, node, r: int, origin: Origin, bar) -> dict:
+        return node.round.run(r, origin, bar)
+
+    def after_round(self, node, r: int, row: dict) -> None:
+        pass
+
+    def finish(self, node) -> None:
+        node.finish()
+
+
+class Elastic:
+    """--on-node-loss continue: rounds whose membership changes while the run goes on (the module doc)."""
+
+    keeps_checkpoints = False
+
+    def __init__(self, node, store, joining: bool):
+        self.store, self.joining = store, joining
+        self.n, self.timeout_s = len(node.plan.nodes), node.opts.collective_timeout_s()
+        self.epoch = None
+        self.in_flight: int | None = None  # the round that failed, while the node recovers
+        self.snapshot: dict | None = None  # the state at the running round's start (kinds without retry_sync)
+        # an injected outage of this node (ExecOptions.outage): (round it is lost at, round it rejoins at)
+        self.outage = next(((r, r + k) for i, r, k in node.opts.outage or () if i == node.index), None)
+        self.faults = Faults(node.me.node, joining)
+
+    # --- the run -------------------------------------------------------------------------
+    def start(self, node) -> Origin:
+        """Enter the first epoch (0, or the one a joiner is admitted to); the run's time axis."""
+        if not self.joining:
+            self._enter_first(node, 0)
+            t0 = time.perf_counter()
+            if node.index == self.epoch.members[0]:  # node 0 may be the one lost before round 0
+                self.store.set("geodt/t0", repr(time.time()))
+            return Origin(t0)
+        ready = time.time()
+        ask_to_join(self.store, node.index, self.outage[1] if self.outage else 0)
+        self.faults.at("asked")
+        number = wait_for_admission(self.store, node.index, self.timeout_s)
+        self.faults.at("admitted")
+        self._enter_first(node, number)
+        return rejoined(self.store, node.index, f"node {node.me.node} (rank {node.rank})", node.rounds_done, ready)
+
+    def run_round(self, node, r: int, origin: Origin, bar) -> dict:
+        """Round r, finished among the survivors should a member be lost (the module doc)."""
+        if self.outage is not None and not self.joining and r == self.outage[0]:
+            os.kill(os.getpid(), signal.SIGKILL)  # the injected loss: a real one, at the round's start
+        self.faults.at("round", r)
+        self.snapshot = None if node.round.retries_sync else node_snapshot(node)
+        retry = False
+        while True:
+            try:
+                if retry and node.round.retries_sync:
+                    return node.round.retry_sync(r, origin)
+                return node.round.run(r, origin, bar)
+            except PeerLost as exc:
+                lost = PeerLost(str(exc))  # not the exception itself: its frames hold the epoch's group
+            failed_at = time.perf_counter()
+            progress = node.round.progress
+            self.in_flight = r
+            self._recover(node, lost)
+            self.in_flight = None
+            if node.rounds_done > r:  # completed elsewhere: this node's row ends now
+                return lost_round_row(node, r, origin, progress, failed_at)
+            retry = True
+
+    def after_round(self, node, r: int, row: dict) -> None:
+        """The round's rows into the store; then whether a node asked to join (and if so, admit it)."""
+        row = {**row, "members": "+".join(node.plan.nodes[i].node for i in self.epoch.members)}
+        self.store.set(f"geodt/row/{node.index}/{r}", json.dumps({k: row[k] for k in [*NUMERIC_COLUMNS, "members"]}))
+        if node.streaming is not None:
+            syncs = [[float(s[c]) for c in SYNC_NUMERIC] for s in node.streaming.rows if s["round"] == r]
+            self.store.set(f"geodt/syncs/{node.index}/{r}", json.dumps(syncs))
+        lost = None
+        try:
+            asked = join_requests(self.store, self.n, self.epoch.members, r)
+            run_collective(self.epoch.all_reduce, asked, torch.distributed.ReduceOp.MAX)
+        except PeerLost as exc:
+            lost = PeerLost(str(exc))  # recovered from outside this block (run_round says why)
+        if lost is None and asked.any():
+            if node.index == self.epoch.members[0]:
+                open_next_epoch(self.store, self.epoch.members,
+                                [i for i in range(self.n) if asked[i] > 0 and i not in self.epoch.members])
+            node.unbind()
+            try:
+                self._enter(node, self.epoch.number + 1)
+            except PeerLost as exc:
+                lost = PeerLost(str(exc))
+        if lost is not None:
+            self._recover(node, lost)
+
+    def finish(self, node) -> None:
+        """Every member leaves its weights' digest; the first writes the outputs (write_outputs)."""
+        node.round.close()
+        if self.faults.skew:  # injected (real/membership/inject.py): the launcher must catch the mismatch
+            node.outer.global_flat.add_(1e-3)
+        digest = hashlib.sha256(node.outer.global_flat.numpy().tobytes()).hexdigest()
+        self.store.set(f"geodt/digest/{node.index}", digest)
+        self.epoch.barrier()
+        if node.index == self.epoch.members[0]:
+            weights = {name: p.detach().cpu() for name, p in node.model.named_parameters()}
+            write_outputs(self.store, node.plan, node.spec.rounds, node.opts, self.epoch.members, weights,
+                          streaming=node.streaming is not None)
+        self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
+
+    # --- epochs --------------------------------------------------------------------------
+    def _enter(self, node, number: int) -> None:
+        """Join epoch `number`, rebuild what depends on the group, agree on the state (module doc)."""
+        self.faults.at("epoch", number)
+        adaptive = node.parts.steps.adaptive
+        replicas = node.plan.sync == "gradients"  # sync-ddp's replicas keep one inner optimizer state
+        shared: dict[str, torch.Tensor] = {}
+
+        def prepare(latest: int) -> list[torch.Tensor]:
+            if self.in_flight is not None and node.rounds_done == latest and self.snapshot is not None:
+                node_restore(node, self.snapshot)  # this round runs again, from its start
+            shared["outer"] = torch.stack([node.outer.global_flat, node.outer.momentum])
+            if adaptive is not None:
+                shared["adaptive"] = adaptive.state()
+            if replicas:
+                shared["optimizer"] = optimizer_flat(node.optimizer, node.model)
+            return list(shared.values())
+
+        epoch, latest = agree(self.store, number, node.index, self.n, node.rounds_done, prepare, self.timeout_s)
+        self.epoch = epoch
+        try:
+            node.bind(Groups(node.plan, epoch.rank, len(epoch.members), node.device, self.timeout_s,
+                             members=epoch.members))
+        except FAILURES as exc:
+            raise PeerLost(first_line(exc)) from exc
+        node.outer.global_flat.copy_(shared["outer"][0])
+        node.outer.momentum.copy_(shared["outer"][1])
+        if replicas:
+            load_optimizer_flat(node.optimizer, node.model, shared["optimizer"])
+        if node.rounds_done < latest:  # behind, or a joiner: the global weights of round `latest` on
+            node.outer.load_into_model()
+            if self.in_flight is None:  # a joiner: where its schedule and data would be, had it trained all along
+                node.inner_step = latest * node.me.local_steps
+                node.data_position = node.inner_step * node.parts.steps.node_batch
+            elif self.snapshot is not None:  # its round's steps, had it run them all
+                node.inner_step = self.snapshot["node.pt"]["inner_step"] + node.me.local_steps
+                node.data_position = node.inner_step * node.parts.steps.node_batch
+            node.rounds_done = latest
+        if adaptive is not None:
+            adaptive.entered(shared["adaptive"], epoch.members, replan=number > 0)
+
+    def _enter_first(self, node, number: int) -> None:
+        """Enter the first epoch this process takes part in, or the next ones if a member is lost meanwhile."""
+        try:
+            self._enter(node, number)
+        except PeerLost as exc:
+            enter_next_epoch(lambda e: self._enter(node, e), number, self.timeout_s, exc)
+
+    def _recover(self, node, exc: PeerLost) -> None:
+        """A member is gone: leave its epoch, enter the launcher's next ones until one forms (or PeerLost)."""
+        node.unbind()
+        leave()
+        enter_next_epoch(lambda e: self._enter(node, e), self.epoch.number, self.timeout_s, exc)
+
+
+def node_snapshot(node) -> dict:
+    """The node's state in host memory, as a checkpoint holds it (real/checkpoint/checkpoint.py snapshot)."""
+    return checkpoint.snapshot(node)
+
+
+def node_restore(node, snapshot: dict) -> None:
+    """Back to `snapshot` (node_snapshot), the run's time axis and trace kept; the node is between
+    epochs (Node.unbind), so its round's state is the one it holds for the next."""
+    offset, trace = node.time_offset_s, node.trace
+    state = {**snapshot["node.pt"], "outer": snapshot["global.pt"]["outer"]}
+    checkpoint.apply_state(node, state)
+    node.time_offset_s, node.trace = offset, trace
+    if node.held_round is not None and state["streaming"] is not None:
+        node.held_round = (node.held_round[0], state["streaming"])
+
+
+def lost_round_row(node, r: int, origin: Origin, progress, failed_at: float) -> dict:
+    """The trace row of a round that completed elsewhere while this node's sync failed: its syncing
+    ends when it learned so (its own progress says where its compute and barrier ended)."""
+    now = time.perf_counter()
+    compute_end = progress.compute_end or failed_at
+    sync_start = progress.sync_start or compute_end
+    return round_row(node.parts, r, origin, node.parts.steps.loss_sum, progress.clock,
+                     compute_s=compute_end - progress.start, idle_s=sync_start - compute_end,
+                     comm_s=now - sync_start, start=progress.start, end=now, bytes_sent=0)
+
+
+def optimizer_flat(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> torch.Tensor:
+    """The inner AdamW's per-parameter state (step, exp_avg, exp_avg_sq) as one float64 vector, in the
+    model's parameter order; a parameter without state yet (a fresh optimizer) reads zeros."""
+    parts = []
+    for param in model.parameters():
+        state = optimizer.state.get(param, {})
+        parts.append(torch.as_tensor(state.get("step", 0.0), dtype=torch.float64).reshape(1))
+        for key in ("exp_avg", "exp_avg_sq"):
+            value = state.get(key)
+            parts.append(value.detach().reshape(-1).double() if value is not None
+                         else torch.zeros(param.numel(), dtype=torch.float64))
+    return torch.cat(parts)
+
+
+def load_optimizer_flat(optimizer: torch.optim.Optimizer, model: torch.nn.Module, flat: torch.Tensor) -> None:
+    """Take optimizer_flat's vector back into the optimizer (creating its state where it has none)."""
+    offset = 0
+    for param in model.parameters():
+        step = float(flat[offset])
+        offset += 1
+        state = optimizer.state[param]
+        state["step"] = torch.tensor(step, dtype=torch.float32)
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = flat[offset:offset + param.numel()].to(param.dtype).view_as(param).clone()
+            offset += param.numel()
+
+
+def rejoined(store, index: int, who: str, round_: int, ready: float) -> Origin:
+    """Say when a restarted node rejoined (and where its time went); the run's time axis for it."""
+    t0_unix = float(store.get("geodt/t0").decode())
+    restarted = float(store.get(f"geodt/restarted/{index}").decode())
+    print(f"real: {who} rejoined at round {round_}, {time.time() - restarted:.2f} s after the launcher "
+          f"restarted it ({ready - restarted:.2f} s to start its process and build the model, "
+          f"{time.time() - ready:.2f} s until the others admitted it)", file=sys.stderr, flush=True)
+    return Origin(time.perf_counter() - (time.time() - t0_unix))
+
+
+def write_outputs(store, plan: Plan, rounds: int, opts: ExecOptions, members: list[int], weights: dict,
+                  streaming: bool) -> None:
+    """trace.csv (and syncs.csv) from every node's rows in the store (those of nodes that died too),
+    the final weights, and the summary: who left and rejoined when, and whether the members' global
+    weights agree (their digests)."""
+    rows, syncs = [], []
+    for i, node in enumerate(plan.nodes):
+        mine = []
+        for r in range(rounds):
+            key = f"geodt/row/{i}/{r}"
+            if store.check([key]):
+                rows.append({"strategy": plan.strategy, "node": node.node, **json.loads(store.get(key).decode())})
+            if streaming and store.check([f"geodt/syncs/{i}/{r}"]):
+                mine += json.loads(store.get(f"geodt/syncs/{i}/{r}").decode())
+        syncs.append(mine)
+    names = [node.node for node in plan.nodes]
+    frame = write_trace(rows, names, os.path.join(opts.out_dir, "trace.csv"), run_columns(opts),
+                        extra=["members"])
+    if streaming:
+        write_syncs(plan, syncs, os.path.join(opts.out_dir, "syncs.csv"))
+    save_whole(weights, os.path.join(opts.out_dir, "final_weights.pt"))
+    digests = {plan.nodes[i].node: store.get(f"geodt/digest/{i}").decode()[:16] for i in members}
+    if opts.summary:
+        print(summary(frame), flush=True)
+        for line in membership_lines(frame, names):
+            print(line, flush=True)
+        same = "identical" if len(set(digests.values())) == 1 else "DIFFERENT"
+        print(f"final global weights (sha256) {same} on the members: "
+              + ", ".join(f"{k}={v}" for k, v in digests.items()), flush=True)

@@ -1,0 +1,509 @@
+"""Start the processes of a plan: spawned locally, or this process is one rank under torchrun.
+
+Processes: a node with G devices runs G processes (real/process/worker.py); ranks go to nodes in
+plan order, G_i consecutive ranks each, so a plan of nodes (2, 1, 3 devices) is ranks
+0-1 | 2 | 3-5, and rank 0 (the first node's leader) writes trace.csv.
+
+Locally, all Σ G_i processes are spawned here (torch.multiprocessing, start method spawn).
+With a loopback `host` (the default) they rendezvous through a FileStore in a temporary
+directory and gloo is pinned to the loopback interface, so nothing listens on the network.
+With another `host` (an address of this machine, or a name resolving to one) this process
+serves a TCPStore on a socket bound to that address only (not every interface), and gloo
+is pinned to the interface holding it (GLOO_SOCKET_IFNAME).
+
+Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK set) this process is one rank and joins
+with env:// (MASTER_ADDR, MASTER_PORT; 127.0.0.1:29500 if unset). Run one torchrun per
+machine with `--nproc-per-node G_i` and `--node-rank i` in plan order: torch's elastic agent
+numbers ranks cumulatively over the machines, which is the plan's order. WORLD_SIZE must be
+Σ G_i. torchrun's own store binds every interface; `--local-addr`/`--rdzv-endpoint`
+choose where peers connect, and GLOO_SOCKET_IFNAME which interface gloo uses.
+
+With `--wan shaped` (opts.wan; root) each node's processes run in a network namespace of
+their own, joined by a bridge, each node's link shaped both ways to its link_gbps
+(real/wan/wan.py). The rendezvous stays a FileStore (a file is reachable from every namespace
+and carries no training traffic); gloo binds to each node's address inside its namespace.
+The launcher builds the WAN before spawning and removes it on every way out.
+
+The rendezvous has no authentication (anyone who reaches the port can join or disrupt a
+run): use it on trusted networks. A `host` other than the loopback prints a one-line warning
+saying so; 0.0.0.0 (every interface) is refused unless --allow-any-host (check_host_policy).
+It carries no pickles: everything exchanged is tensors.
+Inputs are checked here, before any process starts, so bad input fails fast with one line.
+"""
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import shutil
+import signal
+import socket
+import struct
+import sys
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+from formats.plan import Plan
+from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
+from real.core.data import load_tokens
+from real.core.options import ExecOptions
+from real.core.streaming import StreamingSpec
+from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
+from real.process.process import worker_main
+from real.process.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
+
+LIVENESS_GRACE_S = 6.0  # > real.wan.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
+# After a worker lost contact, how long its peers get to time out too before the processes still
+# running are named as the ones that stopped answering (peers wait in the same collective, so
+# they time out within a fraction of a second of each other; a loaded machine adds some).
+HUNG_GRACE_S = 3.0
+
+
+class LaunchError(ValueError):
+    """Inputs that cannot run; str() is the one-line report."""
+
+
+def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions) -> tuple[RunSpec, Plan]:
+    """Load and cross-check plan, scenario and data; raises ConfigError / LaunchError.
+
+    Returns the run spec (rounds from the plan) and the plan with every default resolved."""
+    from facts.presets import PresetError, load_arch
+
+    spec = load_run_spec(scenario_path)
+    plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
+        spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
+    spec = replace(spec, rounds=plan.rounds)
+    try:
+        arch = load_arch(spec.model.preset, Path(scenario_path).parent)
+    except PresetError as exc:
+        raise LaunchError(f"{scenario_path}: model.preset: {exc}") from None
+    streaming = opts.streaming or StreamingSpec.from_plan(plan)
+    try:
+        streaming.check(plan.nodes, arch.num_layers)
+    except ValueError as exc:
+        raise LaunchError(f"{plan_path}: {exc}") from None
+    check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
+    check_async(plan, plan_path, opts)
+    if opts.on_node_loss == "continue":
+        check_continue(plan, plan_path, opts, streams=opts.streaming is not None or not streaming.classic)
+    check_data_file(opts.data_path)
+    check_resume(opts)
+    if opts.data_path is not None:
+        try:
+            load_tokens(opts.data_path, arch.vocab_size)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+    return spec, plan
+
+
+def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
+    """A sharded node (real/core/sharding.py) runs classic DiLoCo rounds; sync-ddp's per-step gradient
+    average and Streaming DiLoCo's fragments work on whole replicas, so those are refused."""
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.sharding in (None, "none") or node.gpus == 1:
+            continue
+        if plan.sync == "gradients":
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with sync = gradients (sync-ddp) is "
+                              f"not run by this executor; expected none")
+        if streams:
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
+                              f"not run by this executor; expected none")
+
+
+def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
+    """An async or quorum run (real/rounds/round_async.py, real/rounds/round_quorum.py) pushes whole replicas and
+    checkpoints consistent cuts (real/checkpoint/checkpoint.py): the rest is refused in one line."""
+    if not plan.barrierless:
+        return
+    kind, why = ("an async" if plan.sync == "async" else "a quorum"), None
+    if any(node.sharding not in (None, "none") and node.gpus > 1 for node in plan.nodes):
+        why = f"{plan_path}: sharding: {kind} node pushes its whole replica; expected none"
+    elif opts.streaming is not None:
+        why = f"Streaming DiLoCo's fragments: {kind} node pushes whole rounds"
+    elif opts.on_node_loss == "continue":
+        why = f"--on-node-loss continue: a lost node stops {kind} run (the server waits for its pushes)"
+    if why is not None:
+        raise LaunchError(f"strategy {plan.strategy} (sync {plan.sync}): {why}")
+
+
+def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> None:
+    """--on-node-loss continue runs every round kind, collective and payload (real/membership/members.py); what it
+    cannot run is refused in one line, saying why (the README's table has the same reasons)."""
+    why = None
+    if under_torchrun():
+        why = ("runs under the local launcher only: torchrun's elastic agent restarts every process of the "
+               "group when one dies, so there is no survivor to continue")
+    elif opts.backend == "nccl":
+        why = ("runs on gloo only, got --backend nccl: an nccl communicator cannot be rebuilt over the "
+               "survivors here (no GPU to test it on)")
+    elif any(node.gpus != 1 for node in plan.nodes):
+        why = (f"{plan_path}: gpus: expected one process per node, got {[node.gpus for node in plan.nodes]} (the "
+               f"launcher restarts and admits a node's processes one by one, not as a node)")
+    elif opts.resume or opts.stop_after is not None:
+        why = ("keeps no checkpoints (a node's set cannot be resumed once nodes came and went): --resume and "
+               "--stop-after need --on-node-loss stop")
+    if why is not None:
+        raise LaunchError(f"--on-node-loss continue {why}")
+
+
+def check_cpu_limits(plan: Plan, plan_path) -> None:
+    """Local runs: every node's cores exist here, and a quota can be set where one is asked."""
+    from train.cpulimit import cpu_quota_supported
+
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.cpu_cores is not None and not set(node.cpu_cores) <= allowed:
+            raise LaunchError(f"{plan_path}: line {i}: cpu_cores: expected core indices among {sorted(allowed)}, "
+                              f"got {list(node.cpu_cores)}")
+        if node.cpu_quota is not None and not cpu_quota_supported():
+            raise LaunchError(f"{plan_path}: line {i}: cpu_quota: this machine offers no writable cgroup cpu "
+                              f"controller (needs root and cgroup cpu); remove the quota or run as root")
+
+
+def under_torchrun() -> bool:
+    return all(key in os.environ for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def resolve_host(host: str) -> str:
+    """The IPv4 address `host` names; LaunchError (one line) when it does not resolve."""
+    try:
+        return ipaddress.ip_address(host).exploded
+    except ValueError:
+        pass
+    if not host or len(host) > 253:
+        raise LaunchError(f"--host: expected an address or host name, got {host!r}")
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise LaunchError(f"--host: cannot resolve {host!r} ({exc})") from None
+    return infos[0][4][0]
+
+
+def check_host_policy(host: str, ip: str, allow_any: bool) -> str | None:
+    """--host: LaunchError for 0.0.0.0 (every interface) unless allowed; the warning line a
+    non-loopback address gets (the rendezvous has no authentication), None on the loopback."""
+    address = ipaddress.ip_address(ip)
+    if address.is_unspecified and not allow_any:
+        raise LaunchError(f"--host {host}: binds every interface of this machine and the rendezvous is "
+                          f"unauthenticated; give one address of a trusted network, or --allow-any-host")
+    if address.is_loopback:
+        return None
+    return (f"--host {host}: the rendezvous is unauthenticated: any process that can reach {ip} can join or "
+            f"disrupt this run; use a trusted network only")
+
+
+def _interface_of(ip: str) -> str | None:
+    """Name of the network interface holding IPv4 address `ip` (Linux SIOCGIFADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+            except OSError:
+                continue
+            if socket.inet_ntoa(packed[20:24]) == ip:
+                return name
+    return None
+
+
+def pin_gloo(ip: str) -> None:
+    """Gloo otherwise binds to the address the hostname resolves to, which may be public."""
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    name = _interface_of(ip)
+    if name is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path) -> None:
+    """The output directory holds the plan and resolved scenario it was made from, as a set:
+    both copied to temporary names first, then both renamed (a full disk replaces neither)."""
+    copies = [(src, out_dir / name) for src, name in ((plan_path, "plan.csv"), (scenario_path, "scenario.toml"))
+              if not ((out_dir / name).exists() and os.path.samefile(src, out_dir / name))]
+    staged = []
+    try:
+        for src, dst in copies:
+            tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+            staged.append(tmp)
+            shutil.copyfile(src, tmp)
+    except OSError as exc:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+        raise LaunchError(f"{out_dir}: cannot write plan.csv and scenario.toml ({exc.strerror or exc}); "
+                          f"nothing was replaced") from None
+    for (_, dst), tmp in zip(copies, staged):
+        os.replace(tmp, dst)
+
+
+def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
+                 links: tuple | None, parent_pid: int, joining: bool = False) -> None:
+    from train.children import die_with_parent
+
+    # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
+    # children), so no child prints a traceback or a lost-peer message on the way down. That
+    # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
+    # ran on until their collectives timed out (--timeout-s, 300 s); now the kernel kills them.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM to the whole group (a scheduler, systemd) likewise: the launcher ends the run (real/process/supervise.py).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    die_with_parent(parent_pid)
+    if links is not None:  # --wan shaped: into the node's namespace before any socket exists
+        from real.wan.wan import enter
+
+        enter(links[plan.node_of_rank(rank)])
+    worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links,
+                joining=joining)
+
+
+def _run_torchrun(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> int:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != plan.world_size:
+        print(f"real: {plan_path}: gpus: the plan's nodes have {plan.world_size} devices in all but torchrun "
+              f"started WORLD_SIZE={world} processes; expected one process per device", file=sys.stderr)
+        return 2
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    if rank == 0:
+        _copy_inputs(plan_path, scenario_path, out_dir)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    worker_main(rank, world, int(os.environ["LOCAL_RANK"]), local_world, spec, plan, opts, None)
+    return 0  # not reached: worker_main exits
+
+
+def check_wan(plan: Plan, plan_path, opts: ExecOptions, host: str) -> None:
+    """--wan shaped: a local run with every node's link known."""
+    if opts.wan == "loopback":
+        return
+    if under_torchrun():
+        raise LaunchError("--wan shaped: builds every node's network on this machine; not used under torchrun")
+    if not ipaddress.ip_address(resolve_host(host)).is_loopback:
+        raise LaunchError(f"--host {host}: not used with --wan shaped (processes bind inside the WAN's namespaces)")
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.link_gbps is None:
+            raise LaunchError(f"{plan_path}: line {i}: link_gbps: --wan shaped shapes each node's link to it; "
+                              f"expected a value on every row")
+
+
+def check_disk_space(spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> None:
+    """Room in DIR for the checkpoints of the nodes this machine runs (real/process/outdir.py); OutDirError
+    otherwise."""
+    from facts.presets import load_arch
+
+    if under_torchrun():
+        local = [plan.node_of_rank(int(os.environ["RANK"]))]
+    else:
+        local = list(range(len(plan.nodes)))
+    streams = opts.streaming is not None or not StreamingSpec.from_plan(plan).classic
+    check_space(out_dir, local, load_arch(spec.model.preset).params, streams, opts.checkpoint)
+
+
+def launch(plan_path: str | Path, scenario_path: str | Path, opts: ExecOptions, host: str = "127.0.0.1",
+           announce=None, lock: bool = True) -> int:
+    """Run the plan to completion; returns the exit status (0, 1 for a failed node, 2 for bad
+    input or a busy or too small --out, 130 when interrupted, 143 on SIGTERM). Rank 0 prints the
+    per-node summary (opts.summary). announce(), if given, is called once every input is
+    checked, right before the processes start (warnings about the run go there, so that bad
+    input stays one line). `lock`: take DIR's run lock (real/process/outdir.py); False when the caller
+    (geodt run) holds it already."""
+    ip = unauthenticated = None
+    try:
+        spec, plan = check_inputs(plan_path, scenario_path, opts)
+        check_wan(plan, plan_path, opts, host)
+        if not under_torchrun():
+            check_cpu_limits(plan, plan_path)
+            ip = resolve_host(host)
+            unauthenticated = check_host_policy(host, ip, opts.allow_any_host)
+    except (ConfigError, LaunchError) as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
+    if ip is not None and unauthenticated is not None:
+        print(f"real: {unauthenticated}", file=sys.stderr, flush=True)
+    out_dir = Path(opts.out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        held = take_lock(out_dir) if lock and _first_on_machine() else None
+    except (OSError, OutDirError) as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _launch(plan_path, scenario_path, spec, plan, opts, out_dir, ip, host, announce,
+                       lock_held=held is not None or not lock)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _first_on_machine() -> bool:
+    """The local launcher, or under torchrun the machine's first process (LOCAL_RANK 0)."""
+    return not under_torchrun() or os.environ.get("LOCAL_RANK") == "0"
+
+
+def _launch(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip, host,
+            announce, lock_held: bool) -> int:
+    """launch() once DIR is this run's: stale temporaries out, room checked, the processes run."""
+    try:
+        if lock_held:
+            remove_stale_outputs(out_dir)
+        check_disk_space(spec, plan, opts, out_dir)
+    except OutDirError as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
+    if under_torchrun():
+        return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
+    if opts.wan == "shaped":
+        from real.wan.wan import shaped_run
+
+        return shaped_run(spec, plan, out_dir, lambda links: _run_local(plan_path, scenario_path, spec, plan, opts,
+                                                                       out_dir, ip, host, links, announce))
+    (out_dir / "wan.csv").unlink(missing_ok=True)  # a shaped run's description, not this run's
+    return _run_local(plan_path, scenario_path, spec, plan, opts, out_dir, ip, host, None, announce)
+
+
+def _run_local(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path, ip: str,
+               host: str, links: tuple | None, announce=None) -> int:
+    """Spawn every process here and wait for them (links: the shaped WAN's nodes, or None)."""
+    loopback = ipaddress.ip_address(ip).is_loopback
+    if loopback or opts.on_node_loss == "continue":
+        # One machine: rendezvous through a file, so nothing listens on the network; under continue
+        # the membership store is that file too, which only this user can open (real/membership/membership.py).
+        pin_gloo(ip)
+        if loopback:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        listener = None
+    else:
+        listener = _listen(ip, host)
+        if listener is None:
+            return 2
+        pin_gloo(ip)
+    if announce is not None:
+        announce()
+    try:
+        _copy_inputs(plan_path, scenario_path, out_dir)
+    except LaunchError as exc:
+        print(f"real: {exc}", file=sys.stderr)
+        return 2
+    return _run_spawned(spec, plan, opts, ip, listener, links)
+
+
+def _listen(ip: str, host: str) -> socket.socket | None:
+    """A listening socket bound to `ip` alone for the TCPStore; None (said in one line) if it cannot bind."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((ip, 0))
+    except OSError as exc:
+        listener.close()
+        print(f"real: --host: cannot bind to {host} ({ip}): {exc.strerror}; expected an address of this machine",
+              file=sys.stderr)
+        return None
+    listener.listen()
+    return listener
+
+
+def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener: socket.socket | None,
+                 links: tuple | None) -> int:
+    """Spawn every process of the plan and watch them (real/process/supervise.py); returns the exit status."""
+    import logging
+    import threading
+
+    import torch.multiprocessing as mp
+
+    # torch logs a line per child it stops after a failure; our own one line says it all.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    store = None
+    context = None
+    main_thread = threading.current_thread() is threading.main_thread()
+    # SIGTERM ends the run as Ctrl-C does (only the main thread may set a handler)
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+    try:
+        with rendezvous_dir() as rdzv:
+            try:
+                if listener is not None:
+                    store, store_spec = _serve_store(ip, listener, plan, opts)
+                else:
+                    store_spec = ("file", os.path.join(rdzv, "store"))
+                if opts.on_node_loss == "continue":
+                    from real.membership.membership import open_store
+
+                    store = open_store(store_spec[1], opts.timeout_s)  # the launcher's handle outlives the workers
+                    context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
+                    return context.run()
+                context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
+                                             nprocs=plan.world_size, join=False, start_method="spawn")
+                # On the shaped WAN a node that loses a peer finds out whom (real/wan/wan.py) before it
+                # stops: the others get that long to say so themselves before they are stopped.
+                grace_s = HUNG_GRACE_S if links is None else LIVENESS_GRACE_S
+                return supervise(context, plan, grace_s, opts.timeout_s, settle_on_death=links is not None)
+            except KeyboardInterrupt as exc:
+                if context is not None:
+                    stop(context.processes)
+                print(interrupted_note(opts.out_dir), file=sys.stderr)
+                return SIGNALLED + signal.SIGTERM if isinstance(exc, Terminated) else 130
+            finally:
+                del store
+                if listener is not None:
+                    listener.close()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _serve_store(ip: str, listener: socket.socket, plan: Plan, opts: ExecOptions) -> tuple:
+    """The rendezvous TCPStore this launcher serves on `listener`, and its spec for the children."""
+    import torch.distributed as dist
+
+    # The store counts this process as a client too (world + 1): it serves, children join.
+    clients = None if opts.on_node_loss == "continue" else plan.world_size + 1  # restarts join later
+    store = dist.TCPStore(ip, listener.getsockname()[1], clients, True, timedelta(seconds=opts.timeout_s),
+                          wait_for_workers=False, master_listen_fd=listener.fileno())
+    spec = ("tcp", ip, listener.getsockname()[1])
+    listener.detach()  # the store owns (and closes) the socket now
+    return store, spec
+
+
+def _respawner(spec: RunSpec, plan: Plan, opts: ExecOptions, store, store_spec: tuple, links):
+    """--on-node-loss continue: the node processes under a Respawner, which restarts a lost one."""
+    import torch.multiprocessing as mp
+
+    from real.process.respawn import Respawner
+
+    spawn = mp.get_context("spawn")
+
+    def start(rank: int, joining: bool):
+        proc = spawn.Process(target=_spawn_entry, args=(rank, spec, plan, opts, store_spec, links,
+                                                        os.getpid(), joining))
+        proc.start()
+        return proc
+
+    # an injected outage's node restarts at once and waits to be admitted at its round
+    rejoin_s = 0.0 if opts.outage and opts.rejoin_after_s is None else opts.rejoin_after_s
+    return Respawner(start, plan, store, rejoin_s)
+
+
+INTERRUPTED_EARLY = "real: interrupted before any round was checkpointed; nothing to resume (rerun without --resume)"
+
+
+def saved_checkpoints(out_dir) -> list[Path]:
+    """The checkpoint sets a run in out_dir left (real/checkpoint/ckpt_set.py: checkpoints/node<i>/round-<R>/)."""
+    folder = Path(out_dir) / "checkpoints"
+    return sorted(folder.glob("node*/round-*/manifest.json")) if folder.is_dir() else []
+
+
+def interrupted_note(out_dir) -> str:
+    """Ctrl-C's one line: where the completed rounds are, or that none was saved yet."""
+    return INTERRUPTED if saved_checkpoints(out_dir) else INTERRUPTED_EARLY
+
+
+def check_data_file(data_path) -> None:
+    """--data: a regular file (a FIFO or a device would block or never end the read)."""
+    if data_path is None:
+        return
+    path = Path(data_path)
+    if path.exists() and not path.is_file():
+        raise LaunchError(f"--data {data_path}: not a regular file; expected a .npy token array or a text file")
+
+
+def check_resume(opts: ExecOptions) -> None:
+    """--resume: there is something to resume in --out (else say so instead of starting afresh silently)."""
+    if opts.resume and not saved_checkpoints(opts.out_dir):
+        raise LaunchError(f"--resume: {Path(opts.out_dir) / 'checkpoints'} holds no checkpoint; expected the --out of "
+                          "a run that stopped (--stop-after, Ctrl-C); drop --resume to start from the beginning")
