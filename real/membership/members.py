@@ -119,7 +119,7 @@ class Elastic:
         if self.outage is not None and not self.joining and r == self.outage[0]:
             os.kill(os.getpid(), signal.SIGKILL)  # the injected loss: a real one, at the round's start
         self.faults.at("round", r)
-        self.snapshot = None if node.round.retries_sync else node_snapshot(node)
+        self.snapshot = None if node.round.retries_sync else checkpoint.snapshot(node)
         retry = False
         while True:
             try:
@@ -231,13 +231,8 @@ class Elastic:
         enter_next_epoch(lambda e: self._enter(node, e), self.epoch.number, self.timeout_s, exc)
 
 
-def node_snapshot(node) -> dict:
-    """The node's state in host memory, as a checkpoint holds it (real/checkpoint/checkpoint.py snapshot)."""
-    return checkpoint.snapshot(node)
-
-
 def node_restore(node, snapshot: dict) -> None:
-    """Back to `snapshot` (node_snapshot), the run's time axis and trace kept; the node is between
+    """Back to `snapshot` (checkpoint.snapshot's), the run's time axis and trace kept; the node is between
     epochs (Node.unbind), so its round's state is the one it holds for the next."""
     offset, trace = node.time_offset_s, node.trace
     state = {**snapshot["node.pt"], "outer": snapshot["global.pt"]["outer"]}
