@@ -66,6 +66,7 @@ __all__ = [
     "due_here",
     "latest_state",
     "resume",
+    "resume_own",
     "save",
     "set_bytes",
     "start_afresh",
@@ -132,7 +133,11 @@ def _choose_every(node, round_s: float) -> int:
     (`probe_cost_s`: its blocking snapshot plus its write, which on a CPU node takes the cores
     training uses) and the round's seconds, the largest over the processes, and [simulation] mtbf_s."""
     cost_s = (_finished(node) or 0.0) if node.is_leader else 0.0  # probe_cost_s's
-    cost_s, round_s = node.groups.max_float(cost_s), node.groups.max_float(round_s)
+    # Under --on-node-loss continue each node chooses alone: its sets need not share rounds (the
+    # members agree on the newest at a resume), and a joiner times its own first round later than
+    # the members, so a collective here would pair with none.
+    if node.opts.on_node_loss != "continue":
+        cost_s, round_s = node.groups.max_float(cost_s), node.groups.max_float(round_s)
     node.ckpt_every = rounds_between_checkpoints(cost_s, node.spec.mtbf_s, round_s)
     if node.rank == 0:
         print(f"real: a checkpoint every {node.ckpt_every} round{'s' if node.ckpt_every > 1 else ''} (Young/Daly: "
@@ -454,9 +459,7 @@ def _loaded(node, directory: Path, manifest: dict) -> bool:
             state = exc
     failed = isinstance(state, Exception)
     if failed:
-        reason = str(state).strip().splitlines()[0] if str(state).strip() else type(state).__name__
-        print(f"real: {directory}: skipped: passes its digests but does not load ({type(state).__name__}: "
-              f"{reason[:200]}); trying the previous set", file=sys.stderr, flush=True)
+        _skipped(directory, state)
     return not any(flag for (flag,) in node.groups.all_gather_ints([int(failed)]))
 
 
@@ -488,6 +491,36 @@ def resume(node) -> None:
         _check_same_state(node, directory, round_)
     # Every node's offset becomes the latest, so the resumed timeline stays common.
     node.time_offset_s = node.groups.max_float(node.time_offset_s)
+
+
+def resume_own(node) -> dict | None:
+    """--resume under --on-node-loss continue: this node's newest set that verifies and loads, loaded
+    with no collective (the members then take the newest round any of them holds, as they enter the
+    run's first epoch: real/membership/members.py); its state, or None when it holds none (the node
+    starts from the beginning and is brought to that round like a joiner). Another run's or other
+    settings' set refuses (ValueError), as `resume` does."""
+    mine = verified_sets(node.opts.out_dir, node.index)
+    for round_ in sorted(mine, reverse=True):
+        directory, manifest = mine[round_]
+        try:
+            state = ckpt_set.load_set(directory)
+        except Exception as exc:
+            _skipped(directory, exc)
+            continue
+        check_settings(node, state, str(directory), manifest)
+        try:
+            apply_state(node, state, manifest)
+            return state
+        except Exception as exc:
+            _skipped(directory, exc)
+    return None
+
+
+def _skipped(directory: Path, exc: Exception) -> None:
+    """Say that a set which passes its digests does not load, and that the previous one is tried."""
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"real: {directory}: skipped: passes its digests but does not load ({type(exc).__name__}: "
+          f"{reason[:200]}); trying the previous set", file=sys.stderr, flush=True)
 
 
 # --- async and quorum runs: consistent cuts (module docstring; real/rounds/round_async.py, round_quorum.py) ---

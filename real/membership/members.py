@@ -62,11 +62,19 @@ from real.membership.membership import (
 from real.rounds.rounds import Origin, round_row
 from real.rounds.trace import NUMERIC_COLUMNS, membership_lines, run_columns, summary, write_trace
 
+ROW_KEYS = [*NUMERIC_COLUMNS, "members"]  # a trace row in the store (json)
+
 
 class Fixed:
     """--on-node-loss stop: the plan's nodes throughout (the module doc)."""
 
-    keeps_checkpoints = True
+    def prepare(self, node) -> None:
+        """Before the first round: --resume loads the newest round every node holds intact; else the
+        sets an earlier run left in --out go."""
+        if node.opts.resume:
+            checkpoint.resume(node)
+        elif node.groups.is_leader:
+            checkpoint.start_afresh(node)
 
     def start(self, node) -> Origin:
         node.groups.barrier()
@@ -85,8 +93,6 @@ class Fixed:
 class Elastic:
     """--on-node-loss continue: rounds whose membership changes while the run goes on (the module doc)."""
 
-    keeps_checkpoints = False
-
     def __init__(self, node, store, joining: bool):
         self.store, self.joining = store, joining
         self.n, self.timeout_s = len(node.plan.nodes), node.opts.collective_timeout_s()
@@ -98,24 +104,49 @@ class Elastic:
         self.faults = Faults(node.me.node, joining)
 
     # --- the run -------------------------------------------------------------------------
+    def prepare(self, node) -> None:
+        """Before the first epoch: --resume loads this node's own newest set, with no collective (the
+        members take the newest round any of them holds as they enter the epoch: _enter); else the sets
+        an earlier run left in --out go. A joiner keeps the sets its lost process wrote in this run."""
+        if self.joining:
+            return
+        if not node.opts.resume:
+            checkpoint.start_afresh(node)
+            return
+        state = checkpoint.resume_own(node)
+        if state is not None and state["streaming"] is not None:  # the round it belongs to is built at bind
+            node.held_round = (None, state["streaming"])
+
     def start(self, node) -> Origin:
-        """Enter the first epoch (0, or the one a joiner is admitted to); the run's time axis."""
+        """Enter the first epoch (0, or the one a joiner is admitted to); the run's time axis (a
+        resumed run's continues from the newest set's, agreed in _enter)."""
         if not self.joining:
             self._enter_first(node, 0)
+            self._post_rows(node)  # a resumed run's rows so far: the outputs are written from the store
             t0 = time.perf_counter()
             if node.index == self.epoch.members[0]:  # node 0 may be the one lost before round 0
-                self.store.set("geodt/t0", repr(time.time()))
-            return Origin(t0)
+                self.store.set("geodt/t0", repr(time.time() - node.time_offset_s))
+            return Origin(t0, node.time_offset_s)
         ready = time.time()
         ask_to_join(self.store, node.index, self.outage[1] if self.outage else 0)
         self.faults.at("asked")
         number = wait_for_admission(self.store, node.index, self.timeout_s)
         self.faults.at("admitted")
         self._enter_first(node, number)
+        # its lost process's rows, so that the sets this process writes hold the node's whole trace
+        node.trace = stored_rows(self.store, node.index, node.rounds_done)
+        if node.streaming is not None:
+            node.streaming.rows = stored_syncs(self.store, node, node.rounds_done)
         return rejoined(self.store, node.index, f"node {node.me.node} (rank {node.rank})", node.rounds_done, ready)
 
     def run_round(self, node, r: int, origin: Origin, bar) -> dict:
-        """Round r, finished among the survivors should a member be lost (the module doc)."""
+        """Round r, finished among the survivors should a member be lost (the module doc); its row names
+        the members it ended with (before a checkpoint takes the row)."""
+        row = self._run_round(node, r, origin, bar)
+        row["members"] = "+".join(node.plan.nodes[i].node for i in self.epoch.members)
+        return row
+
+    def _run_round(self, node, r: int, origin: Origin, bar) -> dict:
         if self.outage is not None and not self.joining and r == self.outage[0]:
             os.kill(os.getpid(), signal.SIGKILL)  # the injected loss: a real one, at the round's start
         self.faults.at("round", r)
@@ -139,11 +170,7 @@ class Elastic:
 
     def after_round(self, node, r: int, row: dict) -> None:
         """The round's rows into the store; then whether a node asked to join (and if so, admit it)."""
-        row = {**row, "members": "+".join(node.plan.nodes[i].node for i in self.epoch.members)}
-        self.store.set(f"geodt/row/{node.index}/{r}", json.dumps({k: row[k] for k in [*NUMERIC_COLUMNS, "members"]}))
-        if node.streaming is not None:
-            syncs = [[float(s[c]) for c in SYNC_NUMERIC] for s in node.streaming.rows if s["round"] == r]
-            self.store.set(f"geodt/syncs/{node.index}/{r}", json.dumps(syncs))
+        self._post_rows(node, [row])
         lost = None
         try:
             asked = join_requests(self.store, self.n, self.epoch.members, r)
@@ -165,6 +192,8 @@ class Elastic:
     def finish(self, node) -> None:
         """Every member leaves its weights' digest; the first writes the outputs (write_outputs)."""
         node.round.close()
+        checkpoint.wait_writes(node)  # the last set on disk, its write's seconds in its row:
+        self._post_rows(node)        # so the rows go into the store again
         if self.faults.skew:  # injected (real/membership/inject.py): the launcher must catch the mismatch
             node.outer.global_flat.add_(1e-3)
         digest = hashlib.sha256(node.outer.global_flat.numpy().tobytes()).hexdigest()
@@ -175,6 +204,15 @@ class Elastic:
             write_outputs(self.store, node.plan, node.spec.rounds, node.opts, self.epoch.members, weights,
                           streaming=node.streaming is not None)
         self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
+
+    def _post_rows(self, node, rows: list[dict] | None = None) -> None:
+        """Trace rows (default: all this node holds) and their rounds' fragment rows into the store."""
+        for row in node.trace if rows is None else rows:
+            r = int(row["round"])
+            self.store.set(f"geodt/row/{node.index}/{r}", json.dumps({k: row[k] for k in ROW_KEYS}))
+            if node.streaming is not None:
+                syncs = [[float(s[c]) for c in SYNC_NUMERIC] for s in node.streaming.rows if s["round"] == r]
+                self.store.set(f"geodt/syncs/{node.index}/{r}", json.dumps(syncs))
 
     # --- epochs --------------------------------------------------------------------------
     def _enter(self, node, number: int) -> None:
@@ -188,6 +226,7 @@ class Elastic:
             if self.in_flight is not None and node.rounds_done == latest and self.snapshot is not None:
                 node_restore(node, self.snapshot)  # this round runs again, from its start
             shared["outer"] = torch.stack([node.outer.global_flat, node.outer.momentum])
+            shared["clock"] = torch.tensor([node.time_offset_s], dtype=torch.float64)  # a resumed run's axis
             if adaptive is not None:
                 shared["adaptive"] = adaptive.state()
             if replicas:
@@ -203,6 +242,7 @@ class Elastic:
             raise PeerLost(first_line(exc)) from exc
         node.outer.global_flat.copy_(shared["outer"][0])
         node.outer.momentum.copy_(shared["outer"][1])
+        node.time_offset_s = float(shared["clock"][0])
         if replicas:
             load_optimizer_flat(node.optimizer, node.model, shared["optimizer"])
         if node.rounds_done < latest:  # behind, or a joiner: the global weights of round `latest` on
@@ -278,6 +318,22 @@ def load_optimizer_flat(optimizer: torch.optim.Optimizer, model: torch.nn.Module
         for key in ("exp_avg", "exp_avg_sq"):
             state[key] = flat[offset:offset + param.numel()].to(param.dtype).view_as(param).clone()
             offset += param.numel()
+
+
+def stored_rows(store, index: int, rounds: int) -> list[dict]:
+    """Node `index`'s trace rows in the store, of rounds before `rounds`."""
+    keys = [f"geodt/row/{index}/{r}" for r in range(rounds)]
+    return [json.loads(store.get(key).decode()) for key in keys if store.check([key])]
+
+
+def stored_syncs(store, node, rounds: int) -> list[dict]:
+    """The node's Streaming DiLoCo fragment rows in the store, of rounds before `rounds`."""
+    rows = []
+    for key in [f"geodt/syncs/{node.index}/{r}" for r in range(rounds)]:
+        if store.check([key]):
+            rows += [{"strategy": node.plan.strategy, "node": node.me.node, **dict(zip(SYNC_NUMERIC, values))}
+                     for values in json.loads(store.get(key).decode())]
+    return rows
 
 
 def rejoined(store, index: int, who: str, round_: int, ready: float) -> Origin:

@@ -140,9 +140,6 @@ def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> N
     elif any(node.gpus != 1 for node in plan.nodes):
         why = (f"{plan_path}: gpus: expected one process per node, got {[node.gpus for node in plan.nodes]} (the "
                f"launcher restarts and admits a node's processes one by one, not as a node)")
-    elif opts.resume or opts.stop_after is not None:
-        why = ("keeps no checkpoints (a node's set cannot be resumed once nodes came and went): --resume and "
-               "--stop-after need --on-node-loss stop")
     if why is not None:
         raise LaunchError(f"--on-node-loss continue {why}")
 

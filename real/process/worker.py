@@ -244,13 +244,9 @@ class Node:
     def run(self) -> None:
         """Resume if asked, then the rounds (checkpoints every checkpoint_every rounds), then finish();
         who takes part in each round is the membership policy's (real/membership/members.py)."""
-        keeps = self.members.keeps_checkpoints
-        if self.groups.is_leader and keeps:
+        if self.groups.is_leader:
             checkpoint.remove_stale(self.opts.out_dir, self.index)
-        if self.opts.resume:
-            checkpoint.resume(self)
-        elif self.groups.is_leader and keeps:
-            checkpoint.start_afresh(self)
+        self.members.prepare(self)  # --resume, or a fresh start
         checkpoint.begin(self)  # an async or quorum run's cuts and first snapshot
         self.warm_up()
         # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint/checkpoint.py async_cuts).
@@ -270,7 +266,7 @@ class Node:
                 if self.is_leader:
                     self.trace.append(row)
                 # A sharded node's processes all take part in gathering its checkpoint.
-                if keeps and checkpoint.due_here(self, last) and (self.is_leader or self.layout):
+                if checkpoint.due_here(self, last) and (self.is_leader or self.layout):
                     row["ckpt_block_s"] = checkpoint.save(self, row if self.is_leader else None)
                 self.members.after_round(self, r, row)
                 if bar is not None:
