@@ -33,7 +33,9 @@ times from those inner steps (`--profiles-out`); hybrid cases calibrate their de
 batch after the links (`geodt calibrate scenario --scenario`).
 Each WAN run is WAN_ROUNDS rounds of WAN_LOCAL_STEPS inner steps. Writes
 results/fidelity/{fidelity.csv, table.md, fidelity.png}, links/runK.csv (the network profile
-WAN run K ran with) and prints the table.
+WAN run K ran with) and prints the table. Every row records the host's CPU shares over its run
+(host_steal_pct, host_busy_pct: validate's) and over the calibration before it (cal_steal_pct,
+cal_busy_pct; train/hoststat.py): a run slower than its calibration beside steal that rose is the host.
 The scenarios (benchmarks/fidelity/*.toml) make heterogeneous CPU devices from real limits (a
 CPU quota per device process, pinned cores); their profiles were measured under the same limits.
 
@@ -48,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
+from math import nan
 from pathlib import Path
 
 import pandas as pd
@@ -55,6 +58,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from facts.fidelity import IDLE_MEDIAN, IDLE_WORST, ROUND_MEDIAN, SYNC_MEDIAN, SYNC_WORST
+from train.hoststat import cpu_times, host_share
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "benchmarks" / "fidelity"
@@ -247,8 +251,10 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
             keep.write_bytes(profile.read_bytes())
         if steps is not None:
             path, calibrate = with_profiles(scenario, steps, work), False
+    before = cpu_times()
     if calibrate:
         path = fresh_profiles(scenario, work)
+    calibration = host_share(before, cpu_times()) if calibrate else None
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
            "--threads", "1"]
@@ -263,7 +269,9 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
     return pd.read_csv(out / "validation.csv").assign(final_loss=last["loss"].mean(),
                                                       tokens=int(trace["tokens"].sum()),
                                                       fragments=int(plan["fragments"].iloc[0]),
-                                                      sync_delay_steps=int(plan["sync_delay_steps"].iloc[0]))
+                                                      sync_delay_steps=int(plan["sync_delay_steps"].iloc[0]),
+                                                      cal_steal_pct=calibration.steal_pct if calibration else nan,
+                                                      cal_busy_pct=calibration.busy_pct if calibration else nan)
 
 
 def errors(frame: pd.DataFrame) -> pd.DataFrame:
@@ -420,7 +428,8 @@ def main() -> int:
     cols = ["scenario", "strategy", "case", "repeat", "node", "predicted_idle_s", "measured_idle_s",
             "predicted_round_s", "measured_round_s", "predicted_comm_s", "measured_comm_s", "idle_err_pct_of_round",
             "idle_err_pct_of_idle", "round_err_pct", "sync_err_pct", "sync_share_pct", "network",
-            "predicted_compute_s", "measured_compute_s", "final_loss", "tokens", "fragments", "sync_delay_steps"]
+            "predicted_compute_s", "measured_compute_s", "final_loss", "tokens", "fragments", "sync_delay_steps",
+            "host_steal_pct", "host_busy_pct", "cal_steal_pct", "cal_busy_pct"]
     rows[cols].to_csv(out / "fidelity.csv", index=False, float_format="%.6g")
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                f"{datetime.now(timezone.utc):%Y-%m-%d}")

@@ -48,9 +48,13 @@ LOSS_VALIDATION_COLUMNS = ["predicted_loss_end", "measured_loss_end", "predicted
 STALENESS_VALIDATION_COLUMNS = ["predicted_staleness_mean", "measured_staleness_mean",
                                 "predicted_run_staleness_mean", "measured_run_staleness_mean",
                                 "predicted_run_staleness_p90", "measured_run_staleness_p90"]
+# validate's host over the run's window (train/hoststat.py), the same on every row: % of the machine's CPU
+# time stolen by the hypervisor for other guests, and % busy; empty where not known (validate --trace)
+HOST_VALIDATION_COLUMNS = ["host_steal_pct", "host_busy_pct"]
 # validation.csv: per node, summed over the measured rounds; comm is the sync (the timeline's comm_s).
 VALIDATION_COLUMNS = ["strategy", "node", "predicted_idle_s", "measured_idle_s", "predicted_round_s",
                       "measured_round_s", "error_pct_of_round", "predicted_comm_s", "measured_comm_s",
                       "comm_error_pct", "mode", "network", "predicted_compute_s", "measured_compute_s",
                       "predicted_tokens", "measured_tokens", "predicted_wall_s", "measured_wall_s",
-                      "wall_error_pct", *LOSS_VALIDATION_COLUMNS, "round_error_pct", "verdict"]
+                      "wall_error_pct", *LOSS_VALIDATION_COLUMNS, "round_error_pct", *HOST_VALIDATION_COLUMNS,
+                      "verdict"]

@@ -409,12 +409,15 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
 
     from real.process.launch import launch
     from simulator.outputs.outputs import write_csv
+    from train.hoststat import cpu_times, host_share
 
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)
     naming(out / "timeline.csv", write_csv, timeline, out / "timeline.csv")
+    before = cpu_times()
     status = launch(out / "plan.csv", out / "scenario.toml", opts, host=args.host,
                     announce=announcer("geodt validate", scenario, plan, args.emulate, machine_warnings), lock=False)
+    host = host_share(before, cpu_times())
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")
@@ -424,7 +427,7 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
               if reproduction_warnings(scenario, plan, args.emulate) else "")
     report("geodt validate", scenario, plan, timeline, trace, out, args.emulate, args.time_scale, network_note(out),
-           caveat, wide=args.wide, loss=loss)
+           caveat, wide=args.wide, loss=loss, host=host)
     print_membership(trace, plan)
     return 0
 

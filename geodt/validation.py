@@ -14,7 +14,13 @@ from pathlib import Path
 import numpy as np
 
 from facts.fidelity import judge, node_verdict
-from formats.timeline import LOSS_VALIDATION_COLUMNS, MODES, STALENESS_VALIDATION_COLUMNS, VALIDATION_COLUMNS
+from formats.timeline import (
+    HOST_VALIDATION_COLUMNS,
+    LOSS_VALIDATION_COLUMNS,
+    MODES,
+    STALENESS_VALIDATION_COLUMNS,
+    VALIDATION_COLUMNS,
+)
 
 NO_LOSS_COMPARISON = ("loss: not compared (the loss model has no curve of this model on this run's corpus: "
                       "geodt calibrate convergence, --data)")
@@ -96,7 +102,8 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
         row["verdict"] = node_verdict(row["round_error_pct"], row["error_pct_of_round"], row["comm_error_pct"],
                                       shaped_wan(network))
     # the loss model's columns, empty until report() compares the losses (loss_comparison)
-    frame = pd.DataFrame(rows).assign(**{c: float("nan") for c in LOSS_VALIDATION_COLUMNS})
+    frame = pd.DataFrame(rows).assign(**{c: float("nan") for c in [*LOSS_VALIDATION_COLUMNS,
+                                                                     *HOST_VALIDATION_COLUMNS]})
     if "staleness" in meas and "staleness" in pred:
         frame = frame.assign(**staleness_columns(pred, meas, nodes))
     return frame[VALIDATION_COLUMNS + [c for c in frame.columns if c not in VALIDATION_COLUMNS]]
@@ -292,9 +299,10 @@ def loss_comparison(scenario, plan, timeline, trace, scale: float, setup) -> tup
 
 
 def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool, time_scale: float,
-           network: str, caveat: str, wide: bool = False, loss=None) -> None:
+           network: str, caveat: str, wide: bool = False, loss=None, host=None) -> None:
     """Write validation.csv, trace.json and validation.png into out; print the table and the verdict
-    (loss: the loss model's setup, simulator/models/loss_prediction.py, when the run's corpus is the profile's)."""
+    (loss: the loss model's setup, simulator/models/loss_prediction.py, when the run's corpus is the profile's;
+    host: the machine's CPU shares over the run, train/hoststat.py HostShare, when it ran just now)."""
     from simulator.models.network import outer_step_source
     from simulator.models.wallclock import predicted_wall_clock
     from simulator.outputs.outputs import write_csv
@@ -306,6 +314,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     loss_columns, loss_lines = (loss_comparison(scenario, plan, timeline, trace, scale, loss) if loss is not None
                                 else ({}, [NO_LOSS_COMPARISON]))
     table = table.assign(**loss_columns)
+    if host is not None:
+        table = table.assign(host_steal_pct=host.steal_pct, host_busy_pct=host.busy_pct)
     write_csv(table[VALIDATION_COLUMNS + [c for c in STALENESS_VALIDATION_COLUMNS if c in table]],
               out / "validation.csv")
     write_trace_json(validation_trace(timeline, trace, scale, plan.to_frame(scenario), emulated), out / "trace.json")
@@ -332,6 +342,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
         print(line)
     if not emulated:  # an emulated run's steps are the prediction's own: no band to land in
         print(band_line(scenario, timeline, table))
+    if host is not None:  # a run slower than its calibration on a host that was taken from it is the host
+        print(f"host during the run: {host.line()}")
     print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
     overruns = int(table["overrun_steps"].sum())
     if emulated and overruns:

@@ -214,9 +214,6 @@ def test_an_adaptive_plan_loses_a_node_and_the_others_absorb_its_share(tmp_path,
     (["--on-node-loss", "continue"], PLAN.replace("baseline,a,1,1,2,0.25,32", "baseline,a,2,1,2,0.25,64"),
      ("real: --on-node-loss continue {plan}: gpus: expected one process per node, got [2, 1, 1] (the launcher "
       "restarts and admits a node's processes one by one, not as a node)")),
-    (["--on-node-loss", "continue", "--stop-after", "2"], PLAN,
-     ("real: --on-node-loss continue keeps no checkpoints (a node's set cannot be resumed once nodes came and "
-      "went): --resume and --stop-after need --on-node-loss stop")),
     (["--rejoin-after-s", "1"], PLAN,
      "real: --rejoin-after-s: a lost node rejoins only under --on-node-loss continue"),
 ])

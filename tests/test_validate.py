@@ -7,6 +7,7 @@ token counts and bytes, which are exact.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -129,6 +130,11 @@ def test_validate_measures_by_default(tmp_path, capsys):
     assert (trace["overrun_steps"] == 0).all()  # nothing padded, nothing to overrun
     printed = capsys.readouterr()
     assert "measured: largest idle error" in printed.out and "warnings above" in printed.out
+    # the host over the run, beside every row (train/hoststat.py): what a miss on a shared VM is told by
+    if Path("/proc/stat").exists():
+        assert table["host_steal_pct"].nunique() == 1 and 0 <= table["host_steal_pct"].iloc[0] < 100
+        assert 0 < table["host_busy_pct"].iloc[0] <= 100
+        assert "host during the run: steal " in printed.out
     # hetero-cpu's speeds are only given: said before the run, naming the nodes
     assert "warning: nodes fast, medium, slow, slowest: step_time_s is given" in printed.err
 
@@ -334,6 +340,7 @@ def test_validate_trace_follows_the_runs_record_of_emulation(tmp_path, capsys):
     assert "verdict (schedule check (emulated))" in printed.out and "verdict (measured" not in printed.out
     assert "), emulated " in next(line for line in printed.out.splitlines() if line.startswith("wall time"))
     assert printed.err == ""  # no flag given, nothing contradicted
+    assert table["host_steal_pct"].isna().all() and "host during the run" not in printed.out  # ran earlier: not known
 
 
 def test_validate_trace_says_when_a_flag_contradicts_the_record(tmp_path, capsys):

@@ -29,6 +29,11 @@ the next epoch with it and all enter it. Each round's trace row (and a streaming
 rows) goes into the store at once, so rows of a node that died are still written; the first member
 writes the outputs from them, and every member leaves the digest of its final global weights for
 the launcher's check (real/process/respawn.py).
+
+Checkpoints: each node writes its own sets, as under stop. `--resume` loads each node's own newest
+(real/checkpoint/checkpoint.py resume_own, no collective) and the members take the newest round any
+of them holds as they enter the first epoch; a node whose set is older (it was away when the run
+stopped) comes back as a joiner does.
 """
 from __future__ import annotations
 

@@ -1,0 +1,49 @@
+"""The host's CPU time over a window, from /proc/stat: the share the hypervisor gave to other
+tenants (steal) and the share the machine was busy, recorded beside a measured run as pyperf records
+its environment with every value, so that a run slower than its calibration can be told from a run
+whose host was taken from it (results/predict-the-run/). Torch-free; None where /proc/stat is not
+there (not Linux)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC_STAT = Path("/proc/stat")
+# the aggregate "cpu" line's first eight fields (proc(5)); guest time is already in user and nice
+FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_times(path: Path = PROC_STAT) -> dict[str, int] | None:
+    """The machine's CPU time so far, in clock ticks, per FIELDS; None when it cannot be read."""
+    try:
+        with path.open(encoding="ascii") as fh:
+            first = fh.readline().split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu" or len(first) < 1 + len(FIELDS):
+        return None
+    return dict(zip(FIELDS, map(int, first[1:1 + len(FIELDS)])))
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """Shares of the machine's CPU time over a window, in %."""
+
+    steal_pct: float  # taken by the hypervisor for other guests: time this machine's work did not get
+    busy_pct: float   # spent working (all but idle and iowait), this machine's processes and the kernel
+
+    def line(self) -> str:
+        return (f"steal {self.steal_pct:.1f}% of the CPU time (the hypervisor's other tenants), "
+                f"busy {self.busy_pct:.0f}%")
+
+
+def host_share(before: dict[str, int] | None, after: dict[str, int] | None) -> HostShare | None:
+    """The shares between two cpu_times(); None when either is missing or no time passed."""
+    if before is None or after is None:
+        return None
+    delta = {key: after[key] - before[key] for key in FIELDS}
+    total = sum(delta.values())
+    if total <= 0:
+        return None
+    idle = delta["idle"] + delta["iowait"]
+    return HostShare(steal_pct=100 * delta["steal"] / total, busy_pct=100 * (total - idle - delta["steal"]) / total)
