@@ -45,8 +45,9 @@ class _Groups:
         return value
 
 
-def _node(every=None, stop_after=None, final=False, mtbf_s=3600.0, sync="diloco"):
-    opts = SimpleNamespace(checkpoint=True, checkpoint_every=every, checkpoint_final=final, stop_after=stop_after)
+def _node(every=None, stop_after=None, final=False, mtbf_s=3600.0, sync="diloco", on_node_loss="stop"):
+    opts = SimpleNamespace(checkpoint=True, checkpoint_every=every, checkpoint_final=final, stop_after=stop_after,
+                           on_node_loss=on_node_loss)
     spec = SimpleNamespace(checkpoint_every=None, mtbf_s=mtbf_s)
     return SimpleNamespace(opts=opts, spec=spec, rounds_done=0, is_leader=False, rank=1, groups=_Groups(),
                            plan=SimpleNamespace(barrierless=sync == "quorum", sync=sync))
@@ -92,6 +93,18 @@ def test_the_default_cadence_follows_young_daly_from_the_second_round(monkeypatc
     node.groups.max_float = lambda value: {0.0: 2.0}.get(value, value)
     clock = iter([100.0, 110.0])
     assert _due_rounds(node, 30) == [13, 25, 30]  # and the round --stop-after stops at
+
+
+def test_under_continue_each_node_chooses_its_cadence_alone(monkeypatch):
+    """--on-node-loss continue: no collective in the choice (a joiner times its first round later than
+    the members, so a max over the group would pair with none); the node's own cost and round."""
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: next(clock))
+    node = _node(on_node_loss="continue")
+    node.is_leader = True
+    node.ckpt_writer = SimpleNamespace(wait=lambda: (None, 2.0), submit=lambda fn, row: None)  # its own 2 s probe
+    assert _due_rounds(node, 40) == [13, 25, 37]
+    assert node.ckpt_every == 12 and node.groups.maxed == []
 
 
 def test_a_checkpoint_cost_is_timed_on_a_stand_in_and_scaled_by_bytes(tmp_path, monkeypatch):
