@@ -376,6 +376,35 @@ def all_cases(wan: bool, loopback: bool) -> list[tuple]:
     return cases
 
 
+# a run whose host lost more than this share of CPU time to steal (in the run or its calibration) than the other
+STEAL_CHANGE_PCT = 2.0
+
+
+def host_table(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """Per run: its worst round error beside the host's steal over the calibration and over the run, and the
+    correlation of the two over the runs (rows from before the host columns give an empty table)."""
+    if "host_steal_pct" not in rows or rows["host_steal_pct"].isna().all():
+        return pd.DataFrame(), ""
+    ratio = rows.measured_compute_s / rows.predicted_compute_s
+    g = rows.assign(ratio=ratio).groupby(["scenario", "repeat"], sort=False)
+    table = pd.DataFrame({
+        "round_err_pct_worst": g["round_err_pct"].apply(_signed_worst),
+        "idle_err_pct_of_round_worst": g["idle_err_pct_of_round"].apply(_signed_worst),
+        "compute_measured_over_predicted_min": g["ratio"].min(),
+        "compute_measured_over_predicted_max": g["ratio"].max(),
+        "cal_steal_pct": g["cal_steal_pct"].first(),
+        "run_steal_pct": g["host_steal_pct"].first(),
+    }).reset_index()
+    table["steal_change_pct"] = table.run_steal_pct - table.cal_steal_pct
+    quiet = table[(table.steal_change_pct.abs() <= STEAL_CHANGE_PCT)]
+    within = lambda t: int((t.round_err_pct_worst.abs() <= GOAL_ROUND_PCT).sum())
+    r = table["round_err_pct_worst"].corr(table["steal_change_pct"])
+    line = (f"round error (worst node, signed) against the change in steal from calibration to run: correlation "
+            f"{r:+.2f} over {len(table)} runs; {within(table)} of {len(table)} runs within ±{GOAL_ROUND_PCT:g}%; of "
+            f"the {len(quiet)} whose steal changed by at most {STEAL_CHANGE_PCT:g} points, {within(quiet)} within")
+    return table, line
+
+
 def overall_line(rows: pd.DataFrame) -> str:
     text = (f"all {len(rows)} node rows (signed): round error median {rows.round_err_pct.median():+.2f}%, "
             f"worst {_signed_worst(rows.round_err_pct):+.2f}% (goal ±{GOAL_ROUND_PCT:g}%), predicted shorter than "
@@ -444,12 +473,16 @@ def main() -> int:
            f"{'/'.join(STEPS_BETWEEN_AVERAGES)}: its devices' steps timed between the links' averages, "
            f"each node running its round of the strategy's plan from the committed profiles)")
     how += f"; WAN runs of {args.wan_rounds} rounds, their links {args.link_repeats} repeats per size"
+    host, host_line = host_table(rows)
+    host_md = f"\n{markdown(host)}\n\n{host_line}\n" if len(host) else ""
     (out / "table.md").write_text(f"Measured on {machine}; {how}. Errors are signed (module docstring of "
-                                  f"benchmarks/bench_fidelity.py).\n\n{md}\n\n{overall}\n")
+                                  f"benchmarks/bench_fidelity.py).\n\n{md}\n\n{overall}\n{host_md}")
     plot(rows, out / "fidelity.png")
     with pd.option_context("display.width", 250, "display.max_columns", 30):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     print(overall)
+    if host_line:
+        print(host_line)
     print(f"machine: {machine}")
     return 0
 

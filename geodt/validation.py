@@ -344,6 +344,9 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
         print(band_line(scenario, timeline, table))
     if host is not None:  # a run slower than its calibration on a host that was taken from it is the host
         print(f"host during the run: {host.line()}")
+        warning = host.warning("the run")
+        if warning is not None:
+            print(warning + "; a round error here is the host's, not the prediction's", file=sys.stderr)
     print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
     overruns = int(table["overrun_steps"].sum())
     if emulated and overruns:

@@ -38,3 +38,10 @@ def test_this_machine_reads():
         pytest.skip("no /proc/stat here")
     assert set(times) == {"user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal"}
     assert all(v >= 0 for v in times.values())
+
+
+def test_a_host_taken_from_the_work_is_said_in_one_line():
+    assert HostShare(steal_pct=2.0, busy_pct=90.0).warning("the run") is None  # at the threshold: quiet
+    line = HostShare(steal_pct=29.3, busy_pct=64.0).warning("the run")
+    assert line == ("warning: the host's other tenants took 29.3% of the CPU time during the run (steal; above 2%): "
+                    "its steps were slower than this machine's when they do not")

@@ -11,6 +11,10 @@ from pathlib import Path
 PROC_STAT = Path("/proc/stat")
 # the aggregate "cpu" line's first eight fields (proc(5)); guest time is already in user and nice
 FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+# Above this much steal over a calibration or a run, its steps are slower than this machine's own: on
+# this project's VM the round error of a calibrated run followed the change in steal from the
+# calibration to the run (correlation -0.91 over 10 runs, results/predict-the-run/five-runs-host/).
+STEAL_WARN_PCT = 2.0
 
 
 def cpu_times(path: Path = PROC_STAT) -> dict[str, int] | None:
@@ -35,6 +39,13 @@ class HostShare:
     def line(self) -> str:
         return (f"steal {self.steal_pct:.1f}% of the CPU time (the hypervisor's other tenants), "
                 f"busy {self.busy_pct:.0f}%")
+
+    def warning(self, what: str) -> str | None:
+        """One line when the steal over `what` (e.g. "the run") made its steps slower than this machine's."""
+        if self.steal_pct <= STEAL_WARN_PCT:
+            return None
+        return (f"warning: the host's other tenants took {self.steal_pct:.1f}% of the CPU time during {what} "
+                f"(steal; above {STEAL_WARN_PCT:g}%): its steps were slower than this machine's when they do not")
 
 
 def host_share(before: dict[str, int] | None, after: dict[str, int] | None) -> HostShare | None:

@@ -80,10 +80,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {scenario}", file=sys.stderr)
         return 2
     jobs = [(n.name, j, n.gpu_count, n.cpu_cores, n.cpu_quota) for n in scenario.nodes for j in range(n.gpu_count)]
+    from train.hoststat import cpu_times, host_share
+
+    before = cpu_times()
     rows = _measure_all(scenario, args, jobs)
     if isinstance(rows, int):
         return rows
     _write_profiles(args.out_dir, jobs, rows)
+    host = host_share(before, cpu_times())
+    if host is not None:  # what a later validate's run is compared with (geodt/validation.py)
+        print(f"host during the calibration: {host.line()}")
+        warning = host.warning("the calibration")
+        if warning is not None:
+            print(warning + "; calibrate again before predicting a run from these profiles", file=sys.stderr)
     return 0
 
 
