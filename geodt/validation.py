@@ -307,6 +307,7 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     from simulator.models.wallclock import predicted_wall_clock
     from simulator.outputs.outputs import write_csv
     from simulator.outputs.perfetto import validation_trace, write_trace_json
+    from train.hoststat import say
 
     scale = time_scale if emulated else 1.0
     wall = predicted_wall_clock(scenario, timeline)
@@ -342,11 +343,8 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
         print(line)
     if not emulated:  # an emulated run's steps are the prediction's own: no band to land in
         print(band_line(scenario, timeline, table))
-    if host is not None:  # a run slower than its calibration on a host that was taken from it is the host
-        print(f"host during the run: {host.line()}")
-        warning = host.warning("the run")
-        if warning is not None:
-            print(warning + "; a round error here is the host's, not the prediction's", file=sys.stderr)
+    # a run slower than its calibration on a host that was taken from it is the host's
+    say(host, "the run", "a round error here is the host's, not the prediction's")
     print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")
     overruns = int(table["overrun_steps"].sum())
     if emulated and overruns:

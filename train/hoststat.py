@@ -5,6 +5,7 @@ whose host was taken from it (results/predict-the-run/). Torch-free; None where 
 there (not Linux)."""
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,3 +59,13 @@ def host_share(before: dict[str, int] | None, after: dict[str, int] | None) -> H
         return None
     idle = delta["idle"] + delta["iowait"]
     return HostShare(steal_pct=100 * delta["steal"] / total, busy_pct=100 * (total - idle - delta["steal"]) / total)
+
+
+def say(host: HostShare | None, what: str, advice: str) -> None:
+    """Print the host's shares over `what` (e.g. "the run"), and the warning with `advice` above the threshold."""
+    if host is None:
+        return
+    print(f"host during {what}: {host.line()}")
+    warning = host.warning(what)
+    if warning is not None:
+        print(f"{warning}; {advice}", file=sys.stderr)

@@ -90,11 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return measured
     rows, host = measured
     _write_profiles(args.out_dir, jobs, rows)
-    if host is not None:  # what a later validate's run is compared with (geodt/validation.py)
-        print(f"host during the calibration: {host.line()}")
-        warning = host.warning("the calibration")
-        if warning is not None:
-            print(warning + "; calibrate again before predicting a run from these profiles", file=sys.stderr)
+    from train.hoststat import say
+
+    # what a later validate's run is compared with (geodt/validation.py)
+    say(host, "the calibration", "calibrate again before predicting a run from these profiles")
     return 0
 
 

@@ -212,12 +212,14 @@ class Elastic:
 
     def _post_rows(self, node, rows: list[dict] | None = None) -> None:
         """Trace rows (default: all this node holds) and their rounds' fragment rows into the store."""
+        syncs: dict[int, list] = {}  # the fragment rows by round, grouped once
+        for s in node.streaming.rows if node.streaming is not None else ():
+            syncs.setdefault(int(s["round"]), []).append([float(s[c]) for c in SYNC_NUMERIC])
         for row in node.trace if rows is None else rows:
             r = int(row["round"])
             self.store.set(f"geodt/row/{node.index}/{r}", json.dumps({k: row[k] for k in ROW_KEYS}))
             if node.streaming is not None:
-                syncs = [[float(s[c]) for c in SYNC_NUMERIC] for s in node.streaming.rows if s["round"] == r]
-                self.store.set(f"geodt/syncs/{node.index}/{r}", json.dumps(syncs))
+                self.store.set(f"geodt/syncs/{node.index}/{r}", json.dumps(syncs.get(r, [])))
 
     # --- epochs --------------------------------------------------------------------------
     def _enter(self, node, number: int) -> None:
