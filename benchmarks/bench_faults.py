@@ -18,8 +18,11 @@ launcher saw killed per run (the joiner case: 2, the node and its restart). Ever
 goes to results/faults/runs.csv and the table to results/faults/faults.csv (each temp name, then
 rename) and to stdout; --more adds the runs to those already recorded.
 
+--processes N runs the node lost (medium) as N processes (data parallel in the node), which leave
+and join as one node: its every process dies at the fault's point.
+
     python benchmarks/bench_faults.py [--repeats 5] [--rounds 8] [--round 3] [--time-scale 1]
-        [--kinds classic,streaming] [--wans loopback,shaped] [--out results/faults]
+        [--kinds classic,streaming] [--wans loopback,shaped] [--processes 1] [--out results/faults]
 """
 from __future__ import annotations
 
@@ -56,6 +59,8 @@ def run_once(faults: str, extra: list[str], args, out: Path) -> tuple[int, str, 
            "--on-node-loss", "continue", "--no-progress", "--out", str(out), "--timeout-s", str(args.timeout_s),
            "--time-scale", str(args.time_scale), "--set", f"training.rounds={args.rounds}",
            "--set", "training.local_steps=4", *extra]
+    if args.processes > 1:
+        cmd += ["--set", f'nodes.medium.gpus={{"cpu"={args.processes}}}']
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GEODT_TEST_FAULTS": faults}
     start = time.monotonic()
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=20 * args.timeout_s)
@@ -76,7 +81,8 @@ def measure(case, kind: str, wan: str, args) -> list[dict]:
         done = trace is not None and code == 0 and all(
             trace[trace.node == n]["round"].tolist() == list(range(args.rounds)) for n in survivors)
         rows = [int((trace.node == n).sum()) if trace is not None else -1 for n in lost]
-        records.append({"case": name, "kind": kind, "wan": wan, "exit": code, "survivors_finished": int(done),
+        records.append({"case": name, "kind": kind, "wan": wan, "medium_processes": args.processes, "exit": code,
+                        "survivors_finished": int(done),
                         "weights_identical": int(done and "final global weights differ" not in err),
                         "lost_rounds_predicted": predicted, "lost_rounds_measured": "/".join(map(str, rows)),
                         "lost_rounds_within_1": int(all(abs(m - predicted) <= 1 for m in rows)),
@@ -90,7 +96,7 @@ def measure(case, kind: str, wan: str, args) -> list[dict]:
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per case, kind and network: the runs' counts (faults.csv)."""
-    keys = ["case", "kind", "wan"]
+    keys = ["case", "kind", "wan", "medium_processes"]
     grouped = runs.groupby(keys, sort=False)
     return pd.DataFrame({
         "runs": grouped.size(), "survivors_finished": grouped["survivors_finished"].sum(),
@@ -118,6 +124,7 @@ def main() -> int:
     parser.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: classic, streaming")
     parser.add_argument("--wans", default=",".join(WANS), help="comma-separated: loopback, shaped (root)")
+    parser.add_argument("--processes", type=int, default=1, help="processes of the node lost (medium)")
     parser.add_argument("--out", default=str(ROOT / "results" / "faults"))
     parser.add_argument("--more", action="store_true",
                         help="add these runs to the runs already in --out (runs.csv) rather than replace them")
@@ -128,6 +135,7 @@ def main() -> int:
     earlier = Path(args.out) / "runs.csv"
     if args.more and earlier.exists():
         runs = pd.concat([pd.read_csv(earlier, dtype={"lost_rounds_measured": str}), runs], ignore_index=True)
+        runs["medium_processes"] = runs["medium_processes"].fillna(1).astype(int)  # runs before --processes: 1
     write_csv(runs, earlier)
     faults = table(runs)
     write_csv(faults, Path(args.out) / "faults.csv")

@@ -14,12 +14,13 @@ pytest.importorskip("torch")
 ROUNDS = 8
 
 
-def _run(tmp_path, capfd, *sets: str, outages=(("medium", 2, 2),), extra=()) -> tuple[int, pd.DataFrame, str]:
+def _run(tmp_path, capfd, *sets: str, outages=(("medium", 2, 2),), extra=(),
+         rounds: int = ROUNDS) -> tuple[int, pd.DataFrame, str]:
     from geodt.run_cmd import run_main
 
     out = tmp_path / "run"
     args = ["hetero-cpu", "--out", str(out), "--no-progress", "--emulate", "--on-node-loss", "continue",
-            "--timeout-s", "60", "--set", f"training.rounds={ROUNDS}", "--set", "training.local_steps=4",
+            "--timeout-s", "60", "--set", f"training.rounds={rounds}", "--set", "training.local_steps=4",
             "--set", 'simulation.on_node_loss="continue"', *extra]
     for node, round_, rounds in outages:
         args += ["--set", f"nodes.{node}.outage={{round={round_}, rounds={rounds}}}"]
@@ -93,4 +94,24 @@ def test_shaped_wan_loses_a_node_and_goes_on(tmp_path, capfd):
     if missing is not None:
         pytest.skip(missing)
     code, trace, said = _run(tmp_path, capfd, extra=("--wan", "shaped"))
+    _check(code, trace, said, {"medium": 2})
+
+
+def test_a_node_of_two_processes_is_lost_and_rejoins_as_one(tmp_path, capfd):
+    """fast runs two processes (data parallel in the node); both SIGKILL themselves at round 2's start
+    and are restarted together: the launcher handles the node once (one loss line, one restart) and
+    admits it when both are ready; with Streaming DiLoCo its survivors rerun round 2 from its start."""
+    rounds = 32  # ~0.7 s each: its two processes' restart takes ~5 s of this machine's time
+    code, trace, said = _run(tmp_path, capfd, 'nodes.fast.gpus={"cpu"=2}', "diloco.fragments=2",
+                             outages=(("fast", 2, 2),), rounds=rounds)
+    _check(code, trace, said, {"fast": 2}, rounds_run=rounds)
+    assert said.count("was killed by SIGKILL") == 1 and said.count("restarted; it rejoins") == 1, said
+    assert said.count("node fast (rank 0) rejoined at round") == 1, said  # its leader says so, once
+    assert trace[trace.node == "fast"]["round"].tolist()[-1] == rounds - 1  # it came back
+
+
+def test_a_node_of_two_processes_goes_on_when_another_is_lost(tmp_path, capfd):
+    """Classic rounds: medium is lost while fast runs two processes; fast's leader retries the cross-node
+    average among the survivors and its second process takes the result in the node's broadcast."""
+    code, trace, said = _run(tmp_path, capfd, 'nodes.fast.gpus={"cpu"=2}')
     _check(code, trace, said, {"medium": 2})

@@ -211,9 +211,11 @@ def test_an_adaptive_plan_loses_a_node_and_the_others_absorb_its_share(tmp_path,
 
 
 @pytest.mark.parametrize("extra, plan, said", [
-    (["--on-node-loss", "continue"], PLAN.replace("baseline,a,1,1,2,0.25,32", "baseline,a,2,1,2,0.25,64"),
-     ("real: --on-node-loss continue {plan}: gpus: expected one process per node, got [2, 1, 1] (the launcher "
-      "restarts and admits a node's processes one by one, not as a node)")),
+    (["--on-node-loss", "continue"],
+     PLAN.replace("comm_s\n", "comm_s,sharding\n").replace("0.0\n", "0.0,\n")
+         .replace("baseline,a,1,1,2,0.25,32,0.0,", "baseline,a,2,1,2,0.25,64,0.0,fsdp"),
+     ("real: --on-node-loss continue {plan}: sharding: a's fsdp mesh is built once over its processes and cannot "
+      "be rebuilt in each membership epoch here; expected none")),
     (["--rejoin-after-s", "1"], PLAN,
      "real: --rejoin-after-s: a lost node rejoins only under --on-node-loss continue"),
 ])

@@ -116,14 +116,18 @@ class Groups:
 
 
 class SoloGroups:
-    """Groups for a node of one process before it is in a run-wide group (a continue run's process
-    until it enters its first epoch, real/membership/members.py): what building its parts asks of it."""
+    """Groups for a process before it is in a run-wide group (a continue run's process until it enters
+    its first epoch, and between epochs: real/membership/members.py): what building its parts asks of
+    it. It holds no group, so nothing is averaged over the node's processes meanwhile."""
 
-    def __init__(self, plan: Plan, index: int):
-        self.plan, self.rank, self.world, self.device = plan, index, plan.world_size, torch.device("cpu")
-        self.index, self.position, self.members = index, index, tuple(range(len(plan.nodes)))
-        self.me = plan.nodes[index]
-        self.leader_rank, self.local, self.is_leader = index, 0, True
+    def __init__(self, plan: Plan, rank: int):
+        self.plan, self.rank, self.world, self.device = plan, rank, plan.world_size, torch.device("cpu")
+        self.index = plan.node_of_rank(rank)
+        self.position, self.members = self.index, tuple(range(len(plan.nodes)))
+        self.me = plan.nodes[self.index]
+        self.leader_rank = plan.first_rank(self.index)
+        self.local = rank - self.leader_rank
+        self.is_leader = self.local == 0
         self.node = self.leaders = None
 
     def sync_device(self) -> None:

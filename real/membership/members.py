@@ -21,7 +21,8 @@ A round that fails (a member died) is finished among the survivors:
   between the inner steps (Streaming DiLoCo's fragments, sync-ddp's gradients) cannot resume
   mid-round: the node restores the state it held at the round's start (kept in host memory each
   round, as a checkpoint's snapshot) and runs the round again with the survivors.
-A joiner (a lost node's restarted process) takes θ_g, the momentum and the round, sets its
+A joiner (a lost node's restarted process, or all of a node's G processes: a node leaves and joins
+as one, real/membership/membership.py) takes θ_g, the momentum and the round, sets its
 learning-rate schedule and data position to where they would be, and trains on with fresh inner
 AdamW state (with sync-ddp, the source's). After every round the members learn, in one all-reduce
 MAX of a flag per node, whether a node asked to join (geodt/join/<i>); if so the first member opens
@@ -116,7 +117,8 @@ class Elastic:
         if self.joining:
             return
         if not node.opts.resume:
-            checkpoint.start_afresh(node)
+            if node.groups.is_leader:
+                checkpoint.start_afresh(node)
             return
         state = checkpoint.resume_own(node)
         if state is not None and state["streaming"] is not None:  # the round it belongs to is built at bind
@@ -129,20 +131,21 @@ class Elastic:
             self._enter_first(node, 0)
             self._post_rows(node)  # a resumed run's rows so far: the outputs are written from the store
             t0 = time.perf_counter()
-            if node.index == self.epoch.members[0]:  # node 0 may be the one lost before round 0
+            if self._coordinates(node):  # node 0 may be the one lost before round 0
                 self.store.set("geodt/t0", repr(time.time() - node.time_offset_s))
             return Origin(t0, node.time_offset_s)
         ready = time.time()
-        ask_to_join(self.store, node.index, self.outage[1] if self.outage else 0)
+        ask_to_join(self.store, node.index, self.outage[1] if self.outage else 0, node.me.gpus)
         self.faults.at("asked")
         number = wait_for_admission(self.store, node.index, self.timeout_s)
         self.faults.at("admitted")
         self._enter_first(node, number)
-        # its lost process's rows, so that the sets this process writes hold the node's whole trace
-        node.trace = stored_rows(self.store, node.index, node.rounds_done)
-        if node.streaming is not None:
-            node.streaming.rows = stored_syncs(self.store, node, node.rounds_done)
-        return rejoined(self.store, node.index, f"node {node.me.node} (rank {node.rank})", node.rounds_done, ready)
+        if node.is_leader:  # its lost process's rows, so that the sets it writes hold the node's whole trace
+            node.trace = stored_rows(self.store, node.index, node.rounds_done)
+            if node.streaming is not None:
+                node.streaming.rows = stored_syncs(self.store, node, node.rounds_done)
+        return rejoined(self.store, node.index, f"node {node.me.node} (rank {node.rank})", node.rounds_done, ready,
+                        say=node.is_leader)
 
     def run_round(self, node, r: int, origin: Origin, bar) -> dict:
         """Round r, finished among the survivors should a member be lost (the module doc); its row names
@@ -183,7 +186,7 @@ class Elastic:
         except PeerLost as exc:
             lost = PeerLost(str(exc))  # recovered from outside this block (run_round says why)
         if lost is None and asked.any():
-            if node.index == self.epoch.members[0]:
+            if self._coordinates(node):
                 open_next_epoch(self.store, self.epoch.members,
                                 [i for i in range(self.n) if asked[i] > 0 and i not in self.epoch.members])
             node.unbind()
@@ -202,16 +205,24 @@ class Elastic:
         if self.faults.skew:  # injected (real/membership/inject.py): the launcher must catch the mismatch
             node.outer.global_flat.add_(1e-3)
         digest = hashlib.sha256(node.outer.global_flat.numpy().tobytes()).hexdigest()
-        self.store.set(f"geodt/digest/{node.index}", digest)
+        if node.is_leader:
+            self.store.set(f"geodt/digest/{node.index}", digest)
         self.epoch.barrier()
-        if node.index == self.epoch.members[0]:
+        if self._coordinates(node):
             weights = {name: p.detach().cpu() for name, p in node.model.named_parameters()}
             write_outputs(self.store, node.plan, node.spec.rounds, node.opts, self.epoch.members, weights,
                           streaming=node.streaming is not None)
         self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
 
+    def _coordinates(self, node) -> bool:
+        """Whether this process is the epoch's coordinator: the first member's leader."""
+        return node.index == self.epoch.members[0] and node.is_leader
+
     def _post_rows(self, node, rows: list[dict] | None = None) -> None:
-        """Trace rows (default: all this node holds) and their rounds' fragment rows into the store."""
+        """Trace rows (default: all this node holds) and their rounds' fragment rows into the store, by
+        the node's leader (which holds them)."""
+        if not node.is_leader:
+            return
         syncs: dict[int, list] = {}  # the fragment rows by round, grouped once
         for s in node.streaming.rows if node.streaming is not None else ():
             syncs.setdefault(int(s["round"]), []).append([float(s[c]) for c in SYNC_NUMERIC])
@@ -240,10 +251,10 @@ class Elastic:
                 shared["optimizer"] = optimizer_flat(node.optimizer, node.model)
             return list(shared.values())
 
-        epoch, latest = agree(self.store, number, node.index, self.n, node.rounds_done, prepare, self.timeout_s)
+        epoch, latest = agree(self.store, number, node.plan, node.rank, node.rounds_done, prepare, self.timeout_s)
         self.epoch = epoch
         try:
-            node.bind(Groups(node.plan, epoch.rank, len(epoch.members), node.device, self.timeout_s,
+            node.bind(Groups(node.plan, epoch.rank, epoch.world, node.device, self.timeout_s,
                              members=epoch.members))
         except FAILURES as exc:
             raise PeerLost(first_line(exc)) from exc
@@ -343,13 +354,14 @@ def stored_syncs(store, node, rounds: int) -> list[dict]:
     return rows
 
 
-def rejoined(store, index: int, who: str, round_: int, ready: float) -> Origin:
+def rejoined(store, index: int, who: str, round_: int, ready: float, say: bool = True) -> Origin:
     """Say when a restarted node rejoined (and where its time went); the run's time axis for it."""
     t0_unix = float(store.get("geodt/t0").decode())
     restarted = float(store.get(f"geodt/restarted/{index}").decode())
-    print(f"real: {who} rejoined at round {round_}, {time.time() - restarted:.2f} s after the launcher "
-          f"restarted it ({ready - restarted:.2f} s to start its process and build the model, "
-          f"{time.time() - ready:.2f} s until the others admitted it)", file=sys.stderr, flush=True)
+    if say:
+        print(f"real: {who} rejoined at round {round_}, {time.time() - restarted:.2f} s after the launcher "
+              f"restarted it ({ready - restarted:.2f} s to start its process and build the model, "
+              f"{time.time() - ready:.2f} s until the others admitted it)", file=sys.stderr, flush=True)
     return Origin(time.perf_counter() - (time.time() - t0_unix))
 
 

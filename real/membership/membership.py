@@ -13,20 +13,25 @@ A gloo process group does not survive a member's death, so the run moves through
 is a fresh run-wide (default) gloo process group over the members' processes, initialised under
 a PrefixStore "geodt/pg/<e>/" of that store, so the rounds' own collectives (real/core/groups.py,
 real/core/sync.py) run in it unchanged; a member leaving an epoch destroys its group. An epoch
-*forms* before its group is built (form_epoch): every member adds its index to geodt/form/<e> by
-compare-and-set; when all members are in, the epoch is formed; while it is not, a member that
+*forms* before its group is built (form_epoch): every member's every process adds its plan rank to
+geodt/form/<e> by compare-and-set; when all are in, the epoch is formed; while it is not, a member that
 sees a newer epoch allocated (a member of e died meanwhile, so the launcher wrote e+1) or its
 wait run out marks it abandoned ("x", also by compare-and-set), so the members agree on formed-
-or-abandoned and no survivor waits --timeout-s in gloo's rendezvous for a dead member. Store keys:
+or-abandoned and no survivor waits --timeout-s in gloo's rendezvous for a dead member. A node of G
+processes leaves and joins as one: when one of them dies the launcher stops the others
+(real/process/respawn.py) and restarts all G; the keys below are a node's, written by its leader
+(its first process) unless they say otherwise. Store keys:
 - geodt/epochs: the last epoch allocated (store.add, so two writers never take the same number);
 - geodt/members/<e>: the plan indices of epoch e's nodes ("0,2"), written once by whoever
   allocated e: the launcher when a member's process died (the members still alive), a node's
   coordinator (the epoch's first member) when nodes asked to join;
-- geodt/form/<e>: the members that reached epoch e ("0,2"), or "x": abandoned (above);
+- geodt/form/<e>: the processes (plan ranks) that reached epoch e ("0,2"), or "x": abandoned (above);
 - geodt/claim/<i>: store.add by the coordinator admitting a joiner and by the launcher when a
   restarted process dies before it is a member: whoever adds first decides (1: the coordinator
   admits it / the launcher drops its request; 2: the other one was first);
-- geodt/join/<i>: node i's restarted process is ready (its parts built) and asks to join, from the
+- geodt/joining/<i>: how many of node i's restarted processes are ready (their parts built); the
+  last of them sets geodt/join/<i>:
+- geodt/join/<i>: node i's restarted processes are ready and ask to join, from the
   round given (0: the next; an injected outage's round + rounds, ExecOptions.outage);
   geodt/admit/<i>: the epoch it was admitted to; geodt/admitted/<i>: the launcher's sign that it
   is a member again; geodt/restarted/<i>: when the launcher restarted it (unix seconds);
@@ -83,9 +88,11 @@ def first_line(exc: BaseException) -> str:
 
 class Epoch:
     """One membership epoch: its number, members (plan indices, ascending) and this process's rank
-    in its run-wide process group (one process per node: the member's position)."""
+    in its run-wide process group: the members' processes, G_i consecutive ranks a node in plan
+    order (as real/core/groups.py ranks them), so a node's leader is its first."""
 
-    def __init__(self, store, number: int, me: int, timeout_s: float):
+    def __init__(self, store, number: int, plan, rank: int, timeout_s: float):
+        """rank: this process's rank in the plan (formats.plan.Plan.first_rank)."""
         key = f"geodt/members/{number}"
         try:
             store.wait([key], timedelta(seconds=timeout_s))
@@ -93,23 +100,26 @@ class Epoch:
             raise NoEpoch(f"no epoch {number} within --timeout-s ({first_line(exc)})") from exc
         self.number = number
         self.members = [int(i) for i in store.get(key).decode().split(",")]
+        me = plan.node_of_rank(rank)
         if me not in self.members:
             raise PeerLost(f"epoch {number} does not include this node (members {self.members})")
-        form_epoch(store, number, self.members, me, timeout_s)
-        self.rank = self.members.index(me)
+        processes = [plan.first_rank(i) + local for i in self.members for local in range(plan.nodes[i].gpus)]
+        form_epoch(store, number, processes, rank, timeout_s)
+        self.leader_ranks = {i: processes.index(plan.first_rank(i)) for i in self.members}
+        self.rank, self.world = processes.index(rank), len(processes)
         leave()
         dist.init_process_group("gloo", store=dist.PrefixStore(f"geodt/pg/{number}/", store), rank=self.rank,
-                                world_size=len(self.members), timeout=timedelta(seconds=timeout_s))
+                                world_size=self.world, timeout=timedelta(seconds=timeout_s))
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
         dist.all_reduce(tensor, op=op)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        """`tensor` from member `root` (a plan index) to every member."""
-        dist.broadcast(tensor, src=self.members.index(root))
+        """`tensor` from member `root`'s leader (a plan index) to every process of the epoch."""
+        dist.broadcast(tensor, src=self.leader_ranks[root])
 
     def barrier(self) -> None:
-        """Every member reaches this point (PeerLost if one is gone)."""
+        """Every member's every process reaches this point (PeerLost if one is gone)."""
         try:
             self.all_reduce(torch.zeros(1))
         except FAILURES as exc:
@@ -128,9 +138,9 @@ def leave() -> None:
     gc.collect(1)
 
 
-def form_epoch(store, number: int, members: list[int], me: int, timeout_s: float) -> None:
-    """Add `me` to epoch `number`'s formation and wait until every member has (module doc);
-    PeerLost when the members agree it is abandoned."""
+def form_epoch(store, number: int, processes: list[int], me: int, timeout_s: float) -> None:
+    """Add `me` (a plan rank) to epoch `number`'s formation and wait until every process of its
+    members (`processes`, plan ranks) has (module doc); PeerLost when they agree it is abandoned."""
     key = f"geodt/form/{number}"
     current = ""
     while True:  # compare-and-set: my index added to whatever the others wrote
@@ -144,7 +154,7 @@ def form_epoch(store, number: int, members: list[int], me: int, timeout_s: float
     deadline = time.monotonic() + timeout_s
     while True:
         current = store.get(key).decode()
-        if current != ABANDONED and {int(i) for i in current.split(",")} == set(members):
+        if current != ABANDONED and {int(i) for i in current.split(",")} == set(processes):
             return
         newer = store.add("geodt/epochs", 0) > number  # the launcher saw a member die
         if current == ABANDONED or newer or time.monotonic() > deadline:
@@ -155,15 +165,15 @@ def form_epoch(store, number: int, members: list[int], me: int, timeout_s: float
         time.sleep(FORM_POLL_S)
 
 
-def agree(store, number: int, me: int, n: int, rounds_done: int, prepare, timeout_s: float) -> tuple[Epoch, int]:
-    """Enter epoch `number`: every member's completed rounds (all-reduce MAX), then the tensors
-    `prepare(latest)` returns (θ_g and the outer momentum, and what else the run keeps alike; called
-    once that round count is known) broadcast in place from the first member holding the most.
-    Returns the epoch and that round count; PeerLost if the epoch does not form."""
+def agree(store, number: int, plan, rank: int, rounds_done: int, prepare, timeout_s: float) -> tuple[Epoch, int]:
+    """Enter epoch `number` as the plan's process `rank`: every member's completed rounds (all-reduce
+    MAX), then the tensors `prepare(latest)` returns (θ_g and the outer momentum, and what else the
+    run keeps alike; called once that round count is known) broadcast in place from the leader of the
+    first member holding the most. Returns the epoch and that round count; PeerLost if it does not form."""
     try:
-        epoch = Epoch(store, number, me, timeout_s)
-        done = torch.full((n,), -1.0, dtype=torch.float64)
-        done[me] = rounds_done
+        epoch = Epoch(store, number, plan, rank, timeout_s)
+        done = torch.full((len(plan.nodes),), -1.0, dtype=torch.float64)
+        done[plan.node_of_rank(rank)] = rounds_done
         epoch.all_reduce(done, dist.ReduceOp.MAX)
         latest = int(done.max().item())
         source = next(i for i in epoch.members if int(done[i].item()) == latest)
@@ -220,9 +230,11 @@ def open_next_epoch(store, members: list[int], joiners: list[int]) -> int:
     return number
 
 
-def ask_to_join(store, me: int, from_round: int) -> None:
-    """A restarted node asks to join (from round `from_round`; 0: the next)."""
-    store.set(f"geodt/join/{me}", str(from_round))
+def ask_to_join(store, me: int, from_round: int, processes: int = 1) -> None:
+    """A restarted node's process is ready; the last of the node's `processes` to be so asks for the
+    node to join (from round `from_round`; 0: the next)."""
+    if store.add(f"geodt/joining/{me}", 1) == processes:
+        store.set(f"geodt/join/{me}", str(from_round))
 
 
 def wait_for_admission(store, me: int, timeout_s: float) -> int:

@@ -137,9 +137,10 @@ def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> N
     elif opts.backend == "nccl":
         why = ("runs on gloo only, got --backend nccl: an nccl communicator cannot be rebuilt over the "
                "survivors here (no GPU to test it on)")
-    elif any(node.gpus != 1 for node in plan.nodes):
-        why = (f"{plan_path}: gpus: expected one process per node, got {[node.gpus for node in plan.nodes]} (the "
-               f"launcher restarts and admits a node's processes one by one, not as a node)")
+    elif any(node.gpus > 1 and node.sharding not in (None, "none") for node in plan.nodes):
+        sharded = next(node for node in plan.nodes if node.gpus > 1 and node.sharding not in (None, "none"))
+        why = (f"{plan_path}: sharding: {sharded.node}'s {sharded.sharding} mesh is built once over its processes "
+               f"and cannot be rebuilt in each membership epoch here; expected none")
     if why is not None:
         raise LaunchError(f"--on-node-loss continue {why}")
 

@@ -27,17 +27,18 @@ from real.process.supervise import INTERRUPTED, signal_name, stop
 
 
 class Respawner:
-    """The node processes of a continue run and the membership the launcher decides."""
+    """The node processes of a continue run and the membership the launcher decides. Nodes leave and
+    join as wholes: membership, joins and restarts are by node (plan index), processes by plan rank."""
 
     def __init__(self, start, plan, store, rejoin_after_s: float | None):
         """start(rank, joining) -> a started process."""
         self.start, self.plan, self.store, self.rejoin_after_s = start, plan, store, rejoin_after_s
         self.procs = {rank: start(rank, False) for rank in range(plan.world_size)}
-        self.members = set(self.procs)  # nodes whose current process is (or was last) a member
+        self.members = set(range(len(plan.nodes)))  # nodes whose current processes are (or were last) members
         self.joiners: set[int] = set()  # restarted, not admitted yet
         self.restart_at: dict[int, float] = {}
         self.restarted: set[int] = set()
-        self.finished: set[int] = set()
+        self.finished: set[int] = set()  # ranks whose process ended with 0
         self.seen: set[int] = set()  # pids whose exit was handled
         store.set("geodt/members/0", ",".join(map(str, sorted(self.members))))
 
@@ -46,7 +47,14 @@ class Respawner:
         return list(self.procs.values())
 
     def _name(self, rank: int) -> str:
-        return f"node {self.plan.nodes[rank].node} (rank {rank})"
+        return f"node {self.plan.nodes[self.plan.node_of_rank(rank)].node} (rank {rank})"
+
+    def _ranks(self, index: int) -> range:
+        first = self.plan.first_rank(index)
+        return range(first, first + self.plan.nodes[index].gpus)
+
+    def _finished_nodes(self) -> set[int]:
+        return {i for i in range(len(self.plan.nodes)) if all(r in self.finished for r in self._ranks(i))}
 
     def run(self) -> int:
         while True:
@@ -54,7 +62,7 @@ class Respawner:
             running = {p.sentinel: r for r, p in self.procs.items() if p.exitcode is None}
             if not running and not self.restart_at:
                 return self._end() if self.finished else 1  # all ended at once: the weights still checked
-            if self.finished and not (self.members - self.finished - self._dead()):
+            if self.finished and not (self.members - self._finished_nodes() - self._dead()):
                 return self._end()
             wait_s = max(0.0, min(self.restart_at.values()) - time.monotonic()) if self.restart_at else 0.5
             for sentinel in multiprocessing.connection.wait(list(running), timeout=min(wait_s, 0.5)):
@@ -65,13 +73,13 @@ class Respawner:
             self._restarts()
 
     def _dead(self) -> set[int]:
-        return {r for r, p in self.procs.items() if p.exitcode not in (None, 0)}
+        return {self.plan.node_of_rank(r) for r, p in self.procs.items() if p.exitcode not in (None, 0)}
 
     def _refresh_joiners(self) -> None:
-        for rank in list(self.joiners):
-            if self.store.check([f"geodt/admitted/{rank}"]):
-                self.joiners.discard(rank)
-                self.members.add(rank)
+        for index in list(self.joiners):
+            if self.store.check([f"geodt/admitted/{index}"]):
+                self.joiners.discard(index)
+                self.members.add(index)
 
     def _exits(self) -> int | None:
         """Handle processes that ended since the last look; an exit status ends the run."""
@@ -81,12 +89,14 @@ class Respawner:
                 continue
             self.seen.add(proc.pid)
             self._refresh_joiners()
+            index = self.plan.node_of_rank(rank)
             if code == 0:
                 self.finished.add(rank)
             elif code < 0:
                 self._lost(rank, code)
-            elif rank in self.joiners and code != 130:  # a restarted process that failed before it was admitted
-                self.joiners.discard(rank)
+            elif index in self.joiners and code != 130:  # a restarted process that failed before it was admitted
+                self._stop_node(index)
+                self.joiners.discard(index)
                 print(f"real: {self._name(rank)}'s restarted process exited with status {code} before it rejoined; "
                       f"the others go on without it", file=sys.stderr, flush=True)
             else:
@@ -100,67 +110,78 @@ class Respawner:
                 return 2 if code == 2 else 1
         return None
 
+    def _stop_node(self, index: int) -> None:
+        """The node's other processes go with the one lost (a node leaves as a whole); their exits (those
+        that died of the same cause too) are this loss's."""
+        procs = [self.procs[r] for r in self._ranks(index)]
+        stop(procs)
+        self.seen.update(p.pid for p in procs)
+
     def _lost(self, rank: int, code: int) -> None:
-        """A node's process died of a signal: a new epoch without it (if it was a member), a restart if asked."""
-        was_member = rank in self.members
-        if rank in self.joiners:
-            if claim(self.store, rank):  # never admitted: its request goes, the members stop seeing it
-                self.store.delete_key(f"geodt/join/{rank}")
+        """A node's process died of a signal: the node's others are stopped, a new epoch without the node (if
+        it was a member), a restart if asked."""
+        index = self.plan.node_of_rank(rank)
+        self._stop_node(index)
+        was_member = index in self.members
+        if index in self.joiners:
+            if claim(self.store, index):  # never admitted: its request goes, the members stop seeing it
+                self.store.delete_key(f"geodt/join/{index}")
             else:
                 was_member = True  # the coordinator admitted it first: an epoch with it is forming
-        self.members.discard(rank)
-        self.joiners.discard(rank)
-        alive = sorted(r for r in self.members if self.procs[r].exitcode is None)
+        self.members.discard(index)
+        self.joiners.discard(index)
+        alive = sorted(i for i in self.members if all(self.procs[r].exitcode is None for r in self._ranks(i)))
         if was_member and alive:
             number = self.store.add("geodt/epochs", 1)
             self.store.set(f"geodt/members/{number}", ",".join(map(str, alive)))
-        again = self.rejoin_after_s is not None and rank not in self.restarted and bool(alive)
+        again = self.rejoin_after_s is not None and index not in self.restarted and bool(alive)
         print(f"real: {self._name(rank)} was killed by {signal_name(-code)}; "
               + ("no node is left" if not alive else
                  "the others continue without it (--on-node-loss continue)"
                  + (f"; it restarts in {self.rejoin_after_s:g} s" if again else "")),
               file=sys.stderr, flush=True)
         if again:
-            self.restart_at[rank] = time.monotonic() + self.rejoin_after_s
+            self.restart_at[index] = time.monotonic() + self.rejoin_after_s
 
     def _restarts(self) -> None:
         now = time.monotonic()
-        for rank, when in list(self.restart_at.items()):
+        for index, when in list(self.restart_at.items()):
             if when > now:
                 continue
-            del self.restart_at[rank]
+            del self.restart_at[index]
             if self.finished:  # the run has ended meanwhile
                 continue
-            for key in (f"geodt/admitted/{rank}", f"geodt/admit/{rank}", f"geodt/join/{rank}", f"geodt/claim/{rank}"):
-                self.store.delete_key(key)
-            self.restarted.add(rank)
-            self.joiners.add(rank)
-            self.store.set(f"geodt/restarted/{rank}", repr(time.time()))  # the joiner reports its rejoin time
-            self.procs[rank] = self.start(rank, True)
-            print(f"real: {self._name(rank)} restarted; it rejoins at the next round boundary", file=sys.stderr,
-                  flush=True)
+            for key in ("admitted", "admit", "join", "joining", "claim"):
+                self.store.delete_key(f"geodt/{key}/{index}")
+            self.restarted.add(index)
+            self.joiners.add(index)
+            self.store.set(f"geodt/restarted/{index}", repr(time.time()))  # the joiner reports its rejoin time
+            for rank in self._ranks(index):
+                self.procs[rank] = self.start(rank, True)
+            print(f"real: {self._name(self.plan.first_rank(index))} restarted; it rejoins at the next round boundary",
+                  file=sys.stderr, flush=True)
 
     def _end(self) -> int:
         """Every member has finished: stop restarted processes that were never admitted."""
-        waiting = [r for r in self.joiners if self.procs[r].exitcode is None]
-        for rank in waiting:
-            print(f"real: {self._name(rank)} restarted but the run ended before it could rejoin; stopped",
-                  file=sys.stderr)
+        waiting = [i for i in self.joiners if any(self.procs[r].exitcode is None for r in self._ranks(i))]
+        for index in waiting:
+            print(f"real: {self._name(self.plan.first_rank(index))} restarted but the run ended before it could "
+                  f"rejoin; stopped", file=sys.stderr)
         stop(self.procs.values())
-        differ = differing_weights(self.store, self.plan, sorted(self.finished))
+        differ = differing_weights(self.store, self.plan, sorted(self._finished_nodes()))
         if differ is not None:
             print(f"real: {differ}", file=sys.stderr, flush=True)
             return 1
         return 0
 
 
-def differing_weights(store, plan, ranks: list[int]) -> str | None:
-    """One line naming the members whose final global weights differ (by their digests), or None."""
+def differing_weights(store, plan, nodes: list[int]) -> str | None:
+    """One line naming the members (plan indices) whose final global weights differ (by their digests), or None."""
     groups: dict[str, list[str]] = {}
-    for rank in ranks:
-        key = f"geodt/digest/{rank}"
+    for index in nodes:
+        key = f"geodt/digest/{index}"
         digest = store.get(key).decode() if store.check([key]) else "none"
-        groups.setdefault(digest, []).append(plan.nodes[rank].node)
+        groups.setdefault(digest, []).append(plan.nodes[index].node)
     if len(groups) <= 1:
         return None
     return ("the members' final global weights differ (--on-node-loss continue): "

@@ -215,7 +215,7 @@ class Node:
             self.held_round = (self.round.progress, self.round.state_dict())
             self.round.close()
         self.round = self.streaming = None
-        self.groups = SoloGroups(self.plan, self.index)
+        self.groups = SoloGroups(self.plan, self.rank)
         self.parts = replace(self.parts, groups=self.groups, cross=None)
         self.parts.steps.groups = self.groups
 
