@@ -149,3 +149,54 @@ def test_host_any_is_refused_without_the_flag_and_other_hosts_are_warned(tmp_pat
                                 env=launcher_env(), capture_output=True, text=True, timeout=120)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
         assert "--host 0.0.0.0: binds every interface" in result.stderr
+
+
+class _FakeProcess:
+    """A node process as the Respawner sees it: an exit code, a pid, kill() and join()."""
+    pids = iter(range(1000, 2000))
+
+    def __init__(self, rank: int, joining: bool):
+        self.rank, self.joining, self.exitcode, self.pid = rank, joining, None, next(self.pids)
+
+    def kill(self):
+        self.exitcode = -9
+
+    def join(self, timeout=None):
+        pass
+
+
+def test_a_node_of_two_processes_is_lost_restarted_and_admitted_as_one(tmp_path, capsys):
+    """Respawner by node: node a runs ranks 0 and 1. Its rank 1 killed: rank 0 is stopped, one epoch
+    without a, one line; rank 0's exit is the same loss (no second epoch); the restart starts both as
+    joiners; the node is a member again only when the store admits it."""
+    from formats.plan import NodePlan, Plan
+    from real.membership.membership import open_store
+    from real.process.respawn import Respawner
+
+    plan = Plan("baseline", nodes=(NodePlan("a", 2, 1, 2, 0.25), NodePlan("b", 1, 1, 2, 0.25),
+                                   NodePlan("c", 1, 1, 2, 0.25)), comm_s=0.0, seq_len=16)
+    store = open_store(str(tmp_path / "store"), 5.0)
+    started = []
+
+    def start(rank, joining):
+        started.append((rank, joining))
+        return _FakeProcess(rank, joining)
+
+    spawner = Respawner(start, plan, store, rejoin_after_s=0.0)
+    assert started == [(0, False), (1, False), (2, False), (3, False)]
+    first = spawner.procs[0]
+    spawner.procs[1].exitcode = -9
+    assert spawner._exits() is None
+    assert first.exitcode == -9  # the node's other process went with it
+    assert store.get("geodt/members/1").decode() == "1,2" and store.add("geodt/epochs", 0) == 1
+    assert spawner._exits() is None and store.add("geodt/epochs", 0) == 1  # handled once
+    said = capsys.readouterr().err.splitlines()
+    assert said == [("real: node a (rank 1) was killed by SIGKILL; the others continue without it "
+                     "(--on-node-loss continue); it restarts in 0 s")]
+    spawner._restarts()
+    assert started[4:] == [(0, True), (1, True)] and spawner.joiners == {0}
+    spawner._refresh_joiners()
+    assert spawner.members == {1, 2}  # not admitted yet
+    store.set("geodt/admitted/0", "1")
+    spawner._refresh_joiners()
+    assert spawner.members == {0, 1, 2} and not spawner.joiners
