@@ -294,6 +294,11 @@ class Plan:
         """Global rank of node `index`'s leader: ranks go to nodes in plan order, G_i each."""
         return sum(n.gpus for n in self.nodes[:index])
 
+    def ranks(self, index: int) -> range:
+        """Global ranks of node `index`'s processes (its leader first)."""
+        first = self.first_rank(index)
+        return range(first, first + self.nodes[index].gpus)
+
     def node_of_rank(self, rank: int) -> int:
         start = 0
         for i, n in enumerate(self.nodes):

@@ -22,8 +22,8 @@ def _run(tmp_path, capfd, *sets: str, outages=(("medium", 2, 2),), extra=(),
     args = ["hetero-cpu", "--out", str(out), "--no-progress", "--emulate", "--on-node-loss", "continue",
             "--timeout-s", "60", "--set", f"training.rounds={rounds}", "--set", "training.local_steps=4",
             "--set", 'simulation.on_node_loss="continue"', *extra]
-    for node, round_, rounds in outages:
-        args += ["--set", f"nodes.{node}.outage={{round={round_}, rounds={rounds}}}"]
+    for node, round_, away in outages:
+        args += ["--set", f"nodes.{node}.outage={{round={round_}, rounds={away}}}"]
     for item in sets:
         args += ["--set", item]
     code = run_main(args)

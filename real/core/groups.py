@@ -46,8 +46,7 @@ class Groups:
         self.is_leader = self.local == 0
         # Each with --timeout-s: new_group's own default is 30 minutes, not the default group's.
         timeout = timedelta(seconds=timeout_s)
-        node_groups = [dist.new_group(list(range(ranked.first_rank(i), ranked.first_rank(i) + node.gpus)),
-                                      timeout=timeout) for i, node in enumerate(ranked.nodes)]
+        node_groups = [dist.new_group(list(ranked.ranks(i)), timeout=timeout) for i in range(len(ranked.nodes))]
         self.node = node_groups[self.position]
         leaders = dist.new_group([ranked.first_rank(i) for i in range(len(ranked.nodes))], timeout=timeout,
                                  backend=leaders_backend)

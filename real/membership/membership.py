@@ -103,7 +103,7 @@ class Epoch:
         me = plan.node_of_rank(rank)
         if me not in self.members:
             raise PeerLost(f"epoch {number} does not include this node (members {self.members})")
-        processes = [plan.first_rank(i) + local for i in self.members for local in range(plan.nodes[i].gpus)]
+        processes = [rank for i in self.members for rank in plan.ranks(i)]
         form_epoch(store, number, processes, rank, timeout_s)
         self.leader_ranks = {i: processes.index(plan.first_rank(i)) for i in self.members}
         self.rank, self.world = processes.index(rank), len(processes)

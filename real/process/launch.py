@@ -137,8 +137,8 @@ def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> N
     elif opts.backend == "nccl":
         why = ("runs on gloo only, got --backend nccl: an nccl communicator cannot be rebuilt over the "
                "survivors here (no GPU to test it on)")
-    elif any(node.gpus > 1 and node.sharding not in (None, "none") for node in plan.nodes):
-        sharded = next(node for node in plan.nodes if node.gpus > 1 and node.sharding not in (None, "none"))
+    elif (sharded := next((node for node in plan.nodes if node.gpus > 1 and node.sharding not in (None, "none")),
+                          None)) is not None:
         why = (f"{plan_path}: sharding: {sharded.node}'s {sharded.sharding} mesh is built once over its processes "
                f"and cannot be rebuilt in each membership epoch here; expected none")
     if why is not None:

@@ -49,12 +49,8 @@ class Respawner:
     def _name(self, rank: int) -> str:
         return f"node {self.plan.nodes[self.plan.node_of_rank(rank)].node} (rank {rank})"
 
-    def _ranks(self, index: int) -> range:
-        first = self.plan.first_rank(index)
-        return range(first, first + self.plan.nodes[index].gpus)
-
     def _finished_nodes(self) -> set[int]:
-        return {i for i in range(len(self.plan.nodes)) if all(r in self.finished for r in self._ranks(i))}
+        return {i for i in range(len(self.plan.nodes)) if all(r in self.finished for r in self.plan.ranks(i))}
 
     def run(self) -> int:
         while True:
@@ -113,7 +109,7 @@ class Respawner:
     def _stop_node(self, index: int) -> None:
         """The node's other processes go with the one lost (a node leaves as a whole); their exits (those
         that died of the same cause too) are this loss's."""
-        procs = [self.procs[r] for r in self._ranks(index)]
+        procs = [self.procs[r] for r in self.plan.ranks(index)]
         stop(procs)
         self.seen.update(p.pid for p in procs)
 
@@ -130,7 +126,7 @@ class Respawner:
                 was_member = True  # the coordinator admitted it first: an epoch with it is forming
         self.members.discard(index)
         self.joiners.discard(index)
-        alive = sorted(i for i in self.members if all(self.procs[r].exitcode is None for r in self._ranks(i)))
+        alive = sorted(i for i in self.members if all(self.procs[r].exitcode is None for r in self.plan.ranks(i)))
         if was_member and alive:
             number = self.store.add("geodt/epochs", 1)
             self.store.set(f"geodt/members/{number}", ",".join(map(str, alive)))
@@ -156,14 +152,14 @@ class Respawner:
             self.restarted.add(index)
             self.joiners.add(index)
             self.store.set(f"geodt/restarted/{index}", repr(time.time()))  # the joiner reports its rejoin time
-            for rank in self._ranks(index):
+            for rank in self.plan.ranks(index):
                 self.procs[rank] = self.start(rank, True)
             print(f"real: {self._name(self.plan.first_rank(index))} restarted; it rejoins at the next round boundary",
                   file=sys.stderr, flush=True)
 
     def _end(self) -> int:
         """Every member has finished: stop restarted processes that were never admitted."""
-        waiting = [i for i in self.joiners if any(self.procs[r].exitcode is None for r in self._ranks(i))]
+        waiting = [i for i in self.joiners if any(self.procs[r].exitcode is None for r in self.plan.ranks(i))]
         for index in waiting:
             print(f"real: {self._name(self.plan.first_rank(index))} restarted but the run ended before it could "
                   f"rejoin; stopped", file=sys.stderr)

@@ -96,8 +96,7 @@ def background_sync(parts: NodeParts, fragmented: FragmentedOuter, fragments: in
     ranked = groups.ranked  # the run's nodes (a continue run's current members), ranks in their order
     n = len(ranked.nodes)
     timeout = timedelta(seconds=parts.opts.collective_timeout_s())  # new_group's own default is 30 minutes
-    node_groups = [dist.new_group(list(range(ranked.first_rank(i), ranked.first_rank(i) + nd.gpus)), timeout=timeout)
-                   for i, nd in enumerate(ranked.nodes)]
+    node_groups = [dist.new_group(list(ranked.ranks(i)), timeout=timeout) for i in range(n)]
     # outer_state cpu on GPUs: the WAN average runs through gloo from host memory (real/process/worker.py)
     leaders = dist.new_group([ranked.first_rank(i) for i in range(n)], timeout=timeout,
                              backend="gloo" if parts.outer_device != parts.device else None)
