@@ -19,10 +19,13 @@ goes to results/faults/runs.csv and the table to results/faults/faults.csv (each
 rename) and to stdout; --more adds the runs to those already recorded.
 
 --processes N runs the node lost (medium) as N processes (data parallel in the node), which leave
-and join as one node: its every process dies at the fault's point.
+and join as one node: its every process dies at the fault's point. --sharding fsdp (or zero2) shards
+that node's model over its processes (FSDP2, built again over the node's group in each membership
+epoch: real/process/worker.py reshard_parts); a sharded node runs classic rounds only.
 
     python benchmarks/bench_faults.py [--repeats 5] [--rounds 8] [--round 3] [--time-scale 1]
-        [--kinds classic,streaming] [--wans loopback,shaped] [--processes 1] [--out results/faults]
+        [--kinds classic,streaming] [--wans loopback,shaped] [--processes 1]
+        [--sharding none] [--out results/faults]
 """
 from __future__ import annotations
 
@@ -61,6 +64,8 @@ def run_once(faults: str, extra: list[str], args, out: Path) -> tuple[int, str, 
            "--set", "training.local_steps=4", *extra]
     if args.processes > 1:
         cmd += ["--set", f'nodes.medium.gpus={{"cpu"={args.processes}}}']
+    if args.sharding != "none":
+        cmd += ["--set", f'nodes.medium.sharding="{args.sharding}"']
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GEODT_TEST_FAULTS": faults}
     start = time.monotonic()
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=20 * args.timeout_s)
@@ -81,7 +86,8 @@ def measure(case, kind: str, wan: str, args) -> list[dict]:
         done = trace is not None and code == 0 and all(
             trace[trace.node == n]["round"].tolist() == list(range(args.rounds)) for n in survivors)
         rows = [int((trace.node == n).sum()) if trace is not None else -1 for n in lost]
-        records.append({"case": name, "kind": kind, "wan": wan, "medium_processes": args.processes, "exit": code,
+        records.append({"case": name, "kind": kind, "wan": wan, "medium_processes": args.processes,
+                        "medium_sharding": args.sharding, "exit": code,
                         "survivors_finished": int(done),
                         "weights_identical": int(done and "final global weights differ" not in err),
                         "lost_rounds_predicted": predicted, "lost_rounds_measured": "/".join(map(str, rows)),
@@ -96,7 +102,7 @@ def measure(case, kind: str, wan: str, args) -> list[dict]:
 
 def table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per case, kind and network: the runs' counts (faults.csv)."""
-    keys = ["case", "kind", "wan", "medium_processes"]
+    keys = ["case", "kind", "wan", "medium_processes", "medium_sharding"]
     grouped = runs.groupby(keys, sort=False)
     return pd.DataFrame({
         "runs": grouped.size(), "survivors_finished": grouped["survivors_finished"].sum(),
@@ -125,6 +131,8 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated: classic, streaming")
     parser.add_argument("--wans", default=",".join(WANS), help="comma-separated: loopback, shaped (root)")
     parser.add_argument("--processes", type=int, default=1, help="processes of the node lost (medium)")
+    parser.add_argument("--sharding", default="none", choices=["none", "fsdp", "zero2"],
+                        help="the lost node's sharding over its --processes")
     parser.add_argument("--out", default=str(ROOT / "results" / "faults"))
     parser.add_argument("--more", action="store_true",
                         help="add these runs to the runs already in --out (runs.csv) rather than replace them")
@@ -136,6 +144,7 @@ def main() -> int:
     if args.more and earlier.exists():
         runs = pd.concat([pd.read_csv(earlier, dtype={"lost_rounds_measured": str}), runs], ignore_index=True)
         runs["medium_processes"] = runs["medium_processes"].fillna(1).astype(int)  # runs before --processes: 1
+        runs["medium_sharding"] = runs["medium_sharding"].fillna("none")  # runs before --sharding
     write_csv(runs, earlier)
     faults = table(runs)
     write_csv(faults, Path(args.out) / "faults.csv")

@@ -38,10 +38,14 @@ def test_the_simulator_prices_the_same_cadence():
 
 class _Groups:
     def __init__(self):
-        self.maxed = []
+        self.maxed, self.node_maxed = [], []
 
     def max_float(self, value):
         self.maxed.append(value)
+        return value
+
+    def node_max(self, value):
+        self.node_maxed.append(value)
         return value
 
 
@@ -96,8 +100,9 @@ def test_the_default_cadence_follows_young_daly_from_the_second_round(monkeypatc
 
 
 def test_under_continue_each_node_chooses_its_cadence_alone(monkeypatch):
-    """--on-node-loss continue: no collective in the choice (a joiner times its first round later than
-    the members, so a max over the group would pair with none); the node's own cost and round."""
+    """--on-node-loss continue: no collective over the run in the choice (a joiner times its first round
+    later than the members, so a max over the group would pair with none); the node's own cost and
+    round, agreed over its processes (a sharded node's all take part in each set), in nanoseconds."""
     clock = iter([100.0, 110.0])
     monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: next(clock))
     node = _node(on_node_loss="continue")
@@ -105,6 +110,7 @@ def test_under_continue_each_node_chooses_its_cadence_alone(monkeypatch):
     node.ckpt_writer = SimpleNamespace(wait=lambda: (None, 2.0), submit=lambda fn, row: None)  # its own 2 s probe
     assert _due_rounds(node, 40) == [13, 25, 37]
     assert node.ckpt_every == 12 and node.groups.maxed == []
+    assert node.groups.node_maxed == [2_000_000_000, 10_000_000_000]
 
 
 def test_a_checkpoint_cost_is_timed_on_a_stand_in_and_scaled_by_bytes(tmp_path, monkeypatch):

@@ -115,3 +115,25 @@ def test_a_node_of_two_processes_goes_on_when_another_is_lost(tmp_path, capfd):
     average among the survivors and its second process takes the result in the node's broadcast."""
     code, trace, said = _run(tmp_path, capfd, 'nodes.fast.gpus={"cpu"=2}')
     _check(code, trace, said, {"medium": 2})
+
+
+SHARDED_FAST = ('nodes.fast.gpus={"cpu"=2}', 'nodes.fast.sharding="fsdp"')
+
+
+def test_a_sharded_node_is_lost_and_rejoins_with_its_model_sharded_again(tmp_path, capfd):
+    """fast runs two processes with its model sharded by FSDP2; both die at round 2's start and are
+    restarted: they build the model whole, shard it over the node's group of the epoch they are
+    admitted to (real/process/worker.py reshard_parts) and take θ_g and the momentum as shards (the
+    source's leader broadcasts, fast's leader scatters); exit 0 is every member's θ_g equal."""
+    rounds = 32  # ~0.7 s each: its two processes' restart takes ~6 s of this machine's time
+    code, trace, said = _run(tmp_path, capfd, *SHARDED_FAST, outages=(("fast", 2, 2),), rounds=rounds)
+    _check(code, trace, said, {"fast": 2}, rounds_run=rounds)
+    assert said.count("was killed by SIGKILL") == 1 and said.count("node fast (rank 0) rejoined at round") == 1
+    assert trace[trace.node == "fast"]["round"].tolist()[-1] == rounds - 1  # it came back
+
+
+def test_a_sharded_node_goes_on_when_another_is_lost(tmp_path, capfd):
+    """medium is lost beside a sharded fast: fast's processes shard their model again over each
+    epoch's node group, keeping the inner steps' weights of the round whose average is retried."""
+    code, trace, said = _run(tmp_path, capfd, *SHARDED_FAST)
+    _check(code, trace, said, {"medium": 2})

@@ -33,17 +33,21 @@ def _weights(out) -> dict:
     return torch.load(out / "final_weights.pt", weights_only=True)
 
 
-def test_a_stopped_continue_run_resumes_bitwise(tmp_path, capfd):
+@pytest.mark.parametrize("node_sets", [(), ('nodes.fast.gpus={"cpu"=2}', 'nodes.fast.sharding="fsdp"')],
+                         ids=["one-process-nodes", "sharded-fast"])
+def test_a_stopped_continue_run_resumes_bitwise(tmp_path, capfd, node_sets):
     """Stopped after round 3 and resumed, a continue run ends with the final weights of the same run
     straight through, bit for bit (each node's optimizer, data position and RNG come back), and its
-    trace has every node's every round."""
+    trace has every node's every round. With fast's model sharded over two processes too: its sets hold
+    the canonical (whole) state, loaded whole before the first epoch and sharded in it."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    code, said = _run(straight, capfd)
+    sets = [arg for item in node_sets for arg in ("--set", item)]
+    code, said = _run(straight, capfd, *sets)
     assert code == 0, said
-    code, said = _run(stopped, capfd, "--stop-after", "3")
+    code, said = _run(stopped, capfd, "--stop-after", "3", *sets)
     assert code == 0, said
     assert sorted(pd.read_csv(stopped / "trace.csv")["round"].unique()) == [0, 1, 2]
-    code, said = _run(stopped, capfd, "--resume")
+    code, said = _run(stopped, capfd, "--resume", *sets)
     assert code == 0, said
     trace = pd.read_csv(stopped / "trace.csv")
     for node in NODES:

@@ -135,9 +135,12 @@ def _choose_every(node, round_s: float) -> int:
     cost_s = (_finished(node) or 0.0) if node.is_leader else 0.0  # probe_cost_s's
     # Under --on-node-loss continue each node chooses alone: its sets need not share rounds (the
     # members agree on the newest at a resume), and a joiner times its own first round later than
-    # the members, so a collective here would pair with none.
+    # the members, so a collective here would pair with none. A node's processes agree (a sharded
+    # node's all take part in each set).
     if node.opts.on_node_loss != "continue":
         cost_s, round_s = node.groups.max_float(cost_s), node.groups.max_float(round_s)
+    else:
+        cost_s, round_s = (node.groups.node_max(round(value * 1e9)) / 1e9 for value in (cost_s, round_s))
     node.ckpt_every = rounds_between_checkpoints(cost_s, node.spec.mtbf_s, round_s)
     if node.rank == 0:
         print(f"real: a checkpoint every {node.ckpt_every} round{'s' if node.ckpt_every > 1 else ''} (Young/Daly: "

@@ -219,6 +219,41 @@ class ShardLayout:
 
 
 @torch.no_grad()
+def local_shard(value: torch.Tensor, like) -> torch.Tensor:
+    """This process's shard of `value` as DTensor `like` lays it out: `value`'s own local tensor when it
+    is a DTensor of the same node over an earlier mesh (the node's processes keep their places, so the
+    shards match), else its rows of the whole tensor. No communication."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(value, DTensor):
+        return value.to_local()
+    return distribute_tensor(value.detach().to(like.device), like.device_mesh, like.placements,
+                             src_data_rank=None).to_local()
+
+
+def move_shards(params: list, old: list, optimizer: torch.optim.Optimizer, old_state: dict) -> None:
+    """A sharded model built over a new mesh takes the state of the same model before it (`old`: its
+    parameters, sharded over the node's earlier mesh or whole; `old_state`: its inner optimizer's
+    state_dict): the weights, and the optimizer's per-parameter tensors as DTensors over the new mesh."""
+    from torch.distributed.tensor import DTensor
+
+    with torch.no_grad():
+        for new, value in zip(params, old):
+            new.to_local().copy_(local_shard(value, new))
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]
+
+    def move(param, value):
+        if not (torch.is_tensor(value) and value.dim() > 0 and value.shape == param.shape):
+            return value
+        return DTensor.from_local(local_shard(value, param), param.device_mesh, param.placements, run_check=False,
+                                  shape=param.shape, stride=param.stride())
+
+    optimizer.load_state_dict({**old_state, "state": {
+        index: {key: move(ordered[int(index)], value) for key, value in values.items()}
+        for index, values in old_state["state"].items()}})
+
+
+@torch.no_grad()
 def sharded_average(layout: ShardLayout, delta_local: torch.Tensor, cross, divisor: float,
                     staging: torch.device) -> int:
     """The cross-node average of a sharded node's pseudo-gradient, in place in `delta_local`:

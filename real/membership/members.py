@@ -55,11 +55,9 @@ from real.core.options import ExecOptions, PeerLost, run_collective
 from real.core.streaming import SYNC_NUMERIC, write_syncs
 from real.membership.inject import Faults
 from real.membership.membership import (
-    FAILURES,
     agree,
     ask_to_join,
     enter_next_epoch,
-    first_line,
     join_requests,
     leave,
     open_next_epoch,
@@ -204,12 +202,16 @@ class Elastic:
         self._post_rows(node)        # so the rows go into the store again
         if self.faults.skew:  # injected (real/membership/inject.py): the launcher must catch the mismatch
             node.outer.global_flat.add_(1e-3)
-        digest = hashlib.sha256(node.outer.global_flat.numpy().tobytes()).hexdigest()
+        # a sharded node's θ_g gathered whole on its leader: the digest of the canonical layout, as unsharded
+        flat = node.layout.gather(node.outer.global_flat) if node.layout is not None else node.outer.global_flat
         if node.is_leader:
-            self.store.set(f"geodt/digest/{node.index}", digest)
+            self.store.set(f"geodt/digest/{node.index}", hashlib.sha256(flat.numpy().tobytes()).hexdigest())
+        weights = None
+        if node.index == self.epoch.members[0]:  # its processes all take part when its weights are sharded
+            weights = (node.layout.full_weights(node.model) if node.layout is not None else
+                       {name: p.detach().cpu() for name, p in node.model.named_parameters()})
         self.epoch.barrier()
         if self._coordinates(node):
-            weights = {name: p.detach().cpu() for name, p in node.model.named_parameters()}
             write_outputs(self.store, node.plan, node.spec.rounds, node.opts, self.epoch.members, weights,
                           streaming=node.streaming is not None)
         self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
@@ -240,24 +242,20 @@ class Elastic:
         replicas = node.plan.sync == "gradients"  # sync-ddp's replicas keep one inner optimizer state
         shared: dict[str, torch.Tensor] = {}
 
-        def prepare(latest: int) -> list[torch.Tensor]:
+        def share(epoch, latest: int, source: int) -> None:
             if self.in_flight is not None and node.rounds_done == latest and self.snapshot is not None:
                 node_restore(node, self.snapshot)  # this round runs again, from its start
-            shared["outer"] = torch.stack([node.outer.global_flat, node.outer.momentum])
+            node.bind(Groups(node.plan, epoch.rank, epoch.world, node.device, self.timeout_s, members=epoch.members))
             shared["clock"] = torch.tensor([node.time_offset_s], dtype=torch.float64)  # a resumed run's axis
             if adaptive is not None:
                 shared["adaptive"] = adaptive.state()
             if replicas:
                 shared["optimizer"] = optimizer_flat(node.optimizer, node.model)
-            return list(shared.values())
+            shared["outer"] = share_state(node.groups, node.layout, node.outer, list(shared.values()),
+                                          epoch.members.index(source))
 
-        epoch, latest = agree(self.store, number, node.plan, node.rank, node.rounds_done, prepare, self.timeout_s)
+        epoch, latest = agree(self.store, number, node.plan, node.rank, node.rounds_done, share, self.timeout_s)
         self.epoch = epoch
-        try:
-            node.bind(Groups(node.plan, epoch.rank, epoch.world, node.device, self.timeout_s,
-                             members=epoch.members))
-        except FAILURES as exc:
-            raise PeerLost(first_line(exc)) from exc
         node.outer.global_flat.copy_(shared["outer"][0])
         node.outer.momentum.copy_(shared["outer"][1])
         node.time_offset_s = float(shared["clock"][0])
@@ -298,6 +296,31 @@ def node_restore(node, snapshot: dict) -> None:
     node.time_offset_s, node.trace = offset, trace
     if node.held_round is not None and state["streaming"] is not None:
         node.held_round = (node.held_round[0], state["streaming"])
+
+
+def share_state(groups: Groups, layout, outer, small: list[torch.Tensor], source: int) -> list[torch.Tensor]:
+    """Every process of the epoch takes the state of the leader of member `source` (its position): `small`
+    in place (the clock, an adaptive plan's estimates, sync-ddp's inner optimizer state), and θ_g and the
+    outer momentum, returned as this process holds them (a sharded node's processes: their shards). The
+    leaders broadcast, then each leader passes the state to its node's processes: a sharded node's
+    leader gathers its shards first and scatters the result, so no process but a leader holds the
+    whole state (real/core/sharding.py)."""
+    # copies, so that an epoch failing meanwhile leaves the node's own state as it was
+    state = [layout.gather(value) if layout is not None else value.clone()  # a sharded node's: on its leader
+             for value in (outer.global_flat, outer.momentum)]
+    if groups.is_leader:
+        for tensor in [*small, *state]:
+            run_collective(torch.distributed.broadcast, tensor, group_src=source, group=groups.leaders)
+    for tensor in small:
+        groups.broadcast_in_node(tensor)
+    if layout is None:
+        for tensor in state:
+            groups.broadcast_in_node(tensor)
+        return state
+    mine = [torch.empty_like(outer.global_flat), torch.empty_like(outer.momentum)]
+    for whole, local in zip(state, mine):
+        layout.scatter(whole, local)
+    return mine
 
 
 def lost_round_row(node, r: int, origin: Origin, progress, failed_at: float) -> dict:

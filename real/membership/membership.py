@@ -105,7 +105,6 @@ class Epoch:
             raise PeerLost(f"epoch {number} does not include this node (members {self.members})")
         processes = [rank for i in self.members for rank in plan.ranks(i)]
         form_epoch(store, number, processes, rank, timeout_s)
-        self.leader_ranks = {i: processes.index(plan.first_rank(i)) for i in self.members}
         self.rank, self.world = processes.index(rank), len(processes)
         leave()
         dist.init_process_group("gloo", store=dist.PrefixStore(f"geodt/pg/{number}/", store), rank=self.rank,
@@ -113,10 +112,6 @@ class Epoch:
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> None:
         dist.all_reduce(tensor, op=op)
-
-    def broadcast(self, tensor: torch.Tensor, root: int) -> None:
-        """`tensor` from member `root`'s leader (a plan index) to every process of the epoch."""
-        dist.broadcast(tensor, src=self.leader_ranks[root])
 
     def barrier(self) -> None:
         """Every member's every process reaches this point (PeerLost if one is gone)."""
@@ -165,20 +160,18 @@ def form_epoch(store, number: int, processes: list[int], me: int, timeout_s: flo
         time.sleep(FORM_POLL_S)
 
 
-def agree(store, number: int, plan, rank: int, rounds_done: int, prepare, timeout_s: float) -> tuple[Epoch, int]:
+def agree(store, number: int, plan, rank: int, rounds_done: int, share, timeout_s: float) -> tuple[Epoch, int]:
     """Enter epoch `number` as the plan's process `rank`: every member's completed rounds (all-reduce
-    MAX), then the tensors `prepare(latest)` returns (θ_g and the outer momentum, and what else the
-    run keeps alike; called once that round count is known) broadcast in place from the leader of the
-    first member holding the most. Returns the epoch and that round count; PeerLost if it does not form."""
+    MAX), then share(epoch, latest, source): the state (θ_g and the outer momentum, and what else the run
+    keeps alike) from `source`, the first member holding the most rounds (`latest`), to the others.
+    Returns the epoch and that round count; PeerLost if it does not form."""
     try:
         epoch = Epoch(store, number, plan, rank, timeout_s)
         done = torch.full((len(plan.nodes),), -1.0, dtype=torch.float64)
         done[plan.node_of_rank(rank)] = rounds_done
         epoch.all_reduce(done, dist.ReduceOp.MAX)
         latest = int(done.max().item())
-        source = next(i for i in epoch.members if int(done[i].item()) == latest)
-        for tensor in prepare(latest):
-            epoch.broadcast(tensor, source)
+        share(epoch, latest, next(i for i in epoch.members if int(done[i].item()) == latest))
     except PeerLost:
         raise
     except FAILURES as exc:

@@ -86,7 +86,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
     check_async(plan, plan_path, opts)
     if opts.on_node_loss == "continue":
-        check_continue(plan, plan_path, opts, streams=opts.streaming is not None or not streaming.classic)
+        check_continue(opts)
     check_data_file(opts.data_path)
     check_resume(opts)
     if opts.data_path is not None:
@@ -127,7 +127,7 @@ def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
         raise LaunchError(f"strategy {plan.strategy} (sync {plan.sync}): {why}")
 
 
-def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> None:
+def check_continue(opts: ExecOptions) -> None:
     """--on-node-loss continue runs every round kind, collective and payload (real/membership/members.py); what it
     cannot run is refused in one line, saying why (the README's table has the same reasons)."""
     why = None
@@ -137,10 +137,6 @@ def check_continue(plan: Plan, plan_path, opts: ExecOptions, streams: bool) -> N
     elif opts.backend == "nccl":
         why = ("runs on gloo only, got --backend nccl: an nccl communicator cannot be rebuilt over the "
                "survivors here (no GPU to test it on)")
-    elif (sharded := next((node for node in plan.nodes if node.gpus > 1 and node.sharding not in (None, "none")),
-                          None)) is not None:
-        why = (f"{plan_path}: sharding: {sharded.node}'s {sharded.sharding} mesh is built once over its processes "
-               f"and cannot be rebuilt in each membership epoch here; expected none")
     if why is not None:
         raise LaunchError(f"--on-node-loss continue {why}")
 

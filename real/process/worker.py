@@ -35,7 +35,7 @@ from real.core.data import make_shard
 from real.core.diloco import OuterState, averaging_weights
 from real.core.groups import Groups, SoloGroups
 from real.core.options import ExecOptions, run_config
-from real.core.sharding import ShardingSpec, node_scaler, prepare_model
+from real.core.sharding import ShardingSpec, move_shards, node_scaler, prepare_model
 from real.core.streaming import SYNC_NUMERIC, StreamingSpec, write_syncs
 from real.core.sync import CrossNodeSync
 from real.membership.members import Elastic, Fixed
@@ -68,12 +68,9 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
     """The model (the same initial weights everywhere; sharded as the plan says), inner and
     outer optimizer state, data, then what the run-wide group gives (`bind_parts`)."""
     d, me, device, seq_len = spec.diloco, groups.me, groups.device, spec.model.seq_len
-    model = build_model(arch, seq_len, seed=spec.seed).to(device)
-    model.train()
-    # the step's decoder blocks compiled (train/step.py), before FSDP2 wraps them
-    layout = prepare_model(model, sharding, groups.node, me.gpus, device, compiled=use_compile(spec.compile, device))
-    optimizer = make_optimizer(model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
-    scaler = node_scaler(make_scaler(device, spec.model.dtype), layout, device)
+    if groups.node is None:  # before a continue run's first epoch: whole, until the node's group exists (bind)
+        sharding = replace(sharding, sharding="none")
+    model, layout, optimizer, scaler = build_model_parts(spec, arch, sharding, groups.node, me.gpus, device)
     outer = OuterState(layout.local_tensors() if layout else list(model.parameters()), device=outer_device)
     shard, shards = (0, 1) if opts.replicate_data else (groups.index, len(plan.nodes))
     data = make_shard(opts.data_path, seed=spec.seed, vocab_size=arch.vocab_size, seq_len=seq_len,
@@ -87,6 +84,38 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
                       model=model, layout=layout, outer=outer, steps=steps, cross=None, coef=1.0, divisor=1.0,
                       grad_scale=1.0, tokens_per_round=me.tokens_per_round(seq_len), members=groups.members)
     return bind_parts(parts, groups)
+
+
+def build_model_parts(spec: RunSpec, arch, sharding: ShardingSpec, node_group, gpus: int, device: torch.device):
+    """The model (the same initial weights everywhere), sharded over `node_group` as `sharding` says, its
+    shard layout (or None), the inner optimizer and the loss scaler."""
+    d = spec.diloco
+    model = build_model(arch, spec.model.seq_len, seed=spec.seed).to(device)
+    model.train()
+    # the step's decoder blocks compiled (train/step.py), before FSDP2 wraps them
+    layout = prepare_model(model, sharding, node_group, gpus, device, compiled=use_compile(spec.compile, device))
+    optimizer = make_optimizer(model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
+    return model, layout, optimizer, node_scaler(make_scaler(device, spec.model.dtype), layout, device)
+
+
+def reshard_parts(parts: NodeParts, groups: Groups, spec: RunSpec, arch, sharding: ShardingSpec) -> NodeParts:
+    """A sharded node entering a continue run's epoch: its FSDP2 mesh is over the node's group, which each
+    epoch builds anew (a gloo group does not outlive its epoch: real/membership/membership.py), so the
+    model is built again and sharded over the new one (build_model_parts), and takes what the node
+    held, each process its own shard (real/core/sharding.py move_shards): the weights (mid-round, its
+    inner steps' own), the inner AdamW's moments, the loss scale, θ_g and the outer momentum."""
+    model, layout, optimizer, scaler = build_model_parts(spec, arch, sharding, groups.node, parts.me.gpus,
+                                                         parts.device)
+    steps, old = parts.steps, parts.outer
+    move_shards(list(model.parameters()), list(parts.model.parameters()), optimizer, steps.optimizer.state_dict())
+    if scaler is not None and steps.scaler is not None:
+        scaler.load_state_dict(steps.scaler.state_dict())
+    outer = OuterState(layout.local_tensors(), device=parts.outer_device)
+    for mine, held in ((outer.global_flat, old.global_flat), (outer.momentum, old.momentum)):
+        mine.copy_(held if parts.layout is not None else layout.local_slice(held))  # whole before the first epoch
+    steps.model, steps.optimizer, steps.scaler = model, optimizer, scaler
+    warm_up(model, parts.me.batch_size, spec.model.seq_len, parts.device)  # a collective of the node
+    return replace(parts, model=model, layout=layout, outer=outer)
 
 
 def bind_parts(parts: NodeParts, groups: Groups) -> NodeParts:
@@ -172,6 +201,9 @@ class Node:
             torch.cuda.set_device(self.device)
         arch = load_arch(spec.model.preset)
         self.vocab_size = arch.vocab_size
+        self.arch, self.sharding = arch, sharding
+        # a sharded node under continue shards its model over each epoch's node group (reshard_parts)
+        self.reshards = elastic and sharding.sharding != "none" and me.gpus > 1
         self.parts = build_parts(spec, plan, opts, self.groups, arch, sharding, self.outer_device, data_tokens)
         self.model, self.layout, self.outer = self.parts.model, self.parts.layout, self.parts.outer
         steps = self.parts.steps
@@ -199,6 +231,10 @@ class Node:
         """Work in the run-wide group `groups` (a continue run: each membership epoch's,
         real/membership/members.py): the parts that depend on it and the round, its state carried over."""
         self.groups, self.is_leader = groups, groups.is_leader
+        if self.reshards:
+            self.parts = reshard_parts(self.parts, groups, self.spec, self.arch, self.sharding)
+            self.model, self.layout, self.outer = self.parts.model, self.parts.layout, self.parts.outer
+            self.optimizer, self.scaler = self.parts.steps.optimizer, self.parts.steps.scaler
         if groups is not self.parts.groups:
             self.parts = bind_parts(self.parts, groups)
         self.round = make_round(self.parts, self.streaming_settings, self.spec.rounds)
@@ -248,7 +284,8 @@ class Node:
             checkpoint.remove_stale(self.opts.out_dir, self.index)
         self.members.prepare(self)  # --resume, or a fresh start
         checkpoint.begin(self)  # an async or quorum run's cuts and first snapshot
-        self.warm_up()
+        if not self.reshards:  # else warmed up once sharded, in each epoch (reshard_parts)
+            self.warm_up()
         # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint/checkpoint.py async_cuts).
         stop = self.opts.stop_after if not self.plan.barrierless else None
         last = self.spec.rounds if stop is None else min(self.spec.rounds, stop)
