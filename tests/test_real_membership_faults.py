@@ -1,6 +1,6 @@
 """--on-node-loss continue under the faults that strain the membership protocol (real/membership/membership.py):
 two nodes lost in the same round, a node lost before round 0, a node lost while the survivors'
-epoch forms, a restarted node killed while it joins. Each is injected at its exact point
+epoch forms, a node lost as the run finishes, a restarted node killed while it joins. Each is injected at its exact point
 (real/membership/inject.py) into real processes; the survivors must finish with identical final weights, and
 within --timeout-s (a survivor stuck in gloo's rendezvous for a dead member would take all of it).
 Also: the membership store is private to this user, members whose final weights differ end the
@@ -56,18 +56,21 @@ def _survivors_finished(tmp_path: Path, out: str, survivors: str, rounds: int = 
     return trace
 
 
-@pytest.mark.parametrize("faults, survivors, lost", [
-    ("b:round:3,c:round:3:20", "ad", "bc"),      # (a) two nodes lost 20 ms apart, in the same round
-    ("b:epoch:0", "acd", "b"),                   # (b) a node lost before round 0, before epoch 0 formed
-    ("b:round:3,c:epoch:1", "ad", "bc"),         # (c) c lost as the survivors form the epoch after b's loss
-], ids=["two-in-a-round", "before-round-0", "while-an-epoch-forms"])
-def test_survivors_finish_with_identical_weights(tmp_path, faults, survivors, lost):
+@pytest.mark.parametrize("faults, survivors, lost, with_rows", [
+    ("b:round:3,c:round:3:20", "ad", "bc", "abcd"),  # (a) two nodes lost 20 ms apart, in the same round
+    ("b:epoch:0", "acd", "b", "acd"),                # (b) a node lost before round 0, before epoch 0 formed
+    ("b:round:3,c:epoch:1", "ad", "bc", "abcd"),     # (c) c lost as the survivors form the epoch after b's loss
+    ("b:finish:0", "acd", "b", "abcd"),              # (d) a node lost after its last round, as the run finishes
+], ids=["two-in-a-round", "before-round-0", "while-an-epoch-forms", "as-the-run-finishes"])
+def test_survivors_finish_with_identical_weights(tmp_path, faults, survivors, lost, with_rows):
     code, out, err, wall = _run(tmp_path, faults)
     assert code == 0, err
     for node in lost:
         assert f"real: node {node} (rank {ord(node) - ord('a')}) was killed by SIGKILL" in err
     trace = _survivors_finished(tmp_path, out, survivors)
-    assert set(trace.node) == set(survivors) | ({"b", "c"} & set(lost) if "round" in faults else set())
+    assert set(trace.node) == set(with_rows)
+    if "finish" in faults:  # its rounds were all done: every row is in the trace
+        assert trace[trace.node == "b"]["round"].tolist() == list(range(ROUNDS))
     assert wall < TIMEOUT_S, f"{wall:.0f} s: a survivor waited out --timeout-s"
 
 

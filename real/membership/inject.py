@@ -9,6 +9,7 @@ GEODT_TEST_FAULTS, in the launcher's environment (the node processes inherit it)
 - epoch:N    the original process, as it enters membership epoch N (before the epoch forms);
 - asked:0    the restarted process, MS ms after it asked to join (before it is admitted);
 - admitted:0 the restarted process, once admitted, before it enters its epoch;
+- finish:0   the original process, after its last round, before the members' final barrier;
 - skew:0     not a kill: the node's final global weights are nudged, so that its digest
              differs from the others' (the launcher's check of final weights, real/process/respawn.py).
 A node that is not named runs as always. The variable is read by node processes only; a run
@@ -21,7 +22,7 @@ import signal
 import time
 
 ENV = "GEODT_TEST_FAULTS"
-POINTS = ("round", "epoch", "asked", "admitted", "skew")
+POINTS = ("round", "epoch", "asked", "admitted", "finish", "skew")
 JOINER_POINTS = ("asked", "admitted")  # the rest are the original process's
 
 

@@ -196,12 +196,24 @@ class Elastic:
             self._recover(node, lost)
 
     def finish(self, node) -> None:
-        """Every member leaves its weights' digest; the first writes the outputs (write_outputs)."""
+        """Every member leaves its weights' digest; the first writes the outputs (write_outputs). A member lost
+        meanwhile: the others enter the next epoch (their state agreed as at any) and finish among themselves."""
         node.round.close()
         checkpoint.wait_writes(node)  # the last set on disk, its write's seconds in its row:
         self._post_rows(node)        # so the rows go into the store again
         if self.faults.skew:  # injected (real/membership/inject.py): the launcher must catch the mismatch
             node.outer.global_flat.add_(1e-3)
+        self.faults.at("finish")
+        while True:
+            try:
+                self._finish_in_epoch(node)
+                return
+            except PeerLost as exc:
+                lost = PeerLost(str(exc))  # not the exception itself: its frames hold the epoch's group
+            self._recover(node, lost)
+            node.round.close()
+
+    def _finish_in_epoch(self, node) -> None:
         # a sharded node's θ_g gathered whole on its leader: the digest of the canonical layout, as unsharded
         flat = node.layout.gather(node.outer.global_flat) if node.layout is not None else node.outer.global_flat
         if node.is_leader:
