@@ -7,11 +7,12 @@ peer ends the process (PeerLost, real/process/process.py) and the run is resumed
 `Elastic` (--on-node-loss continue): the members move through epochs (real/membership/membership.py: each a
 fresh run-wide gloo group over the members, allocated by the launcher when a member dies and by
 the first member when nodes ask to join). Entering an epoch, the node rebuilds what depends on the
-group (`Node.bind`: real/core/groups.py over the members, the averaging weights and cross-node average
-over them, the round of the plan's kind) and the members agree on the state: every member's
-completed rounds (all-reduce MAX), then θ_g and the outer momentum (with an adaptive plan's
-estimates; with sync-ddp, whose replicas are one model, the inner optimizer's state too) from the
-first member holding the most. Every kind of round, collective and payload runs in it unchanged.
+group (`Node.bind`: real/core/groups.py over the members, a sharded node's model sharded again over
+its node's new group, the averaging weights and cross-node average over them, the round of the plan's
+kind) and the members agree on the state: every member's completed rounds (all-reduce MAX), then θ_g
+and the outer momentum (with an adaptive plan's estimates; with sync-ddp, whose replicas are one
+model, the inner optimizer's state too) from the first member holding the most, through the leaders
+(`share_state`). Every kind of round, collective and payload runs in it unchanged.
 
 A round that fails (a member died) is finished among the survivors:
 - a member behind (its sync failed while another's completed) takes the state: its pseudo-

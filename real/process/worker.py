@@ -65,8 +65,9 @@ def streaming_spec(plan: Plan, opts: ExecOptions) -> StreamingSpec | None:
 
 def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, arch, sharding: ShardingSpec,
                 outer_device: torch.device, data_tokens=None) -> NodeParts:
-    """The model (the same initial weights everywhere; sharded as the plan says), inner and
-    outer optimizer state, data, then what the run-wide group gives (`bind_parts`)."""
+    """The model (the same initial weights everywhere; sharded as the plan says, or, before a continue
+    run's first epoch, whole until bind shards it), inner and outer optimizer state, data, then what
+    the run-wide group gives (`bind_parts`)."""
     d, me, device, seq_len = spec.diloco, groups.me, groups.device, spec.model.seq_len
     if groups.node is None:  # before a continue run's first epoch: whole, until the node's group exists (bind)
         sharding = replace(sharding, sharding="none")
