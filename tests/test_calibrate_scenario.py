@@ -141,3 +141,37 @@ def test_the_network_profile_need_not_exist_yet(tmp_path):
     assert [n.name for n in scenario.nodes] == ["a", "b"]
     with pytest.raises(Exception, match=r"net\.csv"):  # the run itself still needs it
         load_scenario(str(path), without_profiles=True)
+
+
+def _rows(*steps):
+    """One device's rows at batches 1, 2, ... with these median steps (None: out of memory)."""
+    return [{"batch_size": b, "step_s_median": s, "pass": tag} for b, (s, tag) in enumerate(steps, start=1)]
+
+
+def test_median_rows_keeps_each_devices_median_pass_per_batch():
+    """Three passes: per device and batch, the row of the pass whose step is the middle one, whole; two
+    passes: the lower; a batch out of memory in any pass keeps the first pass's row."""
+    from geodt.calibration.scenario import median_rows
+
+    passes = [{0: _rows((0.040, "p0"), (0.070, "p0")), 1: _rows((0.100, "p0"), (None, "p0"))},
+              {0: _rows((0.059, "p1"), (0.060, "p1")), 1: _rows((0.098, "p1"), (0.2, "p1"))},
+              {0: _rows((0.041, "p2"), (0.065, "p2")), 1: _rows((0.103, "p2"), (0.3, "p2"))}]
+    kept = median_rows(passes)
+    assert [r["pass"] for r in kept[0]] == ["p2", "p2"]  # 0.041 of 0.040/0.059/0.041; 0.065 of 0.070/0.060/0.065
+    assert [r["pass"] for r in kept[1]] == ["p0", "p0"]  # 0.100 of 0.100/0.098/0.103; batch 2 OOM in p0
+    assert [r["pass"] for r in median_rows(passes[1:])[0]] == ["p2", "p1"]  # even: the lower middle
+    assert median_rows(passes[:1]) == passes[0]
+
+
+def test_passes_measure_the_scenario_k_times_and_write_the_median(tmp_path, monkeypatch, capsys):
+    import geodt.calibration.scenario as cal
+
+    path = tmp_path / "pair.toml"
+    path.write_text(textwrap.dedent(SCENARIO))
+    measures = iter([{0: _rows((0.05, "p0"))}, {0: _rows((0.07, "p1"))}, {0: _rows((0.06, "p2"))}])
+    monkeypatch.setattr(cal, "_measure_all", lambda scenario, args, jobs: next(measures))
+    kept = []
+    monkeypatch.setattr(cal, "_write_profiles", lambda out_dir, jobs, rows: kept.append(rows))
+    assert cal.main(["--scenario", str(path), "--out-dir", str(tmp_path), "--passes", "3"]) == 0
+    assert [r["pass"] for r in kept[0][0]] == ["p2"]
+    assert capsys.readouterr().err.count("geodt calibrate scenario: pass ") == 3

@@ -10,6 +10,9 @@ batch size every process warms up and times its steps at the same moment, and a 
 finishes first keeps stepping, untimed, until the last one is done, so every timed step ran
 under the full load. One profile per device, DIR/<node>-<j>.csv; point the node at them
 (`profile = ["DIR/two-0.csv", "DIR/two-1.csv"]`): a node's step is its slowest device's.
+`--passes K` measures all of it K times and keeps each device's median pass per batch: calibrated
+back to back on this project's 2-core VM, a device's whole window ran 1.17-1.42x its median in 3 of
+16 calibrations (results/predict-the-run/calibration-repeats/).
 """
 from __future__ import annotations
 
@@ -33,6 +36,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per device process [1]")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out-dir", required=True, type=Path, help="directory for one profile per device")
+    p.add_argument("--passes", type=positive_int, default=1, metavar="K",
+                   help="measure every device K times over and keep, per device and batch, the pass with the "
+                        "median step: on a shared machine one device's whole window can run 1.2-1.4x slow now "
+                        "and then, and one such window would set its profile [1]")
     p.add_argument("--steal-retries", type=non_negative_int, default=0, metavar="K",
                    help=f"measure again, up to K times, while the host's steal over the calibration is above "
                         f"{STEAL_WARN_PCT:g}%% (a virtual machine's other tenants took that share of its CPU "
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {scenario}", file=sys.stderr)
         return 2
     jobs = [(n.name, j, n.gpu_count, n.cpu_cores, n.cpu_quota) for n in scenario.nodes for j in range(n.gpu_count)]
-    measured = _measure_least_steal(scenario, args, jobs)
+    measured = _measure_passes(scenario, args, jobs)
     if isinstance(measured, int):
         return measured
     rows, host = measured
@@ -141,6 +148,36 @@ def memory_problem(scenario, batches: list[int], available_bytes: float | None =
     except PreflightError as exc:
         return f"this machine cannot hold the calibration: {exc}"
     return None
+
+
+def _measure_passes(scenario, args, jobs: list[tuple]) -> tuple[dict[int, list], object] | int:
+    """--passes K: the whole calibration K times (each as _measure_least_steal), each device's row per batch
+    from the pass with the median step (median_rows), and the host's shares over all K; or the exit status."""
+    from train.hoststat import cpu_times, host_share
+
+    if args.passes == 1:
+        return _measure_least_steal(scenario, args, jobs)
+    before, passes = cpu_times(), []
+    for k in range(args.passes):
+        print(f"{PROG}: pass {k + 1} of {args.passes}", file=sys.stderr, flush=True)
+        measured = _measure_least_steal(scenario, args, jobs)
+        if isinstance(measured, int):
+            return measured
+        passes.append(measured[0])
+    return median_rows(passes), host_share(before, cpu_times())
+
+
+def median_rows(passes: list[dict[int, list]]) -> dict[int, list]:
+    """{rank: rows} of several passes -> each device's row per batch from the pass whose median step is the
+    median of the passes' (the lower of the two middle ones for an even count): a measured row, whole,
+    not an average; a batch that ran out of memory in any pass keeps the first pass's row."""
+    kept: dict[int, list] = {}
+    for rank in passes[0]:
+        kept[rank] = []
+        for rows in zip(*(p[rank] for p in passes)):
+            timed = sorted((r for r in rows if r["step_s_median"] is not None), key=lambda r: r["step_s_median"])
+            kept[rank].append(timed[(len(timed) - 1) // 2] if len(timed) == len(rows) else rows[0])
+    return kept
 
 
 def _measure_least_steal(scenario, args, jobs: list[tuple]) -> tuple[dict[int, list], object] | int:
