@@ -221,8 +221,7 @@ class Elastic:
             self.store.set(f"geodt/digest/{node.index}", hashlib.sha256(flat.numpy().tobytes()).hexdigest())
         weights = None
         if node.index == self.epoch.members[0]:  # its processes all take part when its weights are sharded
-            weights = (node.layout.full_weights(node.model) if node.layout is not None else
-                       {name: p.detach().cpu() for name, p in node.model.named_parameters()})
+            weights = node.final_weights()
         self.epoch.barrier()
         if self._coordinates(node):
             write_outputs(self.store, node.plan, node.spec.rounds, node.opts, self.epoch.members, weights,

@@ -326,6 +326,11 @@ class Node:
             set_own_quota(self.me.cpu_quota / divisors[min(r, len(divisors) - 1)])
         self.parts.steps.drift_factor = factor
 
+    def final_weights(self) -> dict[str, torch.Tensor]:
+        """{name: whole CPU tensor} of the model: a collective of the node's processes when it is sharded."""
+        return (self.layout.full_weights(self.model) if self.layout is not None else
+                {name: p.detach().cpu() for name, p in self.model.named_parameters()})
+
     def finish(self) -> None:
         """Gather the leaders' rows to rank 0, which writes trace.csv (and syncs.csv when
         streaming) and the model's final weights."""
@@ -333,8 +338,7 @@ class Node:
         checkpoint.wait_writes(self)  # the last set on disk, its write time in the trace
         weights = None
         if self.index == 0:  # node 0's processes all take part when its weights are sharded
-            weights = (self.layout.full_weights(self.model) if self.layout is not None else
-                       {name: p.detach().cpu() for name, p in self.model.named_parameters()})
+            weights = self.final_weights()
         n = len(self.plan.nodes)
         extra = list(self.round.extra_columns)
         tables = gather_tables(self.groups, n, self.trace, [*NUMERIC_COLUMNS, *extra])
