@@ -140,7 +140,7 @@ def calibration_order(scenario_batch: int) -> str:
     return ",".join(map(str, [*rest, scenario_batch]))
 
 
-def fresh_profiles(scenario: str, work: Path) -> Path:
+def fresh_profiles(scenario: str, work: Path, passes: int = 1) -> Path:
     """The scenario with its device profiles measured again just now (geodt calibrate scenario --scenario).
 
     A device's speed here moves by 10-30% between calibrations (five back to back put one at
@@ -149,7 +149,8 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     much; calibrating right before each run is what a user of a shared machine should do, and
     what this measures. Measured again (up to STEAL_RETRIES times) while the host's steal over it is
     above 2%: calibrations under 8.6-13.5% steal made profiles too slow for the quiet runs after
-    them (results/predict-the-run/five-runs-host, taken before this retry)."""
+    them (results/predict-the-run/five-runs-host, taken before this retry). `passes` > 1 measures
+    it all that many times and keeps each device's median pass per batch (--passes)."""
     from simulator.scenario import load_scenario
 
     cal = work / "profiles"
@@ -157,7 +158,7 @@ def fresh_profiles(scenario: str, work: Path) -> Path:
     source = SCENARIOS / f"{scenario}.toml"
     batch = load_scenario(str(source), without_profiles=True).training.batch_size
     _run([sys.executable, "-m", "geodt", "calibrate", "scenario", "--scenario", str(source), "--batch", calibration_order(batch),
-          "--repeats", str(CAL_REPEATS), "--out-dir", str(cal), "--steal-retries", str(STEAL_RETRIES)])
+          "--repeats", str(CAL_REPEATS), "--out-dir", str(cal), "--steal-retries", str(STEAL_RETRIES), "--passes", str(passes)])
     return with_profiles(scenario, cal, work)
 
 
@@ -231,7 +232,8 @@ def committed_plan(path: Path, strategy: str, sets: list[str], work: Path) -> Pa
 
 
 def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: list[str] = (),
-             wan_case: tuple | None = None, keep: Path | None = None, link_repeats: int = LINK_REPEATS) -> pd.DataFrame:
+             wan_case: tuple | None = None, keep: Path | None = None, link_repeats: int = LINK_REPEATS,
+             cal_passes: int = 1) -> pd.DataFrame:
     """One validate run; wan_case (dtype, collective, host profile): on the shaped WAN, its
     links calibrated first (the network profile it ran with copied to `keep`).
 
@@ -256,7 +258,7 @@ def run_case(scenario: str, strategy: str, work: Path, calibrate: bool, sets: li
             path, calibrate = with_profiles(scenario, steps, work), False
     before = cpu_times()
     if calibrate:
-        path = fresh_profiles(scenario, work)
+        path = fresh_profiles(scenario, work, cal_passes)
     calibration = host_share(before, cpu_times()) if calibrate else None
     out = work / "run"
     cmd = [sys.executable, "-m", "geodt", "validate", str(path), "--strategy", strategy, "--out", str(out),
@@ -437,6 +439,9 @@ def main() -> int:
     parser.add_argument("--wan-rounds", type=int, default=WAN_ROUNDS, help=f"rounds per WAN run (default {WAN_ROUNDS})")
     parser.add_argument("--link-repeats", type=int, default=LINK_REPEATS,
                         help=f"repeats per size of each WAN case's link calibration (default {LINK_REPEATS})")
+    parser.add_argument("--cal-passes", type=int, default=1, metavar="K",
+                        help="calibrate each run's devices K times and keep each device's median pass per batch "
+                             "(geodt calibrate scenario --passes; default 1)")
     args = parser.parse_args()
     from tqdm import tqdm
 
@@ -451,7 +456,8 @@ def main() -> int:
             sets = wan_overrides(*wan_case, host, args.wan_rounds) if wan else []
             frame = run_case(sc, st, Path(tmp) / f"run{k}", calibrate=wan or not args.committed_profiles,
                              sets=sets, wan_case=(wan_case[0], wan_case[1], host) if wan else None,
-                             keep=Path(args.out) / "links" / f"run{k}.csv", link_repeats=args.link_repeats)
+                             keep=Path(args.out) / "links" / f"run{k}.csv", link_repeats=args.link_repeats,
+                             cal_passes=args.cal_passes)
             frames.append(frame.assign(scenario=sc, repeat=r, case=label))
     rows = errors(pd.concat(frames, ignore_index=True))
     table = summarise(rows)
@@ -472,7 +478,8 @@ def main() -> int:
     how = ("committed profiles (profiles/fidelity/)" if args.committed_profiles else
            f"profiles measured right before each run (geodt calibrate scenario --scenario, batches "
            f"{','.join(map(str, CAL_BATCHES))} largest first and the scenario's own last, {CAL_REPEATS} "
-           f"repeats; a WAN case's links before its devices; a WAN case at the scenario's batch, "
+           f"repeats, {args.cal_passes} pass(es), each device's median pass kept; a WAN case's links "
+           f"before its devices; a WAN case at the scenario's batch, "
            f"{'/'.join(STEPS_BETWEEN_AVERAGES)}: its devices' steps timed between the links' averages, "
            f"each node running its round of the strategy's plan from the committed profiles)")
     how += f"; WAN runs of {args.wan_rounds} rounds, their links {args.link_repeats} repeats per size"
