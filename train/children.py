@@ -33,3 +33,16 @@ def die_with_parent(parent_pid: int) -> None:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     if os.getppid() != parent_pid:  # it went before the request was made
         os._exit(1)
+
+
+def leave(status: int, queue=None) -> None:
+    """End this spawned process now, without the interpreter's teardown: there gloo's and
+    TCPStore's threads can still be joinable and abort the process ("terminate called without an
+    active exception", SIGABRT) after its work was done and sent (a `geodt calibrate network`
+    child in CI, 2026-11-30). A multiprocessing queue's feeder thread is flushed first."""
+    if queue is not None:
+        queue.close()
+        queue.join_thread()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -308,10 +308,11 @@ def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
 
 
 def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
-    from train.children import die_with_parent
+    from train.children import die_with_parent, leave
 
     die_with_parent(args_dict["parent_pid"])
     _measure(rank, world, store_path, args_dict, queue)
+    leave(0, queue)
 
 
 def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_dir: str, progress=None) -> list:
@@ -376,6 +377,9 @@ def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dic
     cores, quota = args_dict["limits"][rank]
     with wan_node(links[rank], cores, quota, args_dict["parent_pid"], f"geodt-netcal-{rank}"):
         _shaped_rows(rank, world, store_path, links, args_dict, queue)
+    from train.children import leave
+
+    leave(0, queue)
 
 
 def _shaped_rows(rank: int, world: int, store_path: str, links: tuple, args_dict: dict, queue) -> None:

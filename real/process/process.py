@@ -17,6 +17,7 @@ from real.core.config import RunSpec
 from real.core.data import make_chain
 from real.core.options import ExecOptions, PeerLost, resolve_backend
 from real.process.worker import Node
+from train.children import leave
 from train.cpulimit import CpuLimitError
 
 STOPPED_KEY = "geodt/stopped-on-its-own/"
@@ -141,9 +142,4 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
     cleanup()
     if status == 0 and dist.is_initialized():
         dist.destroy_process_group()
-    # Leave without running C++ static destructors: at interpreter teardown gloo/TCPStore
-    # threads can still be joinable and abort the process ("terminate called without an
-    # active exception") after all outputs were written.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    leave(status)  # without the interpreter's teardown, which can abort after all outputs were written
