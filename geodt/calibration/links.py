@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from formats.cli import OneLineParser
+from train.children import die_with_parent, leave
 
 KIB = 1024
 PARAMS_PER_TENSOR = 1 << 20
@@ -308,8 +309,6 @@ def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
 
 
 def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
-    from train.children import die_with_parent, leave
-
     die_with_parent(args_dict["parent_pid"])
     _measure(rank, world, store_path, args_dict, queue)
     leave(0, queue)
@@ -357,7 +356,6 @@ def wan_node(link, cores, quota, parent_pid: int, cgroup: str):
     node's namespace (before any socket exists) and runs under the CPU limits (None, None: none)
     until the block ends."""
     from real.wan.wan import enter
-    from train.children import die_with_parent
     from train.cpulimit import apply_cpu_limits
 
     die_with_parent(parent_pid)
@@ -377,8 +375,6 @@ def _shaped_entry(rank: int, world: int, store_path: str, links: tuple, args_dic
     cores, quota = args_dict["limits"][rank]
     with wan_node(links[rank], cores, quota, args_dict["parent_pid"], f"geodt-netcal-{rank}"):
         _shaped_rows(rank, world, store_path, links, args_dict, queue)
-    from train.children import leave
-
     leave(0, queue)
 
 
