@@ -161,6 +161,22 @@ def markdown(frame: pd.DataFrame) -> str:
     return "\n".join([head] + ["| " + " | ".join(c) + " |" for c in cells])
 
 
+def environment(load_before: float) -> str:
+    """The machine, the time and the load around a measurement, for its table's first line."""
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}, load {load_before:.1f} before, "
+            f"{os.getloadavg()[0]:.1f} after")
+
+
+def write_files(out: Path, files: dict[str, str]) -> None:
+    """Each file whole or not at all (a temporary name, then renamed)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        tmp = out / f".{name}.tmp{os.getpid()}"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out / name)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenario", default=str(ROOT / "benchmarks" / "fidelity" / "two-node.toml"))
@@ -173,16 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     steps = measure(args.scenario, args.blocks, args.local_steps, args.sync_s)
     result = table(steps)
     print(result.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    args.out.mkdir(parents=True, exist_ok=True)
-    env = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-           f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}, load {load_before:.1f} before, "
-           f"{os.getloadavg()[0]:.1f} after; {Path(args.scenario).name}, {args.blocks} blocks × "
+    env = (f"{environment(load_before)}; {Path(args.scenario).name}, {args.blocks} blocks × "
            f"{len(CONDITIONS)} conditions × {args.local_steps} steps, sync pause {args.sync_s} s")
-    for name, text in (("steps.csv", steps.to_csv(index=False)),
-                       ("table.md", f"{env}\n\n{markdown(result)}\n")):
-        tmp = args.out / f".{name}.tmp{os.getpid()}"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, args.out / name)
+    write_files(args.out, {"steps.csv": steps.to_csv(index=False), "table.md": f"{env}\n\n{markdown(result)}\n"})
     print(env)
     return 0
 

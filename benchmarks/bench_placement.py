@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -39,7 +37,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_fidelity import ROOT, with_profiles
-from benchmarks.bench_interference import markdown
+from benchmarks.bench_interference import environment, markdown, write_files
 
 STEADY_AFTER_S = 2.0
 SAMPLE_S = 0.01
@@ -198,16 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     result = steady(steps)
     print(result.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(shares.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    env = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-           f"{datetime.now(timezone.utc).isoformat(timespec='minutes')}, load {load_before:.1f} before, "
-           f"{os.getloadavg()[0]:.1f} after; {Path(args.scenario).name} free and {Path(args.pinned).name}, "
+    env = (f"{environment(load_before)}; {Path(args.scenario).name} free and {Path(args.pinned).name}, "
            f"{args.sessions} sessions × {args.seconds:g} s (steady: after {STEADY_AFTER_S:g} s)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("steps.csv", steps.to_csv(index=False)), ("colocation.csv", shares.to_csv(index=False)),
-                       ("table.md", f"{env}\n\n{markdown(result)}\n\n{markdown(shares)}\n")):
-        tmp = args.out / f".{name}.tmp{os.getpid()}"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, args.out / name)
+    write_files(args.out, {"steps.csv": steps.to_csv(index=False), "colocation.csv": shares.to_csv(index=False),
+                           "table.md": f"{env}\n\n{markdown(result)}\n\n{markdown(shares)}\n"})
     print(env)
     return 0
 
