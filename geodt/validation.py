@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from facts.fidelity import judge, node_verdict
+from facts.fidelity import IDLE_WORST, ROUND_MEDIAN, judge, node_verdict
 from formats.timeline import (
     HOST_VALIDATION_COLUMNS,
     LOSS_VALIDATION_COLUMNS,
@@ -163,6 +163,30 @@ def verdict_lines(table, emulated: bool, network: str) -> list[str]:
                      list(table["comm_error_pct"]), shaped_wan(network), ttt, staleness_error_pct(table))
     kind = "schedule check (emulated)" if emulated else "measured run"
     return [f"verdict ({kind}): {v.line()}" for v in verdicts]
+
+
+def compute_line(table) -> str | None:
+    """The run's compute against its prediction, split into what every node shares (the median over nodes of
+    measured over predicted compute: the machine's speed since the calibration) and each node apart from it
+    (its profile against the others'), with what each says to do when it misses the goal it feeds: the round's
+    for the shared part, the worst idle's for a node apart. None without compute on both sides."""
+    ratio = (table["measured_compute_s"] / table["predicted_compute_s"]).where(table["predicted_compute_s"] > 0)
+    ratio = ratio[np.isfinite(ratio) & (ratio > 0)]
+    if ratio.empty:
+        return None
+    common = float(ratio.median())
+    apart = ratio / common
+    nodes = table["node"][ratio.index]
+    far = (apart - 1).abs().idxmax()
+    line = (f"compute, measured over predicted: {', '.join(f'{n} {r:.3f}' for n, r in zip(nodes, ratio))}; "
+            f"median {common:.3f}× (what the nodes share), {nodes[far]} furthest from it ({apart[far]:.3f}×)")
+    notes = []
+    if abs(common - 1) * 100 > ROUND_MEDIAN.limit_pct:
+        notes.append(f"the nodes ran {common:.2f}× their profiles (median): the profiles' speed, not the plan, is off; "
+                     f"on a shared machine calibrate again right before the run (--passes 3; results/predict-the-run/)")
+    if abs(apart[far] - 1) * 100 > IDLE_WORST.limit_pct:
+        notes.append(f"{nodes[far]} ran {apart[far]:.3f}× the others against its profile: its idle error follows")
+    return line + ("; " + "; ".join(notes) if notes else "")
 
 
 def band_line(scenario, timeline, table) -> str:
@@ -341,8 +365,10 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     print(outer_step_source(scenario))
     for line in verdict_lines(table, emulated, network):
         print(line)
-    if not emulated:  # an emulated run's steps are the prediction's own: no band to land in
+    if not emulated:  # an emulated run's steps are the prediction's own: no band to land in, nothing to split
         print(band_line(scenario, timeline, table))
+        if (line := compute_line(table)) is not None:
+            print(line)
     # a run slower than its calibration on a host that was taken from it is the host's
     say(host, "the run", "a round error here is the host's, not the prediction's")
     print(f"wrote {out}/: validation.csv, validation.png, trace.json, timeline.csv")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from facts.fidelity import GOALS, IDLE_WORST, TIME_TO_TARGET, judge, node_verdict
-from geodt.validation import validation_table, verdict_lines
+from geodt.validation import compute_line, validation_table, verdict_lines
 from simulator.models.profile_check import profile_verdict
 
 
@@ -72,3 +72,31 @@ def test_profile_verdict_says_whether_the_fit_plans():
     assert verdict.startswith("verdict: not usable for planning as it is: the median batch is predicted from the "
                               "others 8.5% off (goal ≤ 8%; batch 2 (-69.0%), 4 (+8.5%))")
     assert math.isclose(IDLE_WORST.limit_pct, 6.0) and TIME_TO_TARGET.statistic == "worst"
+
+
+def _compute(predicted, measured):
+    return pd.DataFrame({"node": ["a", "b", "c"][:len(predicted)], "predicted_compute_s": predicted,
+                         "measured_compute_s": measured})
+
+
+def test_the_compute_line_splits_the_machines_speed_from_a_node_apart():
+    # every node about 1.1x its profile, none apart: the profiles' speed, the round goal's part
+    shared = compute_line(_compute([10.0, 10.0, 10.0], [10.8, 11.0, 11.0]))
+    assert shared == ("compute, measured over predicted: a 1.080, b 1.100, c 1.100; median 1.100× (what the nodes "
+                      "share), a furthest from it (0.982×); the nodes ran 1.10× their profiles (median): the profiles' "
+                      "speed, not the plan, is off; on a shared machine calibrate again right before the run "
+                      "(--passes 3; results/predict-the-run/)")
+    # one node 7% apart from the others, the median on its profile: the idle goal's part
+    apart = compute_line(_compute([10.0, 10.0, 10.0], [9.3, 10.0, 10.0]))
+    assert apart == ("compute, measured over predicted: a 0.930, b 1.000, c 1.000; median 1.000× (what the nodes "
+                     "share), a furthest from it (0.930×); a ran 0.930× the others against its profile: its idle "
+                     "error follows")
+    # within both goals: the split alone
+    assert compute_line(_compute([10.0, 10.0], [10.2, 9.9])).endswith("a furthest from it (1.015×)")
+
+
+def test_the_compute_line_leaves_out_a_node_with_nothing_predicted():
+    # c left before its first round: no compute predicted, none to compare
+    line = compute_line(_compute([10.0, 10.0, 0.0], [10.0, 10.4, 0.0]))
+    assert line.startswith("compute, measured over predicted: a 1.000, b 1.040; median 1.020×")
+    assert compute_line(_compute([0.0], [1.0])) is None

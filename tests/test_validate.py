@@ -130,6 +130,7 @@ def test_validate_measures_by_default(tmp_path, capsys):
     assert (trace["overrun_steps"] == 0).all()  # nothing padded, nothing to overrun
     printed = capsys.readouterr()
     assert "measured: largest idle error" in printed.out and "warnings above" in printed.out
+    assert "\ncompute, measured over predicted: fast " in printed.out  # the run's compute split (geodt/validation.py)
     # the host over the run, beside every row (train/hoststat.py): what a miss on a shared VM is told by
     if Path("/proc/stat").exists():
         assert table["host_steal_pct"].nunique() == 1 and 0 <= table["host_steal_pct"].iloc[0] < 100
@@ -338,6 +339,7 @@ def test_validate_trace_follows_the_runs_record_of_emulation(tmp_path, capsys):
     assert "schedule check (emulated): largest idle error" in printed.out and "measured:" not in printed.out
     assert "idle_emul_s" in printed.out and "idle_meas_s" not in printed.out
     assert "verdict (schedule check (emulated))" in printed.out and "verdict (measured" not in printed.out
+    assert "compute, measured over predicted" not in printed.out  # padded steps are the prediction's own
     assert "), emulated " in next(line for line in printed.out.splitlines() if line.startswith("wall time"))
     assert printed.err == ""  # no flag given, nothing contradicted
     assert table["host_steal_pct"].isna().all() and "host during the run" not in printed.out  # ran earlier: not known
