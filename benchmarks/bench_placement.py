@@ -19,7 +19,9 @@ scheduler chooses the core each runs on, moment to moment. Two measurements:
         [--pinned benchmarks/fidelity/three-node-pinned.toml] [--sessions 12] [--seconds 8]
         [--out results/predict-the-run/placement]
 
-Writes steps.csv (every step of part 1), colocation.csv and table.md; needs root (CPU quotas).
+Writes steps.csv (every step of part 1), colocation.csv, ahead.csv (part 1's sessions: how well their first
+2 s predict the rest, in the same processes) and table.md; needs root (CPU quotas). `--tables-only`
+recomputes ahead.csv and table.md from the files already in --out.
 """
 from __future__ import annotations
 
@@ -38,9 +40,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_fidelity import ROOT, with_profiles
 from benchmarks.bench_interference import environment, markdown, write_files
+from facts.fidelity import IDLE_WORST, ROUND_MEDIAN
 
 STEADY_AFTER_S = 2.0
 SAMPLE_S = 0.01
+# ahead(): the seconds a prediction made inside the session is taken from, and where what it predicts starts
+EARLY_S, LATE_AFTER_S = 2.0, 4.0
+ROUND_PCT, IDLE_PCT = ROUND_MEDIAN.limit_pct, IDLE_WORST.limit_pct
 
 
 def _jobs(scenario_path: str) -> tuple[object, list[tuple]]:
@@ -180,6 +186,39 @@ def steady(steps: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def ahead(steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """How well a session's first EARLY_S seconds predict its steps after LATE_AFTER_S, in the same processes:
+    per session and device late over early mean step, their median over devices (`common`: what every
+    device moved by) and each device over it (`apart`); and a line counting the sessions within the round
+    goal (common) and the idle goal (every device apart), the best a calibration made seconds before a run,
+    in the run's own processes, could do on this machine."""
+    rows = []
+    for (session, mode), d in steps.groupby(["session", "mode"]):
+        for (node, device), e in d.groupby(["node", "device"], sort=False):
+            early, late = e[e.t_s < EARLY_S].step_s.mean(), e[e.t_s >= LATE_AFTER_S].step_s.mean()
+            rows.append({"session": session, "mode": mode, "node": node, "device": device, "late_over_early": late / early})
+    out = pd.DataFrame(rows)
+    out["common"] = out.groupby("session").late_over_early.transform("median")
+    out["apart"] = out.late_over_early / out.common
+    per = out.groupby("session").agg(common=("common", "first"), apart=("apart", lambda a: (a - 1).abs().max()))
+    common_ok, apart_ok = (per.common - 1).abs() <= ROUND_PCT / 100, per.apart <= IDLE_PCT / 100
+    line = (f"the first {EARLY_S:g} s of a session against its steps after {LATE_AFTER_S:g} s: every device moved "
+            f"alike within ±{ROUND_PCT:g}% in {int(common_ok.sum())} of {len(per)} sessions, each device apart "
+            f"from that within {IDLE_PCT:g}% in {int(apart_ok.sum())}, both in {int((common_ok & apart_ok).sum())}")
+    return out, line
+
+
+def tables(steps: pd.DataFrame, shares: pd.DataFrame, env: str) -> dict[str, str]:
+    """The files written beside steps.csv, and what is printed: table.md (env first), ahead.csv."""
+    result = steady(steps)
+    moved, line = ahead(steps)
+    print(result.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(shares.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(line)
+    return {"ahead.csv": moved.to_csv(index=False),
+            "table.md": f"{env}\n\n{markdown(result)}\n\n{markdown(shares)}\n\n{line}\n"}
+
+
 def main(argv: list[str] | None = None) -> int:
     fid = ROOT / "benchmarks" / "fidelity"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -188,18 +227,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sessions", type=int, default=12)
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--out", type=Path, default=ROOT / "results" / "predict-the-run" / "placement")
+    p.add_argument("--tables-only", action="store_true",
+                   help="measure nothing: recompute the tables from the steps.csv and colocation.csv in --out")
     args = p.parse_args(argv)
+    if args.tables_only:
+        steps, shares = pd.read_csv(args.out / "steps.csv"), pd.read_csv(args.out / "colocation.csv")
+        env = (args.out / "table.md").read_text(encoding="utf-8").splitlines()[0]
+        write_files(args.out, tables(steps, shares, env))
+        return 0
     load_before = os.getloadavg()[0]
     steps = free_against_pinned(args.scenario, args.pinned, args.sessions, args.seconds)
     with tempfile.TemporaryDirectory(prefix="geodt-place-") as tmp:
         shares = calibration_against_run(args.scenario, Path(tmp))
-    result = steady(steps)
-    print(result.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(shares.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     env = (f"{environment(load_before)}; {Path(args.scenario).name} free and {Path(args.pinned).name}, "
            f"{args.sessions} sessions × {args.seconds:g} s (steady: after {STEADY_AFTER_S:g} s)")
     write_files(args.out, {"steps.csv": steps.to_csv(index=False), "colocation.csv": shares.to_csv(index=False),
-                           "table.md": f"{env}\n\n{markdown(result)}\n\n{markdown(shares)}\n"})
+                           **tables(steps, shares, env)})
     print(env)
     return 0
 

@@ -86,3 +86,16 @@ def test_a_running_process_is_seen_on_a_cpu():
     # this test's own thread is running when it reads itself
     cpus = bench_placement._runnable_cpus(os.getpid())
     assert cpus and all(c in os.sched_getaffinity(0) for c in cpus)
+
+
+def test_ahead_counts_sessions_whose_first_seconds_predict_the_rest():
+    late = {0: {"a": 0.110, "b": 0.110, "c": 0.110},   # every device 1.10x: the shared part misses ±5%
+            1: {"a": 0.100, "b": 0.100, "c": 0.093},   # c 0.93x the others: apart by 7%, beyond 6%
+            2: {"a": 0.102, "b": 0.102, "c": 0.102}}   # 1.02x alike: both goals met
+    rows = [(node, 0, t, step, session, "free") for session, steps in late.items() for node, step_late in steps.items()
+            for t, step in ((0.5, 0.100), (1.5, 0.100), (4.5, step_late), (6.0, step_late))]
+    steps = pd.DataFrame(rows, columns=["node", "device", "t_s", "step_s", "session", "mode"])
+    moved, line = bench_placement.ahead(steps)
+    assert moved[moved.session == 1].apart.round(3).tolist() == [1.0, 1.0, 0.93]
+    assert line == ("the first 2 s of a session against its steps after 4 s: every device moved alike within ±5% in "
+                    "2 of 3 sessions, each device apart from that within 6% in 2, both in 1")
