@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,36 +29,21 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_fidelity import _run, scenario_with_profiles  # noqa: E402
 from facts.fidelity import IDLE_WORST, ROUND_MEDIAN  # noqa: E402
 
 ROUND_PCT, IDLE_PCT = ROUND_MEDIAN.limit_pct, IDLE_WORST.limit_pct
-
-PROFILE_DIR = re.compile(r"\.\./\.\./profiles/fidelity/[^/\"]+/")
-
-
-def _geodt(*args: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "geodt", *args], cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
-        raise SystemExit(f"bench_bracketed: geodt {' '.join(args[:2])} failed ({proc.returncode}): {tail}")
-
-
-def with_profiles(scenario: Path, cal: Path, out: Path) -> Path:
-    """A copy of the scenario whose device profiles are those in `cal` (its other paths made absolute)."""
-    text = PROFILE_DIR.sub(f"{cal}/", scenario.read_text())
-    out.write_text(text.replace("../../profiles/", f"{ROOT / 'profiles'}/"))
-    return out
-
 
 def bracketed_run(scenario: Path, batch: int, passes: int, strategy: str, keep: Path, work: Path) -> None:
     for side in ("before", "after"):
         (keep / side).mkdir(parents=True)
     calibrate = ("calibrate", "scenario", "--scenario", str(scenario), "--batch", str(batch), "--repeats", "20",
                  "--passes", str(passes))
-    _geodt(*calibrate, "--out-dir", str(keep / "before"))
-    copy = with_profiles(scenario, keep / "before", work / scenario.name)
-    _geodt("validate", str(copy), "--strategy", strategy, "--out", str(work / "run"), "--threads", "1")
-    _geodt(*calibrate, "--out-dir", str(keep / "after"))
+    geodt = [sys.executable, "-m", "geodt"]
+    _run([*geodt, *calibrate, "--out-dir", str(keep / "before")])
+    copy = scenario_with_profiles(scenario, keep / "before", work / scenario.name)
+    _run([*geodt, "validate", str(copy), "--strategy", strategy, "--out", str(work / "run"), "--threads", "1"])
+    _run([*geodt, *calibrate, "--out-dir", str(keep / "after")])
     shutil.copy(work / "run" / "validation.csv", keep / "validation.csv")
 
 

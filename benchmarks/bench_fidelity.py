@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -164,12 +165,20 @@ def fresh_profiles(scenario: str, work: Path, passes: int = 1) -> Path:
 
 def with_profiles(scenario: str, cal: Path, work: Path) -> Path:
     """A copy of the committed scenario whose nodes' profiles are those in `cal`."""
-    text = (SCENARIOS / f"{scenario}.toml").read_text()
-    text = text.replace(f"../../profiles/fidelity/{scenario}/", f"{cal}/")
-    text = text.replace("../../profiles/", f"{ROOT / 'profiles'}/")
-    path = work / f"{scenario}.toml"
-    path.write_text(text)
-    return path
+    return scenario_with_profiles(SCENARIOS / f"{scenario}.toml", cal, work / f"{scenario}.toml")
+
+
+# A fidelity scenario's device profiles: ../../profiles/fidelity/<its profile folder>/ (a variant such as
+# three-node-pinned reads three-node's).
+PROFILE_DIR = re.compile(r"\.\./\.\./profiles/fidelity/[^/\"]+/")
+
+
+def scenario_with_profiles(source: Path, cal: Path, out: Path) -> Path:
+    """A copy of the scenario file `source` at `out` whose device profiles are those in `cal`, its other
+    paths made absolute."""
+    text = PROFILE_DIR.sub(f"{cal}/", source.read_text())
+    out.write_text(text.replace("../../profiles/", f"{ROOT / 'profiles'}/"))
+    return out
 
 
 def host_network_profile(work: Path) -> Path:

@@ -63,7 +63,7 @@ def test_the_committed_section_9_table_regenerates_from_its_files():
 
 def test_a_copy_of_the_scenario_reads_the_profiles_just_measured(tmp_path):
     scenario = Path(bench_bracketed.ROOT / "benchmarks" / "fidelity" / "three-node-pinned.toml")
-    copy = bench_bracketed.with_profiles(scenario, tmp_path / "cal", tmp_path / "s.toml").read_text()
+    copy = bench_bracketed.scenario_with_profiles(scenario, tmp_path / "cal", tmp_path / "s.toml").read_text()
     assert copy.count(f"{tmp_path / 'cal'}/q") == 3
     assert "../../" not in copy
 
