@@ -72,3 +72,21 @@ def test_outputs_are_ordinary_files(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert (tmp_path / "plan.csv").stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_every_node_a_different_gpu_count_simulates(tmp_path):
+    """The README's own cluster (berlin 8 × h100-sxm, tokyo 4 × a30) and a one-node scenario: the node →
+    GPU count map was categorical when every count differed, and the loss model's multiply raised."""
+    cluster = tmp_path / "my-cluster.toml"
+    cluster.write_text('name = "my-cluster"\n[model]\npreset = "llama-150m"\nseq_len = 1024\ndtype = "bf16"\n'
+                       '[training]\nrounds = 10\nlocal_steps = 100\nbatch_size = 4\n'
+                       '[network]\nbandwidth_gbps = 1.0\npayload_dtype = "fp16"\n'
+                       '[[nodes]]\nname = "berlin"\ngpus = { "h100-sxm" = 8 }\n'
+                       '[[nodes]]\nname = "tokyo"\ngpus = { "a30" = 4 }\n')
+    assert simulate_main([str(cluster), "--out", str(tmp_path / "two")]) == 0
+    summary = pd.read_csv(tmp_path / "two" / "summary.csv")
+    assert summary["loss_end"].notna().all()
+    one = tmp_path / "one.toml"
+    one.write_text(cluster.read_text().split("[[nodes]]\nname = \"tokyo\"")[0])
+    assert simulate_main([str(one), "--out", str(tmp_path / "one")]) == 0
+    assert pd.read_csv(tmp_path / "one" / "summary.csv")["loss_end"].notna().all()

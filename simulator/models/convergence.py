@@ -99,8 +99,9 @@ def round_frame(timeline: pd.DataFrame, batch: dict, gpus: dict, seq_len: int) -
     (`batch` and `gpus` per plan node: a node away for a round has no row, or one without tokens; the
     stale work of a merge without a barrier: _stale_work)."""
     t = timeline[["node", "round", "tokens", "round_end_s"] + (["loss"] if "loss" in timeline else [])].copy()
+    # .astype(float): a categorical node column maps to a categorical when every value differs
     t["batch"] = t["node"].map(batch).astype(float)
-    t["steps"] = t["tokens"] / (t["batch"] * t["node"].map(gpus) * seq_len)
+    t["steps"] = t["tokens"] / (t["batch"] * t["node"].map(gpus).astype(float) * seq_len)
     t["present"] = t["tokens"] > 0
     t["log2_batch_w"] = np.log2(t["batch"]) * t["tokens"]
     t["log2_steps_w"] = np.log2(t["steps"].where(t["present"], 1.0)) * t["tokens"]
