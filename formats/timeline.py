@@ -12,9 +12,10 @@ TIMELINE_COLUMNS = ["strategy", "node", "round", "compute_s", "idle_s", "comm_s"
                     "tokens"]
 SUMMARY_COLUMNS = ["strategy", "node", "compute_s", "idle_s", "comm_s", "tokens", "utilization"]
 # `geodt simulate`'s summary.csv adds the loss model's figures for the node's strategy (the same on
-# each of its rows; simulator/models/loss_prediction.py): the predicted loss at the run's end and the
-# wall-clock seconds to [training] target_loss (inf: not reached in the run; empty: no target).
-LOSS_COLUMNS = ["loss_end", "time_to_target_s"]
+# each of its rows; simulator/models/loss_prediction.py): the predicted loss at the run's end, its band
+# (± nats: the spread the effects' fits leave), the wall-clock seconds to [training] target_loss, else to
+# the baseline's predicted end loss (inf: not reached in the run), and that time's band (± s).
+LOSS_COLUMNS = ["loss_end", "loss_band", "time_to_target_s", "time_band_s"]
 # ... and where its figures come from and how far off they may be (simulator/models/provenance.py,
 # facts/bands.py): the node's step source (measured | profile | catalog), the network's
 # (calibrated | assumed), and the strategy's error band in % (the same on each of its rows).

@@ -18,7 +18,14 @@ from formats.limits import large_help
 from formats.owners import add_force_argument, check_owner
 from formats.timeline import LOSS_COLUMNS, STALENESS_COLUMNS, SYNC_COLUMNS, TIMELINE_COLUMNS
 from simulator.engines.engine import ENGINES, check_size, pick_engine, simulate, simulate_chunks, summary
-from simulator.models.loss_prediction import describe, format_time, loss_setup, plan_rounds, predict
+from simulator.models.loss_prediction import (
+    at_baseline_loss,
+    describe,
+    format_time,
+    loss_setup,
+    plan_rounds,
+    predict,
+)
 from simulator.models.network import codec_note, wire_note
 from simulator.models.provenance import band_note, sources_text, with_provenance
 from simulator.models.totals import RunTotals
@@ -226,15 +233,32 @@ def target_override(target: float | None) -> list[str]:
 
 
 def loss_notes(setup, losses: dict) -> str:
-    """Where the loss figures come from, and what the model could not weigh for a strategy."""
+    """Where the loss figures come from: each effect's source once, then per strategy its effects (δ: share of
+    the loss at equal tokens; η: token multiplier), its band, what lies beyond a source's range, and what the
+    model could not weigh."""
     lines = [describe(setup)]
+    legend = {}
+    for pred in losses.values():
+        legend.update({k: src for k, (_, _, src, _) in pred.get("sources", {}).items()})
+    lines += [f"  {k}: {src}" for k, src in legend.items()]
     for name, pred in losses.items():
-        if pred["uncalibrated"] or pred["clamped"]:
-            lines.append(f"  {name}: " + "; ".join(
-                ([f"not calibrated: {', '.join(pred['uncalibrated'])}"] if pred["uncalibrated"] else [])
-                + ([f"beyond the calibrated runs, held at their edge: {', '.join(pred['clamped'])}"]
-                   if pred["clamped"] else [])))
+        parts = [_effect_text(k, d, eta) for k, (d, eta, _, _) in pred.get("sources", {}).items()
+                 if abs(d) > 5e-4 or abs(eta - 1) > 5e-4]
+        parts.append(f"band ±{100 * pred['band']:.2f}%")
+        out = [f"{k}: {x}" for k, (_, _, _, x) in pred.get("sources", {}).items() if x]
+        if out:
+            parts.append("extrapolated: " + "; ".join(out))
+        if pred["uncalibrated"]:
+            parts.append(f"not calibrated: {', '.join(pred['uncalibrated'])}")
+        if pred["clamped"]:
+            parts.append(f"beyond the calibrated runs, held at their edge: {', '.join(pred['clamped'])}")
+        lines.append(f"  {name}: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def _effect_text(name: str, delta_pct: float, eta: float) -> str:
+    return name + (f" {delta_pct:+.2f}%" if abs(delta_pct) > 5e-4 else "") + (f" η {eta:.3f}" if abs(eta - 1) > 5e-4
+                                                                               else "")
 
 
 def _plan_timelines(scenario, plans) -> dict:
@@ -293,6 +317,8 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
                 raise
         losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
                   for s in sinks}
+        if setup.target is None:  # ranked by the time to the baseline's end loss (report.py)
+            at_baseline_loss(losses, setup.model.curve)
         results = [(s.plan, s.totals, with_staleness(with_provenance(
             with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]), scenario), s.totals)) for s in sinks]
         plan_frame = pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)

@@ -29,11 +29,16 @@ def test_simulate_with_a_target_ranks_by_it(tmp_path, capsys):
     assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_simulate_without_a_target_keeps_the_tokens_rule_and_shows_the_loss(tmp_path, capsys):
+def test_simulate_without_a_target_ranks_by_the_time_to_the_baseline_loss(tmp_path, capsys):
+    """Issue 55: without --target-loss the answer is weighed by loss (the baseline's, at its last token), and
+    says so; the baseline reaches its own loss at its end, rebalance (same tokens, less idle) sooner."""
     assert simulate_main(["hetero-cpu", "--out", str(tmp_path / "s"), "--strategy", "baseline", "rebalance"]) == 0
     printed = capsys.readouterr().out
-    assert "loss_end" in printed and "most tokens/s of those doing the baseline's work" in printed
-    assert pd.read_csv(tmp_path / "s" / "summary.csv")["time_to_target_s"].isna().all()
+    assert "loss_end" in printed and "ranked by the predicted time to the baseline's predicted loss" in printed
+    per = pd.read_csv(tmp_path / "s" / "summary.csv").groupby("strategy")[["time_to_target_s", "loss_band"]].first()
+    assert np.isfinite(per["time_to_target_s"]).all() and per.loc["rebalance", "time_to_target_s"] < per.loc[
+        "baseline", "time_to_target_s"]
+    assert (per["loss_band"] >= 0).all()
 
 
 @pytest.mark.parametrize("main", [simulate_main, plan_main])

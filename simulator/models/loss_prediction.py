@@ -2,9 +2,11 @@
 
 `loss_setup` chooses the curve and the effects once per scenario: the convergence profile named by
 `[training] convergence_profile`, else the built-in one (simulator/scenarios/, measured with
-`geodt calibrate convergence hetero-cpu` on this project's 2-core VM); its fitted curve where it
-trained the scenario's model at its sequence length, else the literature prior. `predict` turns
-one strategy's simulated rounds into its loss at the end and its time to `target_loss`.
+`geodt calibrate convergence hetero-cpu` on this project's 2-core VM); its fitted curve and effects
+where it trained the scenario's model at its sequence length (the profile's span), else the literature:
+the prior's curve and each effect's published form (simulator/models/loss_literature.py), never the
+profile's tiny-model coefficients. `predict` turns one strategy's simulated rounds into its loss at the
+end, its time to `target_loss`, the band the effects' fits leave, and each effect's source.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pandas as pd
 
 from formats.convergence import ConvergenceProfileError, read_convergence_profile
 from formats.errors import InputError
+from simulator.models import loss_literature as lit
 from simulator.models.convergence import (
     FEATURES,
     ConvergenceModel,
@@ -35,6 +38,8 @@ from simulator.models.convergence import (
 
 BUILT_IN_PROFILE = Path(__file__).resolve().parents[1] / "scenarios" / "convergence-hetero-cpu.csv"
 CLAMP_MARGIN = 0.25  # a feature may go this share of the calibrated span beyond it before it is clamped
+SPAN_TOKENS_FACTOR = 4.0  # a calibrated run's tokens per parameter beyond this factor of the profile's is flagged
+DATA_PARALLEL_STRATEGIES = ("sync-ddp",)  # every step all-reduced: data-parallel, no DiLoCo factor
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,13 @@ class LossSetup:
     profile: str
     same_model: bool  # the curve is the profile's own fit (else the prior)
     corpus: str
+    params: float = 0.0
+    tokens_per_param: tuple[float, float] = (0.0, float("inf"))  # the profile's span of D/N
+
+    @property
+    def literature(self) -> bool:
+        """Outside the profile's span (another model): the published forms, not the profile's coefficients."""
+        return not self.same_model
 
     @property
     def floor(self) -> float:
@@ -86,8 +98,9 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
     # another node count: the profile's own measured effect where it has one, else the prior's factor
     curve = (prior_curve(params, nodes) if not same else model.curve if "replicas_log2" in model.coefficients
              else replica_move(model.curve, params, model.ref_nodes, nodes))
+    tpp = frame.groupby("run")["tokens"].sum() / float(first["params"])
     setup = LossSetup(model.with_curve(curve), scenario.training.target_loss if target is None else target,
-                      named or "built-in", same, str(first["corpus"]))
+                      named or "built-in", same, str(first["corpus"]), params, (float(tpp.min()), float(tpp.max())))
     if setup.target is not None and not setup.target > setup.floor:
         raise InputError(f"training.target_loss = {setup.target:g}: at or below the loss floor {setup.floor:.3f} "
                          f"({curve.source}); expected a target above it")
@@ -109,7 +122,8 @@ def _clamped(setup: LossSetup, x: dict) -> tuple[dict, list[str]]:
     return out, clamped
 
 
-def sweep_losses(setup: LossSetup, scenario, d: dict, gpus: np.ndarray, round_s: np.ndarray) -> dict:
+def sweep_losses(setup: LossSetup, scenario, d: dict, gpus: np.ndarray, round_s: np.ndarray,
+                 strategy: str = "") -> dict:
     """loss_end and time_to_target_s of a sweep chunk's plans (simulator/sweep/sweep.py decide: batch, steps
     (S, n), rounds, dtype, fragments, delay), each round taking round_s (S,): a static plan's rounds
     train the same tokens, so its features are its one round's."""
@@ -122,16 +136,31 @@ def sweep_losses(setup: LossSetup, scenario, d: dict, gpus: np.ndarray, round_s:
                        averaging=scenario.diloco.averaging, fragments=d.get("fragments", 1),
                        sync_delay_steps=d.get("delay", 0), payload_dtype=d["dtype"], nodes=work.shape[1],
                        ref_nodes=setup.model.ref_nodes if setup.same_model else work.shape[1])
-    x, _ = _clamped(setup, x)
-    eta = np.exp(-sum(c * x[k] for k, c in setup.model.coefficients.items())) * np.ones(len(total))
     rounds = int(np.ravel(d["rounds"])[0])
     r = np.arange(rounds)
     tokens_per_round = total * scenario.model.seq_len
-    loss = setup.model.curve.loss(eta[:, None] * tokens_per_round[:, None] * (r + 0.5))
+    if setup.literature:
+        scale = _scale(setup, scenario, float(np.mean(gpus)), float(np.median(tokens_per_round)) * rounds,
+                       work.shape[1], strategy in DATA_PARALLEL_STRATEGIES, 0.0)
+        factor, eta, _ = lit.combined(lit.effects(x, scale, d.get("fragments", 1), d.get("delay", 0), d["dtype"]))
+        factor, eta = factor * np.ones(len(total)), eta * np.ones(len(total))
+    else:
+        x, _ = _clamped(setup, x)
+        eta = np.exp(-sum(c * x[k] for k, c in setup.model.coefficients.items())) * np.ones(len(total))
+        factor = np.ones(len(total))
+    loss = factor[:, None] * setup.model.curve.loss(eta[:, None] * tokens_per_round[:, None] * (r + 0.5))
     end = np.asarray(round_s, dtype=float)[:, None] * (r + 1)
     reach = (times_to_target(end, loss, setup.target) if setup.target is not None
              else np.full(len(total), np.nan))
     return {"loss_end": smoothed_rows(loss)[:, -1], "time_to_target_s": reach}
+
+
+def _scale(setup: LossSetup, scenario, gpus_per_node: float, tokens: float, nodes: int, data_parallel: bool,
+           fragment_alpha: float) -> lit.Scale:
+    """The scale variables of loss_literature for a run of `tokens` (all nodes) on this scenario."""
+    base_batch_tokens = scenario.training.batch_size * gpus_per_node * scenario.model.seq_len
+    return lit.Scale(setup.params, tokens, nodes, scenario.training.local_steps, base_batch_tokens,
+                     float(setup.model.curve.loss(tokens)), data_parallel, fragment_alpha)
 
 
 def plan_rounds(plan, timeline: pd.DataFrame) -> pd.DataFrame:
@@ -141,20 +170,91 @@ def plan_rounds(plan, timeline: pd.DataFrame) -> pd.DataFrame:
 
 
 def predict(setup: LossSetup, scenario, plan, rounds: pd.DataFrame) -> dict:
-    """loss_end, time_to_target_s (inf: never), efficiency η and what the model could not weigh, for one plan."""
+    """loss_end, time_to_target_s (inf: never), efficiency η, the loss band (a share of the loss, the effects'
+    fits' residuals), each effect's source (`sources`), and what the model could not weigh, for one plan."""
     x = features(rounds, base_batch=scenario.training.batch_size, base_steps=scenario.training.local_steps,
                  averaging=scenario.diloco.averaging, fragments=plan.fragments,
                  sync_delay_steps=plan.sync_delay_steps,
                  payload_dtype=plan.payload_dtype or scenario.network.payload_dtype,
                  ref_nodes=setup.model.ref_nodes if setup.same_model else len(plan.nodes))
-    x, clamped = _clamped(setup, x)
-    eta = setup.model.efficiency(x)
-    loss = curve_losses(setup.model.curve, rounds, eta)
-    reach = (time_to_target(rounds["end_s"].to_numpy(), loss, setup.target) if setup.target is not None
-             else float("nan"))
-    return {"loss_end": float(smoothed(loss)[-1]), "time_to_target_s": reach, "efficiency": eta,
-            "uncalibrated": setup.model.uncalibrated(x), "clamped": clamped,
-            "curve": pd.DataFrame({"round": rounds["round"], "end_s": rounds["end_s"], "loss": loss})}
+    if setup.literature:
+        scale = _scale(setup, scenario, float(np.mean([n.gpus for n in plan.nodes])), float(rounds["tokens"].sum()),
+                       len(plan.nodes), plan.strategy in DATA_PARALLEL_STRATEGIES, plan.fragment_alpha)
+        found = lit.effects(x, scale, plan.fragments, plan.sync_delay_steps,
+                            plan.payload_dtype or scenario.network.payload_dtype)
+        factor, eta, band = lit.combined(found)
+        factor, eta = float(factor), float(eta)
+        sources = {k: (float(np.ravel(e.delta)[0]) * 100, float(np.ravel(e.eta)[0]), f"literature: {e.source}",
+                       e.extrapolated) for k, e in found.items()}
+        uncalibrated, clamped = [], []
+    else:
+        x, clamped = _clamped(setup, x)
+        eta, factor, uncalibrated = setup.model.efficiency(x), 1.0, setup.model.uncalibrated(x)
+        band, sources = _calibrated_sources(setup, x, clamped, float(rounds["tokens"].sum()))
+    loss = factor * curve_losses(setup.model.curve, rounds, eta)
+    end_s = rounds["end_s"].to_numpy()
+    pred = {"loss_end": float(smoothed(loss)[-1]), "efficiency": eta, "band": band, "sources": sources,
+            "factor": factor, "rate_tokens_per_s": float(rounds["tokens"].sum() / end_s[-1]),
+            "uncalibrated": uncalibrated, "clamped": clamped,
+            "curve": pd.DataFrame({"round": rounds["round"], "end_s": end_s, "loss": loss})}
+    pred["loss_band"] = band * pred["loss_end"]
+    return {**pred, **reach_of(pred, setup.target)}
+
+
+def at_baseline_loss(losses: dict, curve) -> float | None:
+    """Without a target: the baseline's predicted loss at its last token (the same model quality), every
+    strategy's time_to_target_s and time_band_s recomputed to it in place (reach_of); None where no baseline
+    was predicted."""
+    if "baseline" not in losses:
+        return None
+    b = losses["baseline"]
+    target = float(b["factor"] * curve.loss(b["efficiency"] * b["rate_tokens_per_s"] * b["curve"]["end_s"].iloc[-1]))
+    for pred in losses.values():
+        pred.update(reach_of(pred, target, curve), target_loss=target)
+    return target
+
+
+def reach_of(pred: dict, target: float | None, curve=None) -> dict:
+    """time_to_target_s and its band (half the spread of the times with the loss moved by ± its band): the
+    smoothed round losses' first crossing; with `curve` (the implicit target, the baseline's loss at its last
+    token) the strategy's own curve at its mean tokens/s, carried on past the run where it ends short
+    (time_beyond_run True), so that every strategy has a time to the baseline's quality."""
+    if target is None:
+        return {"time_to_target_s": float("nan"), "time_band_s": float("nan"), "time_beyond_run": False}
+    end_s, loss = pred["curve"]["end_s"].to_numpy(), pred["curve"]["loss"].to_numpy()
+    times = [time_to_target(end_s, loss * (1 + share), target) if curve is None else
+             _carried_on(curve, pred, target / (1 + share)) for share in (0.0, -pred["band"], pred["band"])]
+    at, early, late = times
+    return {"time_to_target_s": at, "time_band_s": (late - early) / 2 if np.isfinite(late) else float("inf"),
+            "time_beyond_run": bool(np.isfinite(at) and at > end_s[-1] * (1 + 1e-9))}
+
+
+def _carried_on(curve, pred: dict, target: float) -> float:
+    """Seconds until factor·L(η·D) = target at the run's mean tokens/s (inf below the floor)."""
+    level = target / pred["factor"]
+    if not level > curve.floor:
+        return float("inf")
+    tokens = (curve.scale / (level - curve.floor)) ** (1 / curve.exponent) / pred["efficiency"]
+    return float(tokens / pred["rate_tokens_per_s"])
+
+
+def _calibrated_sources(setup: LossSetup, x: dict, clamped: list[str], tokens: float) -> tuple[float, dict]:
+    """The band (the profile fit's RMS ln-η residual at the curve's slope) and each weighed feature's source."""
+    runs = setup.model.runs
+    resid = np.log(runs["efficiency"]) - np.log(runs["efficiency_fitted"]) if runs is not None else np.zeros(1)
+    curve = setup.model.curve
+    slope = float(curve.scale * curve.exponent * tokens ** -curve.exponent / curve.loss(tokens))
+    lo, hi = setup.tokens_per_param
+    tpp = tokens / setup.params
+    span = ("" if lo / SPAN_TOKENS_FACTOR <= tpp <= hi * SPAN_TOKENS_FACTOR else
+            f"D/N {tpp:.3g} beyond the profile's {lo:.3g}-{hi:.3g}")
+    sources = {}
+    for k, c in setup.model.coefficients.items():
+        if abs(x.get(k, 0.0)) > 1e-9:
+            edge = f"{k} beyond the profile's runs (held at their edge)" if k in clamped else ""
+            sources[k] = (0.0, float(np.exp(-c * x[k])), f"calibrated: {setup.profile} profile",
+                          "; ".join(e for e in (edge, span) if e))
+    return float(slope * np.sqrt(np.mean(resid ** 2))), sources
 
 
 def measured(rounds: pd.DataFrame, target: float | None) -> dict:
@@ -166,10 +266,14 @@ def measured(rounds: pd.DataFrame, target: float | None) -> dict:
 
 def describe(setup: LossSetup) -> str:
     """One line: where the curve and the effects come from."""
+    if setup.literature:
+        return (f"loss model: {setup.model.curve.source}; floor {setup.floor:.3f}; effects from the literature "
+                f"(simulator/models/loss_literature.py): N {setup.params:.3g} is outside the {setup.profile} "
+                "convergence profile's span (its model only), so none of its coefficients is used")
     fitted = ", ".join(f"{k} {c:+.2f}" for k, c in setup.model.coefficients.items())
     missing = [k for k in FEATURES if k not in setup.model.coefficients]
     text = (f"loss model: {setup.model.curve.source}; floor {setup.floor:.3f}; effects (ln-token cost per unit) from "
-            f"the {setup.profile} convergence profile: {fitted or 'none'}")
+            f"the {setup.profile} convergence profile (calibrated: the scenario trains its model): {fitted or 'none'}")
     return text + (f"; not calibrated (no effect assumed): {', '.join(missing)}" if missing else "")
 
 

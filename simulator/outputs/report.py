@@ -5,12 +5,15 @@ round_s = wall time / rounds; tokens_per_round (all nodes); tokens_per_s = the r
 wall time; speedup = tokens_per_s / the baseline's; idle_s = barrier idle summed over nodes and
 rounds (docs/DESIGN.md, "Time accounting").
 
-With a target loss (`[training] target_loss`, `--target-loss`) and the loss model's prediction per
-strategy (simulator/models/loss_prediction.py), the rule is the least time to the target, whatever the
-tokens (the loss weighs a strategy's other work); ties within TIE go to the least idle. Without
-one the rule below decides and the predicted loss at the end stands beside it.
+With the loss model's prediction per strategy (simulator/models/loss_prediction.py) the rule is the
+least time to a loss, whatever the tokens (the loss weighs a strategy's other work): to the target
+(`[training] target_loss`, `--target-loss`), else to the baseline's predicted end loss (the same model
+quality; tokens/s stays a column). Strategies whose times differ by less than the loss band (each
+one's time band, the spread its effects' fits leave) are a tie, named as one; the least time is
+picked, and an exact tie goes to the strategy listed first (the simpler: rebalance before quorum).
 
-The rule (`recommend`): among the strategies that do the baseline's work, meaning the run's
+Without the loss model (`answer` without losses) the throughput rule decides (`recommend`): among
+the strategies that do the baseline's work, meaning the run's
 tokens within ±TOKENS_BAND of the baseline's (a strategy that trains on more tokens per sync
 changes the optimisation itself, so its throughput is not comparable), take the highest
 tokens/s; strategies within TIE of it are a tie, which the least idle decides, then the order
@@ -61,10 +64,11 @@ def answer_table(runs, baseline, losses: dict | None = None, bands: dict | None 
     rows["comparable"] = does_baseline_work(rows["tokens_vs_baseline"])
     columns = list(ANSWER_COLUMNS)
     if losses:
-        for column in ("loss_end", "time_to_target_s"):
-            rows[column] = [losses[s][column] for s in rows["strategy"]]
+        for column in ("loss_end", "loss_band", "time_to_target_s", "time_band_s", "time_beyond_run", "target_loss"):
+            rows[column] = [losses[s].get(column, float("nan")) for s in rows["strategy"]]
         rows["uncalibrated"] = [", ".join(losses[s].get("uncalibrated", ())) for s in rows["strategy"]]
-        columns += ["loss_end", "time_to_target_s", "uncalibrated"]
+        columns += ["loss_end", "loss_band", "time_to_target_s", "time_band_s", "time_beyond_run", "target_loss",
+                    "uncalibrated"]
     if staleness:
         rows["staleness_mean"] = [staleness[s][0] for s in rows["strategy"]]
         rows["staleness_p90"] = [staleness[s][1] for s in rows["strategy"]]
@@ -75,21 +79,29 @@ def answer_table(runs, baseline, losses: dict | None = None, bands: dict | None 
     return rows[columns], base
 
 
-def recommend_by_target(table: pd.DataFrame, base: dict, target: float) -> Recommendation:
-    """The least predicted time to the target loss; ties within TIE to the least idle."""
+def recommend_by_target(table: pd.DataFrame, base: dict, target: float, implicit: bool = False) -> Recommendation:
+    """The least predicted time to the target loss; those within the loss band of it a tie (module docstring)."""
+    goal = (f"the baseline's predicted loss at its last token, {target:.3f} (the same model quality)" if implicit
+            else f"loss {target:g}")
     reach = table[np.isfinite(table["time_to_target_s"])]
     if reach.empty:
         low = table.loc[table["loss_end"].idxmin()]
-        return Recommendation(None, f"no strategy reaches loss {target:g} in this run (predicted); the lowest at "
+        return Recommendation(None, f"no strategy reaches {goal} in this run (predicted); the lowest at "
                                     f"the end is {low['strategy']}'s {low['loss_end']:.3f}: more rounds, or a "
                                     "higher target")
     best = reach["time_to_target_s"].min()
-    tied = reach[reach["time_to_target_s"] <= best * (1 + TIE)]
-    pick = tied.loc[tied["idle_s"].idxmin()]
-    why = f"ranked by the predicted time to loss {target:g}: {pick['time_to_target_s']:,.1f} s"
+    pick = reach[reach["time_to_target_s"] <= best * (1 + 1e-12)].iloc[0]  # an exact tie: the first listed
+    band = reach["time_band_s"].fillna(0.0) if "time_band_s" in reach else 0.0 * reach["time_to_target_s"]
+    tied = reach[reach["time_to_target_s"] - best <= np.maximum(band, float(band[pick.name]))]
+    why = f"ranked by the predicted time to {goal}: {pick['time_to_target_s']:,.1f} s"
     if len(tied) > 1:
-        why += f" (least idle of {', '.join(tied['strategy'])}, within {TIE:.0%})"
-    if "baseline" in set(table["strategy"]):
+        why += f" (a tie within the loss band: {' ≈ '.join(tied['strategy'])}"
+        exact = reach["time_to_target_s"] <= best * (1 + 1e-12)
+        why += ("; equal times: the first listed, the simpler)" if exact.sum() > 1 else
+                f"; {pick['strategy']} the least time)")
+    if pick.get("time_beyond_run", False):
+        why += " (beyond the simulated rounds, carried on at its mean tokens/s)"
+    if "baseline" in set(table["strategy"]) and pick["strategy"] != "baseline":
         b = table[table["strategy"] == "baseline"].iloc[0]
         why += (f", {pick['time_to_target_s'] / b['time_to_target_s']:.2f}× the baseline's"
                 if np.isfinite(b["time_to_target_s"]) else ", the baseline never reaches it")
@@ -108,6 +120,10 @@ def recommend(table: pd.DataFrame, base: dict, target: float | None = None) -> R
     """The rule of the module docstring, with its reason in words and numbers."""
     if target is not None and "time_to_target_s" in table:
         return recommend_by_target(table, base, target)
+    if "time_to_target_s" in table and "baseline" in set(table["strategy"]):
+        b = table[table["strategy"] == "baseline"].iloc[0]
+        if np.isfinite(b["time_to_target_s"]):  # times to the baseline's end loss (loss_prediction.at_baseline_loss)
+            return recommend_by_target(table, base, float(b["target_loss"]), implicit=True)
     band = f"run tokens within ±{TOKENS_BAND:.0%}"
     comparable = table[table["comparable"]]
     if comparable.empty:
@@ -141,7 +157,7 @@ def format_table(table: pd.DataFrame) -> str:
             f"{'tokens/s':>11}  {'speed-up':>8}  {'idle_s':>10}")
     losses = "loss_end" in table
     if losses:
-        head += f"  {'loss_end':>8}  {'to_target_s':>11}"
+        head += f"  {'loss_end':>15}  {'to_target_s':>11}"
     stale = "staleness_mean" in table
     if stale:
         head += f"  {'stale mean/p90':>14}"
@@ -154,7 +170,8 @@ def format_table(table: pd.DataFrame) -> str:
                 f"{r.speedup:>7.2f}×  {r.idle_s:>10.2f}")
         if losses:
             reach = r.time_to_target_s
-            line += f"  {r.loss_end:>8.3f}  " + (f"{'-':>11}" if np.isnan(reach) else
+            loss = f"{r.loss_end:.3f}" + (f" ±{r.loss_band:.3f}" if np.isfinite(r.loss_band) else "")
+            line += f"  {loss:>15}  " + (f"{'-':>11}" if np.isnan(reach) else
                                                  f"{'never':>11}" if np.isinf(reach) else f"{reach:>11,.1f}")
         if stale:
             line += f"  {f'{r.staleness_mean:.2f}/{r.staleness_p90:.1f}':>14}"
@@ -169,8 +186,9 @@ def format_answer(table: pd.DataFrame, base: dict, target: float | None = None, 
     notes = [(f"round_s: wall time / rounds; run tokens/base: the whole run's tokens / the baseline's (*: beyond "
              f"±{TOKENS_BAND:.0%}, other work);"), "idle_s: barrier idle summed over nodes and rounds"]
     if "loss_end" in table:
-        notes.append("loss_end: predicted training loss at the end (mean of the last rounds); to_target_s: "
-                     + (f"wall-clock seconds to loss {target:g}" if target is not None else "no target_loss given"))
+        notes.append("loss_end: predicted training loss at the end (mean of the last rounds) ± its band; to_target_s: "
+                     + (f"wall-clock seconds to loss {target:g}" if target is not None else
+                        "wall-clock seconds to the baseline's predicted loss at its last token (no target_loss given)"))
         if loss_note:
             notes.append(loss_note)
     if "staleness_mean" in table:

@@ -320,7 +320,8 @@ def chunk_frame(kt: KindTables, kinds: np.ndarray, bw: np.ndarray, strategies, f
         if strategy not in strategies:
             continue
         if base.training.target_loss is not None:  # the loss model's columns (simulator/models/loss_prediction.py)
-            m = {**m, **sweep_losses(kt.loss_setup(kinds.shape[1]), base, d, gpus, m["wall_s"] / d["rounds"])}
+            m = {**m, **sweep_losses(kt.loss_setup(kinds.shape[1]), base, d, gpus, m["wall_s"] / d["rounds"],
+                                   strategy)}
         frame = pd.DataFrame({**describe, "strategy": strategy, **m,
                               "collective": d["collective"], "payload_dtype": d["dtype"],
                               "batches": [",".join(map(str, r)) for r in d["batch"].tolist()],
