@@ -1,0 +1,101 @@
+"""The literature loss effects (simulator/models/loss_literature.py) and where they apply (issue 55)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.engines.engine import simulate
+from simulator.models import loss_literature as lit
+from simulator.models.convergence_prior import diloco_factor
+from simulator.models.loss_prediction import describe, loss_setup, plan_rounds, predict
+from simulator.outputs.report import recommend_by_target
+from simulator.scenario import load_scenario
+from simulator.strategies import make_plan
+
+
+def test_sync_interval_form_exact():
+    # 0.003 · ln(100/30) · log2(8)/3 at M = 4; nothing at H <= 30
+    assert float(lit.sync_interval_delta(100, 4)) == pytest.approx(0.003 * math.log(100 / 30), rel=1e-12)
+    assert float(lit.sync_interval_delta(1000, 8)) == pytest.approx(0.003 * math.log(1000 / 30) * 4 / 3, rel=1e-12)
+    assert float(lit.sync_interval_delta(10, 4)) == 0.0
+
+
+def test_critical_batch_and_batch_eta_exact():
+    assert lit.critical_batch_tokens(3.0) == pytest.approx(2e8 / 3.0 ** (1 / 0.21), rel=1e-12)
+    bc = lit.critical_batch_tokens(3.0)
+    assert float(lit.batch_eta(2 * 16384, 16384, 3.0)) == pytest.approx((1 + 16384 / bc) / (1 + 32768 / bc))
+    assert float(lit.batch_eta(16384, 16384, 3.0)) == 1.0
+
+
+def test_overlap_naive_and_eager_exact():
+    assert float(lit.overlap_delta(1.0, 0.0)) == pytest.approx(0.127)
+    assert float(lit.overlap_delta(1.0, 0.5)) == pytest.approx(0.0075)
+    assert float(lit.overlap_delta(0.05, 0.0)) == pytest.approx(0.127 * 0.0025)
+
+
+def test_published_rows_are_the_tables_and_the_band_is_their_residual():
+    rows = lit.published()
+    assert len(rows) == 34 and set(rows["table"]) == {"Table 4", "Table 5"}
+    r = rows[(rows["params"] == 35e6) & (rows["replicas"] == 8)].iloc[0]
+    assert r["published_delta_pct"] == pytest.approx(100 * (3.621 / 3.485 - 1), abs=1e-3)
+    predicted = 100 * (diloco_factor(rows["params"].to_numpy(), rows["replicas"].to_numpy()) - 1)
+    rms = np.sqrt(np.mean((predicted - rows["published_delta_pct"].to_numpy()) ** 2)) / 100
+    assert lit.replica_band() == pytest.approx(rms, rel=1e-9) and 0 < lit.replica_band() < 0.005
+
+
+def _predict(scenario, name):
+    setup = loss_setup(scenario)
+    plan = make_plan(scenario, name)
+    return predict(setup, scenario, plan, plan_rounds(plan, simulate(scenario, plan, "auto")))
+
+
+def test_paper_uses_the_literature_and_data_parallel_has_no_diloco_factor():
+    scenario = load_scenario("paper", ["training.rounds=4"])
+    setup = loss_setup(scenario)
+    assert setup.literature and "from the literature" in describe(setup)
+    ddp, base = _predict(scenario, "sync-ddp"), _predict(scenario, "baseline")
+    factor = float(diloco_factor(scenario.model.param_count, 4))
+    assert ddp["sources"]["data_parallel"][0] == pytest.approx(100 * (1 / factor - 1), rel=1e-9)
+    assert "Charles et al. 2025 Table 7" in ddp["sources"]["data_parallel"][2]
+    assert "sync_interval" not in ddp["sources"] and "sync_interval" in base["sources"]
+    # no tiny-profile coefficient reaches a 150M model: nothing calibrated, nothing held at an edge
+    assert base["uncalibrated"] == [] and base["clamped"] == []
+    assert all(src.startswith("literature") for _, _, src, _ in base["sources"].values())
+
+
+def test_one_node_scenario_gives_losses():
+    scenario = load_scenario("paper", ["training.rounds=3"])
+    from dataclasses import replace
+    one = replace(scenario, nodes=scenario.nodes[:1])
+    for name in ("baseline", "sync-ddp"):
+        got = _predict(one, name)
+        assert np.isfinite(got["loss_end"]) and got["loss_end"] > loss_setup(one).floor
+
+
+def test_the_tiny_model_stays_calibrated():
+    scenario = load_scenario("hetero-cpu", ["training.rounds=4"])
+    setup = loss_setup(scenario)
+    assert not setup.literature
+    got = _predict(scenario, "measured-batch")
+    assert all(src.startswith("calibrated") for _, _, src, _ in got["sources"].values())
+
+
+def _table(times, bands, strategies):
+    return pd.DataFrame({"strategy": strategies, "time_to_target_s": times, "time_band_s": bands,
+                         "loss_end": [3.0] * len(times), "tokens_per_s": [1.0] * len(times),
+                         "speedup": [1.0] * len(times), "idle_s": [0.0] * len(times),
+                         "uncalibrated": [""] * len(times), "time_beyond_run": [False] * len(times)})
+
+
+def test_a_tie_within_the_band_is_named_and_an_exact_tie_goes_to_the_first_listed():
+    got = recommend_by_target(_table([10.0, 10.0, 30.0], [0.0, 0.0, 0.0], ["rebalance", "quorum", "baseline"]),
+                              {}, 3.0, implicit=True)
+    assert got.strategy == "rebalance" and "rebalance ≈ quorum" in got.reason
+    assert "ranked by the predicted time to the baseline's predicted loss" in got.reason
+    got = recommend_by_target(_table([10.0, 10.5, 30.0], [1.0, 0.2, 0.0], ["a", "b", "baseline"]), {}, 3.0)
+    assert got.strategy == "a" and "a ≈ b" in got.reason and "baseline" not in got.reason.split("tie")[1][:30]
+    got = recommend_by_target(_table([10.0, 12.0, 30.0], [1.0, 0.5, 0.0], ["a", "b", "baseline"]), {}, 3.0)
+    assert "tie" not in got.reason
