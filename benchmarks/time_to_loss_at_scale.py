@@ -4,8 +4,8 @@ For each scenario, `geodt simulate SCENARIO --target-loss L` into results/time-t
 baseline's predicted loss at TARGET_SHARE of its run (so the baseline reaches it, late), then
 README.md rendered from the summary.csv files. Nothing here is measured at this scale: the step
 times are the catalog's estimate, the curve is the literature prior (no convergence profile trained
-these models), the strategies' effects are the built-in profile's, measured on a 2-core VM with
-the tiny model (simulator/scenarios/convergence-hetero-cpu.csv); the README says so.
+these models), and so are the strategies' effects (simulator/models/loss_literature.py: outside the
+built-in profile's span its tiny-model coefficients are not used); the README says so.
 
     python benchmarks/time_to_loss_at_scale.py [--out results/time-to-loss]
 """
@@ -106,9 +106,10 @@ def main() -> int:
              "(simulator/models/estimate.py). Loss curve: the literature prior (Besiroglu et al. 2024's Chinchilla fit on "
              "MassiveText-like data × Charles et al. 2025's DiLoCo factor for M replicas at H = 30, "
              "docs/PAPERS.md): a level and a shape, not a measurement of these models on your data. Each "
-             "strategy's effect on the loss: the built-in convergence profile's, measured with the tiny model "
-             "on this project's 2-core VM (simulator/scenarios/convergence-hetero-cpu.csv); features beyond "
-             "its runs are held at their edge (the printed notes name them). The target is the baseline's "
+             "strategy's effect on the loss: the published forms of simulator/models/loss_literature.py "
+             "(docs/MODELS.md, \"Loss effects\"; these models are outside the built-in convergence profile's "
+             "span, so none of its tiny-model coefficients is used); the printed notes name each effect's "
+             "source, its band and what lies beyond a source's range. The target is the baseline's "
              f"predicted loss at {TARGET_SHARE:.0%} of its run.\n")]
     bench = args.out / "bench"
     if (bench / "time_to_loss.csv").exists():  # bench_time_to_loss.py's table, rendered beside

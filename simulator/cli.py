@@ -244,6 +244,9 @@ def loss_notes(setup, losses: dict) -> str:
     for name, pred in losses.items():
         parts = [_effect_text(k, d, eta) for k, (d, eta, _, _) in pred.get("sources", {}).items()
                  if abs(d) > 5e-4 or abs(eta - 1) > 5e-4]
+        assumed = [k for k, (d, eta, src, _) in pred.get("sources", {}).items() if "assumed none" in src]
+        if assumed:
+            parts.append(f"no published effect, none assumed: {', '.join(assumed)}")
         parts.append(f"band ±{100 * pred['band']:.2f}%")
         out = [f"{k}: {x}" for k, (_, _, _, x) in pred.get("sources", {}).items() if x]
         if out:

@@ -111,10 +111,11 @@ def check_outputs(out: Path) -> None:
     for csv in out.glob("*.csv"):
         # idle_left is NaN by definition where the baseline has no idle (nothing to remove); note is text;
         # a plan's cpu_cores / cpu_quota are empty for a node without CPU limits; time_to_target_s is inf
-        # where the run never reaches the target and empty without one (formats/timeline.py LOSS_COLUMNS);
+        # where the run never reaches the target and empty without one (formats/timeline.py LOSS_COLUMNS), and so
+        # is its band time_band_s;
         # quorum and grace_s are empty but for a quorum plan (formats/plan.py)
         frame = pd.read_csv(csv).drop(columns=["idle_left", "note", "cpu_cores", "cpu_quota", "time_to_target_s",
-                                               "quorum", "grace_s"], errors="ignore")
+                                               "time_band_s", "quorum", "grace_s"], errors="ignore")
         numbers = frame.select_dtypes("number").to_numpy(dtype=float)
         assert np.isfinite(numbers).all(), f"{csv.name}: a non-finite number"
     if (out / "plan.csv").exists():
