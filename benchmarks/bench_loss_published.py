@@ -6,7 +6,7 @@ identical nodes at the row's model size N is built (`geodt simulate`'s loss_setu
 as for every model outside the built-in profile's span), D = the row's tokens, H = the row's inner
 steps, and the baseline (DiLoCo) and sync-ddp (data-parallel) strategies are predicted by
 loss_prediction.predict on their simulated rounds; the predicted Δloss % is the setting's loss over the
-reference's. Printed and written to --out: the table (loss_published.csv), errors and sign agreement per
+reference's, each at the run's last token (the papers compare final losses at equal tokens). Printed and written to --out: the table (loss_published.csv), errors and sign agreement per
 effect (summary.csv), a figure (predicted against published Δloss %), and a README with the machine and
 command. Goals (issue 55): sign right in >= 90% of the comparisons whose published effect exceeds its
 rounding, median |error| <= 0.3 points, worst <= 1.5.
@@ -50,7 +50,8 @@ def predicted_delta_pct(row) -> float:
     out = {}
     for name in ("baseline", "sync-ddp"):
         plan = make_plan(scenario, name)
-        out[name] = predict(setup, scenario, plan, plan_rounds(plan, simulate(scenario, plan, "auto")))["loss_end"]
+        rounds = plan_rounds(plan, simulate(scenario, plan, "auto"))
+        out[name] = predict(setup, scenario, plan, rounds)["loss_last_token"]  # equal tokens: the run's last
     return 100.0 * (out["baseline"] / out["sync-ddp"] - 1.0)
 
 

@@ -198,17 +198,19 @@ def predict(setup: LossSetup, scenario, plan, rounds: pd.DataFrame) -> dict:
             "uncalibrated": uncalibrated, "clamped": clamped,
             "curve": pd.DataFrame({"round": rounds["round"], "end_s": end_s, "loss": loss})}
     pred["loss_band"] = band * pred["loss_end"]
+    # at the run's last token: comparable across strategies whose rounds differ in length (loss_end, a mean
+    # over the last rounds, is not: sync-ddp's rounds are one step)
+    pred["loss_last_token"] = float(factor * setup.model.curve.loss(eta * float(rounds["tokens"].sum())))
     return {**pred, **reach_of(pred, setup.target)}
 
 
-def at_baseline_loss(losses: dict, curve) -> float | None:
+def at_baseline_loss(losses: dict, curve) -> float | None:  # curve: reach_of's, the strategies' own
     """Without a target: the baseline's predicted loss at its last token (the same model quality), every
     strategy's time_to_target_s and time_band_s recomputed to it in place (reach_of); None where no baseline
     was predicted."""
     if "baseline" not in losses:
         return None
-    b = losses["baseline"]
-    target = float(b["factor"] * curve.loss(b["efficiency"] * b["rate_tokens_per_s"] * b["curve"]["end_s"].iloc[-1]))
+    target = losses["baseline"]["loss_last_token"]
     for pred in losses.values():
         pred.update(reach_of(pred, target, curve), target_loss=target)
     return target
