@@ -264,6 +264,12 @@ def _effect_text(name: str, delta_pct: float, eta: float) -> str:
                                                                                else "")
 
 
+def _baseline_loss(scenario, setup) -> dict:
+    """The baseline's prediction where it was not asked for: the reference of the loss-weighed answer."""
+    plan = make_plan(scenario, "baseline")
+    return predict(setup, scenario, plan, plan_rounds(plan, simulate(scenario, plan, "auto")))
+
+
 def _plan_timelines(scenario, plans) -> dict:
     """`geodt plan`: each plan's rounds simulated (the exact engine), for idle.png and the loss model."""
     return {p.strategy: simulate(scenario, p, "auto") for p in plans}
@@ -320,8 +326,9 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
                 raise
         losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
                   for s in sinks}
-        if setup.target is None:  # ranked by the time to the baseline's end loss (report.py)
-            at_baseline_loss(losses, setup.model.curve)
+        if setup.target is None:  # ranked by the time to the baseline's loss (report.py), asked for or not
+            reference = losses if "baseline" in losses else {**losses, "baseline": _baseline_loss(scenario, setup)}
+            at_baseline_loss(reference, setup.model.curve)
         results = [(s.plan, s.totals, with_staleness(with_provenance(
             with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]), scenario), s.totals)) for s in sinks]
         plan_frame = pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)

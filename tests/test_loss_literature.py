@@ -94,8 +94,22 @@ def test_a_tie_within_the_band_is_named_and_an_exact_tie_goes_to_the_first_liste
     got = recommend_by_target(_table([10.0, 10.0, 30.0], [0.0, 0.0, 0.0], ["rebalance", "quorum", "baseline"]),
                               {}, 3.0, implicit=True)
     assert got.strategy == "rebalance" and "rebalance ≈ quorum" in got.reason
+    got = recommend_by_target(_table([10.0, 10.0, 30.0], [0.0, 0.0, 0.0], ["quorum", "rebalance", "baseline"]),
+                              {}, 3.0, implicit=True)
+    assert got.strategy == "rebalance"  # the simpler, whatever the order asked
     assert "ranked by the predicted time to the baseline's predicted loss" in got.reason
     got = recommend_by_target(_table([10.0, 10.5, 30.0], [1.0, 0.2, 0.0], ["a", "b", "baseline"]), {}, 3.0)
     assert got.strategy == "a" and "a ≈ b" in got.reason and "baseline" not in got.reason.split("tie")[1][:30]
     got = recommend_by_target(_table([10.0, 12.0, 30.0], [1.0, 0.5, 0.0], ["a", "b", "baseline"]), {}, 3.0)
     assert "tie" not in got.reason
+
+
+def test_the_answer_ranks_by_the_baseline_loss_even_unasked_and_an_exact_tie_goes_to_rebalance(tmp_path, capsys):
+    from simulator.cli import simulate_main
+
+    assert simulate_main(["paper", "--strategy", "quorum", "rebalance", "--out", str(tmp_path / "s")]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("recommended: rebalance — ranked by the predicted time to the baseline's predicted loss")
+    assert "quorum ≈ rebalance; equal times: rebalance, the simpler" in line
+    per = pd.read_csv(tmp_path / "s" / "summary.csv").groupby("strategy")["time_to_target_s"].first()
+    assert per["quorum"] == per["rebalance"] and np.isfinite(per).all()

@@ -10,7 +10,7 @@ least time to a loss, whatever the tokens (the loss weighs a strategy's other wo
 (`[training] target_loss`, `--target-loss`), else to the baseline's predicted end loss (the same model
 quality; tokens/s stays a column). Strategies whose times differ by less than the loss band (each
 one's time band, the spread its effects' fits leave) are a tie, named as one; the least time is
-picked, and an exact tie goes to the strategy listed first (the simpler: rebalance before quorum).
+picked, and an exact tie goes to the simpler strategy (`simplicity`: rebalance before quorum).
 
 Without the loss model (`answer` without losses) the throughput rule decides (`recommend`): among
 the strategies that do the baseline's work, meaning the run's
@@ -31,7 +31,7 @@ from simulator.engines.engine import simulate_chunks
 from simulator.models.totals import RunTotals
 from simulator.outputs.run_outputs import chunk_rounds
 from simulator.outputs.sweep_table import timeline_metrics
-from simulator.strategies import make_plan
+from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
 
 TOKENS_BAND = 0.05  # run tokens within ±5% of the baseline's count as the baseline's work
 TIE = 0.01  # tokens/s within 1% of the best are a tie, decided by idle
@@ -90,14 +90,14 @@ def recommend_by_target(table: pd.DataFrame, base: dict, target: float, implicit
                                     f"the end is {low['strategy']}'s {low['loss_end']:.3f}: more rounds, or a "
                                     "higher target")
     best = reach["time_to_target_s"].min()
-    pick = reach[reach["time_to_target_s"] <= best * (1 + 1e-12)].iloc[0]  # an exact tie: the first listed
+    exact = reach[reach["time_to_target_s"] <= best * (1 + 1e-12)]
+    pick = exact.loc[exact["strategy"].map(simplicity).idxmin()]  # an exact tie: the simpler
     band = reach["time_band_s"].fillna(0.0) if "time_band_s" in reach else 0.0 * reach["time_to_target_s"]
     tied = reach[reach["time_to_target_s"] - best <= np.maximum(band, float(band[pick.name]))]
     why = f"ranked by the predicted time to {goal}: {pick['time_to_target_s']:,.1f} s"
     if len(tied) > 1:
         why += f" (a tie within the loss band: {' ≈ '.join(tied['strategy'])}"
-        exact = reach["time_to_target_s"] <= best * (1 + 1e-12)
-        why += ("; equal times: the first listed, the simpler)" if exact.sum() > 1 else
+        why += (f"; equal times: {pick['strategy']}, the simpler)" if len(exact) > 1 else
                 f"; {pick['strategy']} the least time)")
     if pick.get("time_beyond_run", False):
         why += " (beyond the simulated rounds, carried on at its mean tokens/s)"
@@ -116,14 +116,20 @@ def recommend_by_target(table: pd.DataFrame, base: dict, target: float, implicit
     return Recommendation(str(pick["strategy"]), why)
 
 
+def simplicity(strategy: str) -> int:
+    """The order of the registries (barrier strategies, then those without: rebalance before quorum); an
+    unknown name (a test's) after them all."""
+    order = [*STRATEGIES, *BARRIERLESS]
+    return order.index(strategy) if strategy in order else len(order)
+
+
 def recommend(table: pd.DataFrame, base: dict, target: float | None = None) -> Recommendation:
     """The rule of the module docstring, with its reason in words and numbers."""
     if target is not None and "time_to_target_s" in table:
         return recommend_by_target(table, base, target)
-    if "time_to_target_s" in table and "baseline" in set(table["strategy"]):
-        b = table[table["strategy"] == "baseline"].iloc[0]
-        if np.isfinite(b["time_to_target_s"]):  # times to the baseline's end loss (loss_prediction.at_baseline_loss)
-            return recommend_by_target(table, base, float(b["target_loss"]), implicit=True)
+    if "target_loss" in table and np.isfinite(table["target_loss"].astype(float)).any():
+        # times to the baseline's loss at its last token (loss_prediction.at_baseline_loss), listed or not
+        return recommend_by_target(table, base, float(table["target_loss"].dropna().iloc[0]), implicit=True)
     band = f"run tokens within ±{TOKENS_BAND:.0%}"
     comparable = table[table["comparable"]]
     if comparable.empty:
