@@ -4,10 +4,10 @@ For the paper's cluster and the 1B mixed fleet (benchmarks/time_to_loss_at_scale
 target: the baseline's predicted loss at 60% of its run), over WAN bandwidths and per-step jitter,
 `geodt simulate` with the barrier strategies and `async`, `quorum`; per case the best barrier
 strategy's time to the target against async's and quorum's, and async's staleness. Async wins where
-the idle it removes is worth more than the loss its staleness costs (the loss model's
-update_staleness effect, from the built-in convergence profile: measured with the tiny model on a
-2-core VM) and its server keeps up (load: its syncs over the slowest round's compute; above 1 the
-nodes queue). Nothing here is measured at this scale: catalog step times, the literature prior's
+the idle it removes is worth more than the loss its staleness costs (these models lie outside the
+built-in convergence profile's span, so the literature's: none, Liu et al. 2024's delayed Nesterov
+and dynamic local updates; simulator/models/loss_literature.py) and its server keeps up (load: its
+syncs over the slowest round's compute; above 1 the nodes queue). Nothing here is measured at this scale: catalog step times, the literature prior's
 curve; the README says so.
 
     python benchmarks/bench_async_where.py [--out results/async-where]
