@@ -83,6 +83,14 @@ def test_the_tiny_model_stays_calibrated():
     assert all(src.startswith("calibrated") for _, _, src, _ in got["sources"].values())
 
 
+def test_the_tiny_model_far_beyond_its_profile_tokens_takes_the_literature():
+    """The built-in profile ran 0.18-0.45 tokens per parameter: at 460 rounds (17.9) its coefficients do not apply."""
+    scenario = load_scenario("hetero-cpu", ["training.rounds=460"])
+    setup = loss_setup(scenario)
+    assert setup.literature and "D/N 17.9 is outside the built-in convergence profile's span" in describe(setup)
+    assert not loss_setup(load_scenario("hetero-cpu", ["training.rounds=40"])).literature  # 1.56: inside ×4
+
+
 def _table(times, bands, strategies):
     return pd.DataFrame({"strategy": strategies, "time_to_target_s": times, "time_band_s": bands,
                          "loss_end": [3.0] * len(times), "tokens_per_s": [1.0] * len(times),

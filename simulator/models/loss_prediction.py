@@ -3,7 +3,8 @@
 `loss_setup` chooses the curve and the effects once per scenario: the convergence profile named by
 `[training] convergence_profile`, else the built-in one (simulator/scenarios/, measured with
 `geodt calibrate convergence hetero-cpu` on this project's 2-core VM); its fitted curve and effects
-where it trained the scenario's model at its sequence length (the profile's span), else the literature:
+inside its span (it trained the scenario's model at its sequence length, and the scenario's tokens per
+parameter are within SPAN_TOKENS_FACTOR of its runs'), else the literature:
 the prior's curve and each effect's published form (simulator/models/loss_literature.py), never the
 profile's tiny-model coefficients. `predict` turns one strategy's simulated rounds into its loss at the
 end, its time to `target_loss`, the band the effects' fits leave, and each effect's source.
@@ -51,11 +52,12 @@ class LossSetup:
     corpus: str
     params: float = 0.0
     tokens_per_param: tuple[float, float] = (0.0, float("inf"))  # the profile's span of D/N
+    outside: str = ""  # why the scenario lies outside the profile's span ("" inside: the calibrated effects)
 
     @property
     def literature(self) -> bool:
-        """Outside the profile's span (another model): the published forms, not the profile's coefficients."""
-        return not self.same_model
+        """Outside the profile's span (another model, or D/N beyond it): the published forms, not its coefficients."""
+        return bool(self.outside)
 
     @property
     def floor(self) -> float:
@@ -99,12 +101,28 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
     curve = (prior_curve(params, nodes) if not same else model.curve if "replicas_log2" in model.coefficients
              else replica_move(model.curve, params, model.ref_nodes, nodes))
     tpp = frame.groupby("run")["tokens"].sum() / float(first["params"])
+    span = (float(tpp.min()), float(tpp.max()))
     setup = LossSetup(model.with_curve(curve), scenario.training.target_loss if target is None else target,
-                      named or "built-in", same, str(first["corpus"]), params, (float(tpp.min()), float(tpp.max())))
+                      named or "built-in", same, str(first["corpus"]), params, span,
+                      _outside(scenario, same, params, span, named or "built-in"))
     if setup.target is not None and not setup.target > setup.floor:
         raise InputError(f"training.target_loss = {setup.target:g}: at or below the loss floor {setup.floor:.3f} "
                          f"({curve.source}); expected a target above it")
     return setup
+
+
+def _outside(scenario, same: bool, params: float, span: tuple[float, float], profile: str) -> str:
+    """Why the scenario lies outside the profile's span, "" inside: another model, or its baseline's tokens per
+    parameter (every node's gpus × batch × H × seq_len × rounds) beyond SPAN_TOKENS_FACTOR of the profile's runs'."""
+    if not same:
+        return f"N {params:.3g} is outside the {profile} convergence profile's span (its model only)"
+    t = scenario.training
+    tokens = sum(n.gpu_count for n in scenario.nodes) * t.batch_size * t.local_steps * scenario.model.seq_len * t.rounds
+    lo, hi = span
+    if lo / SPAN_TOKENS_FACTOR <= tokens / params <= hi * SPAN_TOKENS_FACTOR:
+        return ""
+    return (f"D/N {tokens / params:.3g} is outside the {profile} convergence profile's span ({lo:.3g}-{hi:.3g}, "
+            f"×{SPAN_TOKENS_FACTOR:g})")
 
 
 def _clamped(setup: LossSetup, x: dict) -> tuple[dict, list[str]]:
@@ -250,12 +268,10 @@ def _calibrated_sources(setup: LossSetup, x: dict, clamped: list[str], tokens: f
     tpp = tokens / setup.params
     span = ("" if lo / SPAN_TOKENS_FACTOR <= tpp <= hi * SPAN_TOKENS_FACTOR else
             f"D/N {tpp:.3g} beyond the profile's {lo:.3g}-{hi:.3g}")
-    sources = {}
+    sources = {}  # a feature held at the edge of the profile's runs: pred["clamped"], printed on its own
     for k, c in setup.model.coefficients.items():
         if abs(x.get(k, 0.0)) > 1e-9:
-            edge = f"{k} beyond the profile's runs (held at their edge)" if k in clamped else ""
-            sources[k] = (0.0, float(np.exp(-c * x[k])), f"calibrated: {setup.profile} profile",
-                          "; ".join(e for e in (edge, span) if e))
+            sources[k] = (0.0, float(np.exp(-c * x[k])), f"calibrated: {setup.profile} profile", span)
     return float(slope * np.sqrt(np.mean(resid ** 2))), sources
 
 
@@ -270,8 +286,7 @@ def describe(setup: LossSetup) -> str:
     """One line: where the curve and the effects come from."""
     if setup.literature:
         return (f"loss model: {setup.model.curve.source}; floor {setup.floor:.3f}; effects from the literature "
-                f"(simulator/models/loss_literature.py): N {setup.params:.3g} is outside the {setup.profile} "
-                "convergence profile's span (its model only), so none of its coefficients is used")
+                f"(simulator/models/loss_literature.py): {setup.outside}, so none of its coefficients is used")
     fitted = ", ".join(f"{k} {c:+.2f}" for k, c in setup.model.coefficients.items())
     missing = [k for k in FEATURES if k not in setup.model.coefficients]
     text = (f"loss model: {setup.model.curve.source}; floor {setup.floor:.3f}; effects (ln-token cost per unit) from "
