@@ -232,7 +232,7 @@ def replica_toml(scenario, plan, i: int, t: dict, emulate: bool, time_scale: flo
         "", "[model]  # [model] " + (f"preset {m.preset}" if arch else "(a preset is needed to build it)"),
     ]
     if arch is not None:
-        lines += [f"{k} = {getattr(arch, k)!r}".replace("True", "true").replace("False", "false")
+        lines += [f"{k} = {getattr(arch, k)!r}  # the preset's {k}".replace("True", "true").replace("False", "false")
                   for k in ("vocab_size", "hidden_size", "ffn_size", "num_layers", "num_heads", "num_kv_heads",
                             "tie_embeddings", "rope_theta")]
     lines += [f"seq_len = {m.seq_len}  # [model] seq_len", "", "[timeouts]  # seconds; " + _how(t),
