@@ -70,7 +70,13 @@ def refusal(strategy: str) -> str | None:
 
 
 def plan_export_main(argv: list[str]) -> int:
-    """geodt plan ... --export torchft DIR: plan (simulator.cli.plan_main), then export; 0, or 2 with one line."""
+    """geodt plan ... --export torchft DIR: plan (simulator.cli.plan_main), then export; 0, or 2 with one line.
+    The plan is made once in a temporary folder first, so that a plan torchft cannot hold is refused
+    before anything is written into DIR."""
+    import contextlib
+    import io
+    import tempfile
+
     from simulator.cli import plan_main
 
     args, rest = _parser().parse_known_args(argv)
@@ -84,10 +90,17 @@ def plan_export_main(argv: list[str]) -> int:
     if problem:
         print(f"geodt plan: {problem}", file=sys.stderr)
         return 2
-    status = plan_main([*rest, "--strategy", args.strategy, "--out", out])
+    settings = (args.emulate, args.time_scale, args.lighthouse)
+    with tempfile.TemporaryDirectory(prefix="geodt-export-") as tmp:
+        with contextlib.redirect_stdout(io.StringIO()):
+            status = plan_main([*rest, "--strategy", args.strategy, "--out", tmp])
+        if status != 0:
+            return status
+        status = export_dir(Path(tmp), *settings, write=False)
     if status != 0:
         return status
-    return export_dir(Path(out), args.emulate, args.time_scale, args.lighthouse)
+    status = plan_main([*rest, "--strategy", args.strategy, "--out", out])
+    return status if status != 0 else export_dir(Path(out), *settings)
 
 
 def _host_port(text: str) -> bool:
@@ -95,8 +108,9 @@ def _host_port(text: str) -> bool:
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
-def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str) -> int:
-    """Read out/plan.csv and out/scenario.toml, write the launch files beside them; 0, or 2 with one line."""
+def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str, write: bool = True) -> int:
+    """Read out/plan.csv and out/scenario.toml, write the launch files beside them (write=False: only
+    check that they can be made); 0, or 2 with one line."""
     from formats.errors import InputError
     from formats.plan import load_plan
     from simulator.outputs.outputs import OutputError, write_output_set
@@ -105,22 +119,24 @@ def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str) -> 
     try:
         scenario = load_scenario(str(out / "scenario.toml"))
         plan = load_plan(out / "plan.csv", seq_len=scenario.model.seq_len)
-        check_plan(scenario, plan, out / "plan.csv")
+        check_plan(scenario, plan)
         derived = timeouts(scenario, plan, time_scale if emulate else 1.0)
         files = launch_files(scenario, plan, derived, emulate, time_scale, lighthouse)
-        write_output_set(out, files, owned=())
-        for name in files:
-            if name.endswith(".sh"):
-                (out / name).chmod(0o755)
+        if write:
+            write_output_set(out, files, owned=())
+            for name in files:
+                if name.endswith(".sh"):
+                    (out / name).chmod(0o755)
     except (InputError, OutputError, OSError) as exc:
-        print(f"geodt plan: --export torchft {out}: {exc}", file=sys.stderr)
+        print(f"geodt plan: --export torchft: {exc}", file=sys.stderr)
         return 2
-    print(f"exported for torchft into {out}/: {', '.join(files)}\n"
-          f"run it: {shlex.quote(str(out / 'run_all.sh'))}; then: geodt validate --trace {shlex.quote(str(out))}")
+    if write:
+        print(f"exported for torchft into {out}/: {', '.join(files)}\n"
+              f"run it: {shlex.quote(str(out / 'run_all.sh'))}; then: geodt validate --trace {shlex.quote(str(out))}")
     return 0
 
 
-def check_plan(scenario, plan, where: Path) -> None:
+def check_plan(scenario, plan) -> None:
     """InputError (one line naming the key) for what torchft's DiLoCo cannot hold."""
     from formats.errors import InputError
 
@@ -146,7 +162,7 @@ def check_plan(scenario, plan, where: Path) -> None:
                    "and fragment_sync_delay < sync_every / num_fragments")
             break
     if why is not None:
-        raise InputError(f"{where}: {why}")
+        raise InputError(f"plan {plan.strategy}: {why}")
 
 
 def timeouts(scenario, plan, scale: float = 1.0) -> dict:

@@ -94,6 +94,25 @@ def test_strategies_without_a_torchft_form_are_refused(tmp_path, strategy, capsy
     assert len(err.splitlines()) == 1 and f"strategy {strategy} has no torchft form" in err
 
 
+@pytest.mark.parametrize("strategy, extra, words", [
+    ("network-aware", (), "collective partitioned"),  # its plan picks the partitioned all-reduce
+    ("measured-steps", ("--set", "diloco.fragments=2"), "node fast: local_steps 25 with fragments 2"),
+])
+def test_plans_torchft_cannot_hold_are_refused_before_writing(tmp_path, strategy, extra, words, capsys):
+    status, out = _export(tmp_path, strategy, *extra)
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and not out.exists(), err
+    assert len(err.splitlines()) == 1 and words in err
+
+
+def test_streaming_settings_travel(tmp_path):
+    status, out = _export(tmp_path, "baseline", "--set", "diloco.fragments=2", "--set", "diloco.sync_delay_steps=1",
+                          "--set", "diloco.fragment_alpha=0.5")
+    assert status == 0
+    d = tomllib.loads((out / "replica-slow.toml").read_text())["diloco"]
+    assert (d["sync_every"], d["num_fragments"], d["fragment_sync_delay"], d["fragment_update_alpha"]) == (10, 2, 1, 0.5)
+
+
 def test_bad_export_arguments_are_one_line(tmp_path, capsys):
     for extra in (["--lighthouse", "nohost"], ["--time-scale", "0"]):
         status, out = _export(tmp_path, "baseline", *extra)
