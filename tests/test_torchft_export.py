@@ -122,6 +122,32 @@ def test_bad_export_arguments_are_one_line(tmp_path, capsys):
     assert status == 2 and "unknown format" in capsys.readouterr().err
 
 
+def test_validate_reads_the_replicas_traces(tmp_path, capsys):
+    """geodt validate --trace DIR joins DIR/traces/<node>.csv (no trace.csv): a trace equal to the
+    prediction validates with no error."""
+    import pandas as pd
+
+    from geodt.validation import predicted_timeline
+    from simulator.scenario import load_scenario
+
+    status, out = _export(tmp_path, "baseline", "--emulate")
+    assert status == 0
+    from formats.plan import load_plan
+
+    scenario = load_scenario(str(out / "scenario.toml"))
+    timeline = predicted_timeline(scenario, load_plan(out / "plan.csv", seq_len=64), "analytic")
+    (out / "traces").mkdir()
+    for node, rows in timeline.groupby("node"):
+        rows.assign(loss=6.9, overrun_steps=0, ckpt_block_s=0.0, ckpt_background_s=0.0, local_steps=10,
+                    batch_size=4, bytes_sent=0, peak_mem_bytes=0, mode="emulated", time_scale=1.0)[
+            torchft_recorder.COLUMNS].to_csv(out / "traces" / f"{node}.csv", index=False)
+    capsys.readouterr()
+    assert geodt_main(["validate", "--trace", str(out)]) == 0
+    table = pd.read_csv(out / "validation" / "validation.csv")
+    assert sorted(table["node"]) == ["fast", "medium", "slow", "slowest"]
+    assert table["error_pct_of_round"].abs().max() < 1e-6 and set(table["mode"]) == {"emulated"}
+
+
 class _Manager:
     """What the recorder wraps: a quorum that waits `wait_s` (the others arriving), a commit."""
 
