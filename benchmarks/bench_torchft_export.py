@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
-    parser.add_argument("--out", help="copy each run's folder (plan, launch files, traces, validation) here")
+    parser.add_argument("--out", help="copy each run's folder here (plan, launch files, traces, validation; not the "
+                                      "two scripts, copies of train/torchft_*.py)")
     parser.add_argument("--overhead-only", action="store_true", help="only the recorder's overhead per step")
     args = parser.parse_args(argv)
     if args.overhead_only:
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 dest = Path(args.out) / strategy
                 shutil.rmtree(dest, ignore_errors=True)
-                shutil.copytree(run, dest, ignore=shutil.ignore_patterns("__pycache__", "idle.png"))
+                shutil.copytree(run, dest, ignore=shutil.ignore_patterns("__pycache__", "idle.png", "*.py"))
     print(f"\n{args.scenario}, emulated at time scale {args.time_scale:g} (times in the scenario's seconds, "
           f"summed over the rounds)\n{table(results)}")
     for line in verdicts(results, *args.strategies):
