@@ -7,7 +7,9 @@ replica-<node>.toml`. It imports nothing of geodt but the recorder (torch only),
 RUN_DIR/traces/<node>.csv for `geodt validate --trace RUN_DIR`.
 
 The model is transformers' LlamaForCausalLM from the config's [model] (geodt's train/models.py builds
-the same one), trained on random tokens from the seed (a schedule and a sync, not a corpus). The
+the same one), trained on random tokens from the seed (a schedule and a sync, not a corpus), on CPU
+with torchft's ProcessGroupGloo (on GPUs, move the model and tokens to the device and use torchft's
+ProcessGroupNCCL or ProcessGroupBabyNCCL instead). The
 replica group is one process: a plan node of G devices runs its G × batch_size samples per inner
 step as G accumulated micro-batches. Every replica starts from the same weights (the same seed), so
 the first quorum needs no recovery (init_sync off).
@@ -115,9 +117,10 @@ def train(cfg: dict, run_dir: Path) -> Path:
                         loss.backward()
                     rec.loss(loss.item() * b["grad_accum"])
                     inner.step()
-        return rec.close()
-    finally:
+    finally:  # the rounds done are written also when torchft raises (a quorum or a collective timed out)
+        rec.close()
         manager.shutdown(wait=False)
+    return rec.path
 
 
 def main(argv: list[str] | None = None) -> int:
