@@ -16,8 +16,9 @@ step) is *comm*. A round is `sync_every` inner steps (Streaming DiLoCo: all its 
 
 Emulation (geodt's --emulate, a schedule check): given `step_s` and `comm_s`, each inner step is
 padded by sleeping until it has lasted step_s × time_scale (deadlines accumulating from the last
-sync, as geodt's executor pads), and each sync's comm until comm_s × time_scale / fragments; a step
-whose real compute took longer counts in `overrun_steps`. The trace's
+sync, as geodt's executor pads), and each sync until comm_s × time_scale / fragments; a step
+whose real compute took longer counts in `overrun_steps`. A sync is padded from its quorum's end (its
+all-reduce's start), so under Streaming DiLoCo (τ > 0) the τ steps between sync and merge hide it. The trace's
 `mode` column then says `emulated`, so validation never calls it measured.
 """
 from __future__ import annotations
@@ -66,6 +67,7 @@ class RoundRecorder:
         self._inner_end: float | None = None
         self._step_start = 0.0
         self._deadline = 0.0  # when the current emulated step may end (perf_counter seconds)
+        self._sync_start = 0.0  # when the last quorum returned: the sync's all-reduce starts
         self._quorum_s = 0.0
         self._committed = False
         self._hook = None
@@ -87,7 +89,8 @@ class RoundRecorder:
             try:
                 return start_quorum(*args, **kwargs)
             finally:
-                self._quorum_s += time.perf_counter() - t0
+                self._sync_start = time.perf_counter()  # the all-reduce is issued after the quorum
+                self._quorum_s += self._sync_start - t0
 
         def marked_commit(*args, **kwargs):
             self._committed = True
@@ -123,8 +126,8 @@ class RoundRecorder:
         self._step_start = time.perf_counter()
         self._inner_end, self._quorum_s, self._committed = None, 0.0, False
         yield self
-        if self._committed:
-            _pad(self._inner_end + self._quorum_s + self.comm_pad_s)
+        if self._committed:  # the sync lasts comm_s from its all-reduce's start (Streaming: τ steps before)
+            _pad(self._sync_start + self.comm_pad_s)
         end = time.perf_counter()
         if self._quorum_s or self._committed:  # a sync: the next step's deadline counts from its end
             self._deadline = end
