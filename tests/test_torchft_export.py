@@ -243,3 +243,58 @@ def test_a_torchft_run_of_an_exported_plan_validates(tmp_path):
     assert table["round_error_pct"].abs().max() <= 5.0, table
     with socket.socket() as s:  # the lighthouse is gone (run_all.sh stops it; run_export its group): the port binds
         s.bind(("127.0.0.1", port))
+
+
+def _stamp(line: str) -> float:
+    """Seconds of the day of a torchft (Rust) log line: 2026-12-07T14:11:53.928 [INFO] ..."""
+    clock = line.split("T", 1)[1].split(" ", 1)[0]
+    h, m, s = clock.split(":")
+    return 3600 * int(h) + 60 * int(m) + float(s)
+
+
+@pytest.mark.slow
+def test_timeouts_hold_a_replica_at_the_band_edge_and_trip_on_a_stopped_one(tmp_path):
+    """The slow replica's steps at the band's edge: no timeout trips in round 0. Then it is stopped (SIGKILL):
+    the fast one's quorum fails after the exported quorum_timeout_s, within +10%."""
+    import os
+    import signal
+    import subprocess
+
+    pytest.importorskip("torchft")
+    (tmp_path / "two.toml").write_text(TWO_NODES.replace("rounds = 2", "rounds = 3"))
+    out = tmp_path / "tf"
+    assert geodt_main(["plan", str(tmp_path / "two.toml"), "--strategy", "baseline", "--export", "torchft",
+                       str(out), "--emulate", "--time-scale", "4", "--lighthouse", f"127.0.0.1:{_free_port()}"]) == 0
+    slow_toml = out / "replica-slow.toml"
+    header = slow_toml.read_text().split("[timeouts]")[1].splitlines()[0]
+    band = float(header.split("the band ")[1].split("%")[0])
+    slow_toml.write_text(slow_toml.read_text().replace("step_s = 0.3 ", f"step_s = {0.3 * (1 + band / 100)!r} "))
+    quorum_timeout_s = tomllib.loads((out / "replica-fast.toml").read_text())["timeouts"]["quorum_timeout_s"]
+    assert quorum_timeout_s > 5.0  # the prediction's, not the floor
+    env = {**os.environ, "PYTHON": sys.executable}
+    procs = [subprocess.Popen([str(out / "lighthouse.sh")], start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(1)
+        fast, slow = (subprocess.Popen([str(out / f"replica-{n}.sh")], env=env, start_new_session=True, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in ("fast", "slow"))
+        procs += [fast, slow]
+        for line in slow.stdout:
+            if line.startswith("slow: round 0"):  # round 0 done at the band's edge: nothing tripped
+                os.killpg(slow.pid, signal.SIGKILL)
+                break
+        lines = fast.communicate(timeout=120)[0].splitlines()
+        assert fast.returncode != 0
+        assert any(line.startswith("fast: round 0") for line in lines)
+        started = [_stamp(li) for li in lines if "[Replica fast] Start quorum" in li]
+        failed = [_stamp(li) for li in lines if "lighthouse quorum failed" in li]
+        assert failed, "\n".join(lines[-20:])
+        trip_s = failed[0] - max(s for s in started if s <= failed[0])
+        print(f"quorum_timeout_s {quorum_timeout_s:.3f}, tripped after {trip_s:.3f} s")
+        assert quorum_timeout_s <= trip_s + 2e-3 and trip_s <= 1.1 * quorum_timeout_s
+    finally:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -117,6 +117,10 @@ def train(cfg: dict, run_dir: Path) -> Path:
                         loss.backward()
                     rec.loss(loss.item() * b["grad_accum"])
                     inner.step()
+                if (step + 1) % d["sync_every"] == 0:  # a round ended: say so (its row is in the recorder)
+                    r = rec.rows[-1]
+                    print(f"{rep['node']}: round {r['round']} compute {r['compute_s']:.3f} s idle {r['idle_s']:.3f} s "
+                          f"comm {r['comm_s']:.3f} s loss {r['loss']:.3f}", flush=True)
     finally:  # the rounds done are written also when torchft raises (a quorum or a collective timed out)
         rec.close()
         manager.shutdown(wait=False)
