@@ -202,6 +202,19 @@ def test_recorder_splits_compute_idle_and_sync(tmp_path):
     assert trace["round_start_s"].iloc[1] == trace["round_end_s"].iloc[0]
 
 
+def test_recorder_attached_after_diloco_says_so(tmp_path):
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 4)
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = _Manager(wait_s=0.0)
+    inner.register_step_post_hook(lambda *_: manager.start_quorum())  # DiLoCo's hook, registered first
+    rec = torchft_recorder.RoundRecorder(tmp_path, "n0", "baseline", sync_every=1, batch_size=1, seq_len=1)
+    rec.attach(manager, inner)
+    with pytest.raises(RuntimeError, match="attach it before entering torchft's DiLoCo"), rec.step():
+        model(torch.ones(1, 4)).sum().backward()
+        inner.step()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

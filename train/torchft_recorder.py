@@ -71,6 +71,7 @@ class RoundRecorder:
         self._quorum_s = 0.0
         self._committed = False
         self._hook = None
+        self._in_step = False
 
     def _fresh_round(self, start_s: float) -> dict:
         return {"compute_s": 0.0, "idle_s": 0.0, "comm_s": 0.0, "start_s": start_s, "overruns": 0}
@@ -85,6 +86,9 @@ class RoundRecorder:
         start_quorum, should_commit = manager.start_quorum, manager.should_commit
 
         def timed_quorum(*args, **kwargs):
+            if self._in_step and self._inner_end is None:  # DiLoCo's hook ran before ours: compute would hold the sync
+                raise RuntimeError("RoundRecorder: attach it before entering torchft's DiLoCo (its optimizer hook "
+                                   "must run before DiLoCo's, which syncs)")
             t0 = time.perf_counter()
             try:
                 return start_quorum(*args, **kwargs)
@@ -125,7 +129,11 @@ class RoundRecorder:
         """One inner step: forward, backward and the inner optimizer's step (DiLoCo syncs inside it)."""
         self._step_start = time.perf_counter()
         self._inner_end, self._quorum_s, self._committed = None, 0.0, False
-        yield self
+        self._in_step = True
+        try:
+            yield self
+        finally:
+            self._in_step = False
         if self._committed:  # the sync lasts comm_s from its all-reduce's start (Streaming: τ steps before)
             _pad(self._sync_start + self.comm_pad_s)
         end = time.perf_counter()
