@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt: unknown command {name!r}; expected one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module_name, function_name, _ = COMMANDS[name]
+    if name == "plan" and any(a == "--export" or a.startswith("--export=") for a in rest):
+        module_name, function_name = "geodt.torchft_export", "plan_export_main"  # plan, then its torchft launch
     # --help reads without torch: every command's parser is built from torch-free modules (tests/test_help.py)
     wants_help = any(a in ("-h", "--help") for a in rest)
     missing = [p for p in ("torch", "transformers")

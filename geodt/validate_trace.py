@@ -2,7 +2,9 @@
 
 RUN_DIR is the output directory of a real run: `geodt run --out RUN_DIR`, or rank 0's `--out`
 of `python -m real` under torchrun, on one machine or across machines (rank 0 gathers every
-node's rows into its trace.csv and copies plan.csv and scenario.toml beside it). The plan in
+node's rows into its trace.csv and copies plan.csv and scenario.toml beside it), or the folder of
+`geodt plan --export torchft DIR` after its torchft run (no trace.csv: each replica's recorder
+wrote DIR/traces/<node>.csv, read together as one). The plan in
 RUN_DIR/plan.csv (the one that ran) is simulated on RUN_DIR/scenario.toml and compared with
 RUN_DIR/trace.csv: the same validation.csv, validation.png, timeline.csv and trace.json as
 `geodt validate`, written into --out (default RUN_DIR/validation: the run's own
@@ -54,6 +56,8 @@ def load_run(run_dir: Path):
     from simulator.scenario import load_scenario
 
     for name in ("trace.csv", "plan.csv", "scenario.toml"):
+        if name == "trace.csv" and not (run_dir / name).exists() and per_replica_traces(run_dir):
+            continue
         if not (run_dir / name).is_file():
             raise InputError(f"--trace {run_dir}: {name} not found; expected a real run's --out (geodt run, or "
                              "rank 0's --out under torchrun)")
@@ -62,8 +66,9 @@ def load_run(run_dir: Path):
         plan = load_plan(run_dir / "plan.csv", seq_len=scenario.model.seq_len)
     except PlanError as exc:
         raise InputError(f"{run_dir / 'plan.csv'}: {exc}") from None
+    parts = [run_dir / "trace.csv"] if (run_dir / "trace.csv").exists() else per_replica_traces(run_dir)
     try:
-        trace = pd.read_csv(run_dir / "trace.csv")
+        trace = pd.concat([pd.read_csv(p) for p in parts], ignore_index=True)
     except (ValueError, OSError) as exc:
         raise InputError(f"{run_dir / 'trace.csv'}: not a readable CSV ({exc})") from None
     missing = [c for c in TRACE_COLUMNS[:6] + ["loss", "overrun_steps"] if c not in trace.columns]
@@ -81,6 +86,13 @@ def load_run(run_dir: Path):
     if trace["round"].max() >= rounds:
         raise InputError(f"{run_dir / 'trace.csv'}: round {trace['round'].max()} beyond the plan's {rounds} rounds")
     return scenario, plan, trace
+
+
+def per_replica_traces(run_dir: Path) -> list[Path]:
+    """RUN_DIR/traces/*.csv: one per replica, written by train/torchft_recorder.py (a torchft run of a plan
+    exported with geodt plan --export torchft), read as one trace.csv where RUN_DIR has none."""
+    folder = run_dir / "traces"
+    return sorted(p for p in folder.glob("*.csv") if p.is_file()) if folder.is_dir() else []
 
 
 def recorded_mode(trace, trace_path: Path) -> tuple[bool, float] | None:
