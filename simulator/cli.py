@@ -319,7 +319,7 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
         files = {"plan.csv": csv_bytes(plan_frame),
                  "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
                  "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode(),
-                 "loss.png": loss_figure(losses, setup),
+                 "loss.png": loss_figure(losses, setup, getattr(scenario.model.arch, "vocab_size", None)),
                  "idle.png": idle_figure([(s.plan.strategy, s.totals.nodes, s.totals.per_node[:, 1],
                                            pd.concat([t for t, _ in s.heads], ignore_index=True)) for s in sinks])}
         for name, data in files.items():
