@@ -62,7 +62,7 @@ def idle_figure_axes(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]]
     summarised = len(nodes) > SHOWN_NODES_MAX
     picked = edge_nodes(runs[0][2]) if summarised else np.arange(len(nodes))
     rows = len(picked)
-    height_ratios = [1.2] + ([1.0] if summarised else []) + [0.25 + 0.05 * rows] * len(shown)
+    height_ratios = [1.2] + ([1.0] if summarised else []) + [0.4 + 0.06 * rows] * len(shown)
     fig, axes = plt.subplots(len(height_ratios), 1, figsize=(9, 1.2 + 2.4 * sum(height_ratios)), dpi=100,
                              squeeze=False, height_ratios=height_ratios)
     _bars(axes[0, 0], runs, [nodes[i] for i in picked], plt.get_cmap("tab20").colors, len(nodes) if summarised else 0)
@@ -98,7 +98,7 @@ def _bars(ax, runs, nodes: list[str], colors, of_nodes: int) -> None:
                   f"nodes by {runs[0][0]}'s idle (every node: below, and in summary.csv)")
         ax.axvline(half - 0.5, color="black", lw=0.8, ls=":")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=min(len(runs), 5))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside: over the bars it hid some
     ax.grid(axis="y", alpha=0.3)
 
 
