@@ -81,6 +81,7 @@ def loss_figure_axes(losses: dict, setup, vocab_size: int | None = None):
     title = "predicted loss against time, per strategy"
     if vocab_size:
         title += f" (loss axis up to ln {vocab_size:,} = {math.log(vocab_size):.2f}, a uniform guess, at most)"
+    ax.set_xlim(left=0)  # time from the start of the run
     if right is not None:
         ax.set_xlim(0, right)
         cut = [f"{name} to {float(np.max(p['curve']['end_s'])):,.0f} s" for name, p in losses.items()
