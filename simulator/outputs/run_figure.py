@@ -9,8 +9,9 @@ round's sums in that order, not the overlap.
 
 Drawn in time and memory bounded whatever the node count: each colour of the timeline is one
 PolyCollection (not a patch per node-segment), and above SHOWN_NODES_MAX nodes the figure shows
-only the EDGE_NODES slowest (least idle) and EDGE_NODES fastest (most idle) nodes, plus a panel of
-the distribution over every node (a box per strategy), and says so in its titles. summary.csv and
+only the EDGE_NODES slowest and EDGE_NODES fastest nodes (the bars: by the first strategy's idle,
+least idle the slowest; each Gantt panel: by compute in its rounds), plus a panel of the
+distribution over every node (a box per strategy), and says so in its titles. summary.csv and
 the timeline keep every node.
 """
 from __future__ import annotations
