@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from formats.cli import OneLineParser, positive_float
@@ -33,7 +34,7 @@ from simulator.outputs.loss_figure import loss_figure
 from simulator.outputs.outputs import OutputError, StagedOutput, csv_bytes, write_output_set
 from simulator.outputs.perfetto import TRACE_MAX_NODE_ROUNDS, simulation_trace_text
 from simulator.outputs.report import answer
-from simulator.outputs.run_figure import idle_figure
+from simulator.outputs.run_figure import EDGE_NODES, SHOWN_NODES_MAX, edge_nodes, idle_figure
 from simulator.outputs.run_outputs import TIMELINE_FULL_MAX_ROWS, PlanSink, TableWriter, block_rounds, chunk_rounds
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
@@ -97,12 +98,23 @@ def format_table(summary: pd.DataFrame, plan_frame: pd.DataFrame) -> str:
     table.columns = ["node", "batch", "H", "compute_s", "idle_s", "sync_s", "tokens", "step"]
     total = {"node": "total", "batch": "", "H": "", **table[["compute_s", "idle_s", "sync_s", "tokens"]].sum(),
              "step": ""}
-    table = pd.concat([table, pd.DataFrame([total])], ignore_index=True)
-    table["tokens"] = table["tokens"].astype("int64")
     layout = plan_frame["sharding"] + plan_frame["activation_checkpointing"].map({"none": "", "full": "+recompute"})
     if (layout != "none").any():  # how each node holds its batch (simulator/models/memory.py), where any is sharded
-        table.insert(1, "memory", list(layout) + [""])
-    return table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+        table.insert(1, "memory", list(layout))
+    picked = edge_nodes(table["idle_s"].to_numpy()) if len(table) > SHOWN_NODES_MAX else None
+    if picked is not None:
+        table = table.iloc[picked]
+    table = pd.concat([table, pd.DataFrame([total])], ignore_index=True).fillna({"memory": ""})
+    table["tokens"] = table["tokens"].astype("int64")
+    text = table.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+    if picked is None:
+        return text
+    idle = summary["idle_s"].to_numpy(dtype=float)
+    lines = text.splitlines()
+    note = (f"(the {EDGE_NODES} slowest nodes, least idle, then the {EDGE_NODES} fastest, most idle, of "
+            f"{len(summary):,}: summary.csv holds every node; idle_s per node: min {idle.min():.2f}, median "
+            f"{np.median(idle):.2f}, p90 {np.quantile(idle, 0.9):.2f}, max {idle.max():.2f})")
+    return "\n".join([*lines[:-1], note, lines[-1]])
 
 
 TABLE_WIDTH = 120
@@ -115,8 +127,15 @@ PLAN_OPTIONAL = {"sharding": "none", "activation_checkpointing": "none", "cpu_qu
 def plan_text(frame: pd.DataFrame, wide: bool = False) -> str:
     """`geodt plan`'s table: the per-node columns that say what each node does, at most
     TABLE_WIDTH characters; --wide: every column of plan.csv (which always holds them all)."""
+    note = ""
+    if len(frame) > SHOWN_NODES_MAX:  # the slowest and fastest rounds' compute; plan.csv holds every node
+        compute_s = frame["step_s"].to_numpy(dtype=float) * frame["local_steps"].to_numpy(dtype=float)
+        note = (f"\n(the {EDGE_NODES} slowest nodes, most compute a round, then the {EDGE_NODES} fastest, of "
+                f"{len(frame):,}: plan.csv holds every node; step_s x local_steps per node: min "
+                f"{compute_s.min():.2f} s, median {np.median(compute_s):.2f} s, max {compute_s.max():.2f} s)")
+        frame = frame.iloc[edge_nodes(-compute_s)]
     if wide:
-        return frame.drop(columns=["strategy"]).to_string(index=False)
+        return frame.drop(columns=["strategy"]).to_string(index=False) + note
     extra = [c for c, default in PLAN_OPTIONAL.items()
              if c in frame and (frame[c].fillna("").astype(str) != str(default)).any()]
     while True:
@@ -125,7 +144,7 @@ def plan_text(frame: pd.DataFrame, wide: bool = False) -> str:
             break
         extra.pop()
     hidden = [c for c in frame.columns if c not in ["strategy", *PLAN_SHOWN, *extra]]
-    return text + f"\n(plan.csv also holds {', '.join(hidden)}; --wide prints them)"
+    return text + note + f"\n(plan.csv also holds {', '.join(hidden)}; --wide prints them)"
 
 
 def _parser(prog: str, plan_only: bool) -> OneLineParser:
@@ -336,7 +355,7 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
         files = {"plan.csv": csv_bytes(plan_frame),
                  "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
                  "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode(),
-                 "loss.png": loss_figure(losses, setup),
+                 "loss.png": loss_figure(losses, setup, getattr(scenario.model.arch, "vocab_size", None)),
                  "idle.png": idle_figure([(s.plan.strategy, s.totals.nodes, s.totals.per_node[:, 1],
                                            pd.concat([t for t, _ in s.heads], ignore_index=True)) for s in sinks])}
         for name, data in files.items():

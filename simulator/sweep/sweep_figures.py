@@ -6,8 +6,9 @@ has no idle, all nodes alike, are left out and counted in the title); medians ma
 winners.png: a table-like heatmap, per bandwidth (columns): the % (and count) of scenarios each
 strategy wins in each heterogeneity bin (the slowest node's step time over the fastest's at the
 baseline batch); top row by tokens per second, bottom row by idle at the baseline's token count.
-speedup.png: tokens per second over the baseline's, per strategy and bandwidth; a strategy doing
-other work in some scenarios (sweep.csv's `comparable` false) is named with a *, as in the findings.
+speedup.png: tokens per second over the baseline's, per strategy and bandwidth (log axis labelled at
+1, 2 and 5 times each power of ten). In speedup.png and winners.png a strategy doing other work in
+some scenarios (sweep.csv's `comparable` false) is named with a *, as in the findings.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ def winners_figure(data, path: Path) -> Path:
         names = shown[r]
         axes = subfigs[r].subplots(1, len(bws), squeeze=False)[0]
         for c, bw in enumerate(bws):
-            _winners_panel(axes[c], wins[(r, bw)], names, cmap, first=c == 0)
+            _winners_panel(axes[c], wins[(r, bw)], names, cmap, first=c == 0, marks=stats.other_work_mark)
             axes[c].set_title(f"{bw:g} Gbit/s", fontsize=9, loc="left")
             if r == len(rows) - 1:
                 axes[c].set_xlabel("slowest / fastest node step time (baseline batch)", fontsize=8)
@@ -117,14 +118,17 @@ def winners_figure(data, path: Path) -> Path:
         never = [s for s in strategies if s not in names]
         if never:
             subfigs[r].supxlabel("never wins: " + ", ".join(never), x=0.99, ha="right", fontsize=8, color="grey")
-    fig.suptitle("Which strategy wins: % of the scenarios in each heterogeneity bin (count in brackets)", fontsize=11)
+    marked = any(stats.other_work_mark(s) for names in shown for s in names)
+    fig.suptitle("Which strategy wins: % of the scenarios in each heterogeneity bin (count in brackets)"
+                 + (f"\n{OTHER_WORK_NOTE}" if marked else ""), fontsize=11 if not marked else 10)
     out = _save(fig, path)
     plt.close(fig)
     return out
 
 
-def _winners_panel(ax, win: pd.DataFrame, names: list[str], cmap, first: bool) -> None:
-    """One criterion at one bandwidth: per strategy (rows) and heterogeneity bin, the % of scenarios won."""
+def _winners_panel(ax, win: pd.DataFrame, names: list[str], cmap, first: bool, marks=lambda s: "") -> None:
+    """One criterion at one bandwidth: per strategy (rows) and heterogeneity bin, the % of scenarios won;
+    marks(strategy): "*" where it does other work in some scenarios (the findings' mark), else ""."""
     counts = pd.crosstab(win["strategy"], win["hetero"]).reindex(
         index=names, columns=HETERO_LABELS).fillna(0).astype(int)
     totals = win["hetero"].value_counts().reindex(HETERO_LABELS).fillna(0).astype(int)
@@ -137,7 +141,7 @@ def _winners_panel(ax, win: pd.DataFrame, names: list[str], cmap, first: bool) -
                 ax.text(x, y, f"{pct:.0f}%\n({n})" if pct >= 1 else f"<1%\n({n})", ha="center",
                         va="center", fontsize=7.5, color="white" if pct > 60 else "black")
     ax.set_xticks(range(len(HETERO_LABELS)), [f"{lab}\nn={n}" for lab, n in zip(HETERO_LABELS, totals)], fontsize=8)
-    ax.set_yticks(range(len(names)), names if first else [""] * len(names), fontsize=8.5)
+    ax.set_yticks(range(len(names)), [n + marks(n) for n in names] if first else [""] * len(names), fontsize=8.5)
     ax.set_xticks(np.arange(len(HETERO_LABELS) + 1) - 0.5, minor=True)
     ax.set_yticks(np.arange(len(names) + 1) - 0.5, minor=True)
     ax.grid(which="minor", color="white", lw=1.5)
@@ -165,7 +169,7 @@ def speedup_figure(data, path: Path) -> Path:
         ax.plot([], [], color=cmap(k / max(1, len(bws) - 1)), lw=6, label=f"{bw:g} Gbit/s")
     ax.set_xticks(range(len(strategies)))
     ax.set_xticklabels([s + stats.other_work_mark(s) for s in strategies], rotation=30)
-    ax.set_yscale("log")
+    _log_ticks(ax)
     ax.axhline(1, color="gray", lw=1, ls="--")
     ax.set_ylabel("tokens/s over the baseline's (log scale)")
     marked = any(stats.other_work.values())
@@ -177,6 +181,20 @@ def speedup_figure(data, path: Path) -> Path:
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def _log_ticks(ax) -> None:
+    """A log y axis labelled at 1, 2 and 5 times each power of ten, as plain numbers (0.05, 0.5, 2):
+    a range within a decade or two showed only 10^-1 and 10^0 before."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="y", which="minor", labelsize=7)
 
 
 def write_figures(data, out: Path) -> list[Path]:
