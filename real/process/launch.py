@@ -88,7 +88,7 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     if opts.on_node_loss == "continue":
         check_continue(opts)
     check_data_file(opts.data_path)
-    check_resume(opts)
+    check_resume(opts, [node.node for node in plan.nodes])
     if opts.data_path is not None:
         try:
             load_tokens(opts.data_path, arch.vocab_size)
@@ -496,8 +496,17 @@ def check_data_file(data_path) -> None:
         raise LaunchError(f"--data {data_path}: not a regular file; expected a .npy token array or a text file")
 
 
-def check_resume(opts: ExecOptions) -> None:
-    """--resume: there is something to resume in --out (else say so instead of starting afresh silently)."""
-    if opts.resume and not saved_checkpoints(opts.out_dir):
+def check_resume(opts: ExecOptions, names: list[str]) -> None:
+    """--resume: there is something to resume in --out (else say so instead of starting afresh silently),
+    and no node of the plan (`names`, in order) holds only sets that fail their checks (a resume from
+    the start would replace every other node's good sets: ckpt_set.unresumable)."""
+    from real.checkpoint.ckpt_set import unresumable
+
+    if not opts.resume:
+        return
+    if not saved_checkpoints(opts.out_dir):
         raise LaunchError(f"--resume: {Path(opts.out_dir) / 'checkpoints'} holds no checkpoint; expected the --out of "
                           "a run that stopped (--stop-after, Ctrl-C); drop --resume to start from the beginning")
+    why = unresumable(opts.out_dir, names)
+    if why is not None:
+        raise LaunchError(why)
