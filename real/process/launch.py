@@ -26,7 +26,8 @@ The launcher builds the WAN before spawning and removes it on every way out.
 
 The rendezvous has no authentication (anyone who reaches the port can join or disrupt a
 run): use it on trusted networks. A `host` other than the loopback prints a one-line warning
-saying so; 0.0.0.0 (every interface) is refused unless --allow-any-host (check_host_policy).
+saying so; the any-address (every interface, in any spelling: 0, ::, ::ffff:0.0.0.0) is refused
+unless --allow-any-host, broadcast and multicast always (resolved first, then judged: check_host_policy).
 It carries no pickles: everything exchanged is tensors.
 Inputs are checked here, before any process starts, so bad input fails fast with one line.
 """
@@ -160,11 +161,19 @@ def under_torchrun() -> bool:
 
 
 def resolve_host(host: str) -> str:
-    """The IPv4 address `host` names; LaunchError (one line) when it does not resolve."""
+    """The address `host` names, resolved before it is judged (check_host_policy): an IPv4 address
+    in any spelling inet_aton takes ("0", "0x0", "4294967295"), an IPv6 one (brackets allowed), an
+    IPv4-mapped IPv6 one as its IPv4 address (::ffff:0.0.0.0 binds 0.0.0.0), or a name's first IPv4
+    address; LaunchError (one line) when it does not resolve."""
+    text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        return ipaddress.ip_address(host).exploded
+        address = ipaddress.ip_address(text)
     except ValueError:
-        pass
+        address = None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    if address is not None:
+        return address.exploded if address.version == 4 else str(address)
     if not host or len(host) > 253:
         raise LaunchError(f"--host: expected an address or host name, got {host!r}")
     try:
@@ -175,12 +184,19 @@ def resolve_host(host: str) -> str:
 
 
 def check_host_policy(host: str, ip: str, allow_any: bool) -> str | None:
-    """--host: LaunchError for 0.0.0.0 (every interface) unless allowed; the warning line a
+    """--host, judged on the address it resolved to (resolve_host): LaunchError for the any-address
+    (every interface, in every spelling) unless allowed, and for a broadcast or multicast address
+    (no listener can be one: a run warned, then waited for peers forever); the warning line a
     non-loopback address gets (the rendezvous has no authentication), None on the loopback."""
-    address = ipaddress.ip_address(ip)
+    address = ipaddress.ip_address(ip.split("%")[0])
+    shown = host if host == ip else f"{host} ({ip})"
     if address.is_unspecified and not allow_any:
-        raise LaunchError(f"--host {host}: binds every interface of this machine and the rendezvous is "
+        raise LaunchError(f"--host {shown}: binds every interface of this machine and the rendezvous is "
                           f"unauthenticated; give one address of a trusted network, or --allow-any-host")
+    if address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+        kind = "multicast" if address.is_multicast else "broadcast"
+        raise LaunchError(f"--host {shown}: a {kind} address, which no rendezvous can listen on; expected one "
+                          f"address of this machine on a trusted network")
     if address.is_loopback:
         return None
     return (f"--host {host}: the rendezvous is unauthenticated: any process that can reach {ip} can join or "
