@@ -61,8 +61,8 @@ def read_convergence_profile(path: str | Path) -> pd.DataFrame:
         bad = values.isna() | ~values.abs().lt(float("inf"))
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0]) + 1
-            raise ConvergenceProfileError(f"{short(path)}: row {row}: {column} = {frame[column].iloc[row - 1]!r}; "
-                                          "expected a finite number")
+            shown = short(repr(frame[column].iloc[row - 1]))  # a 128 KiB cell is not echoed whole
+            raise ConvergenceProfileError(f"{short(path)}: row {row}: {column} = {shown}; expected a finite number")
         frame[column] = values
     if frame.empty:
         raise ConvergenceProfileError(f"{short(path)}: no rows; expected a run's node-rounds")

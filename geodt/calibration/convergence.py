@@ -44,6 +44,7 @@ FEWER_NODES = "fewer-nodes"
 
 def parser() -> argparse.ArgumentParser:
     from formats.cli import positive_float
+    from formats.owners import add_force_argument
 
     p = OneLineParser(prog="geodt calibrate convergence", description=__doc__.splitlines()[0])
     p.add_argument("scenario", help="a scenario TOML file or a built-in name (hetero-cpu)")
@@ -57,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
                         "step time every node steps alike and the plans' unequal work is lost")
     p.add_argument("--out", type=Path, default=None,
                    help="the profile CSV (default: out/<scenario>/convergence.csv); rows of finished runs are kept")
+    add_force_argument(p)
     return p
 
 
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"geodt calibrate convergence: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("out") / scenario.name / "convergence.csv"
+    out = args.out
     done = _done_runs(out)
     todo = [r for r in runs if r not in done]
     if done:
@@ -98,16 +100,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check(args):
     """(scenario, run names): the scenario loads, every run is known, the corpus is readable."""
+    from formats.convergence import read_convergence_profile
     from formats.errors import InputError
+    from formats.owners import check_file_owner
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    args.out = args.out or Path("out") / scenario.name / "convergence.csv"
+    why = check_file_owner(args.out, "convergence profile", read_convergence_profile, args.force)
+    if why is not None:  # a profile that fails its checks is not taken for an empty one
+        raise InputError(why)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     unknown = [r for r in runs if r not in RUNS]
     if unknown or not runs:
         raise InputError(f"--runs {args.runs}: unknown run {unknown[0] if unknown else '(none)'!r}; expected some "
                          f"of {', '.join(RUNS)}")
-    if "baseline" not in runs and not _done_runs(args.out or Path("out") / scenario.name / "convergence.csv"):
+    if "baseline" not in runs and not _done_runs(args.out):
         raise InputError(f"--runs {args.runs}: expected baseline among them (every run is measured against it)")
     from real.core.data import DataError, load_tokens
 
@@ -122,6 +130,7 @@ def _check(args):
 
 
 def _done_runs(out: Path) -> set[str]:
+    """The runs `out` holds (its checks were passed in _check, or --force replaces it: none)."""
     from formats.convergence import ConvergenceProfileError, read_convergence_profile
 
     if not out.exists():
@@ -129,7 +138,7 @@ def _done_runs(out: Path) -> set[str]:
     try:
         return set(read_convergence_profile(out)["run"])
     except ConvergenceProfileError:
-        return set()
+        return set()  # only under --force (_check refuses such a file otherwise): it is written over
 
 
 def _by_speed(scenario) -> list[str]:

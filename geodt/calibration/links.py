@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from formats.cli import OneLineParser
+from formats.owners import add_force_argument, check_file_owner
 from train.children import die_with_parent, leave
 
 KIB = 1024
@@ -70,6 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
+    add_force_argument(p)
     return p
 
 
@@ -468,11 +470,22 @@ def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
     return pd.DataFrame(records, columns=list(NET_COLUMNS + OPTIONAL_COLUMNS))
 
 
+def check_network_out(out: Path, force: bool) -> str | None:
+    """Why --out may not take a network profile (formats/owners.py check_file_owner), or None."""
+    from formats.netprofile import read_network_rows
+
+    return check_file_owner(out, "network profile", read_network_rows, force)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = Path(args.out)
     if not out.parent.is_dir() or (out.exists() and not out.is_file()):
         print(f"geodt calibrate network: {out}: expected a file path in an existing directory", file=sys.stderr)
+        return 2
+    why = check_network_out(out, args.force)
+    if why is not None:
+        print(f"geodt calibrate network: {why}", file=sys.stderr)
         return 2
     from tqdm import tqdm
 
