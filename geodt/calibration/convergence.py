@@ -11,11 +11,14 @@ leaves and rejoins, one node fewer (the replicas M), no barrier at all (async: a
 merges each node's pseudo-gradient on arrival; its rows carry the trace's per node-round staleness,
 which the loss model's update_staleness weighs). Every finished run's rows are added to the
 profile at once (written whole, temp name then rename), so an interrupted calibration keeps them
-and a rerun does only the rest.
+and a rerun does only the rest. Each run ends with this process (killed too: train/children.py),
+and its folder lies beside the profile under geodt's temporary name, removed by the next
+calibration into that profile when this one was killed (formats/owners.py).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import sys
@@ -24,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from formats.cli import OneLineParser
+from train.children import die_with_parent
 
 # name -> (strategy, scenario overrides, executor flags); "{node}" is the scenario's second-slowest node
 RUNS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -79,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(todo) or 'nothing more'}")
     from tqdm import tqdm
 
-    try:
-        with tempfile.TemporaryDirectory(prefix="geodt-convergence-") as tmp:
+    from formats.owners import TEMP_SUFFIX, remove_orphan_temps, temp_prefix
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphan_temps(out.parent, only=out.name)  # the runs' folders of a calibration that was killed
+    try:  # beside the profile, under geodt's temporary name: a killed calibration's is removed by the next
+        with tempfile.TemporaryDirectory(prefix=temp_prefix(out.name), suffix=TEMP_SUFFIX, dir=out.parent) as tmp:
             for name in tqdm(todo, desc="convergence runs", unit="run", disable=None):
                 status, log = _run_one(args, scenario, name, Path(tmp) / name)
                 if status != 0:
@@ -172,7 +180,8 @@ def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
                *checkpoints, *flags]
     for override in overrides:
         command += ["--set", override]
-    done = subprocess.run(command, capture_output=True, text=True)
+    parent = os.getpid()  # the run (and through it its workers) ends with this process, even on SIGKILL
+    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=lambda: die_with_parent(parent))
     return done.returncode, done.stdout + done.stderr
 
 

@@ -32,7 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from formats.cli import OneLineParser
-from formats.owners import add_force_argument, check_file_owner
+from formats.owners import TEMP_SUFFIX, add_force_argument, check_file_owner, remove_orphan_temps, temp_prefix
+from real.process.outdir import rendezvous_dir  # named after this process: a killed one's is removed
 from train.children import die_with_parent, leave
 
 KIB = 1024
@@ -327,7 +328,7 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     queue = ctx.Queue()
     args_dict = {"sizes": sizes, "repeats": repeats, "threads": threads, "ckpt_dir": ckpt_dir,
                  "parent_pid": os.getpid()}
-    with tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
+    with rendezvous_dir() as rdzv:
         return _spawn_and_collect(_spawn_entry, (processes, os.path.join(rdzv, "store"), args_dict, queue),
                                   processes, queue, progress)
 
@@ -439,7 +440,7 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with ShapedWan(nodes, latency_ms=latency_ms) as wan, \
-            tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
+            rendezvous_dir() as rdzv:
         if describe is not None:
             describe(wan.describe())
         inner = {}
@@ -494,9 +495,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = sizes_bytes(args.max_mib)
     rows_by_n = {}
+    remove_orphan_temps(out.parent, only=out.name)  # the checkpoint folder of a calibration that was killed
     try:
         with tqdm(total=len(sizes) * len(args.processes), desc="network", unit="size", file=sys.stderr) as bar, \
-                tempfile.TemporaryDirectory(prefix=".geodt-netcal-", dir=out.parent) as ckpt_dir:
+                tempfile.TemporaryDirectory(prefix=temp_prefix(out.name), suffix=TEMP_SUFFIX,
+                                            dir=out.parent) as ckpt_dir:
             for n in args.processes:
                 rows_by_n[n] = measure(n, sizes, args.repeats, args.threads, ckpt_dir, bar.update)
     except KeyboardInterrupt:
