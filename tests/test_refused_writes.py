@@ -1,0 +1,33 @@
+"""Refused means nothing written (issue 59): every refusal is decided before the first file or
+process, and a test lists the folder before and after.
+
+Was: a sweep refused for a target below the floor left spec.json and a parts folder, which then
+blocked the corrected rerun ("holds a sweep with other arguments")."""
+from __future__ import annotations
+
+import pytest
+
+from simulator.sweep.sweep_cli import main as sweep
+
+SMALL = ["--nodes", "2", "--gpus-per-node", "1", "--gpu-types", "a30,t4", "--bandwidth-gbps", "1",
+         "--samples", "4", "--seed", "5", "--chunk", "4", "--workers", "1", "--no-figures"]
+
+
+def _listing(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else None
+
+
+@pytest.mark.parametrize("target, message", [("0.01", "at or below the loss floor"),
+                                              ("1000", "at or above the loss at the curve's start")])
+def test_a_sweep_refused_for_its_target_writes_nothing_and_the_corrected_rerun_runs(tmp_path, capsys, target,
+                                                                                      message):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    before = _listing(out)
+    assert sweep([*SMALL, "--target-loss", target, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert _listing(out) == before
+    assert sweep([*SMALL, "--target-loss", "5", "--out", str(out)]) == 0  # the corrected rerun
+    assert (out / "sweep.csv").exists() or (out / "sweep").is_dir()
