@@ -31,3 +31,18 @@ def test_a_sweep_refused_for_its_target_writes_nothing_and_the_corrected_rerun_r
     assert _listing(out) == before
     assert sweep([*SMALL, "--target-loss", "5", "--out", str(out)]) == 0  # the corrected rerun
     assert (out / "sweep.csv").exists() or (out / "sweep").is_dir()
+
+
+def test_a_scenario_file_with_a_utf8_byte_order_mark_loads(tmp_path):
+    """Was: "Invalid statement (at line 1, column 1)" for a file an editor saved with a BOM."""
+    from real.core.config import load_run_spec
+    from simulator.scenario import BUILTIN_DIR, load_scenario
+
+    text = (BUILTIN_DIR / "hetero-cpu.toml").read_text()
+    (tmp_path / "bom.toml").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    (tmp_path / "plain.toml").write_text(text)
+    bom, plain = load_scenario(str(tmp_path / "bom.toml")), load_scenario(str(tmp_path / "plain.toml"))
+    assert bom.to_table() == plain.to_table()
+    (tmp_path / "run.toml").write_text(plain.to_toml())
+    (tmp_path / "bom-run.toml").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "run.toml").read_bytes())
+    assert load_run_spec(tmp_path / "bom-run.toml") == load_run_spec(tmp_path / "run.toml")
