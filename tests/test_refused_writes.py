@@ -46,3 +46,19 @@ def test_a_scenario_file_with_a_utf8_byte_order_mark_loads(tmp_path):
     (tmp_path / "run.toml").write_text(plain.to_toml())
     (tmp_path / "bom-run.toml").write_bytes(b"\xef\xbb\xbf" + (tmp_path / "run.toml").read_bytes())
     assert load_run_spec(tmp_path / "bom-run.toml") == load_run_spec(tmp_path / "run.toml")
+
+
+@pytest.mark.slow
+def test_a_mismatched_resume_names_the_key_that_differs(tmp_path, capsys):
+    """Was: two opaque run-identity digests; docs/RUNNING.md promises the key. The folder stays as it was."""
+    from geodt.run_cmd import run_main
+
+    run = ["hetero-cpu", "--strategy", "baseline", "--emulate", "--no-progress", "--set", "training.rounds=3",
+           "--set", "training.local_steps=2", "--checkpoint-every", "1", "--stop-after", "1", "--out", str(tmp_path / "r")]
+    assert run_main(run) == 0
+    before = {p: p.read_bytes() for p in sorted((tmp_path / "r").rglob("*")) if p.is_file()}
+    capsys.readouterr()
+    assert run_main([*run, "--resume", "--set", "seed=7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ": seed: the checkpoints were made with 0, this run has 7; expected the scenario" in err[0], err
+    assert {p: p.read_bytes() for p in sorted((tmp_path / "r").rglob("*")) if p.is_file()} == before
