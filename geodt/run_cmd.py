@@ -94,7 +94,8 @@ def _prepare(prog: str, args: argparse.Namespace):
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
     from real.core.config import ConfigError
     from real.process.cli import exec_options
-    from real.process.launch import LaunchError, check_inputs
+    from real.process.launch import LaunchError, check_disk_space, check_inputs
+    from real.process.outdir import OutDirError
     from simulator.cli import check_work, default_out, target_override
     from simulator.outputs.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
@@ -132,6 +133,12 @@ def _prepare(prog: str, args: argparse.Namespace):
     lock = _claim(prog, out, args.force, opts.resume)
     if isinstance(lock, int):
         return lock
+    try:  # room for the checkpoints, judged before plan.csv and scenario.toml replace anything
+        check_disk_space(spec, real_plan, opts, out)
+    except OutDirError as exc:
+        lock.release()
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs/outputs.py)
         write_output_set(out, {"plan.csv": csv_bytes(frame), "scenario.toml": toml_text.encode()}, owned=())
     except OutputError as exc:

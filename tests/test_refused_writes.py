@@ -62,3 +62,36 @@ def test_a_mismatched_resume_names_the_key_that_differs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and ": seed: the checkpoints were made with 0, this run has 7; expected the scenario" in err[0], err
     assert {p: p.read_bytes() for p in sorted((tmp_path / "r").rglob("*")) if p.is_file()} == before
+
+
+RUN = ["hetero-cpu", "--strategy", "baseline", "--emulate", "--no-progress", "--set", "training.rounds=2"]
+
+
+def test_a_run_refused_for_disk_space_writes_no_plan(tmp_path, capsys, monkeypatch):
+    """Was: plan.csv and scenario.toml written, then the refusal."""
+    import shutil
+
+    import real.process.outdir
+    from geodt.run_cmd import run_main
+
+    monkeypatch.setattr(real.process.outdir.shutil, "disk_usage",
+                        lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**5, 10**5))
+    out = tmp_path / "run"
+    assert run_main([*RUN, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "97.7 KiB free; the run needs about" in err[0], err
+    assert _listing(out) in (None, [])
+
+
+def test_a_corpus_too_short_for_every_node_is_refused_before_any_process(tmp_path, capsys):
+    """Was: refused by the workers, after 4 processes started (30 s here), plan.csv and scenario.toml written."""
+    import numpy as np
+
+    from geodt.run_cmd import run_main
+
+    np.save(tmp_path / "short.npy", np.arange(40, dtype=np.int64))
+    out = tmp_path / "run"
+    assert run_main([*RUN, "--data", str(tmp_path / "short.npy"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "40 tokens make shards of 10, fewer than seq_len=" in err[0], err
+    assert _listing(out) in (None, [])

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from formats.plan import Plan
 from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
-from real.core.data import load_tokens
+from real.core.data import ArrayShard, load_tokens
 from real.core.options import ExecOptions
 from real.core.streaming import StreamingSpec
 from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
@@ -91,8 +91,10 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     check_data_file(opts.data_path)
     check_resume(opts, [node.node for node in plan.nodes])
     if opts.data_path is not None:
-        try:
-            load_tokens(opts.data_path, arch.vocab_size)
+        try:  # a corpus too short for a window per node: refused here, not after the processes started
+            tokens = load_tokens(opts.data_path, arch.vocab_size)
+            ArrayShard(tokens, spec.model.seq_len, 0, 1 if opts.replicate_data else len(plan.nodes),
+                       str(opts.data_path))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     return spec, plan
