@@ -33,12 +33,12 @@ def descendants(pid: int) -> list[int]:
 
 
 def kill_once_training(cmd: list[str], workers: int, start_s: float = 240.0, end_s: float = 30.0,
-                       worker_cpu_s: float = 4.0):
+                       worker_cpu_s: float = 4.0, env: dict | None = None):
     """Start `cmd`, wait until it has at least `workers` + 1 descendants (its run and the run's
     workers) and the newest `workers` have each used `worker_cpu_s` of CPU (past their imports:
     a worker still importing torch leaves only when it gets to train/children.py's check),
     SIGKILL it alone, and return (its descendants then, those still running `end_s` later)."""
-    proc = subprocess.Popen(cmd, env=launcher_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, env=env or launcher_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     found: list[int] = []
     try:
