@@ -70,3 +70,24 @@ def test_rotation_keeps_the_newest_before_the_written_round_and_the_floor():
     assert rotated([1, 2, 3, 4, 7, 8], 4) == [1]
     assert rotated([1, 2, 3, 4], 4, floor=1) == []
     assert rotated([3, 4, 5, 1], 1) == []
+
+
+def test_unresumable_names_the_node_whose_every_set_fails_and_what_the_others_hold(tmp_path):
+    from real.checkpoint.ckpt_set import unresumable
+
+    out = tmp_path / "out"
+    for index in range(3):
+        for round_ in (2, 3, 4):
+            write_set(out, index, round_, "run", _parts(round_), 0.0)
+    assert unresumable(out, ["a", "b", "c"]) is None
+    for round_ in (2, 3, 4):
+        path = out / "checkpoints" / "node1" / f"round-{round_:06d}" / "global.pt"
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 1
+        path.write_bytes(bytes(data))
+    (out / "checkpoints" / "node2" / "round-000004" / "manifest.json").write_text("{}")
+    why = unresumable(out, ["a", "b", "c"])
+    assert why.startswith(f"--resume: node b has no checkpoint that verifies: {out / 'checkpoints' / 'node1'} holds "
+                          "round 2: global.pt fails its blake2b digest")
+    assert "sets that verify: a: rounds 2, 3, 4; c: rounds 2, 3; nothing was changed" in why
+    assert "\n" not in why

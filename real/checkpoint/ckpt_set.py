@@ -297,27 +297,36 @@ def unresumable(out_dir: str | Path, names: list[str], width: int = 120) -> str 
     """Why --resume must not start: a node holding sets none of which verifies (its sets named, each
     one's reason cut to `width`), with what the other nodes hold; None when every node that holds a
     set holds one that verifies. A resume from the start would replace every node's sets, so nothing
-    is touched: the user restores the node's sets or moves them aside."""
-    held, bad = {}, []
-    for index, name in enumerate(names):
-        reasons = {}
-        for round_, directory in sorted(set_rounds(out_dir, index).items()):
-            try:
-                verify(directory, round_, index)
-                held.setdefault(name, []).append(round_)
-            except (ValueError, OSError, KeyError, TypeError) as exc:
-                reasons[round_] = str(exc)[:width]
-        if reasons and name not in held:
-            bad.append((name, index, reasons))
+    is touched: the user restores the node's sets or moves them aside. Each node's sets are read
+    newest first up to the first that verifies (the nodes read them again as they resume); all of
+    them only to word a refusal."""
+    bad = [(name, index, reasons) for index, name in enumerate(names)
+           if (reasons := _failures(out_dir, index, width, stop_at_good=True)) is not None and reasons]
     if not bad:
         return None
+    held = {name: sorted(set(set_rounds(out_dir, index)) - set(_failures(out_dir, index, width) or {}))
+            for index, name in enumerate(names) if all(name != b[0] for b in bad)}
     name, index, reasons = bad[0]
-    sets = "; ".join(f"round {r}: {why}" for r, why in reasons.items())
-    others = "; ".join(f"{n}: rounds {', '.join(map(str, rs))}" for n, rs in held.items()) or "none"
+    sets = "; ".join(f"round {r}: {why}" for r, why in sorted(reasons.items()))
+    others = "; ".join(f"{n}: rounds {', '.join(map(str, rs))}" for n, rs in held.items() if rs) or "none"
     also = f" (so do node {', '.join(b[0] for b in bad[1:])})" if len(bad) > 1 else ""
     return (f"--resume: node {name} has no checkpoint that verifies{also}: {node_dir(out_dir, index)} holds {sets}; "
             f"sets that verify: {others}; nothing was changed: restore node {name}'s sets, or move "
             f"{node_dir(out_dir, index)} aside to resume from the start")
+
+
+def _failures(out_dir, index: int, width: int, stop_at_good: bool = False) -> dict[int, str] | None:
+    """{round: reason} of node `index`'s sets that fail `verify`, newest first; with `stop_at_good`,
+    None as soon as one verifies (the node can resume)."""
+    reasons = {}
+    for round_, directory in sorted(set_rounds(out_dir, index).items(), reverse=True):
+        try:
+            verify(directory, round_, index)
+            if stop_at_good:
+                return None
+        except (ValueError, OSError, KeyError, TypeError) as exc:
+            reasons[round_] = str(exc)[:width]
+    return reasons
 
 
 def load_set(directory: Path) -> dict:
