@@ -13,6 +13,7 @@ from pathlib import Path
 
 from facts.presets import PresetError, load_arch
 from formats.cli import DIGITS, OneLineParser, non_negative_int, positive_int
+from formats.owners import add_force_argument
 from formats.profile import ProfileError
 from formats.scenario import compiled_step
 from formats.sections import COMPILE_MODES
@@ -91,6 +92,7 @@ def calibrate_parser() -> argparse.ArgumentParser:
                    help="the step's torch.compile'd blocks, as [training] compile: on, off, or auto "
                    "(on for CUDA devices, off for CPU) [auto]")
     p.add_argument("--out", required=True, type=Path, help="profile CSV; an existing one is completed")
+    add_force_argument(p)
     return p
 
 
@@ -207,7 +209,7 @@ def _open_jobs(args, arch, batches) -> tuple[str, int, list]:
             identity = {"device_name": info.device_name, "device_index": info.device_index,
                         "gpu_key": info.gpu_key, "model": arch.name, "seq_len": args.seq_len, "dtype": dtype,
                         "compiled": compiled_step(args.compile, device != "cpu")}
-            jobs.append((info, ProfileWriter(out, identity)))
+            jobs.append((info, ProfileWriter(out, identity, force=args.force)))
     except (HarnessError, ProfileError):
         for _, writer in jobs:
             writer.close()

@@ -62,8 +62,9 @@ def _file_mode(path: Path) -> int:
 class ProfileWriter:
     """The rows of one profile file: those already on disk plus those appended now."""
 
-    def __init__(self, path: str | Path, identity: dict[str, str]):
-        """Open `path` for a profile of `identity` (IDENTITY column -> value as written)."""
+    def __init__(self, path: str | Path, identity: dict[str, str], force: bool = False):
+        """Open `path` for a profile of `identity` (IDENTITY column -> value as written); `force`:
+        a file there that is not such a profile is written over instead of refused (--force)."""
         self.path = Path(path)
         check_writable(self.path)
         identity = {"compiled": False, **identity}  # an eager step unless said otherwise
@@ -72,6 +73,11 @@ class ProfileWriter:
         self._lock = self._take_lock()
         try:
             self._read_existing()
+        except ProfileError:
+            if not force:
+                self.close()
+                raise
+            self.rows = []  # --force: the file is replaced by this profile's rows
         except BaseException:  # a refused --out leaves no lock file behind
             self.close()
             raise
@@ -89,7 +95,7 @@ class ProfileWriter:
                     raise ProfileError(
                         f"{self.path}: column {column!r}: file holds {', '.join(map(repr, have))}; expected "
                         f"{self.identity[column]!r} (a profile is one device, model, seq_len and dtype; "
-                        "use another --out)")
+                        "use another --out, or --force to write over it)")
             self.rows = frame[list(COLUMNS)].to_dict("records")
 
     def _take_lock(self) -> FileLock:

@@ -61,8 +61,8 @@ def read_convergence_profile(path: str | Path) -> pd.DataFrame:
         bad = values.isna() | ~values.abs().lt(float("inf"))
         if bad.any():
             row = int(bad.to_numpy().nonzero()[0][0]) + 1
-            raise ConvergenceProfileError(f"{short(path)}: row {row}: {column} = {frame[column].iloc[row - 1]!r}; "
-                                          "expected a finite number")
+            shown = short(repr(frame[column].iloc[row - 1]))  # a 128 KiB cell is not echoed whole
+            raise ConvergenceProfileError(f"{short(path)}: row {row}: {column} = {shown}; expected a finite number")
         frame[column] = values
     if frame.empty:
         raise ConvergenceProfileError(f"{short(path)}: no rows; expected a run's node-rounds")
@@ -76,4 +76,34 @@ def read_convergence_profile(path: str | Path) -> pd.DataFrame:
     if frame[["model", "seq_len", "corpus"]].drop_duplicates().shape[0] > 1:
         raise ConvergenceProfileError(f"{short(path)}: runs of several models, sequence lengths or corpora; "
                                       "expected one (one profile per model and corpus)")
+    check_learning(frame, short(path))
     return frame
+
+
+def check_learning(frame: pd.DataFrame, shown: str) -> None:
+    """What a profile claims of its runs: tokens >= 0 and some in every run (all zero gave "SVD did
+    not converge"), params and seq_len positive, and its reference run's loss falling with tokens
+    (a rising one was fitted and predicted loss 1.0); ConvergenceProfileError naming the field."""
+    for column in ("tokens", "staleness"):
+        bad = frame[column] < 0
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0]) + 1
+            raise ConvergenceProfileError(f"{shown}: row {row}: {column} = {frame[column].iloc[row - 1]:g}; "
+                                          "expected a number >= 0")
+    for column in ("params", "seq_len"):
+        if not (frame[column] > 0).all():
+            raise ConvergenceProfileError(f"{shown}: {column} = {frame[column].min():g}; expected a positive "
+                                          "number (the model the profile was measured on)")
+    idle = frame.groupby("run", sort=False)["tokens"].sum()
+    if (idle <= 0).any():
+        raise ConvergenceProfileError(f"{shown}: run {short(str(idle[idle <= 0].index[0]))}: tokens: 0 on every "
+                                      "row; expected the tokens each node-round trained on")
+    named = frame[frame["run"] == "baseline"]
+    base = named if len(named) else frame[frame["strategy"] == "baseline"]
+    base = base[base["run"] == base["run"].iloc[0]]
+    trained = base[base["tokens"] > 0].groupby("round")["loss"].mean().sort_index()
+    if len(trained) >= 2 and not trained.iloc[-1] < trained.iloc[0]:
+        raise ConvergenceProfileError(
+            f"{shown}: run {short(str(base['run'].iloc[0]))}: loss: {trained.iloc[0]:.4g} at round "
+            f"{int(trained.index[0])}, {trained.iloc[-1]:.4g} at round {int(trained.index[-1])}; expected a loss "
+            "that falls with tokens (a learning run)")

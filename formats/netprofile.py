@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from formats.files import read_regular_file
+from formats.files import read_regular_file, short
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
 NET_COLUMNS: tuple[str, ...] = (
@@ -56,7 +56,8 @@ def read_network_rows(path: str | Path) -> pd.DataFrame:
     rows = []
     for i, row in enumerate(frame.to_dict("records"), start=2):
         if row["kind"] not in KINDS:
-            raise NetProfileError(f"{path}: line {i}: kind: expected one of {', '.join(KINDS)}, got {row['kind']!r}")
+            raise NetProfileError(f"{path}: line {i}: kind: expected one of {', '.join(KINDS)}, "
+                                  f"got {short(repr(row['kind']))}")
         column = "seconds_mean" if row.get("seconds_mean") else "seconds_median"
         try:
             processes, size, seconds = int(row["processes"]), float(row["size"]), float(row[column])
@@ -67,10 +68,10 @@ def read_network_rows(path: str | Path) -> pd.DataFrame:
         dtype, collective = row.get("payload_dtype") or "fp32", row.get("collective") or "ring"
         if dtype not in PAYLOAD_BYTES:
             raise NetProfileError(f"{path}: line {i}: payload_dtype: expected one of {', '.join(PAYLOAD_BYTES)}, "
-                                  f"got {dtype!r}")
+                                  f"got {short(repr(dtype))}")
         if collective not in COLLECTIVES:
             raise NetProfileError(f"{path}: line {i}: collective: expected one of {', '.join(COLLECTIVES)}, "
-                                  f"got {collective!r}")
+                                  f"got {short(repr(collective))}")
         rows.append((row["kind"], processes, row["backend"], size, seconds, dtype, collective, row.get("node", "")))
     return pd.DataFrame(rows, columns=["kind", "processes", "backend", "size", "seconds", "payload_dtype",
                                        "collective", "node"])

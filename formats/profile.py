@@ -86,5 +86,6 @@ def read_profile_frame(path: str | Path, *, drop_truncated: bool = False) -> pd.
     if missing:
         raise ProfileError(f"{short(path)}: column {missing[0]!r} missing; expected columns {', '.join(COLUMNS)}")
     if extra:
-        raise ProfileError(f"{short(path)}: column {extra[0]!r} unknown; expected columns {', '.join(COLUMNS)}")
+        raise ProfileError(f"{short(path)}: column {short(repr(extra[0]))} unknown; expected columns "
+                           f"{', '.join(COLUMNS)}")
     return frame

@@ -94,7 +94,8 @@ def _prepare(prog: str, args: argparse.Namespace):
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
     from real.core.config import ConfigError
     from real.process.cli import exec_options
-    from real.process.launch import LaunchError, check_inputs
+    from real.process.launch import LaunchError, check_disk_space, check_inputs
+    from real.process.outdir import OutDirError
     from simulator.cli import check_work, default_out, target_override
     from simulator.outputs.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
@@ -132,6 +133,12 @@ def _prepare(prog: str, args: argparse.Namespace):
     lock = _claim(prog, out, args.force, opts.resume)
     if isinstance(lock, int):
         return lock
+    try:  # room for the checkpoints, judged before plan.csv and scenario.toml replace anything
+        check_disk_space(spec, real_plan, opts, out)
+    except OutDirError as exc:
+        lock.release()
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
     try:  # plan.csv and scenario.toml as a set: both or neither (simulator/outputs/outputs.py)
         write_output_set(out, {"plan.csv": csv_bytes(frame), "scenario.toml": toml_text.encode()}, owned=())
     except OutputError as exc:
@@ -185,9 +192,41 @@ def check_resumable(spec, plan, opts) -> None:
             theirs[manifest] = None  # a damaged set: the nodes' own checks name it and fall back
     if theirs and mine not in theirs.values():  # one set of this run is enough: the nodes pick what verifies
         manifest, other = next(iter(theirs.items()))
+        differs = differing_setting(manifest.parent, run_config(spec, plan, opts), nodes)
+        if differs is not None:
+            key, was, now = differs
+            raise LaunchError(f"--resume: {manifest.parent}: {key}: the checkpoints were made with {was!r}, this run "
+                              f"has {now!r}; expected the scenario, strategy, --set and options of the run being "
+                              "resumed (or a new --out)")
         raise LaunchError(f"--resume: {manifest}: run_identity: the checkpoints were made by another plan or "
                           f"settings ({other}, this run is {mine}); expected the scenario, strategy, --set and "
                           f"options of the run being resumed (or a new --out)")
+
+
+def differing_setting(directory, config: dict, nodes: list) -> tuple[str, object, object] | None:
+    """(key, the checkpoint's value, this run's) of the first run setting or plan node that differs
+    from the set in `directory` (its node.pt's run_config, read once the set verifies, with
+    weights_only and mmap: its tensors stay on disk); None when the set cannot tell (it does not
+    verify, or nothing differs: the identity's digest is all there is)."""
+    import torch
+
+    from real.checkpoint.ckpt_set import verify
+
+    try:
+        manifest = verify(directory, int(directory.name.removeprefix("round-")), int(directory.parent.name[4:]))
+        state = torch.load(directory / "node.pt", map_location="cpu", weights_only=True, mmap=True)
+        saved, index = state["run_config"], int(manifest["node"])
+        theirs = (state["node"], state["gpus"], state["batch_size"], state["local_steps"])
+    except Exception:  # a damaged or foreign set: the digests are all there is to say
+        return None
+    for key in sorted(set(saved) | set(config)):
+        if saved.get(key) != config.get(key):
+            return key, saved.get(key), config.get(key)
+    if len(nodes) != state["nodes"]:
+        return "nodes", state["nodes"], len(nodes)
+    if index < len(nodes) and tuple(nodes[index]) != theirs:
+        return (f"plan node {index} (name, devices, batch_size, local_steps)", theirs, tuple(nodes[index]))
+    return None
 
 
 def validate_loss_setup(scenario, args):

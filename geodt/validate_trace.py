@@ -9,6 +9,10 @@ RUN_DIR/plan.csv (the one that ran) is simulated on RUN_DIR/scenario.toml and co
 RUN_DIR/trace.csv: the same validation.csv, validation.png, timeline.csv and trace.json as
 `geodt validate`, written into --out (default RUN_DIR/validation: the run's own
 files are left as they are). Nothing runs; nothing of the machine this runs on is measured.
+RUN_DIR may come from elsewhere: it is data, never directions. No output goes through a
+symbolic link found in it (check_out), --out takes the owner rule of every command
+(formats/owners.py, --force), and rows that would give a silent wrong answer (a (node, round)
+twice, a time that is NaN or negative) are refused in one line (check_rows).
 
 How the run was made comes from trace.csv's run columns (`mode`, `time_scale`; real/rounds/trace.py):
 an emulated run's validation says "emulated" everywhere (table, verdict, trace.json's tracks,
@@ -30,6 +34,7 @@ def wants_trace(argv: list[str]) -> bool:
 
 def _parser():
     from formats.cli import OneLineParser
+    from formats.owners import add_force_argument
 
     parser = OneLineParser(prog="geodt validate --trace", description=__doc__.splitlines()[0])
     parser.add_argument("--trace", required=True, metavar="RUN_DIR",
@@ -44,6 +49,7 @@ def _parser():
                         help="the emulated run's --time-scale (its times are divided by X); only for a trace that "
                              "does not record it (trace.csv's time_scale column)")
     parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
+    add_force_argument(parser)
     return parser
 
 
@@ -82,6 +88,7 @@ def load_run(run_dir: Path):
                          f"{', '.join(map(str, unknown)) or 'as planned'}, "
                          f"strategy {', '.join(map(str, set(trace['strategy'])))}); "
                          "expected the trace of this plan")
+    check_rows(trace, run_dir / "trace.csv")
     rounds = plan.rounds or scenario.training.rounds
     if trace["round"].max() >= rounds:
         raise InputError(f"{run_dir / 'trace.csv'}: round {trace['round'].max()} beyond the plan's {rounds} rounds")
@@ -93,6 +100,62 @@ def per_replica_traces(run_dir: Path) -> list[Path]:
     exported with geodt plan --export torchft), read as one trace.csv where RUN_DIR has none."""
     folder = run_dir / "traces"
     return sorted(p for p in folder.glob("*.csv") if p.is_file()) if folder.is_dir() else []
+
+
+TIME_COLUMNS = ("compute_s", "idle_s", "comm_s", "round_start_s", "round_end_s")
+
+
+def check_rows(trace, trace_path: Path) -> None:
+    """InputError (one line) for rows that would give a silent wrong answer: a time that is not a
+    finite number >= 0 (NaN ended in a traceback), a round that is not a whole number >= 0, and a
+    (node, round) given twice (a trace with every row twice reported idle and rounds doubled)."""
+    import numpy as np
+    import pandas as pd
+
+    from formats.errors import InputError
+    from formats.files import short
+
+    for column in ("round", *TIME_COLUMNS):
+        values = pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=float)
+        bad = ~(np.isfinite(values) & (values >= 0)) | ((values != np.round(values)) if column == "round" else False)
+        if bad.any():
+            at = int(np.flatnonzero(bad)[0])
+            what = "a whole number >= 0" if column == "round" else "a finite number of seconds >= 0"
+            raise InputError(f"{trace_path}: line {at + 2}: {column} = {short(str(trace[column].iloc[at]))}; "
+                             f"expected {what}")
+        trace[column] = values
+    twice = trace.duplicated(["node", "round"], keep="first").to_numpy()
+    if twice.any():
+        at = int(np.flatnonzero(twice)[0])
+        node, round_ = trace["node"].iloc[at], int(trace["round"].iloc[at])
+        raise InputError(f"{trace_path}: line {at + 2}: node {short(str(node))} round {round_} is given "
+                         f"{int(((trace['node'] == node) & (trace['round'] == round_)).sum())} times; expected one "
+                         "row per node and round (a trace concatenated twice?)")
+
+
+def check_out(run_dir: Path, out: Path) -> None:
+    """InputError when an output would go through a symbolic link inside RUN_DIR: a run folder
+    from another machine is data, never directions (a planted `validation` link replaced a
+    user's validation.csv elsewhere). --out outside RUN_DIR is the user's own choice."""
+    import os
+
+    from formats.errors import InputError
+    from formats.files import short
+
+    try:
+        parts = out.relative_to(run_dir).parts
+    except ValueError:
+        return
+    path = run_dir
+    for part in parts:
+        path = path / part
+        if path.is_symlink():
+            raise InputError(f"--trace {run_dir}: {path.relative_to(run_dir)} is a symbolic link (to "
+                             f"{short(os.readlink(path))}); geodt never writes through a link found in a run "
+                             "folder; remove it, or give --out outside the run folder")
+        if path.exists() and not path.is_dir():
+            raise InputError(f"--trace {run_dir}: {path.relative_to(run_dir)} is not a directory; expected a "
+                             "folder for the validation's outputs, or give --out")
 
 
 def recorded_mode(trace, trace_path: Path) -> tuple[bool, float] | None:
@@ -138,6 +201,7 @@ def run_mode(args, record: tuple[bool, float] | None, trace_path: Path) -> tuple
 def trace_main(argv: list[str]) -> int:
     """Validate an existing run's trace; 0, or 2 with one line for bad input."""
     from formats.errors import InputError
+    from formats.owners import check_owner
     from geodt.validation import predicted_timeline, report
     from simulator.cli import check_work
     from simulator.outputs.outputs import write_csv
@@ -150,6 +214,10 @@ def trace_main(argv: list[str]) -> int:
             raise InputError(f"--trace {run_dir}: not a directory; expected a real run's --out")
         if args.time_scale is not None and not (0 < args.time_scale < float("inf")):
             raise InputError(f"--time-scale: expected a finite positive number, got {args.time_scale}")
+        check_out(run_dir, out)
+        why = check_owner(out, "validate", args.force)
+        if why is not None:
+            raise InputError(why)
         scenario, plan, trace = load_run(run_dir)
         record = recorded_mode(trace, run_dir / "trace.csv")
         check_work(scenario, str(run_dir / "scenario.toml"), [plan.strategy], large=False)

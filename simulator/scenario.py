@@ -186,7 +186,7 @@ def _read_source(source: str) -> tuple[dict, str]:
     except InputError as exc:
         raise InputError(str(exc).replace(_short(path), _short(source), 1)) from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # an editor's byte-order mark is not a TOML statement
     except UnicodeDecodeError as exc:
         raise InputError(f"{_short(source)}: cannot read scenario file "
                          f"(not UTF-8: {exc.reason} at byte {exc.start})") from None

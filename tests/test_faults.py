@@ -163,6 +163,34 @@ def test_a_node_without_any_set_resumes_everyone_from_the_start_bitwise(tmp_path
     assert _same(_weights(out), _weights(reference))
 
 
+def _tree(folder: Path) -> dict:
+    """Every file under `folder` and its bytes (what a refused command must leave as it was)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_a_node_whose_every_set_fails_is_refused_and_every_set_stays(stopped, tmp_path, capfd):
+    """Issue 59: every set of node victim flipped; --resume started every node from the start (exit
+    0, all rounds again) and the keep rotation deleted node a's good sets. Now: one line naming the
+    node and its sets, exit 2, the folder byte-identical (refused before any process starts, so
+    whatever the strategy: the quorum variant lost its sets the same way)."""
+    d = stopped["in"]
+    out = tmp_path / "out"
+    shutil.copytree(stopped["part"], out)
+    rounds = sorted(set_rounds(out, 1))
+    for round_ in rounds:
+        _flip_middle(out / "checkpoints" / "node1" / f"round-{round_:06d}" / "global.pt")
+    before = _tree(out)
+    capfd.readouterr()
+    assert _launch(d, out, resume=True) == 2
+    lines = _lines(capfd.readouterr().err)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("real: --resume: node victim has no checkpoint that verifies"), lines[0]
+    assert all(f"round {r}: global.pt fails its blake2b digest" in lines[0] for r in rounds), lines[0]
+    assert f"sets that verify: a: rounds {', '.join(map(str, rounds))}" in lines[0], lines[0]
+    assert _tree(out) == before
+
+
 @pytest.mark.parametrize("final", [False, True])
 def test_trace_splits_checkpoint_time_into_blocking_and_background(tmp_path, final):
     d = _inputs(tmp_path / "in", rounds=5, every=2)

@@ -11,11 +11,14 @@ leaves and rejoins, one node fewer (the replicas M), no barrier at all (async: a
 merges each node's pseudo-gradient on arrival; its rows carry the trace's per node-round staleness,
 which the loss model's update_staleness weighs). Every finished run's rows are added to the
 profile at once (written whole, temp name then rename), so an interrupted calibration keeps them
-and a rerun does only the rest.
+and a rerun does only the rest. Each run ends with this process (killed too: train/children.py),
+and its folder lies beside the profile under geodt's temporary name, removed by the next
+calibration into that profile when this one was killed (formats/owners.py).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import subprocess
 import sys
@@ -24,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from formats.cli import OneLineParser
+from train.children import die_with_parent
 
 # name -> (strategy, scenario overrides, executor flags); "{node}" is the scenario's second-slowest node
 RUNS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
@@ -44,6 +48,7 @@ FEWER_NODES = "fewer-nodes"
 
 def parser() -> argparse.ArgumentParser:
     from formats.cli import positive_float
+    from formats.owners import add_force_argument
 
     p = OneLineParser(prog="geodt calibrate convergence", description=__doc__.splitlines()[0])
     p.add_argument("scenario", help="a scenario TOML file or a built-in name (hetero-cpu)")
@@ -57,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
                         "step time every node steps alike and the plans' unequal work is lost")
     p.add_argument("--out", type=Path, default=None,
                    help="the profile CSV (default: out/<scenario>/convergence.csv); rows of finished runs are kept")
+    add_force_argument(p)
     return p
 
 
@@ -69,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"geodt calibrate convergence: {exc}", file=sys.stderr)
         return 2
-    out = args.out or Path("out") / scenario.name / "convergence.csv"
+    out = args.out
     done = _done_runs(out)
     todo = [r for r in runs if r not in done]
     if done:
@@ -77,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(todo) or 'nothing more'}")
     from tqdm import tqdm
 
-    try:
-        with tempfile.TemporaryDirectory(prefix="geodt-convergence-") as tmp:
+    from formats.owners import TEMP_SUFFIX, remove_orphan_temps, temp_prefix
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphan_temps(out.parent, only=out.name)  # the runs' folders of a calibration that was killed
+    try:  # beside the profile, under geodt's temporary name: a killed calibration's is removed by the next
+        with tempfile.TemporaryDirectory(prefix=temp_prefix(out.name), suffix=TEMP_SUFFIX, dir=out.parent) as tmp:
             for name in tqdm(todo, desc="convergence runs", unit="run", disable=None):
                 status, log = _run_one(args, scenario, name, Path(tmp) / name)
                 if status != 0:
@@ -98,16 +108,22 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check(args):
     """(scenario, run names): the scenario loads, every run is known, the corpus is readable."""
+    from formats.convergence import read_convergence_profile
     from formats.errors import InputError
+    from formats.owners import check_file_owner
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
+    args.out = args.out or Path("out") / scenario.name / "convergence.csv"
+    why = check_file_owner(args.out, "convergence profile", read_convergence_profile, args.force)
+    if why is not None:  # a profile that fails its checks is not taken for an empty one
+        raise InputError(why)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     unknown = [r for r in runs if r not in RUNS]
     if unknown or not runs:
         raise InputError(f"--runs {args.runs}: unknown run {unknown[0] if unknown else '(none)'!r}; expected some "
                          f"of {', '.join(RUNS)}")
-    if "baseline" not in runs and not _done_runs(args.out or Path("out") / scenario.name / "convergence.csv"):
+    if "baseline" not in runs and not _done_runs(args.out):
         raise InputError(f"--runs {args.runs}: expected baseline among them (every run is measured against it)")
     from real.core.data import DataError, load_tokens
 
@@ -122,6 +138,7 @@ def _check(args):
 
 
 def _done_runs(out: Path) -> set[str]:
+    """The runs `out` holds (its checks were passed in _check, or --force replaces it: none)."""
     from formats.convergence import ConvergenceProfileError, read_convergence_profile
 
     if not out.exists():
@@ -129,7 +146,7 @@ def _done_runs(out: Path) -> set[str]:
     try:
         return set(read_convergence_profile(out)["run"])
     except ConvergenceProfileError:
-        return set()
+        return set()  # only under --force (_check refuses such a file otherwise): it is written over
 
 
 def _by_speed(scenario) -> list[str]:
@@ -163,7 +180,8 @@ def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
                *checkpoints, *flags]
     for override in overrides:
         command += ["--set", override]
-    done = subprocess.run(command, capture_output=True, text=True)
+    parent = os.getpid()  # the run (and through it its workers) ends with this process, even on SIGKILL
+    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=lambda: die_with_parent(parent))
     return done.returncode, done.stdout + done.stderr
 
 

@@ -32,6 +32,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from formats.cli import OneLineParser
+from formats.owners import TEMP_SUFFIX, add_force_argument, check_file_owner, remove_orphan_temps, temp_prefix
+from real.process.outdir import rendezvous_dir  # named after this process: a killed one's is removed
 from train.children import die_with_parent, leave
 
 KIB = 1024
@@ -70,6 +72,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
+    add_force_argument(p)
     return p
 
 
@@ -325,7 +328,7 @@ def measure(processes: int, sizes: list[int], repeats: int, threads: int, ckpt_d
     queue = ctx.Queue()
     args_dict = {"sizes": sizes, "repeats": repeats, "threads": threads, "ckpt_dir": ckpt_dir,
                  "parent_pid": os.getpid()}
-    with tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
+    with rendezvous_dir() as rdzv:
         return _spawn_and_collect(_spawn_entry, (processes, os.path.join(rdzv, "store"), args_dict, queue),
                                   processes, queue, progress)
 
@@ -437,7 +440,7 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with ShapedWan(nodes, latency_ms=latency_ms) as wan, \
-            tempfile.TemporaryDirectory(prefix="geodt-netcal-") as rdzv:
+            rendezvous_dir() as rdzv:
         if describe is not None:
             describe(wan.describe())
         inner = {}
@@ -468,11 +471,22 @@ def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
     return pd.DataFrame(records, columns=list(NET_COLUMNS + OPTIONAL_COLUMNS))
 
 
+def check_network_out(out: Path, force: bool) -> str | None:
+    """Why --out may not take a network profile (formats/owners.py check_file_owner), or None."""
+    from formats.netprofile import read_network_rows
+
+    return check_file_owner(out, "network profile", read_network_rows, force)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = Path(args.out)
     if not out.parent.is_dir() or (out.exists() and not out.is_file()):
         print(f"geodt calibrate network: {out}: expected a file path in an existing directory", file=sys.stderr)
+        return 2
+    why = check_network_out(out, args.force)
+    if why is not None:
+        print(f"geodt calibrate network: {why}", file=sys.stderr)
         return 2
     from tqdm import tqdm
 
@@ -481,9 +495,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = sizes_bytes(args.max_mib)
     rows_by_n = {}
+    remove_orphan_temps(out.parent, only=out.name)  # the checkpoint folder of a calibration that was killed
     try:
         with tqdm(total=len(sizes) * len(args.processes), desc="network", unit="size", file=sys.stderr) as bar, \
-                tempfile.TemporaryDirectory(prefix=".geodt-netcal-", dir=out.parent) as ckpt_dir:
+                tempfile.TemporaryDirectory(prefix=temp_prefix(out.name), suffix=TEMP_SUFFIX,
+                                            dir=out.parent) as ckpt_dir:
             for n in args.processes:
                 rows_by_n[n] = measure(n, sizes, args.repeats, args.threads, ckpt_dir, bar.update)
     except KeyboardInterrupt:

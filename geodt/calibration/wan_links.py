@@ -38,6 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from formats.cli import OneLineParser
+from formats.owners import add_force_argument
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
 
@@ -72,6 +73,7 @@ def parser() -> OneLineParser:
     p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
                    help="torch threads per process; 0 = cores / processes, as the executor")
     p.add_argument("--out", required=True, help="network profile CSV to write")
+    add_force_argument(p)
     p.add_argument("--plan", metavar="PLAN.csv",
                    help="between averages each node runs this plan's batch, local steps and fragment schedule "
                         "(default: the scenario's): a plan's own neighbourhood for --profiles-out")
@@ -97,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     if not out.parent.is_dir() or (out.exists() and not out.is_file()):
         print(f"{prog}: {out}: expected a file path in an existing directory", file=sys.stderr)
+        return 2
+    from geodt.calibration.links import check_network_out
+
+    why = check_network_out(out, args.force)
+    if why is not None:
+        print(f"{prog}: {why}", file=sys.stderr)
         return 2
     if args.profiles_out is not None and not Path(args.profiles_out).is_dir():
         print(f"{prog}: --profiles-out {args.profiles_out}: expected an existing directory", file=sys.stderr)

@@ -1,7 +1,8 @@
 """`geodt paper [--out results/paper]`: regenerate the papers' tables and figures from the code alone.
 
 Everything is computed (nothing is copied but the papers' own figures in geodt.paper.facts),
-built in memory first, then written file by file with atomic replaces, so a failure writes
+built in memory first, then written file by file with atomic replaces (into a new folder or an
+earlier `geodt paper` output: formats/owners.py check_paper_owner, --force), so a failure writes
 nothing half-made and a rerun rewrites the directory byte for byte.
 
 Parts: facts (the papers' numbers), infer (step times from the paper's idle, row C's checks),
@@ -15,6 +16,7 @@ import io
 import sys
 from pathlib import Path
 
+from formats.owners import add_force_argument, check_paper_owner
 from simulator.outputs.outputs import write_bytes
 
 TIMELINE_ROUNDS = 3
@@ -50,12 +52,17 @@ def write_files(files: dict[str, bytes], out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="geodt paper", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/paper", help="output directory (default: results/paper)")
+    add_force_argument(parser)
     args = parser.parse_args(argv)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         print(f"geodt paper: --out {out}: expected a directory, found a file", file=sys.stderr)
         return 2
     files = build()
+    why = check_paper_owner(out, files, args.force)  # the user's README.md is not paper's to replace
+    if why is not None:
+        print(f"geodt paper: {why}", file=sys.stderr)
+        return 2
     try:
         write_files(files, out)
     except OSError as exc:

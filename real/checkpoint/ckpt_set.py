@@ -194,10 +194,23 @@ def write_set(out_dir: str | Path, index: int, round_: int, identity: str, parts
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointWriteError(exc.errno, _write_failure(exc, tmp, round_)) from None
-    for old_round in sorted(set_rounds(out_dir, index))[:-KEEP]:
-        if floor is None or old_round < floor:
-            shutil.rmtree(set_dir(out_dir, index, old_round), ignore_errors=True)
+    try:  # what is on disk is what was hashed, before any older set goes
+        verify(final, round_, index)
+    except (ValueError, OSError) as exc:
+        raise CheckpointWriteError(errno.EIO, f"{final}: the set just written does not verify ({exc}); the "
+                                              f"earlier rounds' checkpoints are kept") from None
+    for old_round in rotated(set_rounds(out_dir, index), round_, floor):
+        shutil.rmtree(set_dir(out_dir, index, old_round), ignore_errors=True)
     return time.perf_counter() - start
+
+
+def rotated(rounds, written: int, floor: int | None = None) -> list[int]:
+    """The sets the keep rotation removes once round `written` is on disk and verified: those before
+    it beyond the newest KEEP - 1 (with it, KEEP), except those at or after `floor`. Sets after it
+    (an earlier timeline's, after a resume from an older round) stay until this run replaces them:
+    a set written at a lower round never makes a newer one the oldest, nor itself."""
+    older = sorted(r for r in rounds if r < written)
+    return [r for r in older[:max(len(older) - (KEEP - 1), 0)] if floor is None or r < floor]
 
 
 def _write_failure(exc: OSError, tmp: Path, round_: int) -> str:
@@ -278,6 +291,42 @@ def verify(directory: Path, round_: int, index: int) -> dict:
         if digest != want.get(algorithm):
             raise ValueError(f"{name} fails its {algorithm} digest (a flipped bit or an altered file)")
     return manifest
+
+
+def unresumable(out_dir: str | Path, names: list[str], width: int = 120) -> str | None:
+    """Why --resume must not start: a node holding sets none of which verifies (its sets named, each
+    one's reason cut to `width`), with what the other nodes hold; None when every node that holds a
+    set holds one that verifies. A resume from the start would replace every node's sets, so nothing
+    is touched: the user restores the node's sets or moves them aside. Each node's sets are read
+    newest first up to the first that verifies (the nodes read them again as they resume); all of
+    them only to word a refusal."""
+    bad = [(name, index, reasons) for index, name in enumerate(names)
+           if (reasons := _failures(out_dir, index, width, stop_at_good=True)) is not None and reasons]
+    if not bad:
+        return None
+    held = {name: sorted(set(set_rounds(out_dir, index)) - set(_failures(out_dir, index, width) or {}))
+            for index, name in enumerate(names) if all(name != b[0] for b in bad)}
+    name, index, reasons = bad[0]
+    sets = "; ".join(f"round {r}: {why}" for r, why in sorted(reasons.items()))
+    others = "; ".join(f"{n}: rounds {', '.join(map(str, rs))}" for n, rs in held.items() if rs) or "none"
+    also = f" (so do node {', '.join(b[0] for b in bad[1:])})" if len(bad) > 1 else ""
+    return (f"--resume: node {name} has no checkpoint that verifies{also}: {node_dir(out_dir, index)} holds {sets}; "
+            f"sets that verify: {others}; nothing was changed: restore node {name}'s sets, or move "
+            f"{node_dir(out_dir, index)} aside to resume from the start")
+
+
+def _failures(out_dir, index: int, width: int, stop_at_good: bool = False) -> dict[int, str] | None:
+    """{round: reason} of node `index`'s sets that fail `verify`, newest first; with `stop_at_good`,
+    None as soon as one verifies (the node can resume)."""
+    reasons = {}
+    for round_, directory in sorted(set_rounds(out_dir, index).items(), reverse=True):
+        try:
+            verify(directory, round_, index)
+            if stop_at_good:
+                return None
+        except (ValueError, OSError, KeyError, TypeError) as exc:
+            reasons[round_] = str(exc)[:width]
+    return reasons
 
 
 def load_set(directory: Path) -> dict:

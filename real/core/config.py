@@ -110,7 +110,7 @@ def run_spec_from_dict(data: dict) -> RunSpec:
 def load_run_spec(path: str | Path) -> RunSpec:
     path = Path(path)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # with or without a byte-order mark
     except FileNotFoundError:
         raise ConfigError(f"{path}: scenario file not found") from None
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

@@ -26,7 +26,8 @@ The launcher builds the WAN before spawning and removes it on every way out.
 
 The rendezvous has no authentication (anyone who reaches the port can join or disrupt a
 run): use it on trusted networks. A `host` other than the loopback prints a one-line warning
-saying so; 0.0.0.0 (every interface) is refused unless --allow-any-host (check_host_policy).
+saying so; the any-address (every interface, in any spelling: 0, ::, ::ffff:0.0.0.0) is refused
+unless --allow-any-host, broadcast and multicast always (resolved first, then judged: check_host_policy).
 It carries no pickles: everything exchanged is tensors.
 Inputs are checked here, before any process starts, so bad input fails fast with one line.
 """
@@ -46,7 +47,7 @@ from pathlib import Path
 
 from formats.plan import Plan
 from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
-from real.core.data import load_tokens
+from real.core.data import ArrayShard, load_tokens
 from real.core.options import ExecOptions
 from real.core.streaming import StreamingSpec
 from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
@@ -88,10 +89,12 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     if opts.on_node_loss == "continue":
         check_continue(opts)
     check_data_file(opts.data_path)
-    check_resume(opts)
+    check_resume(opts, [node.node for node in plan.nodes])
     if opts.data_path is not None:
-        try:
-            load_tokens(opts.data_path, arch.vocab_size)
+        try:  # a corpus too short for a window per node: refused here, not after the processes started
+            tokens = load_tokens(opts.data_path, arch.vocab_size)
+            ArrayShard(tokens, spec.model.seq_len, 0, 1 if opts.replicate_data else len(plan.nodes),
+                       str(opts.data_path))
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
     return spec, plan
@@ -160,11 +163,19 @@ def under_torchrun() -> bool:
 
 
 def resolve_host(host: str) -> str:
-    """The IPv4 address `host` names; LaunchError (one line) when it does not resolve."""
+    """The address `host` names, resolved before it is judged (check_host_policy): an IPv4 address
+    in any spelling inet_aton takes ("0", "0x0", "4294967295"), an IPv6 one (brackets allowed), an
+    IPv4-mapped IPv6 one as its IPv4 address (::ffff:0.0.0.0 binds 0.0.0.0), or a name's first IPv4
+    address; LaunchError (one line) when it does not resolve."""
+    text = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     try:
-        return ipaddress.ip_address(host).exploded
+        address = ipaddress.ip_address(text)
     except ValueError:
-        pass
+        address = None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    if address is not None:
+        return address.exploded if address.version == 4 else str(address)
     if not host or len(host) > 253:
         raise LaunchError(f"--host: expected an address or host name, got {host!r}")
     try:
@@ -175,12 +186,19 @@ def resolve_host(host: str) -> str:
 
 
 def check_host_policy(host: str, ip: str, allow_any: bool) -> str | None:
-    """--host: LaunchError for 0.0.0.0 (every interface) unless allowed; the warning line a
+    """--host, judged on the address it resolved to (resolve_host): LaunchError for the any-address
+    (every interface, in every spelling) unless allowed, and for a broadcast or multicast address
+    (no listener can be one: a run warned, then waited for peers forever); the warning line a
     non-loopback address gets (the rendezvous has no authentication), None on the loopback."""
-    address = ipaddress.ip_address(ip)
+    address = ipaddress.ip_address(ip.split("%")[0])
+    shown = host if host == ip else f"{host} ({ip})"
     if address.is_unspecified and not allow_any:
-        raise LaunchError(f"--host {host}: binds every interface of this machine and the rendezvous is "
+        raise LaunchError(f"--host {shown}: binds every interface of this machine and the rendezvous is "
                           f"unauthenticated; give one address of a trusted network, or --allow-any-host")
+    if address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+        kind = "multicast" if address.is_multicast else "broadcast"
+        raise LaunchError(f"--host {shown}: a {kind} address, which no rendezvous can listen on; expected one "
+                          f"address of this machine on a trusted network")
     if address.is_loopback:
         return None
     return (f"--host {host}: the rendezvous is unauthenticated: any process that can reach {ip} can join or "
@@ -496,8 +514,17 @@ def check_data_file(data_path) -> None:
         raise LaunchError(f"--data {data_path}: not a regular file; expected a .npy token array or a text file")
 
 
-def check_resume(opts: ExecOptions) -> None:
-    """--resume: there is something to resume in --out (else say so instead of starting afresh silently)."""
-    if opts.resume and not saved_checkpoints(opts.out_dir):
+def check_resume(opts: ExecOptions, names: list[str]) -> None:
+    """--resume: there is something to resume in --out (else say so instead of starting afresh silently),
+    and no node of the plan (`names`, in order) holds only sets that fail their checks (a resume from
+    the start would replace every other node's good sets: ckpt_set.unresumable)."""
+    from real.checkpoint.ckpt_set import unresumable
+
+    if not opts.resume:
+        return
+    if not saved_checkpoints(opts.out_dir):
         raise LaunchError(f"--resume: {Path(opts.out_dir) / 'checkpoints'} holds no checkpoint; expected the --out of "
                           "a run that stopped (--stop-after, Ctrl-C); drop --resume to start from the beginning")
+    why = unresumable(opts.out_dir, names)
+    if why is not None:
+        raise LaunchError(why)

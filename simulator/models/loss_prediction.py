@@ -90,13 +90,21 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
     model, frame = _profile_model(path, named or "built-in hetero-cpu profile")
     first = frame.iloc[0]
     params, nodes = scenario.model.param_count, nodes or len(scenario.nodes)
+    claimed = claimed_params(first)
+    if named and claimed is not None and abs(float(first["params"]) - claimed) > 1e-6 * claimed:
+        raise InputError(f"training.convergence_profile: {named}: params: {float(first['params']):.0f} is not "
+                         f"model {first['model']}'s {claimed} parameters; expected the profile's own model "
+                         "(a profile edited or mixed from another)")
     # a model is its parameter count at its sequence length (a preset and its config.json are one model)
-    same = int(first["seq_len"]) == scenario.model.seq_len and abs(float(first["params"]) - params) <= 1e-6 * params
+    pairs = (("params", float(first["params"]), params), ("seq_len", float(first["seq_len"]), scenario.model.seq_len))
+    differs = [f"{key}: the profile's {theirs:.0f}, the scenario's {mine:.0f}" for key, theirs, mine in pairs
+               if abs(theirs - mine) > 1e-6 * mine]
+    same = not differs
     if named and not same:
-        raise InputError(f"training.convergence_profile: {named} was measured on model {first['model']} at seq_len "
-                         f"{int(first['seq_len'])}; the scenario trains {scenario.model.preset or 'params'} at "
-                         f"{scenario.model.seq_len}; expected a profile of this model (geodt calibrate convergence "
-                         "SCENARIO), or no key: the literature prior with the built-in profile's effects")
+        raise InputError(f"training.convergence_profile: {named}: {'; '.join(differs)} (measured on model "
+                         f"{first['model']}, the scenario trains {scenario.model.preset or 'params'}); expected a "
+                         "profile of this model (geodt calibrate convergence SCENARIO), or no key: the literature "
+                         "prior with the built-in profile's effects")
     # another node count: the profile's own measured effect where it has one, else the prior's factor
     curve = (prior_curve(params, nodes) if not same else model.curve if "replicas_log2" in model.coefficients
              else replica_move(model.curve, params, model.ref_nodes, nodes))
@@ -108,6 +116,12 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
     if setup.target is not None and not setup.target > setup.floor:
         raise InputError(f"training.target_loss = {setup.target:g}: at or below the loss floor {setup.floor:.3f} "
                          f"({curve.source}); expected a target above it")
+    # the measured first round's loss (a fitted curve's ceiling), else a uniform guess's
+    start = curve.ceiling if np.isfinite(curve.ceiling) else untrained_loss(scenario)
+    if setup.target is not None and not setup.target < start:
+        raise InputError(f"training.target_loss = {setup.target:g}: at or above the loss at the curve's start "
+                         f"{start:.3f} (before any training: it would be reached at the first round); expected a "
+                         f"target between the floor {setup.floor:.3f} and it")
     return setup
 
 
@@ -123,6 +137,21 @@ def _outside(scenario, same: bool, params: float, span: tuple[float, float], pro
         return ""
     return (f"D/N {tokens / params:.3g} is outside the {profile} convergence profile's span ({lo:.3g}-{hi:.3g}, "
             f"×{SPAN_TOKENS_FACTOR:g})")
+
+
+def claimed_params(first) -> int | None:
+    """The parameter count of the preset a profile names (None: a config.json's or "params")."""
+    from facts.presets import PRESETS
+
+    arch = PRESETS.get(str(first["model"]))
+    return None if arch is None else arch.params
+
+
+def untrained_loss(scenario) -> float:
+    """About the loss of the untrained model: ln(vocabulary), a uniform guess (inf when the vocabulary
+    is not known: a model given by its parameter count)."""
+    arch = scenario.model.arch
+    return float(np.log(arch.vocab_size)) if arch is not None else float("inf")
 
 
 def _clamped(setup: LossSetup, x: dict) -> tuple[dict, list[str]]:

@@ -229,6 +229,10 @@ def _sweep(args, strategies, out: Path) -> int:
     if base.simulation.jitter_cv != 0:
         raise InputError(f"{spec.base}: simulation.jitter_cv: expected 0 for a sweep (the fast path is deterministic)")
     check_sweep_work(args, spec, base)
+    if base.training.target_loss is not None:  # a target beyond the curve, refused before spec.json and parts exist
+        from simulator.models.loss_prediction import loss_setup
+
+        loss_setup(base, nodes=spec.nodes)
     _init_worker(spec)  # here first: a GPU type that cannot hold the batch is refused before anything is written
     if args.scheduler:  # reached before anything is written (an unreachable one leaves no directory)
         from simulator.sweep.sweep_cluster import connect
