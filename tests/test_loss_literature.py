@@ -55,11 +55,15 @@ def test_h_and_eager_forms_against_the_rows_they_were_fitted_on():
 
 def test_published_rows_are_the_tables_and_the_band_is_their_residual():
     everything = lit.published()
-    assert len(everything) == 88 and set(everything["arxiv"]) == {"2503.09799v1", "2501.18512v1", "2502.12996v1"}
+    assert len(everything) == 96 and set(everything["arxiv"]) == {"2503.09799v1", "2501.18512v1", "2502.12996v1",
+                                                                  "2401.09135v1"}
     rows = everything[everything["arxiv"] == "2503.09799v1"]
     assert len(rows) == 34 and set(rows["table"]) == {"Table 4", "Table 5"}
     naive = everything[(everything["table"] == "Table 2") & (everything["setting"].str.contains("naive"))].iloc[0]
     assert naive["published_delta_pct"] == pytest.approx(100 * (3.01 / 2.67 - 1), abs=1e-3)
+    # Liu et al. print perplexity: the loss is its log (Table 3, 150M: 17.26 against 17.23)
+    liu = everything[(everything["arxiv"] == "2401.09135v1") & (everything["params"] == 1.5e8)].iloc[0]
+    assert liu["published_delta_pct"] == pytest.approx(100 * (math.log(17.26) / math.log(17.23) - 1), abs=1e-3)
     r = rows[(rows["params"] == 35e6) & (rows["replicas"] == 8)].iloc[0]
     assert r["published_delta_pct"] == pytest.approx(100 * (3.621 / 3.485 - 1), abs=1e-3)
     predicted = 100 * (diloco_factor(rows["params"].to_numpy(), rows["replicas"].to_numpy()) - 1)
