@@ -146,3 +146,19 @@ def test_the_answer_ranks_by_the_baseline_loss_even_unasked_and_an_exact_tie_goe
     assert "quorum ≈ rebalance; equal times: rebalance, the simpler" in line
     per = pd.read_csv(tmp_path / "s" / "summary.csv").groupby("strategy")["time_to_target_s"].first()
     assert per["quorum"] == per["rebalance"] and np.isfinite(per).all()
+
+
+def test_h_and_overlap_bands_are_their_forms_residuals_and_apply_only_where_the_effect_does():
+    rows = lit.published()
+    h = rows[rows["effect"] == "sync_interval"]
+    residual = [100 * float(lit.sync_interval_delta(100, int(m))) - p
+                for m, p in zip(h["replicas"], h["published_delta_pct"], strict=True)]
+    assert len(h) == 12 and lit.form_band("sync_interval") == pytest.approx(np.sqrt(np.mean(np.square(residual))) / 100)
+    assert 0 < lit.form_band("sync_interval") < lit.form_band("overlap") < 0.01
+    scale = lit.Scale(1.5e8, 3e9, 4, 30, 65536, 3.0, fragment_alpha=0.5)
+    x = {"batch_log2": 0.0, "steps_log2": 0.0}
+    same = lit.effects(x, scale)
+    assert same["sync_interval"].band == 0.0 and same["overlap"].band == 0.0
+    moved = lit.effects({"batch_log2": 0.0, "steps_log2": 1.0}, scale, 4, 3)
+    assert moved["sync_interval"].band == lit.form_band("sync_interval")
+    assert moved["overlap"].band == lit.form_band("overlap")

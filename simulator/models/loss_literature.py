@@ -10,8 +10,8 @@ H, batch against a critical batch, overlap τ, the merge's α):
 δ_k a share of the loss at equal tokens, η_k a token multiplier (batch acts on tokens, as McCandlish
 et al. 2018 write it). Each effect names its source (paper, table or figure), the range the source
 covers, and where a run lies outside it (`extrapolated`); each has a band (a share of the loss): the
-RMS residual of its form against the published comparisons it rests on (facts/loss_published.csv)
-where those were read, else half the effect itself (too few points to measure a spread; said so).
+RMS residual of its form against the published comparisons it rests on (facts/loss_published.csv:
+replicas, H, overlap), else half the effect itself (batch: no rows; said so).
 
 Figures read in the papers (docs/PAPERS.md) are Charles et al. 2025 Tables 4, 5, 7, Douillard et al.
 2025 (Streaming DiLoCo) Tables 5-7, Kale et al. 2025 Tables 1-3 and 6, and Kaplan et al. 2020 Eq. 5.3.
@@ -21,6 +21,7 @@ its source says so.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -182,9 +183,10 @@ def _sync_interval(steps, scale: Scale, zero) -> Effect:
         outside.append(f"H outside {SYNC_INTERVAL_MIN}-{SYNC_INTERVAL_MAX}")
     if scale.replicas > 8:
         outside.append(f"M {scale.replicas} > 8")
-    # half the effect against the baseline's own H: only the difference between strategies is ranked
-    return Effect(delta, zero + 1.0, 0.5 * float(np.max(np.abs(delta - base))), SOURCES["sync_interval"],
-                  "; ".join(outside))
+    # the form's RMS residual against its table where a run's H differs from the baseline's (only the
+    # difference between strategies is ranked), none where every run keeps the baseline's H
+    band = form_band("sync_interval") if np.any(np.abs(delta - base) > 1e-12) else 0.0
+    return Effect(delta, zero + 1.0, band, SOURCES["sync_interval"], "; ".join(outside))
 
 
 def critical_batch_tokens(loss: float) -> float:
@@ -216,7 +218,8 @@ def overlap_delta(delay_share, fragment_alpha: float, params: float = 1e9) -> np
 def _overlap(delay_share, scale: Scale, zero) -> Effect:
     delta = overlap_delta(delay_share, scale.fragment_alpha, scale.params) + zero
     outside = "tau/H > 2" if np.any(delay_share > 2) else ""
-    return Effect(delta, zero + 1.0, 0.5 * float(np.max(np.abs(delta))), SOURCES["overlap"], outside)
+    band = form_band("overlap") if np.any(np.abs(delta) > 1e-12) else 0.0  # none without overlap
+    return Effect(delta, zero + 1.0, band, SOURCES["overlap"], outside)
 
 
 def _payload(payload_dtype, zero) -> Effect:
@@ -251,3 +254,30 @@ def replica_band() -> float:
     rows = rows[(rows["effect"] == "replicas") & rows["reference_run"].str.startswith("dp ")]
     predicted = replica_delta_pct(rows["params"].to_numpy(float), rows["replicas"].to_numpy(float))
     return float(np.sqrt(np.mean((predicted - rows["published_delta_pct"].to_numpy(float)) ** 2)) / 100)
+
+
+def _run_value(spec: str, key: str, default: float) -> float:
+    """A key of a facts/loss_published.csv run (`diloco M=2 H=30 tau=1 ...`), default where absent."""
+    found = re.search(rf"\b{key}=([0-9.]+)", spec)
+    return float(found.group(1)) if found else default
+
+
+def _form_delta_pct(effect: str, row) -> float:
+    """The form's Δloss % for one row of facts/loss_published.csv: setting's δ less the reference's."""
+    def one(spec: str) -> float:
+        h = _run_value(spec, "H", SYNC_CADENCE_INNER_STEPS)
+        if effect == "sync_interval":
+            return float(sync_interval_delta(h, int(_run_value(spec, "M", 1))))
+        return float(overlap_delta(_run_value(spec, "tau", 0) / h, _run_value(spec, "alpha", 0.0), row.params))
+    return 100.0 * (one(row.setting_run) - one(row.reference_run))
+
+
+@lru_cache(maxsize=4)
+def form_band(effect: str) -> float:
+    """RMS residual (a share of the loss) of the sync_interval or overlap form against every row of its
+    effect in facts/loss_published.csv, fitted and held out alike."""
+    rows = published()
+    rows = rows[(rows["effect"] == effect) & rows["setting_run"].str.startswith("diloco")
+                & rows["reference_run"].str.startswith("diloco")]
+    residual = [_form_delta_pct(effect, r) - r.published_delta_pct for r in rows.itertuples()]
+    return float(np.sqrt(np.mean(np.square(residual))) / 100)
