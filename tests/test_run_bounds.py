@@ -29,7 +29,7 @@ def test_the_bound_is_the_slowest_nodes_padded_compute_over_the_rounds(tmp_path)
     at_limit = MAX_EMULATED_S / (6 * 10 * 0.15)  # slowest: 10 steps of 0.15 s, 6 rounds
     opts = ExecOptions(out_dir=str(tmp_path), emulate=True, time_scale=at_limit * (1 - 1e-9))
     check_emulated_length(scenario, plan, opts)  # a week exactly: accepted
-    with pytest.raises(InputError, match="at least 7.01 days"):
+    with pytest.raises(InputError, match=r"at least 7\.01 days"):
         check_emulated_length(scenario, plan, replace(opts, time_scale=at_limit * 1.001))
     check_emulated_length(scenario, plan, replace(opts, time_scale=1e9, emulate=False))  # real steps: no padding
     check_emulated_length(scenario, make_plan(scenario, "sync-ddp"), replace(opts, time_scale=1e9))  # not padded
