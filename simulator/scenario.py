@@ -216,8 +216,9 @@ def _is_path_key(path: list[str], value: Any) -> bool:
     """The keys whose value names a file (the ones to_table writes absolute)."""
     if path[0] == "nodes":
         return path[-1] == "profile"
-    return path in (["network", "profile"], ["training", "convergence_profile"]) or (
-        path == ["model", "preset"] and isinstance(value, str) and value.endswith(".json"))
+    key = ".".join(path)
+    return key in {"network.profile", "training.convergence_profile"} or (
+        key == "model.preset" and isinstance(value, str) and value.endswith(".json"))
 
 
 def _from_current_folder(path: list[str], value: Any) -> Any:
