@@ -163,6 +163,11 @@ def calibrate_main(argv: list[str] | None = None) -> int:
                 return 130
             writer.close()
             _report(args, arch, dtype, batches, max_batch, info, writer, largest)
+    except OSError as exc:  # a full disk (or quota) while a row is committed: the rows before it stay whole
+        from formats.errors import write_error
+
+        print(f"geodt calibrate: {write_error(args.out, exc, 'the rows committed before are kept')}", file=sys.stderr)
+        return 2
     finally:
         for _, writer in jobs:
             writer.close()

@@ -164,9 +164,11 @@ class ProfileWriter:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, self.path)
-        except BaseException:
+        except BaseException as exc:
             if os.path.exists(tmp):
                 os.unlink(tmp)
+            if isinstance(exc, OSError) and exc.filename is None:  # a write's error names no file: this one
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from None
             raise
 
 

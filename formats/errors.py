@@ -1,4 +1,5 @@
-"""The one error type for bad user input: its message is the whole one-line report."""
+"""The one error type for bad user input: its message is the whole one-line report; and the one line
+for an output that cannot be written (a full disk, a quota, a read-only file system)."""
 
 
 class InputError(ValueError):
@@ -12,3 +13,14 @@ class FieldError(ValueError):
         super().__init__(f"{key}: {expected}")
         self.key = key
         self.expected = expected
+
+
+STAGED = "nothing was replaced (outputs are staged and renamed whole)"
+
+
+def write_error(out, exc: OSError, kept: str = STAGED) -> str:
+    """An OSError met while writing --out as one line: the path, the system's words ("No space left on
+    device" for a full disk), and what is left (ENOSPC, EDQUOT, EROFS, EACCES alike: each output is
+    written to a temporary name first). Every command's one line for it."""
+    return (f"--out {out}: cannot write {exc.filename or out} ({exc.strerror or exc}); {kept}: free space or "
+            "choose another --out")

@@ -110,6 +110,7 @@ def _prepare(prog: str, args: argparse.Namespace):
         if args.out is None:  # each command its own directory: a run never replaces a validation's trace
             args.out = str(default_out(scenario.name, prog.split()[-1], args.strategy))
         opts = injected_outage(scenario, plan, injected_drift(scenario, plan, exec_options(args, args.out)))
+        check_emulated_length(scenario, plan, opts)
     except (InputError, ValueError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
@@ -253,6 +254,34 @@ def validate_loss_setup(scenario, args):
            f"trained another model; expected one of {scenario.model.preset or 'this model'} at seq_len "
            f"{scenario.model.seq_len} (geodt calibrate convergence SCENARIO, then training.convergence_profile)")
     raise InputError(f"--target-loss {setup.target:g}: the {setup.profile} convergence profile {why}")
+
+
+MAX_EMULATED_S = 7 * 86400.0  # --emulate pads steps by sleeping: a week is long past any schedule check
+
+
+def check_emulated_length(scenario, plan, opts) -> None:
+    """InputError (one line) when --emulate's padded steps alone would take longer than MAX_EMULATED_S
+    (`--time-scale 1e9` was accepted: a run of years); the rounds times the slowest node's padded
+    compute, a floor of the run's length (syncs come on top)."""
+    from formats.errors import InputError
+
+    if not opts.emulate or plan.sync == "gradients":  # sync-ddp is not padded (real/process/worker.py)
+        return
+    rounds = plan.rounds or scenario.training.rounds
+    slowest = max(plan.nodes, key=lambda n: n.local_steps * n.step_s)
+    floor_s = rounds * slowest.local_steps * slowest.step_s * opts.time_scale
+    if floor_s > MAX_EMULATED_S:
+        raise InputError(f"--time-scale {opts.time_scale:g}: the emulated run would take at least {_duration(floor_s)} "
+                         f"({rounds} rounds x {slowest.node}'s {slowest.local_steps} steps of {slowest.step_s:.3g} s x "
+                         f"{opts.time_scale:g}); expected at most {_duration(MAX_EMULATED_S)}: a smaller --time-scale "
+                         "or fewer rounds")
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("years", 365 * 86400.0), ("days", 86400.0), ("hours", 3600.0)):
+        if seconds >= size:
+            return f"{seconds / size:.3g} {unit}"
+    return f"{seconds:.3g} s"
 
 
 def injected_drift(scenario, plan, opts):

@@ -136,7 +136,7 @@ def staleness_line(table) -> str:
     p, m = table["predicted_run_staleness_mean"].iloc[0], table["measured_run_staleness_mean"].iloc[0]
     p90 = f"{table['predicted_run_staleness_p90'].iloc[0]:.1f}/{table['measured_run_staleness_p90'].iloc[0]:.1f}"
     return (f"staleness (global updates applied between a node's pull and its merge), predicted/measured mean: "
-            f"{nodes}; the run {p:.2f}/{m:.2f} ({_pct(m - p, p):+.1f}%), p90 {p90}")
+            f"{nodes}; the run {p:.2f}/{m:.2f} ({_pct_text(m - p, p)}), p90 {p90}")
 
 
 def wall_line(wall, measured_s: float, kind: str = MODES[False]) -> str:
@@ -144,7 +144,7 @@ def wall_line(wall, measured_s: float, kind: str = MODES[False]) -> str:
     its kind (MODES: measured, or emulated: the padded schedule's)."""
     return (f"wall time: predicted {wall.wall_s:.2f} s (startup {wall.startup_s:.2f} s, rounds and checkpoints "
             f"between them {wall.rounds_s:.2f} s, last checkpoint {wall.last_checkpoint_s:.2f} s), {kind} "
-            f"{measured_s:.2f} s ({_pct(measured_s - wall.wall_s, wall.wall_s):+.1f}%)"
+            f"{measured_s:.2f} s ({_pct_text(measured_s - wall.wall_s, wall.wall_s)})"
             + (f"; {wall.note}" if wall.note else ""))
 
 
@@ -208,6 +208,20 @@ def _pct(difference: float, reference: float) -> float:
     return 100.0 * difference / reference if reference > 0 else float("nan")
 
 
+def _pct_text(difference: float, reference: float) -> str:
+    """The signed error as printed: `+3.2%`, or why there is none (a predicted 0 has no percentage:
+    a quorum run's predicted staleness printed `+nan%`)."""
+    value = _pct(difference, reference)
+    if np.isfinite(value):
+        return f"{value:+.1f}%"
+    return "no % of a predicted 0" if reference == 0 else "–"
+
+
+def _pct_label(value: float) -> str:
+    """A figure's per-node error label: the value, or a dash where there is none (NaN)."""
+    return f"{value:+.1f}%" if np.isfinite(value) else "–"
+
+
 def device_kind(scenario) -> str:
     """What the nodes' devices are, for labels: CPU, GPU, or device when the scenario mixes them."""
     kinds = {"CPU" if key == "cpu" else "GPU" for node in scenario.nodes for key in node.gpus}
@@ -234,12 +248,12 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
     fig, (ax1, ax3, ax2) = plt.subplots(1, 3, figsize=(17, 4.8), constrained_layout=True)
     w = 0.38
     _paired_bars(ax1, x, w, table["predicted_idle_s"], table["measured_idle_s"],
-                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["error_pct_of_round"])], kind)
+                 [f"{n}\n{_pct_label(e)}" for n, e in zip(nodes, table["error_pct_of_round"])], kind)
     ax1.set_xlabel(f"node  (idle error: {kind} − predicted, % of round time)")
     ax1.set_ylabel("idle time, summed over rounds (s)")
     ax1.set_title(f"{device} idle time per node")
     _paired_bars(ax3, x, w, table["predicted_comm_s"], table["measured_comm_s"],
-                 [f"{n}\n{e:+.1f}%" for n, e in zip(nodes, table["comm_error_pct"])], kind)
+                 [f"{n}\n{_pct_label(e)}" for n, e in zip(nodes, table["comm_error_pct"])], kind)
     ax3.set_xlabel(f"node  (sync error: {kind} − predicted, % of predicted sync)")
     ax3.set_ylabel("sync time, summed over rounds (s)")
     ax3.set_title("sync (outer all-reduce + step) per node")

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from formats.cli import OneLineParser, positive_float
-from formats.errors import FieldError, InputError
+from formats.errors import FieldError, InputError, write_error
 from formats.limits import check_work as refused
 from formats.limits import large_help
 from formats.owners import add_force_argument, check_owner
@@ -234,16 +234,6 @@ def _print_answer(scenario, results: list[tuple], plan_only: bool, engine, losse
         for name, pred in losses.items():
             print(f"{name}: predicted loss {pred['loss_end']:.3f} at the end; loss {setup.target:g} at "
                   f"{format_time(pred['time_to_target_s'])} s")
-
-
-STAGED = "nothing was replaced (outputs are staged and renamed whole)"
-
-
-def write_error(out, exc: OSError, kept: str = STAGED) -> str:
-    """An OSError met while writing --out as one line: the path, the system's words, and what is
-    left (ENOSPC, EDQUOT, EROFS, EACCES alike: each output is written to a temporary name first)."""
-    return (f"--out {out}: cannot write {exc.filename or out} ({exc.strerror or exc}); {kept}: free space or "
-            "choose another --out")
 
 
 def target_override(target: float | None) -> list[str]:

@@ -212,6 +212,28 @@ def _parse_override(text: str) -> tuple[list[str], Any]:
     return path, value
 
 
+def _is_path_key(path: list[str], value: Any) -> bool:
+    """The keys whose value names a file (the ones to_table writes absolute)."""
+    if path[0] == "nodes":
+        return path[-1] == "profile"
+    key = ".".join(path)
+    return key in {"network.profile", "training.convergence_profile"} or (
+        key == "model.preset" and isinstance(value, str) and value.endswith(".json"))
+
+
+def _from_current_folder(path: list[str], value: Any) -> Any:
+    """A path given by `--set` is the user's, typed in the current folder: made absolute here, so that
+    it does not resolve against the scenario file's folder as a path written inside the file does
+    (docs/DESIGN.md, "Scenario file")."""
+    if not _is_path_key(path, value):
+        return value
+    if isinstance(value, str) and value and not os.path.isabs(value):
+        return os.path.abspath(value)
+    if isinstance(value, list):
+        return [os.path.abspath(v) if isinstance(v, str) and v and not os.path.isabs(v) else v for v in value]
+    return value
+
+
 def apply_override(table: dict, path: list[str], value: Any, text: str) -> str:
     """Set table[path] = value and return the key as errors name it.
 
@@ -258,7 +280,7 @@ def load_scenario(source: str, overrides: list[str] | tuple[str, ...] = (), with
     overridden = set()
     for text in overrides:
         path, value = _parse_override(text)
-        overridden.add(apply_override(table, path, value, text))
+        overridden.add(apply_override(table, path, _from_current_folder(path, value), text))
     try:
         return _build_scenario(table, resolved)
     except FieldError as exc:

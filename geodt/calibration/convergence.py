@@ -44,6 +44,7 @@ RUNS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "async": ("async", (), ()),  # no barrier: pseudo-gradients merged stale (update_staleness)
 }
 FEWER_NODES = "fewer-nodes"
+PROGRESS_S = 10.0  # a progress line this often where stderr is not a terminal
 
 
 def parser() -> argparse.ArgumentParser:
@@ -87,15 +88,28 @@ def main(argv: list[str] | None = None) -> int:
 
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_orphan_temps(out.parent, only=out.name)  # the runs' folders of a calibration that was killed
+    # a terminal gets tqdm's bar; a log (stderr not a terminal: CI, nohup) a line every PROGRESS_S instead
+    # of nothing for the minutes the runs take
+    quiet = not sys.stderr.isatty()
     try:  # beside the profile, under geodt's temporary name: a killed calibration's is removed by the next
         with tempfile.TemporaryDirectory(prefix=temp_prefix(out.name), suffix=TEMP_SUFFIX, dir=out.parent) as tmp:
-            for name in tqdm(todo, desc="convergence runs", unit="run", disable=None):
-                status, log = _run_one(args, scenario, name, Path(tmp) / name)
+            for k, name in enumerate(tqdm(todo, desc="convergence runs", unit="run", disable=quiet)):
+                note = _progress_line(f"run {k + 1}/{len(todo)} ({name})") if quiet else None
+                status, log = _run_one(args, scenario, name, Path(tmp) / name, note)
                 if status != 0:
                     tail = " | ".join(line for line in log.strip().splitlines()[-3:])
                     print(f"geodt calibrate convergence: run {name} failed (exit {status}): {tail}", file=sys.stderr)
                     return 1
-                _append(out, _rows(scenario, name, Path(tmp) / name, args.data))
+                rows = _rows(scenario, name, Path(tmp) / name, args.data)
+                try:
+                    _append(out, rows)
+                except OSError as exc:  # a full disk under --out: the profile is written whole or not at all
+                    from formats.errors import write_error
+
+                    kept = f"the runs finished before ({', '.join(sorted(done)) or 'none'}) are kept in it"
+                    print(f"geodt calibrate convergence: {write_error(out, exc, kept)}", file=sys.stderr)
+                    return 2
+                done = done | {name}
     except KeyboardInterrupt:
         print(f"geodt calibrate convergence: interrupted; the runs finished are in {out}, a rerun measures the rest",
               file=sys.stderr)
@@ -164,8 +178,9 @@ def _overrides(scenario, name: str) -> list[str]:
     return [o.format(**fill) for o in RUNS[name][1]]
 
 
-def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
-    """`geodt run` of one calibration run (argument list, no shell); (exit status, its output)."""
+def _run_one(args, scenario, name: str, run_dir: Path, note=None) -> tuple[int, str]:
+    """`geodt run` of one calibration run (argument list, no shell); (exit status, its output);
+    note() every PROGRESS_S while it runs, where given."""
     strategy, _, flags = RUNS[name]
     source, overrides = args.scenario, [*args.overrides, *_overrides(scenario, name)]
     if name == FEWER_NODES:
@@ -181,8 +196,24 @@ def _run_one(args, scenario, name: str, run_dir: Path) -> tuple[int, str]:
     for override in overrides:
         command += ["--set", override]
     parent = os.getpid()  # the run (and through it its workers) ends with this process, even on SIGKILL
-    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=lambda: die_with_parent(parent))
-    return done.returncode, done.stdout + done.stderr
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=lambda: die_with_parent(parent)) as child:
+        while True:
+            try:  # communicate again after a timeout loses no output (subprocess's documentation)
+                output, _ = child.communicate(timeout=PROGRESS_S)
+                return child.returncode, output
+            except subprocess.TimeoutExpired:
+                if note is not None:
+                    note()
+
+
+def _progress_line(what: str):
+    """A callable that prints `what` and the seconds since it was made, one line to stderr."""
+    import time
+
+    start = time.monotonic()
+    return lambda: print(f"geodt calibrate convergence: {what}: {time.monotonic() - start:.0f} s",
+                         file=sys.stderr, flush=True)
 
 
 def _without_fastest(scenario, path: Path) -> Path:

@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from queue import Empty
 
 from formats.cli import OneLineParser
 from formats.owners import TEMP_SUFFIX, add_force_argument, check_file_owner, remove_orphan_temps, temp_prefix
@@ -270,7 +271,12 @@ def _measure(rank: int, world: int, store_path: str | None, args_dict: dict, que
 
         def save():
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            torch.save(state, tmp)
+            try:
+                torch.save(state, tmp)
+            except (OSError, RuntimeError):  # torch's writer says "unexpected pos" for a full disk
+                tmp.unlink(missing_ok=True)
+                _raise_if_full(path, size)
+                raise
             os.replace(tmp, path)
         rows.append(("checkpoint", size, slowest(_time_all(repeats, save, barrier))))
         path.unlink(missing_ok=True)
@@ -311,9 +317,22 @@ def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
     return rows
 
 
+def _raise_if_full(path: Path, size: int) -> None:
+    """OSError(ENOSPC) naming `path` when its file system has less room than the `size` bytes written."""
+    import errno
+    import shutil
+
+    if shutil.disk_usage(path.parent).free < size:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
+
+
 def _spawn_entry(rank: int, world: int, store_path: str, args_dict: dict, queue) -> None:
     die_with_parent(args_dict["parent_pid"])
-    _measure(rank, world, store_path, args_dict, queue)
+    try:
+        _measure(rank, world, store_path, args_dict, queue)
+    except OSError as exc:  # told to the parent, which stops the others (blocked in a collective)
+        queue.put(("oserror", (exc.errno, exc.strerror, exc.filename)))
+        leave(1, queue)
     leave(0, queue)
 
 
@@ -341,7 +360,16 @@ def _spawn_and_collect(entry, args: tuple, processes: int, queue, progress, inne
     procs = mp.start_processes(entry, args=args, nprocs=processes, join=False, start_method="spawn")
     rows = None
     while rows is None or (inner is not None and len(inner) < processes):
-        kind, value = queue.get()
+        try:
+            kind, value = queue.get(timeout=1.0)
+        except Empty:  # a process that died without a word: join raises ProcessException, the others stopped
+            procs.join(timeout=0)
+            continue
+        if kind == "oserror":  # a write failed in a process (a full disk): the others wait in a collective
+            for proc in procs.processes:
+                proc.kill()
+                proc.join()
+            raise OSError(*value)
         if kind == "progress" and progress is not None:
             progress(value)
         elif kind == "inner" and inner is not None:
@@ -490,8 +518,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from tqdm import tqdm
 
+    from formats.errors import write_error
     from formats.netprofile import NetProfileError
     from simulator.models.netfit import read_network_profile
+    from simulator.outputs.outputs import write_bytes
 
     sizes = sizes_bytes(args.max_mib)
     rows_by_n = {}
@@ -505,10 +535,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("geodt calibrate network: interrupted; nothing written", file=sys.stderr)
         return 130
+    except OSError as exc:  # a full disk under the checkpoint measurement's files, beside --out
+        print(f"geodt calibrate network: {write_error(out, exc, 'nothing written')}", file=sys.stderr)
+        return 2
     frame = to_frame(rows_by_n, args.repeats)
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    frame.to_csv(tmp, index=False, float_format="%.9g")
-    os.replace(tmp, out)
+    try:
+        write_bytes(out, frame.to_csv(index=False, float_format="%.9g").encode())
+    except OSError as exc:
+        print(f"geodt calibrate network: {write_error(out, exc, 'nothing written')}", file=sys.stderr)
+        return 2
     try:
         model = read_network_profile(out)
     except NetProfileError as exc:  # measured and kept, but the noise hides the payload's cost

@@ -96,7 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(measured, int):
         return measured
     rows, host = measured
-    _write_profiles(args.out_dir, jobs, rows)
+    try:
+        _write_profiles(args.out_dir, jobs, rows)
+    except OSError as exc:  # a full disk: each profile is committed whole, a line above names each one written
+        from formats.errors import write_error
+
+        print(f"{PROG}: {write_error(args.out_dir, exc, 'the profiles listed above are whole, the rest not written')}"
+              .replace("--out", "--out-dir"), file=sys.stderr)
+        return 2
     from train.hoststat import say
 
     # what a later validate's run is compared with (geodt/validation.py)

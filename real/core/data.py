@@ -31,6 +31,10 @@ import numpy as np
 BLOCK = 256  # sequences generated together (vectorised over rows, looped over positions)
 STDLIB_CORPUS = "python-stdlib"  # --data's name for the standard library's sources
 CORPUS_BLOCK = 512  # bytes kept together when the stdlib corpus is put in its seeded order
+# A --data file is read whole into every node's memory: past 4 GiB, a corpus for a run on one machine
+# is not what was meant (or a disk image); numpy's own default bound for a .npy header.
+MAX_CORPUS_BYTES = 4 << 30
+NPY_MAX_HEADER_BYTES = 10_000
 
 
 class DataError(ValueError):
@@ -154,32 +158,51 @@ def corpus_digest(data_path: str | None) -> str:
 
 def load_tokens(path: str | Path, vocab_size: int) -> np.ndarray:
     """A .npy integer array, or the file's bytes (python-stdlib: the standard library's sources,
-    where no file of that name exists); checked against the model's vocabulary."""
+    where no file of that name exists); checked against the model's vocabulary. A FIFO or a device
+    (/dev/zero, /dev/urandom) would block or never end the read, a file past MAX_CORPUS_BYTES fill
+    memory: both refused from os.stat before the file is opened."""
+    from formats.files import read_regular_file
+
     if str(path) == STDLIB_CORPUS and not Path(path).exists():
         tokens = stdlib_corpus()
         if vocab_size < 256:
             raise DataError(f"{STDLIB_CORPUS}: bytes need a vocabulary of 256; the model has {vocab_size}")
         return tokens
     path = Path(path)
-    try:
-        if path.suffix == ".npy":
-            tokens = np.load(path, allow_pickle=False)
-            if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
-                raise DataError(f"{path}: expected a 1-D integer token array, got {tokens.dtype} {tokens.shape}")
-        else:
-            tokens = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-    except FileNotFoundError:
-        raise DataError(f"{path}: data file not found") from None
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, DataError):
-            raise
-        raise DataError(f"{path}: not a readable token file ({exc})") from None
+    what = "a token file (.npy: a 1-D integer array; else bytes)"
+    data = read_regular_file(path, what, MAX_CORPUS_BYTES, DataError, "data file")
+    tokens = _npy_tokens(path, data) if path.suffix == ".npy" else np.frombuffer(data, dtype=np.uint8)
     if tokens.size == 0:
         raise DataError(f"{path}: empty; expected tokens")
     if tokens.min() < 0 or tokens.max() >= vocab_size:
         raise DataError(f"{path}: token ids span {tokens.min()}..{tokens.max()}; expected 0..{vocab_size - 1} "
                         f"(the model's vocabulary)")
     return tokens
+
+
+def _npy_tokens(path: Path, data: bytes) -> np.ndarray:
+    """The 1-D integer array of a .npy file's bytes: its header read with numpy's own reader, bounded,
+    and checked against the bytes that follow it before anything is allocated (a garbled header
+    raises tokenize's or ast's errors, a huge shape MemoryError, in numpy's np.load)."""
+    import io
+
+    from numpy.lib import format as npy
+
+    handle = io.BytesIO(data)
+    try:
+        version = npy.read_magic(handle)
+        read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+        shape, _, dtype = read_header(handle, max_header_size=NPY_MAX_HEADER_BYTES)
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, TokenError, MemoryError...
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise DataError(f"{path}: not a readable .npy header ({reason}); expected a 1-D integer token array") from None
+    if len(shape) != 1 or not np.issubdtype(dtype, np.integer):
+        raise DataError(f"{path}: expected a 1-D integer token array, got {dtype} {shape}")
+    need, have = shape[0] * dtype.itemsize, len(data) - handle.tell()
+    if need > have:
+        raise DataError(f"{path}: its header promises {shape[0]} tokens ({need} bytes) but {have} bytes follow; "
+                        "expected a complete .npy file")
+    return np.frombuffer(data, dtype=dtype, count=shape[0], offset=handle.tell())
 
 
 def make_shard(data_path: str | None, *, seed: int, vocab_size: int, seq_len: int, shard: int,

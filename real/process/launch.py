@@ -88,15 +88,14 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     check_async(plan, plan_path, opts)
     if opts.on_node_loss == "continue":
         check_continue(opts)
-    check_data_file(opts.data_path)
     check_resume(opts, [node.node for node in plan.nodes])
     if opts.data_path is not None:
         try:  # a corpus too short for a window per node: refused here, not after the processes started
             tokens = load_tokens(opts.data_path, arch.vocab_size)
             ArrayShard(tokens, spec.model.seq_len, 0, 1 if opts.replicate_data else len(plan.nodes),
                        str(opts.data_path))
-        except ValueError as exc:
-            raise LaunchError(str(exc)) from None
+        except ValueError as exc:  # DataError: not a regular file, too large, a garbled .npy, too short, ...
+            raise LaunchError(f"--data {exc}") from None
     return spec, plan
 
 
@@ -503,15 +502,6 @@ def saved_checkpoints(out_dir) -> list[Path]:
 def interrupted_note(out_dir) -> str:
     """Ctrl-C's one line: where the completed rounds are, or that none was saved yet."""
     return INTERRUPTED if saved_checkpoints(out_dir) else INTERRUPTED_EARLY
-
-
-def check_data_file(data_path) -> None:
-    """--data: a regular file (a FIFO or a device would block or never end the read)."""
-    if data_path is None:
-        return
-    path = Path(data_path)
-    if path.exists() and not path.is_file():
-        raise LaunchError(f"--data {data_path}: not a regular file; expected a .npy token array or a text file")
 
 
 def check_resume(opts: ExecOptions, names: list[str]) -> None:

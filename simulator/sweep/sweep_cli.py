@@ -97,6 +97,9 @@ def parser():
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="run the chunks on this Dask scheduler (tcp://host:8786; needs geodt[cluster]) "
                         "instead of local processes; the results are the same bytes")
+    p.add_argument("--worker-timeout-s", type=positive_float, default=None, metavar="S",
+                   help="--scheduler: stop when the cluster has had no worker for S seconds [60]; the chunks done "
+                        "are kept for a rerun")
     p.add_argument("--out", help="output directory (a sweep: required; --table: default out/<scenario name>/table)")
     p.add_argument("--large", action="store_true",
                    help=large_help() + "; for streaming, " + large_help(
@@ -339,9 +342,9 @@ def _run_chunks(args, spec, strategies, out: Path):
     print(f"{describe_grid(spec, len(kinds))}; x {len(strategies)} strategies; {done} already done", file=sys.stderr)
     with tqdm(total=len(grid_kinds), initial=done, unit="scenario", desc="geodt sweep") as bar:
         if jobs and args.scheduler:
-            from simulator.sweep.sweep_cluster import run_on_cluster
+            from simulator.sweep.sweep_cluster import WORKER_TIMEOUT_S, run_on_cluster
 
-            run_on_cluster(args.scheduler, spec, jobs, bar.update)
+            run_on_cluster(args.scheduler, spec, jobs, bar.update, args.worker_timeout_s or WORKER_TIMEOUT_S)
         elif jobs and args.workers > 1 and len(jobs) > 1:
             with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _quiet_worker) as pool:
                 for _, size in pool.imap_unordered(_run_chunk, jobs):
@@ -507,6 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:
+        from simulator.sweep.sweep_cluster import ClusterLost  # lazy: dask only with --scheduler
+
+        if not isinstance(exc, ClusterLost):
+            raise
+        print(f"geodt sweep: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
         # lazy: startup time (pandas: geodt sweep --help reads none of it)
         from simulator.cli import write_error
