@@ -75,7 +75,7 @@ import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+from formats.wire import COLLECTIVES, PAYLOAD_BYTES, node_link_gbps
 
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
                     "comm_s")
@@ -324,8 +324,7 @@ class Plan:
         network.{collective, payload_dtype, bandwidth_gbps}, nodes[*].{name, uplink_gbps} and
         optionally diloco.outer_state."""
         net = scenario.network
-        links = {n.name: min(net.bandwidth_gbps, n.uplink_gbps) if getattr(n, "uplink_gbps", None)
-                 else net.bandwidth_gbps for n in scenario.nodes}
+        links = {n.name: node_link_gbps(net.bandwidth_gbps, getattr(n, "uplink_gbps", None)) for n in scenario.nodes}
         outer = getattr(getattr(scenario, "diloco", None), "outer_state", None) or "cpu"
         return self.resolved(scenario.training.rounds, net.collective, net.payload_dtype, links, outer)
 

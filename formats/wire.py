@@ -8,6 +8,8 @@ One entry each, read by the simulator (which times a sync) and the executor (whi
 - PAYLOAD_BYTES: what the pseudo-gradients travel as, in bytes per element; int8 also sends
   one fp32 scale per INT8_CHUNK elements (`encoded_bytes`).
 - AVERAGING_MODES: how the nodes' pseudo-gradients are weighted ([diloco] averaging).
+- `node_link_gbps`: a node's WAN link, min(network bandwidth, its own uplink) (plan.csv's link_gbps,
+  the simulator's links).
 - `partition_shares`: the water-filling shares of a bandwidth-balanced partitioned all-reduce
   (derivation in simulator/models/network.py's docstring), vectorised over leading axes.
 - `ring_allreduce_s`: the ring all-reduce time 2(n−1)·latency + 2(n−1)/n · 8·P / B.
@@ -28,6 +30,11 @@ COLLECTIVES = ("ring", "partitioned")
 PAYLOAD_BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 INT8_CHUNK = 256  # elements per int8 scale (one fp32 scale per chunk)
 AVERAGING_MODES = ("uniform", "tokens", "normalized")
+
+
+def node_link_gbps(bandwidth_gbps: float, uplink_gbps: float | None) -> float:
+    """A node's WAN link in Gbit/s: the network's bandwidth, or the node's own uplink where slower."""
+    return min(bandwidth_gbps, uplink_gbps) if uplink_gbps else bandwidth_gbps
 
 
 def ring_allreduce_s(n: int, latency_ms: float, payload_bytes: float, slowest_gbps):

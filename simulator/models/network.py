@@ -84,8 +84,7 @@ HOST_LINK_GBPS = 100.0
 
 def link_gbps(scenario: Scenario) -> list[float]:
     """Each node's WAN link in Gbit/s."""
-    bw = scenario.network.bandwidth_gbps
-    return [min(bw, n.uplink_gbps) if n.uplink_gbps else bw for n in scenario.nodes]
+    return [wire.node_link_gbps(scenario.network.bandwidth_gbps, n.uplink_gbps) for n in scenario.nodes]
 
 
 def payload_bytes(scenario: Scenario, payload_dtype: str | None = None) -> float:
