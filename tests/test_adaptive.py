@@ -261,6 +261,16 @@ def test_continue_leaves_the_others_training_and_rejoins_from_a_peer(write_scena
     np.testing.assert_allclose(by("b", "idle_s")[4], 4.0 + fetch - 5.2, rtol=1e-9)
 
 
+def test_a_rejoin_fetch_crosses_the_nodes_own_slower_uplink(write_scenario):
+    # a's uplink (5 Mbit/s) is slower than the network's 10 Mbit/s: its fetch of the weights and outer
+    # momentum (8 bytes a parameter, 262 464 parameters) takes 8·262464·8 / 5e6 s + 1 ms of latency =
+    # 3.3605392 s, where the network's bandwidth alone gave 1.6807696 s (the uplink ignored)
+    _scenario, _plan, t = _outage(write_scenario, "continue", sets=["simulation.restart_s=0", "nodes.a.uplink_gbps=0.005"])
+    comm = t[t["node"] == "a"]["comm_s"].to_numpy()
+    np.testing.assert_allclose(comm[[0, 1, 5]], 2.24428596864, rtol=1e-12)  # the ring at a's 5 Mbit/s
+    np.testing.assert_allclose(comm[4], 2.24428596864 + 3.3605392, rtol=1e-12)
+
+
 @pytest.mark.parametrize("restart_s, back", [(0.0, 4), (10.0, 4), (20.0, 6), (40.0, 9)])
 def test_continue_rejoins_once_the_restart_is_done(write_scenario, restart_s, back):
     # a is restarted at its loss (round 2's start) and needs restart_s to start and build its model;

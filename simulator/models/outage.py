@@ -30,6 +30,7 @@ import numpy as np
 
 from formats.errors import FieldError, InputError
 from formats.sections import NODE_LOSS_POLICIES as POLICIES  # [simulation] on_node_loss
+from formats.wire import node_link_gbps
 
 FETCH_BYTES_PER_PARAM = 8  # global weights and outer momentum, fp32
 
@@ -121,8 +122,10 @@ def restart_rounds(restart_s: float, others_compute: np.ndarray, comm: np.ndarra
 
 
 def fetch_s(scenario, plan, i: int) -> float:
-    """A rejoining node's download of the global weights and outer momentum from a live peer."""
-    link = plan.nodes[i].link_gbps or scenario.network.bandwidth_gbps
+    """A rejoining node's download of the global weights and outer momentum from a live peer, over
+    its link: the plan's link_gbps, else the network's bandwidth or the node's own uplink where slower."""
+    uplink_gbps = next(n.uplink_gbps for n in scenario.nodes if n.name == plan.nodes[i].node)
+    link = plan.nodes[i].link_gbps or node_link_gbps(scenario.network.bandwidth_gbps, uplink_gbps)
     return FETCH_BYTES_PER_PARAM * scenario.model.param_count * 8 / (link * 1e9) + scenario.network.latency_ms / 1e3
 
 
