@@ -12,8 +12,8 @@ Rooms, bottom up; an arrow runs down only (tests/test_imports.py REAL_ROOMS):
   sharding (inside a node), groups (process groups and a node's collectives).
 - rounds/: the kinds of round: rounds (the Round interface, the parts a round is handed, the one
   inner-step loop), round_classic (DiLoCo), round_ddp (sync-ddp), round_streaming,
-  round_async and round_quorum (no barrier), adaptive (rebalance / deadline), trace (rows,
-  gathering, trace.csv). Imports core/.
+  round_async and round_quorum (no barrier; round_server, what they share), adaptive
+  (rebalance / deadline), trace (rows, gathering, trace.csv). Imports core/.
 - checkpoint/: checkpoint (a node's state, saved in the background, resumed; an async or quorum
   cut), ckpt_set (checkpoint sets on disk: digests, manifest). Imports core/ and rounds/.
 - membership/: who is in the run: members (the policy the round loop consults: fixed, or

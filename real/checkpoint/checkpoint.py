@@ -55,8 +55,8 @@ from formats.scenario import rounds_between_checkpoints
 from real.checkpoint import ckpt_set
 from real.checkpoint.ckpt_set import CheckpointWriteError, set_bytes
 from real.core.diloco import timing_sizes
-from real.rounds.round_async import Cuts
 from real.rounds.round_quorum import QuorumServer
+from real.rounds.round_server import Cuts
 
 __all__ = [
     "CheckpointWriteError",

@@ -24,6 +24,8 @@ Per round, on the leader's clock (trace.csv, real/rounds/trace.py, plus the colu
 - idle_s: the rest of the sync: the wait while the server served other pushes.
 - bytes_sent: the encoded pseudo-gradient (0 on node 0).
 A node of several processes: its leader pushes and pulls, then broadcasts the weights in the node.
+The round's skeleton, the wire's `push_and_pull` and the cuts are shared with quorum rounds
+(real/rounds/round_server.py ServerRound); this module is the server and what the push weighs.
 Checkpoints are a consistent cut (Chandy–Lamport; real/checkpoint/checkpoint.py writes them): the server
 records its state when its version (pushes applied) reaches a due cut (`Cuts`), and each reply
 carries the server's version, so a node learns of the cut at its next pull after it and writes the
@@ -34,11 +36,8 @@ continue) is refused in one line by real/process/launch.py check_async.
 """
 from __future__ import annotations
 
-import bisect
 import threading
 import time
-from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -46,55 +45,16 @@ import torch.distributed as dist
 from formats.wire import encoded_bytes
 from real.core.diloco import DelayedNesterov
 from real.core.options import run_collective, sleep_until
-from real.core.sync import decode, encode
-from real.rounds.rounds import NodeParts, Origin, Round, compute_phase, round_row
-
-HEADER, PAYLOAD, WEIGHTS, STATS = 0, 1, 2, 3  # message tags on the server group
-STALENESS_COLUMNS = ("staleness",)  # trace.csv's column after the run columns (rounds without a barrier)
-
-
-def push_and_pull(header: list[int], wire: torch.Tensor, params: int, stats_len: int, server: int,
-                  group) -> tuple[torch.Tensor, torch.Tensor]:
-    """A leader's push to the server on rank `server` (its header, then its encoded pseudo-gradient)
-    and its pull: (the fp32 global weights, the reply's `stats_len` float64 figures). The wire of
-    both rounds without a barrier (this module and real/rounds/round_quorum.py)."""
-    run_collective(dist.send, torch.tensor(header, dtype=torch.int64), dst=server, group=group, tag=HEADER)
-    run_collective(dist.send, wire, dst=server, group=group, tag=PAYLOAD)
-    weights = torch.empty(params, dtype=torch.float32)
-    run_collective(dist.recv, weights, src=server, group=group, tag=WEIGHTS)
-    stats = torch.zeros(stats_len, dtype=torch.float64)
-    run_collective(dist.recv, stats, src=server, group=group, tag=STATS)
-    return weights, stats
-
-
-@dataclass(frozen=True)
-class Cuts:
-    """When an async run's consistent cuts are due, in server versions (pushes applied; the cut at V
-    is the state right after the V-th push), chosen by real/checkpoint/checkpoint.py async_cuts."""
-
-    due: tuple[int, ...] = ()  # sorted versions, each after `resumed`
-    stop: int | None = None    # the version the run stops at (--stop-after), or None
-    resumed: int = 0           # the cut this run resumed from (0: the run's start)
-
-    def between(self, low: int, high: int) -> list[int]:
-        """The due cuts V with low < V <= high."""
-        return list(self.due[bisect.bisect_right(self.due, low):bisect.bisect_right(self.due, high)])
-
-    def complete(self, pulled: list[int]) -> int:
-        """The newest due cut every node has pulled past (so has written its part of; 0: none yet)."""
-        done = self.between(self.resumed, min(pulled))
-        return done[-1] if done else self.resumed
-
-    def stopped(self, version: int) -> bool:
-        """Whether a node whose last pull was at `version` is past the stop cut (does no more rounds)."""
-        return self.stop is not None and max(version, self.resumed) >= self.stop
+from real.core.sync import decode
+from real.rounds.round_server import HEADER, PAYLOAD, STATS, WEIGHTS, Cuts, ServerRound
+from real.rounds.rounds import NodeParts
 
 
 class ParameterServer:
     """The global model, its delayed Nesterov state and each node's last pull, on rank 0."""
 
-    def __init__(self, parts: NodeParts, pad_s: float | None, rounds: int):
-        self.parts, self.pad_s, self.rounds = parts, pad_s, rounds
+    def __init__(self, parts: NodeParts, pad_s: float | None, rounds: int, group):
+        self.parts, self.pad_s, self.rounds, self.group = parts, pad_s, rounds, group
         n = len(parts.plan.nodes)
         self.theta = parts.outer.global_flat.detach().to("cpu", copy=True)
         self.rule = DelayedNesterov(self.theta, period=n)
@@ -105,6 +65,10 @@ class ParameterServer:
         self.lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.error: BaseException | None = None
+
+    def set_cuts(self, cuts: Cuts) -> None:
+        """The run's cuts, after a resume has restored the server and before it starts."""
+        self.cuts, self.complete = cuts, cuts.resumed
 
     def apply(self, node: int, push: torch.Tensor, start: float) -> tuple[int, float]:
         """Node `node`'s decoded push, applied (the caller holds the lock); returns (staleness,
@@ -143,18 +107,20 @@ class ParameterServer:
         with self.lock:
             return self.recorded.pop(cut)
 
-    def start(self, group) -> None:
+    def start(self) -> None:
         """Serve the other nodes' pushes in a thread, until each has done its rounds or passed the stop cut."""
         if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, args=(group,), name="geodt-server", daemon=True)
+            self.thread = threading.Thread(target=self._serve, args=(self.group,), name="geodt-server", daemon=True)
             self.thread.start()
 
-    def join(self) -> None:
-        """Wait for the last push; a failure in the serving thread is raised here."""
-        if self.thread is not None:
-            self.thread.join()
+    def join(self) -> torch.Tensor:
+        """Wait for the last push (serving the others even when node 0 had no round left to run); the
+        final global weights (a failure in the serving thread is raised here)."""
+        self.start()
+        self.thread.join()
         if self.error is not None:
             raise self.error
+        return self.theta
 
     def _others_done(self) -> bool:
         # Only this thread changes the other nodes' entries: read without the lock.
@@ -182,35 +148,16 @@ class ParameterServer:
             self.error = exc
 
 
-class AsyncRound(Round):
+class AsyncRound(ServerRound):
     """Asynchronous DiLoCo's round (the module doc)."""
 
-    extra_columns = STALENESS_COLUMNS
-
     def __init__(self, parts: NodeParts, rounds: int, timeout_s: float):
-        self.parts = parts
-        plan, groups = parts.plan, parts.groups
-        n = len(plan.nodes)
         # The push weighs Δ_i as the synchronous average would (c_i / D), times n: the server's
         # delayed Nesterov divides by its period n (real/core/diloco.py).
-        self.push_scale = parts.coef * n / parts.divisor
-        self.server_rank = plan.first_rank(0)
-        # Every process creates the group, as torch.distributed requires; only leaders use it.
-        group = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timedelta(seconds=timeout_s),
-                               backend="gloo")
-        self.group = group if groups.is_leader else None
-        pad_s = plan.comm_s * parts.opts.time_scale if parts.opts.emulate else None
-        # Serving starts with the first round (or at close), after a resume has restored the server.
-        self.server = ParameterServer(parts, pad_s, rounds) if groups.rank == self.server_rank else None
-        self.cuts = Cuts()
-        self.pulled_version = 0  # the server's version at this node's last pull
-        self.complete = 0        # the newest cut every node has written its part of, as the last reply said
-
-    def set_cuts(self, cuts: Cuts) -> None:
-        """The run's cuts (real/checkpoint/checkpoint.py begin), before the first round."""
-        self.cuts, self.complete = cuts, cuts.resumed
-        if self.server is not None:
-            self.server.cuts, self.server.complete = cuts, cuts.resumed
+        super().__init__(parts, rounds, timeout_s, parts.coef * len(parts.plan.nodes) / parts.divisor)
+        pad_s = parts.plan.comm_s * parts.opts.time_scale if parts.opts.emulate else None
+        if parts.groups.rank == self.server_rank:
+            self.server = ParameterServer(parts, pad_s, rounds, self.group)
 
     def stopped(self) -> bool:
         """Whether this node is past the run's stop cut (does no more rounds)."""
@@ -222,53 +169,17 @@ class AsyncRound(Round):
     def load_state_dict(self, state: dict) -> None:
         self.pulled_version = int(state["pulled_version"])
 
-    def run(self, r: int, origin: Origin, bar=None) -> dict:
-        p = self.parts
-        if self.server is not None:
-            self.server.start(self.group)
-        round_start, clock, loss_sum, compute_end = compute_phase(p, bar)
-        staleness, service_s, sent = self._push_pull(r) if p.groups.is_leader else (0, 0.0, 0)
-        p.groups.broadcast_in_node(p.outer.global_flat)
-        if p.me.gpus > 1:  # the node's other processes stop at the stop cut with their leader
-            versions = torch.tensor([self.pulled_version, self.complete], dtype=torch.int64)
-            p.groups.broadcast_in_node(versions)
-            self.pulled_version, self.complete = (int(v) for v in versions.tolist())
-        p.outer.load_into_model()
-        p.groups.sync_device()
-        sync_end = time.perf_counter()
-        sync_s = sync_end - compute_end
-        row = round_row(p, r, origin, loss_sum, clock, compute_s=compute_end - round_start,
-                        idle_s=max(0.0, sync_s - service_s), comm_s=min(service_s, sync_s),
-                        start=round_start, end=sync_end, bytes_sent=sent)
-        row["staleness"] = staleness
-        return row
+    def _header(self, r: int) -> list[int]:
+        return [r]
 
-    def _push_pull(self, r: int) -> tuple[int, float, int]:
-        """The leader's push of round r and its pull: (staleness, service seconds, bytes sent);
-        the new global weights land in outer.global_flat, the server's version in pulled_version."""
-        p = self.parts
-        outer, dtype = p.outer, p.plan.payload_dtype
-        delta = outer.pseudo_gradient(self.push_scale).cpu()
-        wire = encode(delta, dtype)
-        if self.server is not None:  # node 0: the server is in this process
-            push = decode(wire, delta.numel(), dtype)
-            with self.server.lock:
-                start = time.perf_counter()
-                staleness, service_s = self.server.apply(0, push, start)
-                outer.global_flat.copy_(self.server.theta)
-                self.pulled_version, self.complete = self.server.version, self.server.complete
-            return staleness, service_s, 0
-        weights, stats = push_and_pull([r], wire, outer.global_flat.numel(), 4, self.server_rank, self.group)
-        outer.global_flat.copy_(weights)
-        self.pulled_version, self.complete = int(stats[2]), int(stats[3])
-        return int(stats[0]), float(stats[1]), wire.numel()
+    def _serve_own(self, push: torch.Tensor) -> tuple[int, float]:
+        with self.server.lock:
+            start = time.perf_counter()
+            staleness, service_s = self.server.apply(0, push, start)
+            self.parts.outer.global_flat.copy_(self.server.theta)
+            self.pulled_version, self.complete = self.server.version, self.server.complete
+        return staleness, service_s
 
-    def close(self) -> None:
-        """Rank 0: wait for the others' last pushes (serving them even when node 0 had no round
-        left to run), then hold the final global model (the run's final weights) in its model."""
-        if self.server is None:
-            return
-        self.server.start(self.group)
-        self.server.join()
-        self.parts.outer.global_flat.copy_(self.server.theta)
-        self.parts.outer.load_into_model()
+    def _split(self, sync_s: float, server_s: float) -> tuple[float, float]:
+        # comm_s is the server's service of the push; the rest of the sync waited for other pushes
+        return max(0.0, sync_s - server_s), min(server_s, sync_s)

@@ -28,7 +28,8 @@ node has written its part of (the checkpoints below). A node stopped at the stop
 last round sends a header (-1, j, 1) instead, so that the receiver stops listening for it.
 
 Per round, on the leader's clock (trace.csv plus `staleness`): compute_s the inner steps; idle_s that
-wait; comm_s the rest of the sync (the close's transfer, or the pull).
+wait; comm_s the rest of the sync (the close's transfer, or the pull). The round's skeleton, the wire
+and the cuts are an async round's (real/rounds/round_server.py ServerRound).
 
 Checkpoints are a consistent cut (Chandy–Lamport), as an async run's (real/rounds/round_async.py; written by
 real/checkpoint/checkpoint.py). The coordinator's decisions (each arrival it takes in, each close) are in one
@@ -56,7 +57,6 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -65,9 +65,9 @@ from formats.plan import quorum_need
 from formats.wire import encoded_bytes
 from real.core.diloco import OuterState
 from real.core.options import run_collective, sleep_until
-from real.core.sync import decode, encode
-from real.rounds.round_async import HEADER, PAYLOAD, STALENESS_COLUMNS, STATS, WEIGHTS, Cuts, push_and_pull
-from real.rounds.rounds import NodeParts, Origin, Round, compute_phase, round_row
+from real.core.sync import decode
+from real.rounds.round_server import HEADER, PAYLOAD, STATS, WEIGHTS, Cuts, ServerRound
+from real.rounds.rounds import NodeParts
 
 
 @dataclass
@@ -301,37 +301,19 @@ class QuorumServer:
             run_collective(dist.send, stats, dst=rank, group=self.group, tag=STATS)
 
 
-class QuorumRound(Round):
+class QuorumRound(ServerRound):
     """A quorum round (the module doc)."""
 
-    extra_columns = STALENESS_COLUMNS
+    counters = ("pulled_version", "mark", "complete")  # the closes pulled, the last reply's mark (module doc)
 
     def __init__(self, parts: NodeParts, rounds: int, timeout_s: float):
-        self.parts, self.rounds = parts, rounds
-        plan, groups, opts = parts.plan, parts.groups, parts.opts
-        n = len(plan.nodes)
-        self.push_scale = parts.coef / parts.divisor  # the node's term of the synchronous average
-        self.server_rank = plan.first_rank(0)
-        # Every process creates the group, as torch.distributed requires; only leaders use it.
-        group = dist.new_group([plan.first_rank(i) for i in range(n)], timeout=timedelta(seconds=timeout_s),
-                               backend="gloo")
-        self.group = group if groups.is_leader else None
+        super().__init__(parts, rounds, timeout_s, parts.coef / parts.divisor)  # the node's term of the average
+        plan, opts = parts.plan, parts.opts
         scale = opts.time_scale if opts.emulate else 1.0
         self.pad_s = plan.comm_s * opts.time_scale if opts.emulate else 0.0
-        # Serving starts with the first round (or at close), after a resume has restored the server.
-        self.server = (QuorumServer(parts, rounds, self.group, plan.grace_s * scale, self.pad_s)
-                       if groups.rank == self.server_rank else None)
-        self.cuts = Cuts()
-        self.pulled_version = 0  # the closes this node has pulled
-        self.mark = 0            # its last reply's mark (the module doc)
-        self.complete = 0        # the newest cut every node has written its part of, as the last reply said
-        self.pushes = 0          # the pushes it has made
-
-    def set_cuts(self, cuts: Cuts) -> None:
-        """The run's cuts (real/checkpoint/checkpoint.py begin), before the first round."""
-        self.cuts, self.complete = cuts, cuts.resumed
-        if self.server is not None:
-            self.server.set_cuts(cuts)
+        if parts.groups.rank == self.server_rank:
+            self.server = QuorumServer(parts, rounds, self.group, plan.grace_s * scale, self.pad_s)
+        self.pushes = 0  # the pushes it has made
 
     def stopped(self) -> bool:
         """Whether this node is past the run's stop cut (does no more rounds)."""
@@ -343,55 +325,27 @@ class QuorumRound(Round):
     def load_state_dict(self, state: dict) -> None:
         self.pulled_version, self.mark, self.pushes = (int(state[key]) for key in ("pulled_version", "mark", "pushes"))
 
-    def run(self, r: int, origin: Origin, bar=None) -> dict:
-        p = self.parts
-        if self.server is not None:
-            self.server.start()
-        round_start, clock, loss_sum, compute_end = compute_phase(p, bar)
-        staleness, wait_s, sent = self._push_pull(r) if p.groups.is_leader else (0, 0.0, 0)
-        if self.pad_s:  # the sync after the wait, its transfers included, padded as every emulated sync is
-            sleep_until(compute_end + wait_s + self.pad_s)
-        p.groups.broadcast_in_node(p.outer.global_flat)
-        if p.me.gpus > 1:  # the node's other processes stop at the stop cut with their leader
-            marks = torch.tensor([self.pulled_version, self.mark, self.complete], dtype=torch.int64)
-            p.groups.broadcast_in_node(marks)
-            self.pulled_version, self.mark, self.complete = (int(v) for v in marks.tolist())
-        p.outer.load_into_model()
-        p.groups.sync_device()
-        sync_end = time.perf_counter()
-        sync_s = sync_end - compute_end
-        idle_s = min(max(0.0, wait_s), sync_s)
-        row = round_row(p, r, origin, loss_sum, clock, compute_s=compute_end - round_start, idle_s=idle_s,
-                        comm_s=sync_s - idle_s, start=round_start, end=sync_end, bytes_sent=sent)
-        row["staleness"] = staleness
-        return row
-
     def _push_pull(self, r: int) -> tuple[int, float, int]:
-        """The leader's push of round r and its pull: (staleness, wait seconds, bytes sent); the new
-        global weights land in outer.global_flat, the reply's figures in pulled_version, mark, complete."""
-        p = self.parts
-        outer, dtype = p.outer, p.plan.payload_dtype
-        delta = outer.pseudo_gradient(self.push_scale).cpu()
-        wire = encode(delta, dtype)
         self.pushes += 1
-        if self.server is not None:  # node 0: the server is in this process
-            weights, stats = self.server.hand_in(decode(wire, delta.numel(), dtype))
-            sent = 0
-        else:
-            weights, stats = push_and_pull([r, p.groups.index, 0], wire, outer.global_flat.numel(), 5,
-                                           self.server_rank, self.group)
-            sent = wire.numel()
-        outer.global_flat.copy_(weights)
-        self.pulled_version, self.mark, self.complete = (int(v) for v in stats[2:].tolist())
-        return int(stats[0]), float(stats[1]), sent
+        return super()._push_pull(r)
 
-    def close(self) -> None:
-        """A leader stopped at the stop cut before its last round says so to the server's receiver;
-        rank 0 waits for the last close, then holds the final global model (the run's final weights)."""
-        if self.server is None:
-            if self.group is not None and self.stopped() and self.pushes < self.rounds:
-                run_collective(dist.send, torch.tensor([-1, self.parts.groups.index, 1], dtype=torch.int64),
-                               dst=self.server_rank, group=self.group, tag=HEADER)
-            return
-        self.parts.outer.global_flat.copy_(self.server.join())
-        self.parts.outer.load_into_model()
+    def _header(self, r: int) -> list[int]:
+        return [r, self.parts.groups.index, 0]
+
+    def _serve_own(self, push: torch.Tensor) -> tuple[int, float]:
+        return self._take_reply(*self.server.hand_in(push))
+
+    def _after_pull(self, compute_end: float, server_s: float) -> None:
+        if self.pad_s:  # the sync after the wait, its transfers included, padded as every emulated sync is
+            sleep_until(compute_end + server_s + self.pad_s)
+
+    def _split(self, sync_s: float, server_s: float) -> tuple[float, float]:
+        # idle_s is the wait for the close (or the link's last close), the rest of the sync comm_s
+        idle_s = min(max(0.0, server_s), sync_s)
+        return idle_s, sync_s - idle_s
+
+    def _leave(self) -> None:
+        """A leader stopped at the stop cut before its last round says so to the server's receiver."""
+        if self.group is not None and self.stopped() and self.pushes < self.rounds:
+            run_collective(dist.send, torch.tensor([-1, self.parts.groups.index, 1], dtype=torch.int64),
+                           dst=self.server_rank, group=self.group, tag=HEADER)
