@@ -500,18 +500,18 @@ def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
 
 
 def check_network_out(out: Path, force: bool) -> str | None:
-    """Why --out may not take a network profile (formats/owners.py check_file_owner), or None."""
+    """Why --out may not take a network profile (a file path in an existing directory, then
+    formats/owners.py check_file_owner), or None: the line without the command's name."""
     from formats.netprofile import read_network_rows
 
+    if not out.parent.is_dir() or (out.exists() and not out.is_file()):
+        return f"{out}: expected a file path in an existing directory"
     return check_file_owner(out, "network profile", read_network_rows, force)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = Path(args.out)
-    if not out.parent.is_dir() or (out.exists() and not out.is_file()):
-        print(f"geodt calibrate network: {out}: expected a file path in an existing directory", file=sys.stderr)
-        return 2
     why = check_network_out(out, args.force)
     if why is not None:
         print(f"geodt calibrate network: {why}", file=sys.stderr)
