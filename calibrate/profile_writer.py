@@ -100,14 +100,9 @@ class ProfileWriter:
 
     def _take_lock(self) -> FileLock:
         lock_path = self.path.with_name(f".{self.path.name}.lock")
-        try:
-            return FileLock(lock_path, wait=False)
-        except BlockingIOError:
-            raise ProfileError(f"{self.path}: another geodt calibrate is writing this profile (lock "
-                               f"{lock_path.name}); expected one calibration per file at a time") from None
-        except OSError as exc:
-            raise ProfileError(f"{lock_path}: cannot open the lock file ({exc.strerror}); expected a "
-                               "writable directory") from None
+        return FileLock.take_now(lock_path, ProfileError, lambda: (
+            f"{self.path}: another geodt calibrate is writing this profile (lock {lock_path.name}); "
+            "expected one calibration per file at a time"))
 
     def close(self) -> None:
         """Release the lock and remove its file (a killed process leaves it: harmless, reused)."""

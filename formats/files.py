@@ -80,6 +80,17 @@ class FileLock:
             handle.close()
         raise BlockingIOError(f"{self.path}: could not take the lock")
 
+    @classmethod
+    def take_now(cls, path: str | Path, error: type[Exception], busy) -> FileLock:
+        """The lock at `path` without waiting; error(busy()) while another process holds it,
+        error(one line) when the lock file cannot be opened."""
+        try:
+            return cls(path, wait=False)
+        except BlockingIOError:
+            raise error(busy()) from None
+        except OSError as exc:
+            raise error(f"{path}: cannot open the lock file ({exc.strerror}); expected a writable directory") from None
+
     def release(self) -> None:
         if self.handle is not None:
             try:

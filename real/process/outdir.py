@@ -38,14 +38,9 @@ class OutDirError(ValueError):
 def take_lock(out_dir: str | Path) -> FileLock:
     """DIR's run lock (held until release() or this process ends); OutDirError naming the holder otherwise."""
     path = Path(out_dir) / LOCK_NAME
-    try:
-        lock = FileLock(path, wait=False)
-    except BlockingIOError:
-        raise OutDirError(f"{out_dir}: another run (pid {_holder(path)}) is using this directory; wait for it to "
-                          f"end or choose another --out") from None
-    except OSError as exc:
-        raise OutDirError(f"{path}: cannot open the lock file ({exc.strerror}); "
-                          "expected a writable directory") from None
+    lock = FileLock.take_now(path, OutDirError, lambda: (
+        f"{out_dir}: another run (pid {_holder(path)}) is using this directory; wait for it to end or choose "
+        "another --out"))
     lock.handle.truncate(0)
     lock.handle.write(f"{os.getpid()}\n")
     lock.handle.flush()
