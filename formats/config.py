@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any
 
-from formats.errors import FieldError
+from formats.errors import FieldError, did_you_mean
 
 _MISSING = dataclasses.MISSING
 
@@ -80,7 +80,8 @@ def build(cls: type, table: Any, key: str = "") -> Any:
     hints = typing.get_type_hints(cls)
     for name in table:
         if name not in fields:
-            raise FieldError(f"{prefix}{name}", f"unknown key; expected one of {', '.join(fields)}")
+            raise FieldError(f"{prefix}{name}", f"unknown key; expected one of {', '.join(fields)}"
+                             f"{did_you_mean(name, fields)}")
     kwargs = {}
     for name, field in fields.items():
         if name in table:

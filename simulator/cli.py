@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from formats.cli import OneLineParser, positive_float
+from formats.cli import OneLineParser, add_strategy_list, positive_float
 from formats.errors import FieldError, InputError
 from formats.limits import check_work as refused
 from formats.limits import large_help
@@ -30,6 +30,7 @@ from simulator.outputs.run_figure import idle_figure
 from simulator.outputs.run_outputs import TIMELINE_FULL_MAX_ROWS, PlanSink, TableWriter, block_rounds, chunk_rounds
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
+from simulator.strategies.registry import help_lines
 from simulator.strategies.streaming import FRAGMENT_CHOICES
 
 SIMULATE_HELP = ("Load a scenario, plan each strategy, simulate its rounds and compare: a summary on the screen, "
@@ -144,6 +145,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
                                  "blocks and its first syncs only)")
         parser.add_argument("--csv", action="store_true",
                             help="timeline.csv and syncs.csv instead of timeline.parquet and syncs.parquet")
+    add_strategy_list(parser, help_lines())
     return parser
 
 

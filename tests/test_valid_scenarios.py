@@ -1,0 +1,129 @@
+"""Any valid scenario runs (issue 58): scenarios drawn across the schema go through `geodt simulate`,
+`geodt plan` and `geodt sweep --table` and each ends in exit 0, or a refusal in one line with exit 2
+(a batch that fits no device, a dtype a GPU lacks), never a traceback and never a hang.
+
+tests/test_fuzz.py mutates one scenario into bad ones; this draws good ones: 1-64 nodes (one node
+included), every GPU type of the catalog and counts 1-8 (every node the same count, every node a
+different one), a preset or a bare parameter count, every strategy (async and quorum included),
+Streaming DiLoCo's fragments and delay, jitter, node outages under either policy, drift.
+
+CI runs EXAMPLES examples, derandomized (the same ones every run, no example database); the
+`many` profile (`GEODT_HYPOTHESIS_PROFILE=many`) runs 10,000, also derandomized, to look further
+(`GEODT_VALID_LOG=FILE` logs one line per example: command, strategy, nodes, exit, traceback).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import tomli_w
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from test_fuzz import check, run
+
+from facts.catalog import gpu_keys
+from facts.presets import PRESETS
+from simulator.strategies.registry import BARRIERLESS, STRATEGIES
+
+EXAMPLES = 30
+settings.register_profile("ci", max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
+                          suppress_health_check=list(HealthCheck))
+settings.register_profile("many", max_examples=10_000, derandomize=True, database=None, deadline=None,
+                          suppress_health_check=list(HealthCheck))
+PROFILE = os.environ.get("GEODT_HYPOTHESIS_PROFILE", "ci")
+
+GPU_TYPES = sorted(gpu_keys())
+STRATEGY_NAMES = [*STRATEGIES, *BARRIERLESS]
+
+
+@st.composite
+def node_counts(draw, n: int) -> list[int]:
+    """GPUs per node: all equal, all different (as far as 1-8 allows), or any."""
+    kind = draw(st.sampled_from(["equal", "different", "any"]))
+    if kind == "equal":
+        return [draw(st.integers(1, 8))] * n
+    if kind == "different":
+        return [(draw(st.integers(0, 7)) + i) % 8 + 1 for i in range(n)] if n > 8 else \
+            draw(st.permutations(range(1, 9)))[:n]
+    return draw(st.lists(st.integers(1, 8), min_size=n, max_size=n))
+
+
+@st.composite
+def drift(draw, rounds: int) -> list[dict]:
+    events = []
+    for kind in draw(st.lists(st.sampled_from(["step", "window", "walk"]), max_size=2)):
+        if kind == "step":
+            events.append({"kind": "step", "round": draw(st.integers(0, rounds - 1)),
+                           "factor": draw(st.floats(0.5, 3.0))})
+        elif kind == "window":
+            start = draw(st.integers(0, rounds - 1))
+            events.append({"kind": "window", "from_round": start, "to_round": draw(st.integers(start + 1, rounds)),
+                           "factor": draw(st.floats(0.5, 3.0))})
+        else:
+            events.append({"kind": "walk", "spread": draw(st.floats(0.0, 0.2))})
+    return events
+
+
+@st.composite
+def scenarios(draw) -> dict:
+    n = draw(st.sampled_from([1, 1, 2, 3, 4, 5, 8]) | st.integers(1, 64))
+    rounds = draw(st.integers(1, 12))
+    local_steps = draw(st.integers(1, 120))
+    counts = draw(node_counts(n))
+    nodes = []
+    for i, count in enumerate(counts):
+        types = draw(st.lists(st.sampled_from(GPU_TYPES), min_size=1, max_size=2, unique=True))
+        gpus = {types[0]: count} if len(types) == 1 else {types[0]: count, types[1]: draw(st.integers(1, 4))}
+        node = {"name": f"n{i}", "gpus": gpus}
+        if draw(st.integers(0, 3)) == 0:
+            node["step_time_s"] = draw(st.floats(0.001, 5.0))
+        if draw(st.integers(0, 4)) == 0:
+            node["uplink_gbps"] = draw(st.floats(0.01, 100.0))
+        if draw(st.integers(0, 4)) == 0:
+            node["drift"] = draw(drift(rounds))
+        if draw(st.integers(0, 9)) == 0:  # most strategies refuse an outage (one line): kept rare
+            start = draw(st.integers(0, rounds - 1))
+            node["outage"] = {"round": start, "rounds": draw(st.integers(1, rounds - start))}
+        nodes.append(node)
+    # mostly models the drawn GPUs can hold (a model no device holds is refused in one line, also checked)
+    model = ({"preset": draw(st.sampled_from(["tiny", "tiny", "llama-60m", "llama-150m", *sorted(PRESETS)]))}
+             if draw(st.booleans()) else {"params": draw(st.floats(1e6, 1e9) | st.floats(1e9, 2e10))})
+    model |= {"seq_len": draw(st.sampled_from([16, 64, 256, 256, 1024, 4096])),
+              "dtype": draw(st.sampled_from(["bf16", "fp16", "fp32"]))}
+    table = {"name": "drawn", "seed": draw(st.integers(0, 1000)), "model": model,
+             "training": {"rounds": rounds, "local_steps": local_steps, "batch_size": draw(st.integers(1, 16))},
+             "network": {"bandwidth_gbps": draw(st.floats(0.01, 100.0)), "latency_ms": draw(st.floats(0.0, 200.0)),
+                         "collective": draw(st.sampled_from(["ring", "partitioned"])),
+                         "payload_dtype": draw(st.sampled_from(["fp32", "fp16", "int8"]))},
+             "simulation": {"jitter_cv": draw(st.sampled_from([0.0, 0.0, 0.05, 0.3])),
+                            "on_node_loss": draw(st.sampled_from(["stop", "continue"])),
+                            "detect_s": draw(st.floats(0.0, 30.0)), "restart_s": draw(st.floats(0.0, 60.0))},
+             "nodes": nodes}
+    if draw(st.booleans()):  # Streaming DiLoCo: P fragments, each synced over tau overlapped steps
+        fragments = draw(st.integers(1, min(2, local_steps)))
+        table["diloco"] = {"fragments": fragments,
+                           "sync_delay_steps": draw(st.integers(0, max(0, local_steps // fragments - 1)))}
+    return table
+
+
+@settings.get_profile(PROFILE)
+@given(table=scenarios(), command=st.sampled_from(["simulate", "plan", "table"]),
+       strategy=st.sampled_from(STRATEGY_NAMES))
+def test_valid_scenario_runs_or_refuses_in_one_line(table, command, strategy):
+    with tempfile.TemporaryDirectory() as tmpdir:
+        path, out = Path(tmpdir) / "s.toml", Path(tmpdir) / "out"
+        path.write_text(tomli_w.dumps(table))
+        if command == "table":
+            argv = ["sweep", "--table", str(path), "--out", str(out)]
+            if strategy in STRATEGIES:
+                argv += ["--strategy", strategy]
+        else:
+            argv = [command, str(path), "--out", str(out), "--strategy", strategy]
+        code, stdout, stderr = run(argv)
+        event(f"{command} exit {code}")
+        if os.environ.get("GEODT_VALID_LOG"):  # the long run's progress, one line per example
+            with open(os.environ["GEODT_VALID_LOG"], "a") as log:
+                log.write(f"{command}\t{strategy}\t{len(table['nodes'])}\t{code}\t{'Traceback' in stderr}\t"
+                          f"{stderr.strip()[:160]!r}\n")
+        check(code, stdout, stderr, out, argv)

@@ -1,0 +1,91 @@
+"""The two tiers of tests: which tests are slow, and the guard that keeps that rule honest.
+
+Slow: a test that starts a process (subprocess.Popen, a multiprocessing Process: a fork Pool, torch's
+spawn), trains a model, or takes seconds. conftest.py marks them `slow` at collection from the tables
+below (a whole module, or single tests of a module by name), so `python -m pytest -m "not slow"` runs
+the fast tier in minutes and `-m slow` the rest; a test already marked `@pytest.mark.slow` stays so.
+The guard (an autouse fixture in conftest.py) fails a test of the fast tier that starts a process,
+naming it: a new test that starts one must be added here (or marked), or it fails in the fast tier.
+`GEODT_TIERS_RECORD=FILE` records such tests to FILE instead of failing them (to find the slow ones).
+"""
+from __future__ import annotations
+
+import fnmatch
+import multiprocessing.process
+import os
+import subprocess
+
+import pytest
+
+# Modules every test of which starts processes or trains (the real executor, calibration, benchmarks' runs).
+SLOW_MODULES: frozenset[str] = frozenset({
+    # the real executor: DiLoCo runs of processes on gloo, their faults, checkpoints and WAN
+    "test_async_checkpoint.py", "test_async_real.py", "test_ckpt_keep.py", "test_checkpoint_cadence.py",
+    "test_crashes.py", "test_faults.py", "test_quorum_checkpoint.py", "test_quorum_real.py",
+    "test_real_adaptive.py", "test_real_continue_kinds.py", "test_real_continue_resume.py",
+    "test_real_cpulimit.py", "test_real_diloco.py", "test_real_failures.py", "test_real_membership_faults.py",
+    "test_real_nodeloss.py", "test_real_nodes.py", "test_real_runs.py", "test_real_sharding.py",
+    "test_real_sync.py", "test_real_wan.py", "test_real_wan_failures.py", "test_real_wan_liveness.py",
+    "test_streaming.py", "test_streaming_torchft.py", "test_validate.py",
+    # calibration: timed training steps, device and link processes
+    "test_calibrate_cli.py", "test_calibrate_step.py", "test_calibrate_scenario.py", "test_calibration_journey.py",
+    "test_step_compile.py",
+    # a Dask cluster of processes
+    "test_sweep_cluster.py",
+})
+
+# module -> test names (fnmatch patterns, without the [parameters]) that start processes or take seconds
+SLOW_TESTS: dict[str, tuple[str, ...]] = {
+    # --help and refusals in a fresh interpreter without torch (sys.modules['torch'] = None)
+    "test_help.py": ("test_help_reads_without_torch", "test_run_without_torch_still_says_what_to_install",
+                     "test_help_names_no_code"),
+}
+
+# Processes the libraries start for themselves: matplotlib lists the system's fonts with fc-list once,
+# when it builds its font cache (a fresh install's first figure).
+LIBRARY_COMMANDS = ("fc-list",)
+
+
+def is_slow(module: str, test: str) -> bool:
+    """Whether the rule puts test `test` (its name, parameters included) of file `module` in the slow tier."""
+    if module in SLOW_MODULES:
+        return True
+    base = test.split("[")[0]
+    return any(fnmatch.fnmatchcase(base, pattern) for pattern in SLOW_TESTS.get(module, ()))
+
+
+def _command(args) -> str:
+    argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+    return " ".join(str(a) for a in argv)[:200]
+
+
+def guard_fast_tier(node, monkeypatch) -> None:
+    """In a test of the fast tier, starting a process fails the test (or is recorded, GEODT_TIERS_RECORD)."""
+    record = os.environ.get("GEODT_TIERS_RECORD")  # records every test that starts one, slow or not
+    if node.get_closest_marker("slow") is not None and not record:
+        return
+
+    def caught(what: str) -> None:
+        if record:
+            with open(record, "a") as out:
+                out.write(f"{node.nodeid}\t{what}\n")
+            return
+        # pytest.fail raises a BaseException: code under test that catches Exception cannot swallow it
+        pytest.fail(f"{node.nodeid} is in the fast tier but starts a process ({what}): mark it slow in "
+                    f"tests/tiers.py (SLOW_TESTS) or with @pytest.mark.slow", pytrace=False)
+
+    popen_init = subprocess.Popen.__init__
+    process_start = multiprocessing.process.BaseProcess.start
+
+    def guarded_popen(self, args, *rest, **kwargs):
+        command = _command(args)
+        if not command.split(" ")[0].endswith(LIBRARY_COMMANDS):
+            caught(f"subprocess: {command}")
+        popen_init(self, args, *rest, **kwargs)
+
+    def guarded_start(self):
+        caught(f"multiprocessing: {type(self).__name__} {self.name}")
+        process_start(self)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded_popen)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", guarded_start)
