@@ -28,7 +28,7 @@ from facts.catalog import gpu_keys
 from facts.presets import PRESETS
 from simulator.strategies.registry import BARRIERLESS, STRATEGIES
 
-EXAMPLES = 30
+EXAMPLES = 20
 # A hang is still caught, but a loaded 2-core machine (a figure of 64 nodes) is not taken for one
 HANG_S = 120
 settings.register_profile("ci", max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
