@@ -35,10 +35,30 @@ SLOW_MODULES: frozenset[str] = frozenset({
 })
 
 # module -> test names (fnmatch patterns, without the [parameters]) that start processes or take seconds
+# (found by GEODT_TIERS_RECORD over the fast tier, and by --durations: > 20 s each at load 15 on 2 cores)
 SLOW_TESTS: dict[str, tuple[str, ...]] = {
-    # --help and refusals in a fresh interpreter without torch (sys.modules['torch'] = None)
+    # a fresh interpreter: imports checked without torch (sys.modules['torch'] = None), or a command's process
     "test_help.py": ("test_help_reads_without_torch", "test_run_without_torch_still_says_what_to_install",
                      "test_help_names_no_code"),
+    "test_install.py": ("test_core_commands_work_without_torch", "test_torch_commands_without_torch_say_which_extra"),
+    "test_calibrate_profiles.py": ("test_profiles_module_is_torch_free",),
+    "test_catalog.py": ("test_import_does_not_pull_in_torch",),
+    "test_paper.py": ("test_paper_modules_do_not_import_torch", "test_paper_command_rewrites_identically"),
+    "test_bands.py": ("test_committed_bands_are_what_the_record_gives",
+                      "test_simulate_prints_each_strategy_band_and_what_it_rests_on"),
+    "test_bench_gpu.py": ("test_the_stages_share_one_budget",),
+    "test_leave.py": ("test_a_child_that_leaves_keeps_its_status_and_its_queued_rows",),
+    # calibrations and training steps on this CPU
+    "test_netcal_wan.py": ("test_a_node_with_a_cpu_quota_syncs_at_that_quota",
+                           "test_shaped_calibration_measures_each_dtype_on_the_scenario_links",
+                           "test_inner_steps_train_the_model_and_time_each_step"),
+    "test_estimate.py": ("test_backward_moves_about_twice_the_forward_bytes_on_the_real_step",),
+    "test_estimate_pipeline.py": ("test_the_fact_file_regenerates",),
+    "test_model_constants.py": ("test_optimizer_bytes_equal_the_count_on_the_real_step",),
+    # seconds of simulation: a journey of every command, the large-work limit, the mutation fuzzer's 250 examples
+    "test_journeys.py": ("test_the_simulator_journey_keeps_every_output",),
+    "test_first_day.py": ("test_large_work_asks_for_the_flag_and_the_flag_allows_it",),
+    "test_fuzz.py": ("test_scenario_mutations",),
 }
 
 # Processes the libraries start for themselves: matplotlib lists the system's fonts with fc-list once,
