@@ -28,8 +28,8 @@ class LinesHelpFormatter(argparse.HelpFormatter):
         lines = []
         for line in text.splitlines():
             lead = line[:len(line) - len(line.lstrip())]
-            column = re.match(r"\s*\S+\s{2,}", line)  # `name  text`: continue under the text
-            hang = " " * (column.end() - len(lead)) if column else "    "
+            column = re.match(r"\s*\S{1,20}\s{2,}", line)  # `name  text`: continue under the text
+            hang = " " * (column.end() - len(lead)) if column else ""
             lines.append(textwrap.fill(line.strip(), width, initial_indent=indent + lead,
                                        subsequent_indent=indent + lead + hang) if line.strip() else "")
         return "\n".join(lines)

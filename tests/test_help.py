@@ -221,3 +221,16 @@ def test_no_suggestion_for_a_word_far_from_every_name(capsys, tmp_path):
 
     err = one_line_exit_2(capsys, main(["simulate", "paper", "--strategy", "zzz", "--out", str(tmp_path / "o")]))
     assert "did you mean" not in err
+
+
+def test_strategy_lines_stay_a_table_and_prose_wraps_flush(capsys):
+    """The strategies keep one line each, continued under their text; a description wraps at the margin."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    width = len("  measured-steps  ")
+    assert any(line.startswith("  quorum" + " " * (width - len("  quorum"))) for line in lines)
+    following = lines[next(i for i, line in enumerate(lines) if line.startswith("  quorum")) + 1]
+    assert following.startswith(" " * width) and not following.startswith(" " * (width + 1))
+    description = lines[lines.index("") + 1:lines.index("", lines.index("") + 1)]
+    assert len(description) > 1 and not any(line.startswith(" ") for line in description)
