@@ -204,3 +204,19 @@ def test_test_lines_name_markers_that_exist():
     for line in lines:
         for expression in re.findall(r'-m "([^"]+)"', line):
             assert set(re.findall(r"\w+", expression)) - {"not", "and", "or"} <= names, line
+
+
+def test_every_link_names_a_file_and_heading_that_exist():
+    """A README that points at moved text fails: each relative link's file exists, and its #anchor is a heading there."""
+    def anchor(heading: str) -> str:  # GitHub's: lower case, punctuation dropped, spaces to hyphens
+        return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+    for target in re.findall(r"\]\(([^)]+)\)", README):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, fragment = target.partition("#")
+        file = ROOT / path
+        assert file.exists(), f"README links to {path}, which does not exist"
+        if fragment:
+            headings = re.findall(r"^#+ (.*)$", file.read_text(), flags=re.M)
+            assert fragment in {anchor(h) for h in headings}, f"README links to {target}: no such heading"
