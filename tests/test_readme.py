@@ -220,3 +220,12 @@ def test_every_link_names_a_file_and_heading_that_exist():
         if fragment:
             headings = re.findall(r"^#+ (.*)$", file.read_text(), flags=re.M)
             assert fragment in {anchor(h) for h in headings}, f"README links to {target}: no such heading"
+
+
+def test_the_strategy_table_is_the_registrys():
+    """"What each strategy does" says what --help says: one row per registered strategy, its summary."""
+    from simulator.strategies.registry import SUMMARIES
+
+    rows = re.findall(r"^\| `([\w-]+)` \| (.+) \|$", README.split("## What each strategy does")[1].split("\n## ")[0],
+                      flags=re.M)
+    assert dict(rows) == SUMMARIES and [name for name, _ in rows] == list(SUMMARIES)
