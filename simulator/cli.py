@@ -163,6 +163,8 @@ def _run(argv: list[str], plan_only: bool) -> int:
         check_work(scenario, args.scenario, strategies, args.large,
                    None if plan_only else ("csv" if args.csv else "parquet"))
         plans = _plans(scenario, args.scenario, strategies)
+        if not plan_only and "baseline" not in strategies:  # the answer's ratios simulate the baseline too:
+            _refuse_unmodelled_outage(scenario, _plans(scenario, args.scenario, ["baseline"])[0])  # before writing
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
         why = check_owner(out, "plan" if plan_only else "simulate", args.force)
@@ -253,6 +255,14 @@ def _idle_run(strategy: str, timeline: pd.DataFrame) -> tuple:
     """idle_figure's entry of one strategy from its whole timeline."""
     totals = RunTotals.of(timeline)
     return strategy, totals.nodes, totals.per_node[:, 1], timeline
+
+
+def _refuse_unmodelled_outage(scenario, plan) -> None:
+    """InputError where the plan has a lost node its kind of rounds does not model (simulator/models/outage.py)."""
+    from simulator.models.outage import check_modelled, outages
+
+    if outages(scenario, plan):
+        check_modelled(scenario, plan)
 
 
 def _plans(scenario, source: str, strategies: list[str]) -> list:

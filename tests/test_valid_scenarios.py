@@ -166,3 +166,19 @@ def test_a_step_shorter_than_its_nodes_allreduce_jitters_without_negative_times(
     code, stdout, stderr = run(argv)
     assert code == 0, stderr
     check(code, stdout, stderr, out, argv)
+
+
+def test_an_outage_the_baseline_cannot_model_is_refused_before_anything_is_written(write_scenario, tmp_path, capsys):
+    """Found by the 10,000-example run: `simulate --strategy streaming` of a Streaming DiLoCo scenario with an
+    outage wrote its outputs, then simulated the baseline for the answer's ratios and ended in a traceback."""
+    from one_line import one_line_exit_2
+
+    from geodt.cli import main
+
+    path = write_scenario('name = "x"\n[model]\npreset = "llama-60m"\nseq_len = 256\n[training]\nrounds = 5\n'
+                          'local_steps = 64\nbatch_size = 4\n[diloco]\nfragments = 2\n[[nodes]]\nname = "a"\n'
+                          'gpus = { "a10" = 2 }\n[[nodes]]\nname = "b"\ngpus = { "a10" = 1 }\n'
+                          'outage = { round = 0, rounds = 1 }\n')
+    code = main(["simulate", str(path), "--strategy", "streaming", "--out", str(tmp_path / "out")])
+    one_line_exit_2(capsys, code, "strategy baseline: nodes[].outage is modelled for classic DiLoCo plans")
+    assert not (tmp_path / "out").exists()
