@@ -182,3 +182,20 @@ def test_an_outage_the_baseline_cannot_model_is_refused_before_anything_is_writt
     code = main(["simulate", str(path), "--strategy", "streaming", "--out", str(tmp_path / "out")])
     one_line_exit_2(capsys, code, "strategy baseline: nodes[].outage is modelled for classic DiLoCo plans")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_node_lost_for_every_round_has_utilization_zero(write_scenario, tmp_path):
+    """Found by the 10,000-example run: a node whose outage covers the whole run (on_node_loss = "continue")
+    spent no time in it, and summary.csv's utilization was 0/0 = NaN."""
+    import pandas as pd
+
+    path = write_scenario('name = "x"\n[model]\npreset = "llama-60m"\nseq_len = 256\n[training]\nrounds = 2\n'
+                          'local_steps = 4\nbatch_size = 4\n[simulation]\non_node_loss = "continue"\n[[nodes]]\n'
+                          'name = "a"\ngpus = { "a10" = 2 }\n[[nodes]]\nname = "b"\ngpus = { "a10" = 1 }\n'
+                          'outage = { round = 0, rounds = 2 }\n')
+    out = tmp_path / "out"
+    code, _, stderr = run(["simulate", str(path), "--strategy", "baseline", "--out", str(out)])
+    assert code == 0, stderr
+    summary = pd.read_csv(out / "summary.csv").set_index("node")
+    assert summary.loc["b", "utilization"] == 0.0 and summary.loc["b", "tokens"] == 0
+    assert 0 < summary.loc["a", "utilization"] < 1
