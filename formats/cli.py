@@ -18,11 +18,50 @@ def whole_lines(raw: io.RawIOBase, encoding: str = "utf-8") -> io.TextIOWrapper:
                             errors="backslashreplace", line_buffering=True)
 
 
+class LinesHelpFormatter(argparse.HelpFormatter):
+    """argparse's help, but a description's own lines kept (each wrapped alone, its indent kept): a
+    table such as the strategies, one line each, stays a table."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+
+        lines = []
+        for line in text.splitlines():
+            lead = line[:len(line) - len(line.lstrip())]
+            column = re.match(r"\s*\S{1,20}\s{2,}", line)  # `name  text`: continue under the text
+            hang = " " * (column.end() - len(lead)) if column else ""
+            lines.append(textwrap.fill(line.strip(), width, initial_indent=indent + lead,
+                                       subsequent_indent=indent + lead + hang) if line.strip() else "")
+        return "\n".join(lines)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse whose usage errors print `prog: message` on stderr and exit with status 2."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", LinesHelpFormatter)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: {message}\n")
+
+
+def group_options(parser: argparse.ArgumentParser, groups: dict[str, list[str]]) -> None:
+    """--help by purpose: move each named option (its first flag) out of the flat list into the titled
+    group, groups in the order given; options named nowhere stay under "options"."""
+    flat = parser._optionals  # argparse's own default group; moving an action changes only its --help place
+    by_flag = {action.option_strings[0]: action for action in flat._group_actions if action.option_strings}
+    for title, flags in groups.items():
+        group = parser.add_argument_group(title)
+        for flag in flags:
+            action = by_flag[flag]
+            flat._group_actions.remove(action)
+            group._group_actions.append(action)
+
+
+def add_strategy_list(parser: argparse.ArgumentParser, lines: str) -> None:
+    """A --help section naming every strategy --strategy takes, one line each (`lines`, from the registry)."""
+    parser.add_argument_group("strategies (--strategy NAME)", lines)
 
 
 DIGITS = re.compile(r"[0-9]{1,12}")  # ASCII digits only: str.isdigit() accepts '²', which int() refuses

@@ -13,7 +13,7 @@ import types
 import typing
 from typing import Any
 
-from formats.errors import FieldError
+from formats.errors import FieldError, did_you_mean
 
 _MISSING = dataclasses.MISSING
 
@@ -88,7 +88,8 @@ def build(cls: type, table: Any, key: str = "") -> Any:
     hints = _type_hints(cls)
     for name in table:
         if name not in fields:
-            raise FieldError(f"{prefix}{name}", f"unknown key; expected one of {', '.join(fields)}")
+            raise FieldError(f"{prefix}{name}", f"unknown key; expected one of {', '.join(fields)}"
+                             f"{did_you_mean(name, fields)}")
     kwargs = {}
     for name, field in fields.items():
         if name in table:

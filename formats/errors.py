@@ -1,5 +1,16 @@
-"""The one error type for bad user input: its message is the whole one-line report; and the one line
-for an output that cannot be written (a full disk, a quota, a read-only file system)."""
+"""The one error type for bad user input: its message is the whole one-line report; the one line for an
+output that cannot be written (a full disk, a quota, a read-only file system); "did you mean" for a
+mistyped name."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """ "; did you mean 'x'?" for the closest of `choices` to a mistyped `word` (difflib), else ""."""
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class InputError(ValueError):

@@ -41,6 +41,26 @@ def version() -> str:
         return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
 
 
+# What a bug report needs beside geodt's own version: the interpreter and the packages whose behaviour
+# changes geodt's numbers or its runs (torch, transformers and torchft only where installed).
+REPORTED_PACKAGES = ("numpy", "pandas", "simpy", "torch", "transformers", "torchft")
+
+
+def versions() -> str:
+    """geodt's version, then Python's and each reported package's installed version (metadata only: no import)."""
+    import platform
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    parts = [f"geodt {version()}", f"python {platform.python_version()}"]
+    for package in REPORTED_PACKAGES:
+        try:
+            parts.append(f"{package} {installed(package)}")
+        except PackageNotFoundError:
+            parts.append(f"{package} not installed")
+    return "\n".join(parts)
+
+
 def usage() -> str:
     lines = ["usage: geodt COMMAND [options]   (geodt COMMAND --help for each; geodt --version)", "", "commands:"]
     for name, (_, _, text) in COMMANDS.items():
@@ -54,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0 if argv else 2
     if argv[0] == "--version":
-        print(f"geodt {version()}")
+        print(versions())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

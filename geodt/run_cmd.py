@@ -34,11 +34,11 @@ from geodt.validation import (  # noqa: F401
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
-    from formats.cli import OneLineParser, positive_float
+    from formats.cli import OneLineParser, add_strategy_list, group_options, positive_float
     from formats.limits import large_help
     from formats.owners import add_force_argument
     from real.process.cli import add_exec_arguments
-    from simulator.strategies.registry import BARRIERLESS, STRATEGIES
+    from simulator.strategies.registry import BARRIERLESS, STRATEGIES, help_lines
 
     description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
                    "validation.png (or, with --trace RUN_DIR, compare a finished run)." if validate else
@@ -73,7 +73,25 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
                                  "(geodt validate --trace RUN_DIR [--out DIR] [--engine E] [--wide]); no SCENARIO or "
                                  "--strategy then; measured or emulated, and at what time scale, as RUN_DIR/trace.csv "
                                  "records (--emulate --time-scale X only for a trace that does not)")
+    group_options(parser, RUN_GROUPS | (VALIDATE_GROUPS if validate else {}))
+    add_strategy_list(parser, help_lines())
     return parser
+
+
+# `geodt run --help` and `geodt validate --help` by purpose (formats/cli.py group_options); tests/test_help.py
+# checks that no option is left out of a group
+RUN_GROUPS = {
+    "what to train": ["--strategy", "--set", "--data", "--replicate-data"],
+    "where outputs go": ["--out", "--force", "--large", "--no-progress"],
+    "measured or emulated": ["--emulate", "--time-scale"],
+    "checkpoints and resuming": ["--resume", "--stop-after", "--checkpoint-every", "--checkpoint-final"],
+    "a node that fails": ["--timeout-s", "--on-node-loss", "--rejoin-after-s"],
+    "processes and network": ["--backend", "--threads", "--wan", "--host", "--allow-any-host"],
+}
+VALIDATE_GROUPS = {
+    "the prediction": ["--engine", "--target-loss", "--wide", "--no-emulate"],
+    "a finished run instead": ["--trace"],
+}
 
 
 def checkpoint_override(every: int | None) -> list[str]:

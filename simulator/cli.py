@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from formats.cli import OneLineParser, positive_float
+from formats.cli import OneLineParser, add_strategy_list, positive_float
 from formats.errors import FieldError, InputError, write_error
 from formats.limits import check_work as refused
 from formats.limits import large_help
@@ -38,6 +38,7 @@ from simulator.outputs.run_figure import EDGE_NODES, SHOWN_NODES_MAX, edge_nodes
 from simulator.outputs.run_outputs import TIMELINE_FULL_MAX_ROWS, PlanSink, TableWriter, block_rounds, chunk_rounds
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
+from simulator.strategies.registry import help_lines
 from simulator.strategies.streaming import FRAGMENT_CHOICES
 
 SIMULATE_HELP = ("Load a scenario, plan each strategy, simulate its rounds and compare: a summary on the screen, "
@@ -170,6 +171,7 @@ def _parser(prog: str, plan_only: bool) -> OneLineParser:
                                  "blocks and its first syncs only)")
         parser.add_argument("--csv", action="store_true",
                             help="timeline.csv and syncs.csv instead of timeline.parquet and syncs.parquet")
+    add_strategy_list(parser, help_lines())
     return parser
 
 
@@ -187,6 +189,8 @@ def _run(argv: list[str], plan_only: bool) -> int:
         check_work(scenario, args.scenario, strategies, args.large,
                    None if plan_only else ("csv" if args.csv else "parquet"))
         plans = _plans(scenario, args.scenario, strategies)
+        if not plan_only and "baseline" not in strategies:  # the answer's ratios simulate the baseline too:
+            _refuse_unmodelled_outage(scenario, _plans(scenario, args.scenario, ["baseline"])[0])  # before writing
         out = Path(args.out) if args.out else default_out(scenario.name, "plan" if plan_only else "simulate",
                                                           args.strategy if plan_only else None)
         why = check_owner(out, "plan" if plan_only else "simulate", args.force)
@@ -293,6 +297,14 @@ def _idle_run(strategy: str, timeline: pd.DataFrame) -> tuple:
     """idle_figure's entry of one strategy from its whole timeline."""
     totals = RunTotals.of(timeline)
     return strategy, totals.nodes, totals.per_node[:, 1], timeline
+
+
+def _refuse_unmodelled_outage(scenario, plan) -> None:
+    """InputError where the plan has a lost node its kind of rounds does not model (simulator/models/outage.py)."""
+    from simulator.models.outage import check_modelled, outages
+
+    if outages(scenario, plan):
+        check_modelled(scenario, plan)
 
 
 def _plans(scenario, source: str, strategies: list[str]) -> list:

@@ -20,7 +20,7 @@ import tomli_w
 from facts.catalog import CatalogError, get_gpu
 from facts.presets import ModelArch, PresetError, load_arch
 from formats.config import as_table, build, coerce, require_choice, require_positive
-from formats.errors import FieldError, InputError
+from formats.errors import FieldError, InputError, did_you_mean
 from formats.files import read_regular_file
 from formats.files import short as _short
 from formats.limits import LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name, limit
@@ -314,7 +314,8 @@ def _build_scenario(table: dict, source: str) -> Scenario:
         elif key in ("name", "seed"):
             kwargs[key] = coerce(value, str if key == "name" else int, key)
         else:
-            raise FieldError(key, f"unknown key; expected one of name, seed, {', '.join(sections)}, nodes")
+            raise FieldError(key, f"unknown key; expected one of name, seed, {', '.join(sections)}, nodes"
+                             f"{did_you_mean(key, ['name', 'seed', *sections, 'nodes'])}")
     if "name" not in kwargs:
         raise FieldError("name", "missing; expected a scenario name")
     problem = check_scenario_name(kwargs["name"])

@@ -1,9 +1,16 @@
-"""Shared fixtures (scenario files written into tmp_path), and skipping the torch tests without torch.
+"""Shared fixtures (scenario files written into tmp_path), skipping the torch tests without torch, and
+the two tiers of tests.
 
 The core install (`pip install -e .`) has no torch; `geodt[real]` / `geodt[calibrate]` add it.
 Without torch, each test module that imports it at top level, or that starts the executor in a
 subprocess, is skipped whole without being imported (listed in the header), and a test that
 imports it while running is reported as skipped. With torch installed nothing here applies.
+
+Tiers: `python -m pytest -m "not slow"` is the fast tier (minutes), `-m slow` the rest. A test is
+slow when it starts a process (subprocess.Popen, a multiprocessing Process: a Pool, torch's spawn),
+trains a model or takes seconds; tests/tiers.py holds the rule that marks them at collection (whole
+modules, and single tests by name), and the guard below keeps the rule honest: a test left in the
+fast tier that starts a process fails, naming the process (tests/test_tiers.py checks the guard).
 """
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tiers import guard_fast_tier, is_slow
 
 # Packages only the extras install: a test needing one of them cannot run on the core install.
 EXTRA_PACKAGES = ("torch", "transformers")
@@ -54,6 +62,19 @@ def pytest_pycollect_makemodule(module_path, parent):
     if module_path.name in TORCH_MODULES and module_path.parent == Path(__file__).parent:
         return _NeedsTorch.from_parent(parent, path=module_path)
     return None
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tier rule (tests/tiers.py): mark slow what starts processes, trains or takes seconds."""
+    for item in items:
+        if "slow" not in item.keywords and is_slow(item.path.name, item.name):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_starts_no_process(request, monkeypatch):
+    """A test of the fast tier that starts a process fails (tests/tiers.py says which tests are slow)."""
+    guard_fast_tier(request.node, monkeypatch)
 
 
 def pytest_report_header(config):

@@ -35,9 +35,33 @@ def readme_reference(label: str) -> list[str]:
 
 
 def test_version(capsys):
+    """geodt's version first, then what a bug report needs: Python and each package that moves geodt's numbers."""
+    import platform
+    from importlib.metadata import version as installed
+
     assert main(["--version"]) == 0
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    assert capsys.readouterr().out.strip() == f"geodt {version}"
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[:3] == [f"geodt {version}", f"python {platform.python_version()}", f"numpy {installed('numpy')}"]
+    assert [line.split()[0] for line in lines] == ["geodt", "python", "numpy", "pandas", "simpy", "torch",
+                                                   "transformers", "torchft"]
+
+
+def test_version_names_a_package_not_installed(capsys, monkeypatch):
+    """A package missing from the install is named as such (a core install has no torch), not an error."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def without_torch(name):
+        if name == "torch":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", without_torch)
+    assert main(["--version"]) == 0
+    out = capsys.readouterr().out
+    assert "torch not installed" in out.splitlines() and f"pandas {real('pandas')}" in out.splitlines()
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -135,3 +159,78 @@ def test_help_names_no_code(argv):
                           cwd=ROOT, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert not code_names(done.stdout), f"geodt {' '.join(argv)} --help names code: {code_names(done.stdout)}"
+
+
+def test_every_strategy_has_a_one_line_summary():
+    from simulator.strategies.registry import BARRIERLESS, SUMMARIES
+
+    assert list(SUMMARIES) == [*STRATEGIES, *BARRIERLESS]
+    assert all(0 < len(text) <= 110 and "\n" not in text for text in SUMMARIES.values())
+
+
+@pytest.mark.parametrize("argv", [["simulate"], ["plan"], ["sweep"], ["run"], ["validate"]])
+def test_help_describes_every_strategy(capsys, argv):
+    """--help lists each strategy with what it does, one line each (wrapped under its name)."""
+    from simulator.strategies.registry import BARRIERLESS, SUMMARIES
+
+    text = help_text(capsys, argv)  # whitespace folded: a wrapped line reads as one
+    assert "strategies (--strategy NAME):" in text
+    names = list(STRATEGIES) + ([] if argv == ["sweep"] else list(BARRIERLESS))
+    for name in names:
+        assert f"{name} {SUMMARIES[name]}" in text, name
+
+
+@pytest.mark.parametrize("validate", [False, True])
+def test_run_and_validate_help_is_grouped_by_purpose(validate):
+    """Every option of run and validate sits in a titled group (geodt/run_cmd.py RUN_GROUPS): none in the flat list."""
+    from geodt.run_cmd import RUN_GROUPS, VALIDATE_GROUPS, _parser
+
+    parser = _parser("geodt validate" if validate else "geodt run", validate)
+    left = [a.option_strings[0] for a in parser._optionals._group_actions if a.option_strings != ["-h", "--help"]]
+    assert left == [], f"options in no group: {left}; add them to RUN_GROUPS / VALIDATE_GROUPS"
+    titles = [g.title for g in parser._action_groups]
+    expected = list(RUN_GROUPS) + (list(VALIDATE_GROUPS) if validate else [])
+    assert [t for t in titles if t in expected] == expected
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["simulate", "paper", "--strategy", "hybird"], "did you mean 'hybrid'?"),
+    (["plan", "paper", "--strategy", "measured-step"], "did you mean 'measured-steps'?"),
+    (["plan", "paper", "--strategy", "quorom"], "did you mean 'quorum'?"),
+    (["sweep", "--table", "paper", "--strategy", "rebalanse"], "did you mean 'rebalance'?"),
+    (["simulate", "paper", "--set", "training.round=3"], "did you mean 'rounds'?"),
+    (["simulate", "paper", "--set", "network.bandwith_gbps=3"], "did you mean 'bandwidth_gbps'?"),
+])
+def test_did_you_mean(capsys, tmp_path, argv, suggestion):
+    from one_line import one_line_exit_2
+
+    one_line_exit_2(capsys, main([*argv, "--out", str(tmp_path / "out")]), suggestion)
+    assert not (tmp_path / "out").exists()
+
+
+def test_did_you_mean_a_misspelt_section_in_a_file(capsys, write_scenario, tmp_path):
+    from one_line import one_line_exit_2
+
+    path = write_scenario('name = "x"\n[traning]\nrounds = 2\n[[nodes]]\nname = "a"\ngpus = { "a30" = 1 }\n')
+    one_line_exit_2(capsys, main(["simulate", str(path), "--out", str(tmp_path / "out")]),
+                    f"{path}: traning: unknown key", "did you mean 'training'?")
+
+
+def test_no_suggestion_for_a_word_far_from_every_name(capsys, tmp_path):
+    from one_line import one_line_exit_2
+
+    err = one_line_exit_2(capsys, main(["simulate", "paper", "--strategy", "zzz", "--out", str(tmp_path / "o")]))
+    assert "did you mean" not in err
+
+
+def test_strategy_lines_stay_a_table_and_prose_wraps_flush(capsys):
+    """The strategies keep one line each, continued under their text; a description wraps at the margin."""
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    width = len("  measured-steps  ")
+    assert any(line.startswith("  quorum" + " " * (width - len("  quorum"))) for line in lines)
+    following = lines[next(i for i, line in enumerate(lines) if line.startswith("  quorum")) + 1]
+    assert following.startswith(" " * width) and not following.startswith(" " * (width + 1))
+    description = lines[lines.index("") + 1:lines.index("", lines.index("") + 1)]
+    assert len(description) > 1 and not any(line.startswith(" ") for line in description)

@@ -321,6 +321,8 @@ def summary(timeline: pd.DataFrame | RunTotals, plan: Plan) -> pd.DataFrame:
                                                for n in plan.nodes})
     else:
         totals["tokens"] = run.node_tokens
-    totals["utilization"] = totals["compute_s"] / (totals["compute_s"] + totals["idle_s"] + totals["comm_s"])
+    busy_s = totals["compute_s"] + totals["idle_s"] + totals["comm_s"]
+    # a node lost for every round spent no time in the run: it computed none of it (0, not 0/0)
+    totals["utilization"] = (totals["compute_s"] / busy_s.where(busy_s > 0)).fillna(0.0)
     totals.insert(0, "strategy", plan.strategy)
     return totals[SUMMARY_COLUMNS]

@@ -22,7 +22,7 @@ from formats.plan import Plan
 from simulator.models.drift import drift_factors
 from simulator.models.outage import outages, rejoin_round
 from simulator.models.timing import node_timings
-from simulator.models.workload import node_cvs
+from simulator.models.workload import allreduce_part_s, node_cvs
 from simulator.scenario import Scenario
 
 ADAPT_STREAM = 0x6164
@@ -38,7 +38,8 @@ class StepDraws:
         self.intra_s = np.zeros(len(plan.nodes))
         if any(self.cvs) and any(g > 1 for g in self.gpus):
             intra = {t.node.name: t.intra_s for t in node_timings(scenario)}
-            self.intra_s = np.array([intra[n.node] if n.gpus > 1 else 0.0 for n in plan.nodes])
+            self.intra_s = np.array([allreduce_part_s(n.step_s, intra[n.node] if n.gpus > 1 else 0.0)
+                                     for n in plan.nodes])
         self.rng = np.random.default_rng((scenario.seed, ADAPT_STREAM))
 
     def total(self, i: int, factor: float, steps: int) -> tuple[float, float]:

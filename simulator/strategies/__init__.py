@@ -19,7 +19,7 @@ import math
 
 import numpy as np
 
-from formats.errors import FieldError, InputError
+from formats.errors import FieldError, InputError, did_you_mean
 from formats.plan import NodePlan, Plan, PlanError
 from simulator.models.network import sync_s
 from simulator.models.timing import NodeTiming, node_timings
@@ -96,7 +96,8 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
     rule = known(strategy)
     if rule is None:
         raise InputError(f"--strategy {strategy}: unknown strategy; expected one of {', '.join(STRATEGIES)}, or "
-                         f"without a barrier, named only, {', '.join(BARRIERLESS)}")
+                         f"without a barrier, named only, {', '.join(BARRIERLESS)}"
+                         f"{did_you_mean(strategy, [*STRATEGIES, *BARRIERLESS])}")
     timings = node_timings(scenario)
     check_batch_one(timings)
     tables, net = from_scenario(scenario, timings)

@@ -25,14 +25,15 @@ import sys
 from pathlib import Path
 
 from facts.catalog import CatalogError, get_gpu
-from formats.cli import OneLineParser, non_negative_int, positive_float, positive_int
-from formats.errors import FieldError, InputError
+from formats.cli import OneLineParser, add_strategy_list, non_negative_int, positive_float, positive_int
+from formats.errors import FieldError, InputError, did_you_mean
 from formats.files import FileLock
 from formats.limits import LIMITS, SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
 from formats.limits import check_work as refused
 from formats.owners import TEMP_SUFFIX, add_force_argument, check_owner, remove_orphan_temps, temp_prefix
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
+from simulator.strategies.registry import help_lines
 from simulator.strategies.streaming import FRAGMENT_CHOICES
 
 SWEEP_HELP = """\
@@ -105,6 +106,7 @@ def parser():
                    help=large_help() + "; for streaming, " + large_help(
                        "fragment-sync steps (chunks x rounds x nodes x 17)", (SWEEP_STEPS, SWEEP_STEPS_LARGE)))
     add_force_argument(p)
+    add_strategy_list(p, help_lines(STRATEGIES))
     return p
 
 
@@ -501,7 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(f"--strategy {name}: a strategy without a barrier; geodt sweep times barrier rounds "
                                  f"only: expected one of {', '.join(STRATEGIES)} (geodt simulate --strategy {name})")
             if name not in STRATEGIES:
-                raise InputError(f"--strategy {name}: unknown strategy; expected one of {', '.join(STRATEGIES)}")
+                raise InputError(f"--strategy {name}: unknown strategy; expected one of {', '.join(STRATEGIES)}"
+                                 f"{did_you_mean(name, STRATEGIES)}")
         if args.table:
             return _table(args, strategies, Path(args.out) if args.out else None)
         if not args.out:  # a sweep resumes from its directory: the user names it
