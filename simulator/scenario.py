@@ -327,8 +327,21 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)
     _check_fragments(scenario)
+    _check_outages(scenario)
     _check_profiles(scenario)
     return _with_network_profile(scenario)
+
+
+def _check_outages(scenario: Scenario) -> None:
+    """Under on_node_loss = "continue" some node trains in every round: a round with every node away has
+    nobody to average with (nothing would train, and every ratio against it would divide by zero)."""
+    away = [n.outage for n in scenario.nodes]
+    if scenario.simulation.on_node_loss != "continue" or any(o is None for o in away):
+        return
+    first = max(o.round for o in away)
+    if first < min(o.round + o.rounds for o in away) and first < scenario.training.rounds:
+        raise FieldError("nodes", f"every node's outage covers round {first}; expected at least one node "
+                         "training in every round (shorten or move an outage)")
 
 
 def _resolve_model(scenario: Scenario) -> None:

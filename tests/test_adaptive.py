@@ -327,3 +327,18 @@ def test_outage_is_validated_and_refused_where_not_modelled(write_scenario):
     scenario = load_scenario(str(write_scenario(THREE)), ["nodes.a.outage={round=2}"])  # on_node_loss stop
     with pytest.raises(InputError, match=r"strategy deadline: nodes\[\].outage is modelled for classic DiLoCo"):
         simulate(scenario, make_plan(scenario, "deadline"), "analytic")
+
+
+def test_a_round_with_every_node_away_is_refused_in_one_line(write_scenario):
+    """Under "continue" a round whose every node is away had nobody to train: `sweep --table` divided by
+    zero and loss.png's limits were NaN (found by tests/test_valid_scenarios.py's 10,000-example run).
+    Overlapping outages that leave one node in every round still load."""
+    every = ['nodes.a.outage={round=4, rounds=3}', 'nodes.b.outage={round=5, rounds=1}',
+             'nodes.c.outage={round=2, rounds=4}', 'simulation.on_node_loss="continue"']
+    with pytest.raises(InputError, match=r"nodes: every node's outage covers round 5; expected at least one "
+                                         r"node training in every round"):
+        load_scenario(str(write_scenario(THREE)), every)
+    apart = [*every[:1], 'nodes.b.outage={round=7, rounds=1}', *every[2:]]
+    assert load_scenario(str(write_scenario(THREE)), apart).nodes[1].outage.round == 7
+    stop = [*every[:3], 'simulation.on_node_loss="stop"']  # the whole run stops and restarts: no round without nodes
+    assert load_scenario(str(write_scenario(THREE)), stop).simulation.on_node_loss == "stop"
