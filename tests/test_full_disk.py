@@ -80,15 +80,14 @@ def test_calibrate_scenario_on_a_full_disk_is_one_line(full_dir):
     assert _left(full_dir) == []
 
 
-def test_calibrate_convergence_logs_progress_and_a_full_disk_is_one_line(full_dir, tmp_path):
-    """stderr not a terminal (a log): a progress line every PROGRESS_S (10 s) while a run trains, where
-    nothing was printed for the 6 minutes of a calibration; then the profile cannot be written."""
+def test_calibrate_convergence_on_a_full_disk_is_one_line(full_dir, tmp_path):
+    """The runs train beside the profile (issue 59: nothing outside --out), so the first run meets the full
+    disk: one line naming the folder, exit 2 (it was the run's bare "[Errno 28]" and exit 1). Its progress
+    lines in a log: tests/test_time_to_loss.py."""
     out = full_dir / "convergence.csv"
-    code, err, took_s = _geodt("calibrate", "convergence", "hetero-cpu", "--runs", "baseline", "--set",
-                               "training.rounds=2", "--time-scale", "10", "--out", str(out))
+    code, err, _ = _geodt("calibrate", "convergence", "hetero-cpu", "--runs", "baseline", "--set",
+                          "training.rounds=2", "--time-scale", "10", "--out", str(out))
     assert code == 2, err
-    progress = [line for line in err if line.startswith("geodt calibrate convergence: run 1/1 (baseline): ")]
-    assert len(progress) >= int(took_s // 10) - 3 >= 1, (took_s, err)  # start-up and the write are not a run
-    assert err[-1] == (f"geodt calibrate convergence: --out {out}: cannot write {out} ({FULL}); the runs finished "
-                       "before (none) are kept in it: free space or choose another --out"), err[-1]
+    assert err[-1] == (f"geodt calibrate convergence: --out {out}: cannot write {full_dir} ({FULL}); the runs "
+                       "finished before (none) are kept in it: free space or choose another --out"), err[-1]
     assert _left(full_dir) == []

@@ -105,9 +105,13 @@ def test_validate_target_on_another_corpus_is_refused_before_anything_is_written
 
 
 @pytest.mark.slow
-def test_calibrate_convergence_writes_and_resumes(tmp_path, capsys):
+def test_calibrate_convergence_writes_and_resumes(tmp_path, capsys, monkeypatch):
     from formats.convergence import COLUMNS, read_convergence_profile
     from geodt.calibration.cli import main
+
+    # stderr captured is not a terminal (a log): a progress line every PROGRESS_S while a run trains, where
+    # nothing was printed for the minutes of a calibration (issue 58); 1 s here so each run prints one
+    monkeypatch.setattr("geodt.calibration.convergence.PROGRESS_S", 1.0)
 
     out = tmp_path / "conv.csv"
     small = ["--set", "training.rounds=2", "--set", "training.local_steps=3", "--time-scale", "0.5"]
@@ -119,7 +123,9 @@ def test_calibrate_convergence_writes_and_resumes(tmp_path, capsys):
     # measured-steps gives the fast nodes more local steps than the baseline's 3
     steps = frame[frame["run"] == "unequal-steps"].groupby("node")["local_steps"].first()
     assert steps["fast"] > steps["slowest"] == 3
-    capsys.readouterr()
+    err = capsys.readouterr().err
+    for k, run in enumerate(("baseline", "unequal-steps")):
+        assert f"geodt calibrate convergence: run {k + 1}/2 ({run}): " in err, err
     assert main(["convergence", "hetero-cpu", "--runs", "baseline,unequal-steps,fp16-payload", "--out", str(out),
                  *small]) == 0
     assert "holds baseline, unequal-steps; measuring fp16-payload" in capsys.readouterr().out

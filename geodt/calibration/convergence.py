@@ -18,6 +18,7 @@ calibration into that profile when this one was killed (formats/owners.py).
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import platform
 import subprocess
@@ -27,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from formats.cli import OneLineParser
+from formats.errors import write_error
 from train.children import die_with_parent
 
 # name -> (strategy, scenario overrides, executor flags); "{node}" is the scenario's second-slowest node
@@ -96,7 +98,12 @@ def main(argv: list[str] | None = None) -> int:
             for k, name in enumerate(tqdm(todo, desc="convergence runs", unit="run", disable=quiet)):
                 note = _progress_line(f"run {k + 1}/{len(todo)} ({name})") if quiet else None
                 status, log = _run_one(args, scenario, name, Path(tmp) / name, note)
+                kept = f"the runs finished before ({', '.join(sorted(done)) or 'none'}) are kept in it"
                 if status != 0:
+                    if "[Errno 28]" in log:  # the run's folder sits beside the profile: that disk is full
+                        full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out.parent))
+                        print(f"geodt calibrate convergence: {write_error(out, full, kept)}", file=sys.stderr)
+                        return 2
                     tail = " | ".join(line for line in log.strip().splitlines()[-3:])
                     print(f"geodt calibrate convergence: run {name} failed (exit {status}): {tail}", file=sys.stderr)
                     return 1
@@ -104,9 +111,6 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     _append(out, rows)
                 except OSError as exc:  # a full disk under --out: the profile is written whole or not at all
-                    from formats.errors import write_error
-
-                    kept = f"the runs finished before ({', '.join(sorted(done)) or 'none'}) are kept in it"
                     print(f"geodt calibrate convergence: {write_error(out, exc, kept)}", file=sys.stderr)
                     return 2
                 done = done | {name}
