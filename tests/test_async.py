@@ -177,9 +177,9 @@ def test_simulate_command_prints_and_writes_staleness(tmp_path, capsys):
 
 
 def test_readme_lists_them():
-    from tests.test_help import readme_reference
+    from tests.test_help import readme_strategies
 
-    assert readme_reference("Strategies without a barrier:") == list(BARRIERLESS)
+    assert [name for name in readme_strategies() if name in BARRIERLESS] == list(BARRIERLESS)
 
 
 def test_refused_where_only_barrier_rounds_are_timed(tmp_path, capsys):
