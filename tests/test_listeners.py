@@ -9,6 +9,8 @@ import socket
 
 import pytest
 
+pytest.importorskip("torch")  # the executor's modules below import it (core install: skipped)
+
 from geodt.preflight import check_host
 from real.process.launch import LaunchError, check_host_policy, resolve_host
 

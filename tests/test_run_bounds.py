@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+pytest.importorskip("torch")  # the executor's modules below import it (core install: skipped)
+
 from formats.errors import InputError
 from geodt.run_cmd import MAX_EMULATED_S, check_emulated_length, run_main
 from real.core.options import ExecOptions
