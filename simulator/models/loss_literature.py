@@ -11,12 +11,14 @@ H, batch against a critical batch, overlap τ, the merge's α):
 et al. 2018 write it). Each effect names its source (paper, table or figure), the range the source
 covers, and where a run lies outside it (`extrapolated`); each has a band (a share of the loss): the
 RMS residual of its form against the published comparisons it rests on (facts/loss_published.csv:
-replicas, H, overlap), else half the effect itself (batch: no rows; said so).
+replicas, H, overlap, overtraining), else half the effect itself (batch: no rows; said so).
+
+Every effect with a share δ was measured at about D = 20N; beyond that it is read as a token multiplier
+(`overtraining_scale`: δ shrinks with the curve's slope as D/N grows).
 
 Figures read in the papers (docs/PAPERS.md) are Charles et al. 2025 Tables 4, 5, 7, Douillard et al.
-2025 (Streaming DiLoCo) Tables 5-7, Kale et al. 2025 Tables 1-3 and 6, and Kaplan et al. 2020 Eq. 5.3.
-The async anchor is the figure issue 55 quotes from Liu et al. 2024; its table was not read here, and
-its source says so.
+2025 (Streaming DiLoCo) Tables 5-7, Kale et al. 2025 Tables 1-3 and 6, Liu et al. 2024 Tables 1-4 and
+its footnote 5, and Kaplan et al. 2020 Eq. 5.3.
 """
 from __future__ import annotations
 
@@ -30,10 +32,12 @@ import numpy as np
 import pandas as pd
 
 from simulator.models.convergence_prior import (
+    BESIROGLU_2024,
     FITTED_PARAMS_MAX,
     FITTED_PARAMS_MIN,
     SYNC_CADENCE_INNER_STEPS,
     TOKENS_PER_PARAM,
+    chinchilla_loss,
     diloco_factor,
 )
 
@@ -52,48 +56,69 @@ SYNC_INTERVAL_COST = 0.00875
 SYNC_INTERVAL_MIN = 5
 SYNC_INTERVAL_MAX = 1000
 # A delayed outer step (a share f = τ/H of an outer step late): δ = a·f^DELAY_EXPONENT, a the cost of a whole
-# step late (Kale et al. 2025, arXiv 2502.12996): applied naively (α = 0: the late global replaces the local
-# steps) a = 12.7%, their Table 2 (500M: 3.01 against 2.67); with eager updates (α > 0: the local outer
-# gradient stands in until the others arrive) a shrinks with N: DELAY_EAGER_COST · (N/1e9)^-DELAY_EAGER_EXPONENT,
-# least squares on their Table 6 (1-outer-step eager against DiLoCo, H = 30, 35M-1B: +2.26% to +0.40%).
+# step late at D = 20N (Kale et al. 2025, arXiv 2502.12996): applied naively (α = 0: the late global replaces the
+# local steps) a = 13.1%, their Table 2 (500M: 3.01 against 2.67, +12.7% at 22 tokens per parameter, over
+# overtraining_scale there: 0.971); with eager updates (α > 0: the local outer gradient stands in until the others
+# arrive) a shrinks with N: DELAY_EAGER_COST · (N/1e9)^-DELAY_EAGER_EXPONENT, least squares (on the % values, a grid
+# of 5e-5 and 0.0025) on their Table 6 (1-outer-step eager against DiLoCo, H = 30, 35M-1B: +2.26% to +0.40%, each
+# row's form scaled to its D/N: 20-25 tokens per parameter).
 # DELAY_EXPONENT 1.5: their Table 2's 2-outer-step eager costs 3.0x the 1-outer-step (log2 3 = 1.58, rounded
 # down); a quadratic would give 4x, a linear form a naive τ = 1 of H = 30 at +0.42%, which Streaming DiLoCo's
 # τ = 1 runs do not show (Table 5: -0.4 to 0% against DiLoCo).
-DELAY_COST_NAIVE = 0.127
-DELAY_EAGER_COST = 0.0095
-DELAY_EAGER_EXPONENT = 0.28
+DELAY_COST_NAIVE = 0.131
+DELAY_EAGER_COST = 0.0099
+DELAY_EAGER_EXPONENT = 0.265
 DELAY_EXPONENT = 1.5
 # Payload precision: Streaming DiLoCo (Douillard et al. 2025, arXiv 2501.18512) exchanges fp4 outer
 # gradients without a measurable loss (Table 5: streaming with overlapped fp4 against DiLoCo, -0.4 to 0% at
 # 35M-1B, within the printed rounding): no cost at 4 bits or more.
 PAYLOAD_MIN_BITS = 4
 PAYLOAD_WIDTH_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "fp4": 4, "int4": 4}
-# Liu et al. 2024 (arXiv 2401.09135): async Local-SGD with delayed Nesterov and dynamic local updates
-# matches synchronous Local-SGD (issue 55 quotes -0.18 to +0.06%): no effect, its band the quoted spread.
+# Liu et al. 2024 (arXiv 2401.09135v2): async Local-SGD with delayed Nesterov and dynamic local updates "matches
+# the performance of synchronous Local-SGD" (abstract); its Tables 1-3 print -0.18 to +0.06% (ln ppl) against
+# synchronous DiLoCo, no larger than what the paper itself calls numerical error (footnote 5: 0.05%, two runs of
+# what reduces to the same method) or no significant difference (Table 4: c = 0 against 0.1, up to 0.20%). So no
+# effect; its band the printed spread.
 ASYNC_BAND = 0.0018
+# Overtraining: the effects with a share δ (replicas, H, overlap) were measured at about D = 20N. Read as token
+# multipliers η (a run trains like η·D tokens, as the batch effect is written after McCandlish et al. 2018), a share
+# at equal tokens is about ln(1/η)·s(D), s(D) = −d ln L/d ln D the curve's slope: it shrinks as D/N grows. So each
+# δ is scaled by s(D)/s(20N) of Besiroglu et al. 2024's Chinchilla fit, D/N held within OVERTRAIN_TPP_MIN-MAX (below
+# 20 the measured level). The form fits no constant of its own (the overlap costs below were fitted under it, at
+# their rows' 20-25 tokens per parameter); checked, held out, on Streaming DiLoCo Table 7 and Kale et al. Table 1
+# (1B at 25, 100, 250 tokens per parameter: the effects shrink to 0.31-0.54 of their 25 level by 250, the form to
+# 0.47; their level at 25 on Dolma is 1.4-5x the C4 level at 20-25 tokens per parameter, Streaming DiLoCo Table 6
+# and Charles et al. Table 4, and M = 2 against data-parallel is of the other sign: no form in N, D, M gives both).
+OVERTRAIN_TPP_MIN = TOKENS_PER_PARAM
+OVERTRAIN_TPP_MAX = 250
 
 SOURCES = {
     "replicas": "Charles et al. 2025 Table 7 (DiLoCo factor; checked on Tables 4-5)",
     "data_parallel": "Charles et al. 2025 Table 7 (data-parallel row: no DiLoCo factor)",
     "sync_interval": "Douillard et al. 2025 (Streaming DiLoCo) Table 6 (H = 100 vs 30, M = 2, 4; fitted to 300M)",
     "batch": "McCandlish et al. 2018 E = Emin(1+B/Bcrit); Kaplan et al. 2020 Eq. 5.3 Bcrit(L)",
-    "overlap": "Kale et al. 2025 Table 2 (naive, 500M) and Table 6 (eager, 35M-1B), a whole step late; "
+    "overlap": "Kale et al. 2025 Table 2 (naive, 500M) and Table 6 (eager, 35M-1B), a whole step late at 20N; "
                "(tau/H)^1.5 (Table 2's 2-step eager)",
     "payload": "Douillard et al. 2025 (Streaming DiLoCo) Table 5 (overlapped fp4, no cost beyond rounding)",
-    "async": "Liu et al. 2024 (delayed Nesterov + dynamic local updates = synchronous), as quoted by issue 55 "
-             "(its table not read here)",
+    "async": "Liu et al. 2024 Tables 1-4 and footnote 5 (delayed Nesterov + dynamic local updates matches "
+             "synchronous, within the paper's own noise)",
+    "overtraining": "each effect measured at D = 20N read as a token multiplier (McCandlish et al. 2018): scaled by "
+                    "the curve's slope at D against 20N (Besiroglu et al. 2024); checked on Streaming DiLoCo Table 7 "
+                    "and Kale et al. Table 1 (held out)",
     "unequal_work": "no published effect: token-weighted merges as Liu et al. 2024's dynamic local updates; "
                     "assumed none",
     "missed": "no published effect beyond the tokens not trained (already absent from D); assumed none",
 }
 RANGES = {
-    "replicas": "N 35M-2.4B (held out to 10B), M 1-8, D = 20N, H = 30",
+    "replicas": "N 35M-2.4B (held out to 10B), M 1-8, D = 20N (scaled to 250N: overtraining), H = 30",
     "data_parallel": "N 35M-2.4B (held out to 10B), D = 20N",
     "sync_interval": f"H {SYNC_INTERVAL_MIN}-{SYNC_INTERVAL_MAX} (measured 30-100), M 1-8 (measured 2-4)",
     "batch": "any (Bcrit from L: Kaplan's corpus)",
     "overlap": "tau/H 0-2, N 35M-1B (naive: 500M only)",
     "payload": f">= {PAYLOAD_MIN_BITS} bits",
-    "async": "up to 150M parameters (Liu et al. 2024)",
+    "async": "up to 150M parameters, 4-16 workers (Liu et al. 2024)",
+    "overtraining": f"D/N {OVERTRAIN_TPP_MIN}-{OVERTRAIN_TPP_MAX} (checked, not fitted; below {OVERTRAIN_TPP_MIN}: "
+                    "the measured level)",
     "unequal_work": "-",
     "missed": "-",
 }
@@ -127,12 +152,15 @@ def effects(x: dict, scale: Scale, fragments=1, sync_delay_steps=0, payload_dtyp
     """Every effect for a run's features x (convergence.FEATURES; scalars or arrays of runs) at its scale."""
     zero = 0.0 * np.asarray(x["batch_log2"], dtype=float)
     steps = scale.base_steps * np.exp2(np.asarray(x["steps_log2"], dtype=float))
+    shrink = overtraining_scale(scale.params, scale.tokens)
     out = {"replicas": _replicas(scale, zero)}
     if scale.data_parallel:
-        out["data_parallel"] = _data_parallel(scale, zero)
+        out["data_parallel"] = _data_parallel(scale, zero, shrink)
     else:
-        out["sync_interval"] = _sync_interval(steps, scale, zero)
-        out["overlap"] = _overlap(np.asarray(sync_delay_steps, float) / np.maximum(steps, 1.0), scale, zero)
+        if shrink != 1.0:
+            out["overtraining"] = _overtraining(scale, zero, shrink)
+        out["sync_interval"] = _sync_interval(steps, scale, zero, shrink)
+        out["overlap"] = _overlap(np.asarray(sync_delay_steps, float) / np.maximum(steps, 1.0), scale, zero, shrink)
     # sync-ddp keeps the baseline's global batch (its rule), so data-parallel has no batch effect against it
     out["batch"] = _batch(zero if scale.data_parallel else np.asarray(x["batch_log2"], dtype=float), scale)
     out["payload"] = _payload(payload_dtype, zero)
@@ -144,22 +172,47 @@ def effects(x: dict, scale: Scale, fragments=1, sync_delay_steps=0, payload_dtyp
     return out
 
 
+def curve_slope(params, tokens) -> np.ndarray:
+    """−d ln L/d ln D of Besiroglu et al.'s Chinchilla fit: β·B·D^−β / L(N, D)."""
+    fit = BESIROGLU_2024
+    d = np.asarray(tokens, dtype=float)
+    return fit.tokens_exponent * fit.tokens_coeff * d ** -fit.tokens_exponent / chinchilla_loss(params, d)
+
+
+def overtraining_scale(params: float, tokens: float) -> float:
+    """s(D)/s(20N): how much of an effect measured at D = 20N is left at D (1 at D/N <= 20; D/N held at 250)."""
+    tpp = min(max(tokens / params, OVERTRAIN_TPP_MIN), OVERTRAIN_TPP_MAX)
+    return float(curve_slope(params, tpp * params) / curve_slope(params, OVERTRAIN_TPP_MIN * params))
+
+
+def _overtraining(scale: Scale, zero, shrink: float) -> Effect:
+    """The curve's DiLoCo factor f (measured at 20N) scaled to the run's D: δ = (f − 1)·(s(D)/s(20N) − 1)."""
+    factor = float(diloco_factor(scale.params, max(1, scale.replicas)))
+    outside = (f"D/N {scale.tokens / scale.params:.3g} > {OVERTRAIN_TPP_MAX} (held at {OVERTRAIN_TPP_MAX})"
+               if scale.tokens / scale.params > OVERTRAIN_TPP_MAX else "")
+    # common to every DiLoCo strategy at this M, so no band here (data-parallel, which differs by it, carries it)
+    return Effect(zero + (factor - 1.0) * (shrink - 1.0), zero + 1.0, 0.0, SOURCES["overtraining"], outside)
+
+
 def _replicas(scale: Scale, zero) -> Effect:
     """M's factor is in the curve (0 here); flagged where N, M or D/N lie outside Charles et al.'s runs."""
     outside = _outside_params(scale.params)
     if scale.replicas > 8:
         outside.append(f"M {scale.replicas} > 8 (held at 8)")
     tpp = scale.tokens / scale.params
-    if not 0.5 * TOKENS_PER_PARAM <= tpp <= 2 * TOKENS_PER_PARAM:
-        outside.append(f"D/N {tpp:.3g} outside 10-40 (factor measured at 20; Sect. 5.2: parallel curves)")
+    if not 0.5 * TOKENS_PER_PARAM <= tpp <= OVERTRAIN_TPP_MAX:
+        outside.append(f"D/N {tpp:.3g} outside 10-{OVERTRAIN_TPP_MAX} (factor measured at 20, scaled to "
+                       f"{OVERTRAIN_TPP_MAX} by the overtraining effect)")
     # no band here: the factor is common to every DiLoCo strategy at this M (only data-parallel differs by it)
     return Effect(zero, zero + 1.0, 0.0, SOURCES["replicas"], "; ".join(outside))
 
 
-def _data_parallel(scale: Scale, zero) -> Effect:
-    """Data-parallel has no DiLoCo factor: the curve (with M's factor) divided by it."""
+def _data_parallel(scale: Scale, zero, shrink: float = 1.0) -> Effect:
+    """Data-parallel has no DiLoCo factor: the curve (with M's factor) divided by it. Beyond D = 20N the factor it
+    lacks is the overtraining-scaled one, whose residual against its held-out rows joins the band."""
     factor = float(diloco_factor(scale.params, max(1, scale.replicas)))
-    return Effect(zero + (1.0 / factor - 1.0), zero + 1.0, replica_band(), SOURCES["data_parallel"],
+    band = replica_band() if shrink == 1.0 else math.hypot(replica_band(), overtraining_band())
+    return Effect(zero + (1.0 / factor - 1.0), zero + 1.0, band, SOURCES["data_parallel"],
                   "; ".join(_outside_params(scale.params)))
 
 
@@ -175,9 +228,9 @@ def sync_interval_delta(steps, replicas: int) -> np.ndarray:
     return SYNC_INTERVAL_COST * np.log(h / SYNC_CADENCE_INNER_STEPS) * math.log2(2 * max(1, replicas)) / 3
 
 
-def _sync_interval(steps, scale: Scale, zero) -> Effect:
-    delta = sync_interval_delta(steps, scale.replicas) + zero
-    base = float(sync_interval_delta(scale.base_steps, scale.replicas))
+def _sync_interval(steps, scale: Scale, zero, shrink: float = 1.0) -> Effect:
+    delta = shrink * sync_interval_delta(steps, scale.replicas) + zero
+    base = shrink * float(sync_interval_delta(scale.base_steps, scale.replicas))
     outside = []
     if np.any(steps < SYNC_INTERVAL_MIN) or np.any(steps > SYNC_INTERVAL_MAX):
         outside.append(f"H outside {SYNC_INTERVAL_MIN}-{SYNC_INTERVAL_MAX}")
@@ -215,8 +268,8 @@ def overlap_delta(delay_share, fragment_alpha: float, params: float = 1e9) -> np
     return cost * np.asarray(delay_share, dtype=float) ** DELAY_EXPONENT
 
 
-def _overlap(delay_share, scale: Scale, zero) -> Effect:
-    delta = overlap_delta(delay_share, scale.fragment_alpha, scale.params) + zero
+def _overlap(delay_share, scale: Scale, zero, shrink: float = 1.0) -> Effect:
+    delta = shrink * overlap_delta(delay_share, scale.fragment_alpha, scale.params) + zero
     outside = "tau/H > 2" if np.any(delay_share > 2) else ""
     band = form_band("overlap") if np.any(np.abs(delta) > 1e-12) else 0.0  # none without overlap
     return Effect(delta, zero + 1.0, band, SOURCES["overlap"], outside)
@@ -263,12 +316,16 @@ def _run_value(spec: str, key: str, default: float) -> float:
 
 
 def _form_delta_pct(effect: str, row) -> float:
-    """The form's Δloss % for one row of facts/loss_published.csv: setting's δ less the reference's."""
+    """The form's Δloss % for one row of facts/loss_published.csv: setting's δ less the reference's, each scaled to
+    the row's D/N (overtraining_scale)."""
+    shrink = overtraining_scale(row.params, row.tokens)
+
     def one(spec: str) -> float:
         h = _run_value(spec, "H", SYNC_CADENCE_INNER_STEPS)
         if effect == "sync_interval":
-            return float(sync_interval_delta(h, int(_run_value(spec, "M", 1))))
-        return float(overlap_delta(_run_value(spec, "tau", 0) / h, _run_value(spec, "alpha", 0.0), row.params))
+            return shrink * float(sync_interval_delta(h, int(_run_value(spec, "M", 1))))
+        return shrink * float(overlap_delta(_run_value(spec, "tau", 0) / h, _run_value(spec, "alpha", 0.0),
+                                            row.params))
     return 100.0 * (one(row.setting_run) - one(row.reference_run))
 
 
@@ -280,4 +337,30 @@ def form_band(effect: str) -> float:
     rows = rows[(rows["effect"] == effect) & rows["setting_run"].str.startswith("diloco")
                 & rows["reference_run"].str.startswith("diloco")]
     residual = [_form_delta_pct(effect, r) - r.published_delta_pct for r in rows.itertuples()]
+    return float(np.sqrt(np.mean(np.square(residual))) / 100)
+
+
+def overtraining_delta_pct(row) -> float:
+    """The forms' Δloss % for one overtraining row (runs `dp M=m` or `diloco M=m ...`): each DiLoCo run's factor
+    less one, plus its overlap, scaled to the row's D/N."""
+    shrink = overtraining_scale(row.params, row.tokens)
+
+    def one(spec: str) -> float:
+        if not spec.startswith("diloco"):
+            return 0.0
+        h = _run_value(spec, "H", SYNC_CADENCE_INNER_STEPS)
+        m = int(_run_value(spec, "M", 1))
+        own = (float(diloco_factor(row.params, m)) - 1.0 + float(sync_interval_delta(h, m))
+               + float(overlap_delta(_run_value(spec, "tau", 0) / h, _run_value(spec, "alpha", 0.0), row.params)))
+        return shrink * own
+    return 100.0 * ((1.0 + one(row.setting_run)) / (1.0 + one(row.reference_run)) - 1.0)
+
+
+@lru_cache(maxsize=1)
+def overtraining_band() -> float:
+    """RMS residual (a share of the loss) of the overtraining-scaled forms against the overtraining rows (Streaming
+    DiLoCo Table 7, held out): what a data-parallel against DiLoCo comparison beyond 20N may be off by."""
+    rows = published()
+    rows = rows[rows["effect"] == "overtraining"]
+    residual = [overtraining_delta_pct(r) - r.published_delta_pct for r in rows.itertuples()]
     return float(np.sqrt(np.mean(np.square(residual))) / 100)
