@@ -254,7 +254,7 @@ predicted_vs_published.png.
 {table}
 
 **Sign, and the paper's own noise.** A sign counts where the published effect exceeds its printed rounding
-and, where the paper states one, its own noise (noise_pct). Only Liu et al. 2024 (arXiv 2401.09135v2) states
+and, where the paper states one, its own noise (noise_pct). Of the papers read only Liu et al. 2024 (arXiv 2401.09135v2) states
 one: footnote 5 calls DN+DyLU's lead over synchronous DiLoCo with no heterogeneity ({footnote5:.3f}%)
 numerical error, "as the two methods reduce to the same", and its Table 4 text finds "no significant
 difference" between c = 0 and c = 0.1 across its DN+DyLU runs, up to 0.20% (60M: 24.53 against 24.69
