@@ -28,9 +28,10 @@ from facts.catalog import CatalogError, get_gpu
 from formats.cli import OneLineParser, add_strategy_list, non_negative_int, positive_float, positive_int
 from formats.errors import FieldError, InputError, did_you_mean
 from formats.files import FileLock
-from formats.limits import LIMITS, SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
+from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
 from formats.limits import check_work as refused
 from formats.owners import TEMP_SUFFIX, add_force_argument, check_owner, remove_orphan_temps, temp_prefix
+from formats.sections import NetworkConfig, bounds_of
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
 from simulator.strategies.registry import help_lines
@@ -58,7 +59,7 @@ _WORKER: dict = {}
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    lo, hi = LIMITS["bandwidth_gbps"]
+    lo, hi = bounds_of(NetworkConfig, "bandwidth_gbps")
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
