@@ -204,3 +204,6 @@ class SimulationConfig:
 
     def __post_init__(self) -> None:
         check_keys(self)
+
+
+SECTION_CLASSES = {"training": TrainingConfig, "network": NetworkConfig, "simulation": SimulationConfig}

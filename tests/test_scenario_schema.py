@@ -163,3 +163,38 @@ def test_both_stages_refuse_a_bad_key_alike(tmp_path, section, line, message):
         load_run_spec(path)
     assert str(simulated.value).startswith(f"{path}: {message}")
     assert str(executed.value).startswith(f"{path}: {message}")
+
+
+def test_a_keys_shorthand_is_made_from_the_key_alone():
+    """--target-loss and --checkpoint-every are made from their keys (formats/cli.py SHORTHANDS): no
+    command writes such a flag, its type or its `--set` by hand."""
+    from formats.cli import SHORTHANDS
+
+    hand_written = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        if path.parts[len(ROOT.parts)] in ("tests", "benchmarks", ".venv-ci"):
+            continue
+        text = path.read_text()
+        for name, (section, flag, _) in SHORTHANDS.items():
+            if f'"{flag}", type' in text or f'"{section}.{name}=' in text:
+                hand_written.append(f"{path.relative_to(ROOT)}: {flag}")
+    assert hand_written == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--checkpoint-every", "0"], "argument --checkpoint-every: '0': expected a positive integer (rounds between"),
+    (["--target-loss", "-1"], "argument --target-loss: '-1': expected a positive finite number"),
+])
+def test_a_shorthand_refuses_what_its_key_refuses(argv, message, capsys):
+    from geodt.run_cmd import _parser
+
+    with pytest.raises(SystemExit) as refused:
+        _parser("geodt validate", validate=True).parse_args(["hetero-cpu", *argv])
+    assert refused.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_shorthand_is_recorded_as_its_key(tmp_path):
+    from simulator.cli import simulate_main
+
+    assert simulate_main(["paper", "--target-loss", "3.5", "--out", str(tmp_path / "o")]) == 0
+    assert "target_loss = 3.5" in (tmp_path / "o" / "scenario.toml").read_text()
