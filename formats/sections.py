@@ -207,3 +207,6 @@ class SimulationConfig:
 
 
 SECTION_CLASSES = {"training": TrainingConfig, "network": NetworkConfig, "simulation": SimulationConfig}
+# A scenario's top-level keys, for every reader: [model] and [diloco] are formats/scenario.py's,
+# [[nodes]] the simulator's (the executor reads its nodes from plan.csv).
+SCENARIO_TOP_KEYS = ("name", "seed", "model", "training", "network", "diloco", "simulation", "nodes")

@@ -36,6 +36,7 @@ from formats.scenario import DilocoConfig, ModelSection
 # [training], [network] and [simulation]: one definition, shared with the executor (formats/sections.py).
 from formats.sections import (
     REQUIRED,
+    SCENARIO_TOP_KEYS,
     NetworkConfig,
     SimulationConfig,
     TrainingConfig,
@@ -355,8 +356,8 @@ def _build_scenario(table: dict, source: str) -> Scenario:
         elif name in ("name", "seed"):
             kwargs[name] = coerce(value, str if name == "name" else int, name)
         else:
-            raise FieldError(name, f"unknown key; expected one of name, seed, {', '.join(sections)}, nodes"
-                             f"{did_you_mean(name, ['name', 'seed', *sections, 'nodes'])}")
+            raise FieldError(name, f"unknown key; expected one of {', '.join(SCENARIO_TOP_KEYS)}"
+                             f"{did_you_mean(name, SCENARIO_TOP_KEYS)}")
     if "name" not in kwargs:
         raise FieldError("name", "missing; expected a scenario name")
     problem = check_scenario_name(kwargs["name"])

@@ -198,3 +198,21 @@ def test_a_shorthand_is_recorded_as_its_key(tmp_path):
 
     assert simulate_main(["paper", "--target-loss", "3.5", "--out", str(tmp_path / "o")]) == 0
     assert "target_loss = 3.5" in (tmp_path / "o" / "scenario.toml").read_text()
+
+
+def test_both_stages_take_the_same_top_level_keys(tmp_path):
+    """One list of top-level keys (formats/sections.py): the executor accepted `description`, which the
+    simulator refuses."""
+    from formats.errors import InputError
+    from real.core.config import ConfigError, load_run_spec
+    from simulator.scenario import load_scenario
+
+    path = tmp_path / "scenario.toml"
+    path.write_text('name = "t"\ndescription = "x"\n[model]\npreset = "tiny"\n[training]\nrounds = 3\n'
+                    '[[nodes]]\nname = "a"\ngpus = { "cpu" = 1 }\n')
+    with pytest.raises(InputError) as simulated:
+        load_scenario(str(path))
+    with pytest.raises(ConfigError) as executed:
+        load_run_spec(path)
+    message = f"{path}: description: unknown key; expected one of name, seed, model, training, network, diloco"
+    assert str(simulated.value).startswith(message) and str(executed.value).startswith(message)
