@@ -8,6 +8,11 @@ from __future__ import annotations
 import argparse
 import io
 import re
+from dataclasses import fields
+from types import SimpleNamespace
+
+from formats.errors import FieldError
+from formats.sections import SECTION_CLASSES
 
 
 def whole_lines(raw: io.RawIOBase, encoding: str = "utf-8") -> io.TextIOWrapper:
@@ -94,3 +99,45 @@ def positive_float(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number")
     return value
+
+
+# Command-line shorthands for scenario keys (--target-loss for [training] target_loss, ...): made from
+# the key's one definition, so the value is parsed and checked as the key is, and given to the scenario
+# as a `--set` override, which scenario.toml then records.
+SHORTHANDS = {"target_loss": ("training", "--target-loss", "L"),
+              "checkpoint_every": ("training", "--checkpoint-every", "K")}
+
+
+def add_key_option(parser: argparse._ActionsContainer, name: str, purpose: str) -> None:
+    """--flag for the scenario key SHORTHANDS[name]: `purpose` says what the command does with it."""
+    section, flag, metavar = SHORTHANDS[name]
+    parser.add_argument(flag, type=_key_type(section, name), default=None, metavar=metavar,
+                        help=f"[{section}] {name}: {purpose}")
+
+
+def key_overrides(args: argparse.Namespace) -> list[str]:
+    """The shorthands given on the command line, as `--set` overrides (section.key=value)."""
+    return [f"{section}.{name}={getattr(args, name)!r}" for name, (section, _, _) in SHORTHANDS.items()
+            if getattr(args, name, None) is not None]
+
+
+def _key_type(section: str, name: str):
+    """argparse type: the text as the key's type (int or float), then the key's own checks."""
+    f = next(f for f in fields(SECTION_CLASSES[section]) if f.name == name)
+    number = int if "int" in str(f.type) else float
+
+    def parse(text: str):
+        try:
+            value = number(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {'an integer' if number is int else 'a number'}") \
+                from None
+        try:
+            for check in f.metadata["checks"]:
+                check(SimpleNamespace(**{name: value}), name)
+        except FieldError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc.expected}") from None
+        return value
+
+    parse.__name__ = name  # argparse names the type in its own messages
+    return parse

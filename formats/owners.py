@@ -10,7 +10,7 @@ Torch-free: simulator/, real/ and geodt/ all use it.
   never looked at: they are the user's. A command writing one file (a profile) refuses an
   existing file that is not such a profile (check_file_owner); `geodt paper`, whose names
   (README.md) are a user's too, refuses those an earlier `geodt paper` did not write
-  (check_paper_owner).
+  (check_paper_owner); so does `geodt plan --export torchft` (run_all.sh: check_marked_owner).
 - Temporaries: every temporary file or staging folder geodt makes in a folder is named
   `.NAME.geodt<pid>-XXXXXXXX.tmp` (temp_prefix, TEMP_SUFFIX; the executor's own writers use
   `.NAME.tmp<pid>` with NAME one of the outputs). remove_orphan_temps removes exactly those
@@ -118,17 +118,31 @@ def check_paper_owner(out: str | Path, names, force: bool) -> str | None:
         return (f"--out {out}: holds another command's outputs ({shown}); expected a new folder, or --force to "
                 f"write over them")
     present = sorted(entries & names)
-    if present and not _paper_readme(Path(out) / "README.md"):
+    if present and not _marked(Path(out) / "README.md", PAPER_MARK):
         shown = ", ".join(present[:4]) + (", ..." if len(present) > 4 else "")
         return (f"--out {out}: holds files `geodt paper` would replace and did not write ({shown}); expected a "
                 f"new folder, an earlier `geodt paper` output, or --force to write over them")
     return None
 
 
-def _paper_readme(path: Path) -> bool:
+def check_marked_owner(out: str | Path, names, mark: str, command: str, force: bool) -> str | None:
+    """Why `command` may not write its files `names` into `out`, or None: files of those names that
+    it did not write, those without `mark` in their first 4 KB (a user's run_all.sh)."""
+    if force:
+        return None
+    present = sorted(n for n in names if os.path.lexists(Path(out) / n))
+    theirs = [n for n in present if not _marked(Path(out) / n, mark)]
+    if theirs:
+        shown = ", ".join(theirs[:4]) + (", ..." if len(theirs) > 4 else "")
+        return (f"--out {out}: holds files `{command}` would replace and did not write ({shown}); expected a new "
+                f"folder, an earlier `{command}` output, or --force to write over them")
+    return None
+
+
+def _marked(path: Path, mark: str) -> bool:
     try:
         with open(path, "rb") as handle:
-            return PAPER_MARK.encode() in handle.read(4096)
+            return mark.encode() in handle.read(4096)
     except OSError:
         return False
 

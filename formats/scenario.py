@@ -1,7 +1,8 @@
-"""The scenario sections both stages read: `[model]` and `[diloco]`, validated here once.
+"""The scenario sections both stages read: `[model]` and `[diloco]`, each key defined once.
 
-(`[training]`, `[network]` and `[simulation]` are in formats/sections.py, each key's default and
-doc beside it; this module keeps the compile rule and the Young/Daly checkpoint interval.)
+Each key is made by formats/sections.py's `key()`, as `[training]`, `[network]` and `[simulation]`
+are: its default, doc, allowed values, bounds and checks beside it (docs/DESIGN.md's scenario block
+is rendered from them). This module also keeps the compile rule and the Young/Daly checkpoint interval.
 
 The simulator (simulator/scenario.py) and the executor (real/core/config.py) build these from the
 same TOML with `formats.config.build`, so a key means the same thing, has the same default and
@@ -15,12 +16,11 @@ resolved scenarios in which the simulator had already written its value.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from formats.config import require_choice, require_positive
 from formats.errors import FieldError
-from formats.limits import limit
 from formats.plan import FRAGMENT_PATTERNS, OUTER_STATES
-from formats.sections import COMPILE_MODES
+from formats.sections import COMPILE_MODES, check_keys, key, non_negative, positive
 from formats.wire import AVERAGING_MODES, MODEL_DTYPES
 
 
@@ -34,62 +34,78 @@ def compiled_step(mode: str, on_gpu: bool) -> bool:
 
 @dataclass(frozen=True)
 class ModelSection:
-    """What is trained: a preset (or config.json), or a bare parameter count."""
+    """[model]: what is trained, a preset (or config.json), or a bare parameter count."""
 
-    preset: str | None = None
-    params: float | None = None
-    flops_per_token: float | None = None
-    seq_len: int = 1024
-    dtype: str = "bf16"
+    preset: str | None = key(None, "tiny | llama-60m | llama-150m | llama-1b | llama-3.2-1b | llama-3.2-3b | "
+                             "llama-3.1-8b | intellect-1 | a config.json path (facts/presets.py; the [model] "
+                             "table absent: llama-150m)", example="llama-150m")
+    params: float | None = key(None, "instead of a preset: a bare parameter count", positive,
+                               bounds=(1.0, 1e15), example=2.15e8)
+    flops_per_token: float | None = key(None, "training FLOPs per token, if known (else the preset's, else "
+                                        "6·params)", positive, bounds=(1.0, 1e18), example=1.3e9)
+    seq_len: int = key(1024, "tokens per sequence", positive, bounds=(1, 10**7))
+    dtype: str = key("bf16", "the weights' and activations' dtype", choices=MODEL_DTYPES)
 
     def __post_init__(self) -> None:
-        require_positive(self, "params", "flops_per_token", "seq_len")
-        limit(self, "params", "flops_per_token", "seq_len")
-        require_choice(self, "dtype", MODEL_DTYPES)
+        check_keys(self)
         if self.preset is None and self.params is None:
             raise FieldError("preset", "expected a model preset name (or `params = <count>`)")
 
 
+def _betas(section: Any, name: str) -> None:
+    betas = getattr(section, name)
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise FieldError(name, f"expected two numbers in [0, 1), got {list(betas)!r}")
+
+
+def _fraction(section: Any, name: str) -> None:
+    value = getattr(section, name)
+    if not 0 <= value <= 1:
+        raise FieldError(name, f"expected a number in [0, 1], got {value!r}")
+
+
+def _momentum(section: Any, name: str) -> None:
+    value = getattr(section, name)
+    if not 0 <= value < 1:
+        raise FieldError(name, f"expected 0 <= momentum < 1, got {value!r}")
+
+
+def _non_negative_int(section: Any, name: str) -> None:
+    value = getattr(section, name)
+    if value < 0:
+        raise FieldError(name, f"expected an integer >= 0, got {value!r}")
+
+
 @dataclass(frozen=True)
 class DilocoConfig:
-    """The real executor's hyper-parameters (OpenDiLoCo's defaults); the simulator only checks them."""
+    """[diloco]: the real executor's hyper-parameters (OpenDiLoCo's defaults); the simulator only
+    checks them. Streaming DiLoCo (formats/plan.py's docstring): P fragments synced in turn, each
+    all-reduce overlapping τ inner steps, merged with weight α on the local weights (torchft's
+    semantics); the simulator's strategies plan with these unless they choose their own
+    (`streaming` does), and the plan carries what runs."""
 
-    inner_lr: float = 4e-4
-    weight_decay: float = 0.1
-    warmup_steps: int = 1000
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    averaging: str = "uniform"
-    betas: tuple[float, ...] = (0.9, 0.95)
-    cosine_min_lr_ratio: float = 0.1
-    outer_state: str = "cpu"  # where the global copy and outer momentum live (OpenDiLoCo: CPU)
-    # Streaming DiLoCo (formats/plan.py's docstring): P fragments synced in turn, each all-reduce
-    # overlapping τ inner steps, merged with weight α on the local weights (torchft's semantics).
-    # The simulator's strategies plan with these unless they choose their own (`streaming` does);
-    # the plan carries what runs.
-    fragments: int = 1
-    sync_delay_steps: int = 0
-    fragment_alpha: float = 0.0
-    fragment_pattern: str = "sequential"
+    inner_lr: float = key(4e-4, "AdamW's peak learning rate for the inner steps", positive)
+    weight_decay: float = key(0.1, "AdamW's weight decay", non_negative)
+    warmup_steps: int = key(1000, "linear warm-up of the inner learning rate, in inner steps", non_negative)
+    outer_lr: float = key(0.7, "the outer (Nesterov) step's learning rate", positive)
+    outer_momentum: float = key(0.9, "the outer step's Nesterov momentum", _momentum)
+    averaging: str = key("uniform", "how pseudo-gradients are weighed: equally, by tokens, or normalized by "
+                         "local steps (FedNova)", choices=AVERAGING_MODES)
+    betas: tuple[float, ...] = key(None, "AdamW's betas", _betas, factory=lambda: (0.9, 0.95))
+    cosine_min_lr_ratio: float = key(0.1, "the cosine schedule's floor, a fraction of inner_lr", _fraction)
+    outer_state: str = key("cpu", "where the global weights and outer momentum live (OpenDiLoCo: cpu); counts "
+                           "in device memory and the outer step's time", choices=OUTER_STATES)
+    fragments: int = key(1, "Streaming DiLoCo's P: fragments synced in turn (1 = classic DiLoCo); at most "
+                         "local_steps and the model's layers", positive)
+    sync_delay_steps: int = key(0, "τ: inner steps each fragment's all-reduce overlaps, 0 <= τ < local_steps "
+                                "// fragments", _non_negative_int)
+    fragment_alpha: float = key(0.0, "α: the merge θ = (1 − α)·θ_global + α·θ_local (torchft's "
+                                "fragment_update_alpha; 0, its default, keeps the global weights)", _fraction)
+    fragment_pattern: str = key("sequential", "sequential: consecutive layers; strided: layer l in fragment "
+                                "l mod P", choices=FRAGMENT_PATTERNS)
 
     def __post_init__(self) -> None:
-        require_positive(self, "inner_lr", "outer_lr", "fragments")
-        require_choice(self, "outer_state", OUTER_STATES)
-        if self.sync_delay_steps < 0:
-            raise FieldError("sync_delay_steps", f"expected an integer >= 0, got {self.sync_delay_steps!r}")
-        if not 0 <= self.fragment_alpha <= 1:
-            raise FieldError("fragment_alpha", f"expected a number in [0, 1], got {self.fragment_alpha!r}")
-        require_choice(self, "fragment_pattern", FRAGMENT_PATTERNS)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise FieldError("betas", f"expected two numbers in [0, 1), got {list(self.betas)!r}")
-        if not 0 <= self.cosine_min_lr_ratio <= 1:
-            raise FieldError("cosine_min_lr_ratio", f"expected a number in [0, 1], got {self.cosine_min_lr_ratio!r}")
-        for name in ("weight_decay", "warmup_steps"):
-            if getattr(self, name) < 0:
-                raise FieldError(name, f"expected a number >= 0, got {getattr(self, name)!r}")
-        if not 0 <= self.outer_momentum < 1:
-            raise FieldError("outer_momentum", f"expected 0 <= momentum < 1, got {self.outer_momentum!r}")
-        require_choice(self, "averaging", AVERAGING_MODES)
+        check_keys(self)
 
 
 # [training] checkpoint_every absent, the executor checkpoints every Young/Daly interval for the

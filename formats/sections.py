@@ -14,9 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from formats.config import require_choice, require_positive
+from formats.config import require_choice, require_positive, require_range
 from formats.errors import FieldError
-from formats.limits import limit
 from formats.plan import CHECKPOINTING, SHARDINGS
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 
@@ -33,21 +32,38 @@ MTBF_S_DEFAULT = 86400.0
 Check = Callable[[Any, str], None]
 
 
-def key(default: Any, doc: str, *checks: Check, choices: tuple[str, ...] = (), example: Any = None) -> Any:
-    """A section key: its default, one-line doc, allowed values (`choices`) and checks, each a
-    function (section, field name) raising FieldError. `example`: the value docs show for a key
-    whose default is None (absent)."""
-    return field(default=default, metadata={"doc": doc, "checks": checks, "choices": tuple(choices),
-                                            "example": example})
+def key(default: Any, doc: str, *checks: Check, choices: tuple[str, ...] = (), example: Any = None,
+        bounds: tuple[float, float] | None = None, factory: Callable[[], Any] | None = None) -> Any:
+    """A section key: its default (REQUIRED: none, the key must be given; `factory`: a fresh
+    default per instance), one-line doc, allowed values (`choices`), inclusive `bounds` (far beyond
+    any real cluster and small enough that every later product stays finite: formats/limits.py)
+    and checks, each a function (section, field name) raising FieldError. `example`: the value docs
+    show for a key whose default is None (absent) or that is required."""
+    metadata = {"doc": doc, "checks": checks, "choices": tuple(choices), "example": example, "bounds": bounds}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    if default is REQUIRED:
+        return field(metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()  # key()'s default for a key that has none
 
 
 def check_keys(section: Any) -> None:
-    """Every field's allowed values, then its checks, in field order."""
+    """Every field's allowed values, then its checks, then its bounds, in field order."""
     for f in fields(section):
         if f.metadata.get("choices"):
             require_choice(section, f.name, f.metadata["choices"])
         for check in f.metadata.get("checks", ()):
             check(section, f.name)
+        if f.metadata.get("bounds"):
+            require_range(section, f.name, *f.metadata["bounds"])
 
 
 def choices_of(cls: type, name: str) -> tuple[str, ...]:
@@ -57,6 +73,11 @@ def choices_of(cls: type, name: str) -> tuple[str, ...]:
 
 def default_of(cls: type, name: str) -> Any:
     return next(f.default for f in fields(cls) if f.name == name)
+
+
+def bounds_of(cls: type, name: str) -> tuple[float, float]:
+    """The inclusive bounds of `cls`'s key `name`."""
+    return next(f.metadata["bounds"] for f in fields(cls) if f.name == name)
 
 
 def check_checkpoint_every(value, key: str = "training.checkpoint_every") -> int | None:
@@ -79,10 +100,6 @@ def check_mtbf_s(value, key: str = "simulation.mtbf_s") -> float:
 # The checks fields share; each takes (section, field name) and raises FieldError naming the field.
 def positive(section: Any, name: str) -> None:
     require_positive(section, name)  # None passes: an absent optional key
-
-
-def limited(section: Any, name: str) -> None:
-    limit(section, name)  # formats/limits.py: bounds that keep every later product finite
 
 
 def non_negative(section: Any, name: str) -> None:
@@ -116,9 +133,9 @@ class TrainingConfig:
     """[training]: rounds R, local steps H, the baseline per-device batch b, and how every node lays out
     its memory (each overridable per node); the executor reads rounds, compile and checkpoint_every."""
 
-    rounds: int = key(10, "outer syncs", positive, limited)
-    local_steps: int = key(100, "baseline H: inner steps per round", positive, limited)
-    batch_size: int = key(4, "baseline per-GPU batch", positive, limited)
+    rounds: int = key(10, "outer syncs", positive, bounds=(1, 10**6))
+    local_steps: int = key(100, "baseline H: inner steps per round", positive, bounds=(1, 10**6))
+    batch_size: int = key(4, "baseline per-GPU batch", positive, bounds=(1, 1 << 16))
     sharding: str = key("auto", "how a node's G devices divide the training state (ZeRO stage 1, 2, full sharding "
                         "with FSDP2); auto: the least layout that holds batch_size (see \"Memory layouts\")",
                         choices=("auto",) + SHARDINGS)
@@ -151,9 +168,9 @@ class NetworkConfig:
     """[network]: the links between nodes; the executor reads collective, payload_dtype and latency_ms."""
 
     bandwidth_gbps: float = key(1.0, "the WAN link between nodes, Gbit/s (a node's own uplink_gbps where slower)",
-                                positive, limited)
+                                positive, bounds=(1e-6, 1e6))
     latency_ms: float = key(1.0, "one way (a real run on --wan shaped emulates it where netem exists)",
-                            non_negative, limited)
+                            non_negative, bounds=(0.0, 1e7))
     collective: str = key("ring", "partitioned is bandwidth-balanced (as hivemind)",
                           choices=COLLECTIVES)
     payload_dtype: str = key("fp32", "pseudo-gradient compression", choices=tuple(PAYLOAD_BYTES))
@@ -187,3 +204,9 @@ class SimulationConfig:
 
     def __post_init__(self) -> None:
         check_keys(self)
+
+
+SECTION_CLASSES = {"training": TrainingConfig, "network": NetworkConfig, "simulation": SimulationConfig}
+# A scenario's top-level keys, for every reader: [model] and [diloco] are formats/scenario.py's,
+# [[nodes]] the simulator's (the executor reads its nodes from plan.csv).
+SCENARIO_TOP_KEYS = ("name", "seed", "model", "training", "network", "diloco", "simulation", "nodes")

@@ -34,7 +34,7 @@ from geodt.validation import (  # noqa: F401
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
-    from formats.cli import OneLineParser, add_strategy_list, group_options, positive_float
+    from formats.cli import OneLineParser, add_key_option, add_strategy_list, group_options
     from formats.limits import large_help
     from formats.owners import add_force_argument
     from real.process.cli import add_exec_arguments
@@ -64,9 +64,8 @@ def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
                             help="simulator engine for the prediction (auto: analytic where it is exact, "
                                  "the event simulation for quorum rounds)")
         parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
-        parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
-                            help="the loss to reach ([training] target_loss): the time to it predicted and measured "
-                                 "(needs --data with the convergence profile's corpus, e.g. python-stdlib)")
+        add_key_option(parser, "target_loss", "the loss to reach: the time to it predicted and measured (needs "
+                       "--data with the convergence profile's corpus, e.g. python-stdlib)")
         parser.add_argument("--trace", metavar="RUN_DIR",
                             help="instead of running: compare RUN_DIR/trace.csv of a finished run (geodt run, or "
                                  "rank 0's --out under torchrun, across machines) with its plan's prediction "
@@ -94,12 +93,6 @@ VALIDATE_GROUPS = {
 }
 
 
-def checkpoint_override(every: int | None) -> list[str]:
-    """--checkpoint-every K as a scenario override, so the simulator prices the checkpoints the
-    run will take (a bad K is left to the executor's options, which name the flag)."""
-    return [f"training.checkpoint_every={every}"] if every is not None and every > 0 else []
-
-
 def _prepare(prog: str, args: argparse.Namespace):
     """Scenario + plan (simulator), checked by the executor and against this machine, then written
     into DIR under DIR's run lock.
@@ -108,20 +101,22 @@ def _prepare(prog: str, args: argparse.Namespace):
     loss model's setup for validate or None) or an exit status. Nothing is written unless every
     input is good and the directory is this run's.
     """
+    from formats.cli import key_overrides
     from formats.errors import InputError
     from geodt.preflight import PreflightError, check_host, check_machine, this_machine
     from real.core.config import ConfigError
     from real.process.cli import exec_options
     from real.process.launch import LaunchError, check_disk_space, check_inputs
     from real.process.outdir import OutDirError
-    from simulator.cli import check_work, default_out, target_override
+    from simulator.cli import check_work, default_out
     from simulator.outputs.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
     from simulator.scenario import load_scenario
     from simulator.strategies import make_plan
 
     try:
-        scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every)
-                                 + target_override(getattr(args, "target_loss", None)))
+        # --checkpoint-every and --target-loss as scenario keys: the simulator prices the checkpoints the
+        # run will take, and scenario.toml records both
+        scenario = load_scenario(args.scenario, args.overrides + key_overrides(args))
         loss = validate_loss_setup(scenario, args) if prog.endswith("validate") else None
         check_work(scenario, args.scenario, [args.strategy], args.large)
         plan = make_plan(scenario, args.strategy)

@@ -28,6 +28,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from formats.owners import check_marked_owner
+
 # strategy -> why torchft's DiLoCo (one fixed sync_every per replica, a synchronous quorum) cannot run it
 NO_TORCHFT_FORM = {
     "deadline": "its rounds end at a deadline (inner steps cut by time); torchft's sync_every is a fixed step count",
@@ -42,6 +44,7 @@ FLOOR_S = 5.0  # no timeout below it: a loaded host's hiccup is not a stopped re
 CONNECT_TIMEOUT_S = 60.0  # torchft's default: connecting is not predicted
 STARTUP_TIMEOUT_S = 600.0  # the first quorum waits for every process to start and build its model
 HEARTBEAT_TIMEOUT_MS = 5000  # torchft's default: how long a silent replica stays in the lighthouse's view
+EXPORT_MARK = "geodt plan --export torchft"  # in the first lines of every file the export writes
 SCRIPT_FILES = {"train_torchft.py": "torchft_train.py", "torchft_recorder.py": "torchft_recorder.py"}
 
 
@@ -96,9 +99,15 @@ def plan_export_main(argv: list[str]) -> int:
             status = plan_main([*rest, "--strategy", args.strategy, "--out", tmp])
         if status != 0:
             return status
-        status = export_dir(Path(tmp), *settings, write=False)
-    if status != 0:
-        return status
+        files = export_files(Path(tmp), *settings)
+    if isinstance(files, str):
+        print(f"geodt plan: --export torchft: {files}", file=sys.stderr)
+        return 2
+    # the launch files' names are common ones (run_all.sh): a user's own are never replaced unasked
+    problem = check_marked_owner(out, files, EXPORT_MARK, "geodt plan --export torchft", "--force" in rest)
+    if problem:
+        print(f"geodt plan: {problem}", file=sys.stderr)
+        return 2
     status = plan_main([*rest, "--strategy", args.strategy, "--out", out])
     return status if status != 0 else export_dir(Path(out), *settings)
 
@@ -108,12 +117,10 @@ def _host_port(text: str) -> bool:
     return bool(host) and port.isdigit() and 0 < int(port) < 65536
 
 
-def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str, write: bool = True) -> int:
-    """Read out/plan.csv and out/scenario.toml, write the launch files beside them (write=False: only
-    check that they can be made); 0, or 2 with one line."""
+def export_files(out: Path, emulate: bool, time_scale: float, lighthouse: str) -> dict[str, bytes] | str:
+    """The launch files for out/plan.csv and out/scenario.toml (name -> bytes), or why not (one line)."""
     from formats.errors import InputError
     from formats.plan import load_plan
-    from simulator.outputs.outputs import OutputError, write_output_set
     from simulator.scenario import load_scenario
 
     try:
@@ -121,18 +128,28 @@ def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str, wri
         plan = load_plan(out / "plan.csv", seq_len=scenario.model.seq_len)
         check_plan(scenario, plan)
         derived = timeouts(scenario, plan, time_scale if emulate else 1.0)
-        files = launch_files(scenario, plan, derived, emulate, time_scale, lighthouse)
-        if write:
-            write_output_set(out, files, owned=())
-            for name in files:
-                if name.endswith(".sh"):
-                    (out / name).chmod(0o755)
-    except (InputError, OutputError, OSError) as exc:
+        return launch_files(scenario, plan, derived, emulate, time_scale, lighthouse)
+    except (InputError, OSError) as exc:
+        return str(exc)
+
+
+def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str) -> int:
+    """Read out/plan.csv and out/scenario.toml, write the launch files beside them; 0, or 2 with one line."""
+    from simulator.outputs.outputs import OutputError, write_output_set
+
+    files = export_files(out, emulate, time_scale, lighthouse)
+    try:
+        if isinstance(files, str):
+            raise OutputError(files)
+        write_output_set(out, files, owned=())
+        for name in files:
+            if name.endswith(".sh"):
+                (out / name).chmod(0o755)
+    except (OutputError, OSError) as exc:
         print(f"geodt plan: --export torchft: {exc}", file=sys.stderr)
         return 2
-    if write:
-        print(f"exported for torchft into {out}/: {', '.join(files)}\n"
-              f"run it: {shlex.quote(str(out / 'run_all.sh'))}; then: geodt validate --trace {shlex.quote(str(out))}")
+    print(f"exported for torchft into {out}/: {', '.join(files)}\n"
+          f"run it: {shlex.quote(str(out / 'run_all.sh'))}; then: geodt validate --trace {shlex.quote(str(out))}")
     return 0
 
 
@@ -288,6 +305,7 @@ def lighthouse_sh(t: dict, lighthouse: str) -> str:
 def replica_sh(node: str) -> str:
     return "\n".join([
         "#!/bin/sh", f"# replica group {node}: torchft's DiLoCo with replica-{node}.toml (run lighthouse.sh first)",
+        f"# written by {EXPORT_MARK}",
         'cd "$(dirname "$0")" || exit 2',
         f'exec "${{PYTHON:-python}}" train_torchft.py {shlex.quote(f"replica-{node}.toml")} "$@"', ""])
 
@@ -296,6 +314,7 @@ def run_all_sh(plan) -> str:
     starts = [f"./{shlex.quote(f'replica-{n.node}.sh')} & pids=\"$pids $!\"" for n in plan.nodes]
     return "\n".join([
         "#!/bin/sh", "# the lighthouse and every replica group on this machine; the lighthouse stops with them",
+        f"# written by {EXPORT_MARK}",
         'cd "$(dirname "$0")" || exit 2',
         "./lighthouse.sh & lighthouse=$!",
         "trap 'kill $lighthouse 2>/dev/null' EXIT INT TERM",

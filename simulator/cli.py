@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from formats.cli import OneLineParser, add_strategy_list, positive_float
+from formats.cli import OneLineParser, add_key_option, add_strategy_list, key_overrides
 from formats.errors import FieldError, InputError, write_error
 from formats.limits import check_work as refused
 from formats.limits import large_help
@@ -54,9 +54,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="override a scenario key, e.g. training.rounds=20 or nodes.node1.step_time_s=0.1")
     parser.add_argument("--out", help="output directory (default: out/<scenario name>/<command>, e.g. "
                         "out/paper/simulate, out/paper/plan-hybrid)")
-    parser.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
-                        help="the loss the run must reach ([training] target_loss): each strategy's predicted time "
-                             "to it, and the recommendation ranks by it")
+    add_key_option(parser, "target_loss", "the loss the run must reach: each strategy's predicted time to it, "
+                   "and the recommendation ranks by it")
     parser.add_argument("--large", action="store_true", help=large_help())
     add_force_argument(parser)
 
@@ -181,7 +180,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
     args = _parser(prog, plan_only).parse_args(argv)
     engine = None if plan_only else args.engine
     try:
-        scenario = load_scenario(args.scenario, args.overrides + target_override(args.target_loss))
+        scenario = load_scenario(args.scenario, args.overrides + key_overrides(args))
         setup = loss_setup(scenario)
         strategies = [args.strategy] if plan_only else list(dict.fromkeys(args.strategy or STRATEGIES))
         if engine is not None and engine not in ENGINES:
@@ -238,11 +237,6 @@ def _print_answer(scenario, results: list[tuple], plan_only: bool, engine, losse
         for name, pred in losses.items():
             print(f"{name}: predicted loss {pred['loss_end']:.3f} at the end; loss {setup.target:g} at "
                   f"{format_time(pred['time_to_target_s'])} s")
-
-
-def target_override(target: float | None) -> list[str]:
-    """--target-loss L as the scenario's [training] target_loss, so scenario.toml records it."""
-    return [] if target is None else [f"training.target_loss={target!r}"]
 
 
 def loss_notes(setup, losses: dict) -> str:

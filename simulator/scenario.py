@@ -19,15 +19,32 @@ import tomli_w
 
 from facts.catalog import CatalogError, get_gpu
 from facts.presets import ModelArch, PresetError, load_arch
-from formats.config import as_table, build, coerce, require_choice, require_positive
+from formats.config import as_table, build, coerce, require_choice
 from formats.errors import FieldError, InputError, did_you_mean
 from formats.files import read_regular_file
 from formats.files import short as _short
-from formats.limits import LIMITS, MAX_NODES, MAX_SCENARIO_BYTES, check_node_name, check_scenario_name, limit
+from formats.limits import (
+    MAX_GPUS_PER_TYPE,
+    MAX_NODES,
+    MAX_SCENARIO_BYTES,
+    SEED_MAX,
+    check_node_name,
+    check_scenario_name,
+)
 from formats.scenario import DilocoConfig, ModelSection
 
 # [training], [network] and [simulation]: one definition, shared with the executor (formats/sections.py).
-from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig, choices_of
+from formats.sections import (
+    REQUIRED,
+    SCENARIO_TOP_KEYS,
+    NetworkConfig,
+    SimulationConfig,
+    TrainingConfig,
+    check_keys,
+    choices_of,
+    key,
+    positive,
+)
 from formats.toml import tomllib
 from simulator.models.drift import DriftEvent
 from simulator.models.outage import Outage
@@ -62,48 +79,73 @@ class ModelConfig(ModelSection):
         return 6.0 * self.param_count
 
 
+def _node_name(node: Any, name: str) -> None:
+    problem = check_node_name(getattr(node, name))
+    if problem:
+        raise FieldError(name, problem)
+
+
+def _gpus(node: Any, name: str) -> None:
+    if not node.gpus:
+        raise FieldError(name, 'expected at least one GPU, like { "a30" = 4 }')
+    for gpu, count in node.gpus.items():
+        try:
+            get_gpu(gpu)
+        except CatalogError as exc:
+            raise FieldError(f"{name}.{gpu}", str(exc)) from None
+        if not 1 <= count <= MAX_GPUS_PER_TYPE:
+            raise FieldError(f"{name}.{gpu}", f"expected a positive GPU count (at most {MAX_GPUS_PER_TYPE}), "
+                             f"got {count!r}")
+
+
+def _cores(node: Any, name: str) -> None:
+    cores = getattr(node, name)
+    if cores is not None and (not cores or any(c < 0 or c > 4095 for c in cores)):
+        raise FieldError(name, f"expected a non-empty list of core indices, got {list(cores)!r}")
+
+
+def _training_choice(node: Any, name: str) -> None:
+    """[training]'s values, for this node alone."""
+    if getattr(node, name) is not None:
+        require_choice(node, name, choices_of(TrainingConfig, name))
+
+
 @dataclass(frozen=True)
 class NodeConfig:
-    name: str
-    gpus: dict[str, int]
-    step_time_s: float | None = None
-    profile: tuple[str, ...] | None = None
-    uplink_gbps: float | None = None
-    intra_node_gbps: float | None = None
+    """[[nodes]]: one site's devices; its step time in order of precedence: step_time_s, profile,
+    the GPU catalog's estimate."""
+
+    name: str = key(REQUIRED, "unique; names the node's rows, files and processes", _node_name, example="node1")
+    gpus: dict[str, int] = key(REQUIRED, "GPU type (`geodt catalog`) = count", _gpus,
+                               example={"rtx-2080-ti": 4})
+    step_time_s: float | None = key(None, "the time at the baseline batch (what-ifs, inferring from papers)",
+                                    positive, bounds=(1e-7, 1e6), example=0.0296)
+    profile: tuple[str, ...] | None = key(None, "a calibration profile (path relative to this file), or a list, "
+                                          "one per GPU type", example="profiles/n1.csv")
+    uplink_gbps: float | None = key(None, "this node's own WAN link, if slower than [network]", positive,
+                                    bounds=(1e-6, 1e6), example=0.5)
+    intra_node_gbps: float | None = key(None, "the link between the node's own GPUs (default: the catalog's, "
+                                        "NVLink for SXM parts, 100 for PCIe cards)", positive,
+                                        bounds=(1e-3, 1e6), example=100)
     # Real limits for CPU devices (the executor applies them to each of the node's processes;
     # profiles for such a node must be measured under the same limits).
-    cpu_quota: float | None = None        # share of one core per device process, e.g. 0.6
-    cpu_cores: tuple[int, ...] | None = None  # cores the node's processes are pinned to
-    # None = [training]'s; "auto" = the least that holds the baseline batch (simulator/models/memory.py).
-    sharding: str | None = None
-    activation_checkpointing: str | None = None
-    # How the node's speed changes over the run (simulator/models/drift.py): step-time multipliers per round.
-    drift: tuple[DriftEvent, ...] | None = None
-    outage: Outage | None = None  # lost for a while (simulator/models/outage.py)
+    cpu_quota: float | None = key(None, "CPU devices: each device process limited to this share of a core "
+                                  "(cgroup); on a shared machine the quota sets its speed",
+                                  bounds=(0.01, 1024), example=0.6)
+    cpu_cores: tuple[int, ...] | None = key(None, "CPU devices: cores for the node's processes (device j: "
+                                            "cores[j::G])", _cores, example=[0, 1])
+    sharding: str | None = key(None, "this node's own sharding ([training]'s otherwise); auto: the least that "
+                               "holds the baseline batch", _training_choice, example="fsdp")
+    activation_checkpointing: str | None = key(None, "this node's own activation_checkpointing ([training]'s "
+                                               "otherwise)", _training_choice, example="full")
+    drift: tuple[DriftEvent, ...] | None = key(None, "how the node's speed changes over the run: step-time "
+                                               "multipliers per round (\"Drift\" below)",
+                                               example=[{"kind": "step", "round": 10, "factor": 1.2}])
+    outage: Outage | None = key(None, "lost at round 5's start for 3 rounds ([simulation] on_node_loss)",
+                                example={"round": 5, "rounds": 3})
 
     def __post_init__(self) -> None:
-        problem = check_node_name(self.name)
-        if problem:
-            raise FieldError("name", problem)
-        if not self.gpus:
-            raise FieldError("gpus", 'expected at least one GPU, like { "a30" = 4 }')
-        for key, count in self.gpus.items():
-            try:
-                get_gpu(key)
-            except CatalogError as exc:
-                raise FieldError(f"gpus.{key}", str(exc)) from None
-            if not 1 <= count <= LIMITS["gpu_count"][1]:
-                raise FieldError(f"gpus.{key}",
-                                 f"expected a positive GPU count (at most {LIMITS['gpu_count'][1]}), got {count!r}")
-        require_positive(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
-        limit(self, "step_time_s", "uplink_gbps", "intra_node_gbps")
-        if self.cpu_quota is not None and not 0.01 <= self.cpu_quota <= 1024:
-            raise FieldError("cpu_quota", f"expected a share of a core in [0.01, 1024], got {self.cpu_quota!r}")
-        if self.cpu_cores is not None and (not self.cpu_cores or any(c < 0 or c > 4095 for c in self.cpu_cores)):
-            raise FieldError("cpu_cores", f"expected a non-empty list of core indices, got {list(self.cpu_cores)!r}")
-        for name in ("sharding", "activation_checkpointing"):  # [training]'s values, for this node alone
-            if getattr(self, name) is not None:
-                require_choice(self, name, choices_of(TrainingConfig, name))
+        check_keys(self)
 
     @property
     def gpu_count(self) -> int:
@@ -308,21 +350,21 @@ def _build_scenario(table: dict, source: str) -> Scenario:
     sections = {"model": ModelConfig, "training": TrainingConfig, "network": NetworkConfig,
                 "diloco": DilocoConfig, "simulation": SimulationConfig}
     kwargs: dict[str, Any] = {}
-    for key, value in table.items():
-        if key in sections:
-            kwargs[key] = build(sections[key], value, key)
-        elif key in ("name", "seed"):
-            kwargs[key] = coerce(value, str if key == "name" else int, key)
+    for name, value in table.items():
+        if name in sections:
+            kwargs[name] = build(sections[name], value, name)
+        elif name in ("name", "seed"):
+            kwargs[name] = coerce(value, str if name == "name" else int, name)
         else:
-            raise FieldError(key, f"unknown key; expected one of name, seed, {', '.join(sections)}, nodes"
-                             f"{did_you_mean(key, ['name', 'seed', *sections, 'nodes'])}")
+            raise FieldError(name, f"unknown key; expected one of {', '.join(SCENARIO_TOP_KEYS)}"
+                             f"{did_you_mean(name, SCENARIO_TOP_KEYS)}")
     if "name" not in kwargs:
         raise FieldError("name", "missing; expected a scenario name")
     problem = check_scenario_name(kwargs["name"])
     if problem:
         raise FieldError("name", problem)
-    if not 0 <= kwargs.get("seed", 0) <= LIMITS["seed"][1]:
-        raise FieldError("seed", f"expected an integer from 0 to {LIMITS['seed'][1]}, got {kwargs['seed']!r}")
+    if not 0 <= kwargs.get("seed", 0) <= SEED_MAX:
+        raise FieldError("seed", f"expected an integer from 0 to {SEED_MAX}, got {kwargs['seed']!r}")
     kwargs.setdefault("model", ModelConfig(preset="llama-150m"))
     scenario = Scenario(nodes=tuple(nodes), source=source, **kwargs)
     _resolve_model(scenario)

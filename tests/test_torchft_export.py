@@ -8,6 +8,7 @@ validated with `geodt validate --trace`, with its processes and lighthouse gone 
 """
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import sys
@@ -312,3 +313,20 @@ def test_timeouts_hold_a_replica_at_the_band_edge_and_trip_on_a_stopped_one(tmp_
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_a_users_file_of_an_exported_name_is_never_replaced(tmp_path, capsys):
+    """run_all.sh, lighthouse.sh, train_torchft.py are common names: a user's own in DIR is refused in one
+    line, nothing written (the export replaced it, exit 0); an earlier export's own is replaced; --force
+    writes over anything."""
+    out = tmp_path / "x"
+    out.mkdir()
+    (out / "run_all.sh").write_text("my script\n")
+    argv = ["plan", "hetero-cpu", "--strategy", "baseline", "--export", "torchft", str(out)]
+    assert geodt_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds files `geodt plan --export torchft` would replace and did not write " \
+        "(run_all.sh)" in err
+    assert sorted(os.listdir(out)) == ["run_all.sh"] and (out / "run_all.sh").read_text() == "my script\n"
+    assert geodt_main(argv + ["--force"]) == 0 and "my script" not in (out / "run_all.sh").read_text()
+    assert geodt_main(argv) == 0  # its own earlier export: a rerun replaces it

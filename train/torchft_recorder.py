@@ -5,7 +5,7 @@ the inner optimizer *before* entering `torchft.local_sgd.DiLoCo` (its optimizer 
 DiLoCo's, which syncs), wrap each inner step in `with recorder.step():`, and `close()` at the end.
 Each replica writes RUN_DIR/traces/<node>.csv; `geodt validate --trace RUN_DIR` (with the plan's
 plan.csv and scenario.toml in RUN_DIR) joins them and compares predicted and measured idle, sync and
-round per replica.
+round per replica. (`geodt plan --export torchft` copies it beside the launch files it writes.)
 
 What is measured (docs/DESIGN.md, "Time accounting"): a step's *compute* runs from entering
 `step()` to the end of the inner optimizer's step (before DiLoCo's hook); the rest of the step is

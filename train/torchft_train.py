@@ -1,6 +1,6 @@
 """One replica group of a geodt plan, trained with torchft's own DiLoCo (torch + torchft + transformers).
 
-`geodt plan SCENARIO --strategy S --export torchft DIR` copies this script into DIR as
+`geodt plan SCENARIO --strategy S --export torchft DIR` (geodt plan --export torchft) copies this script into DIR as
 train_torchft.py, beside torchft_recorder.py and one replica-<node>.toml per replica group (each
 value commented with where it came from); DIR/replica-<node>.sh runs `python train_torchft.py
 replica-<node>.toml`. It imports nothing of geodt but the recorder (torch only), which writes

@@ -16,16 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from formats.config import build
-from formats.errors import FieldError
+from formats.errors import FieldError, did_you_mean
 from formats.plan import Plan, PlanError
 from formats.plan import load_plan as _load_plan
 from formats.scenario import DilocoConfig, ModelSection
-from formats.sections import EXECUTED_STACK, NetworkConfig, SimulationConfig, TrainingConfig
+from formats.sections import EXECUTED_STACK, SCENARIO_TOP_KEYS, NetworkConfig, SimulationConfig, TrainingConfig
 from formats.toml import tomllib
-
-# Top-level keys of a scenario; those not read here are the simulator's business.
-SCENARIO_TOP_KEYS = {"name", "seed", "model", "training", "network", "diloco", "nodes",
-                     "simulation", "description"}
 
 
 class ConfigError(ValueError):
@@ -64,10 +60,11 @@ class RunSpec:
                              "(the executor needs a buildable model)")
 
 
-def _check_keys(section: dict, allowed: set[str], prefix: str) -> None:
+def _check_keys(section: dict, allowed: tuple[str, ...], prefix: str) -> None:
     for key in section:
         if key not in allowed:
-            raise FieldError(f"{prefix}{key}", f"unknown key; expected one of {', '.join(sorted(allowed))}")
+            raise FieldError(f"{prefix}{key}", f"unknown key; expected one of {', '.join(allowed)}"
+                             f"{did_you_mean(key, allowed)}")
 
 
 def _table(data: dict, key: str) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from formats.cli import OneLineParser
+from formats.cli import OneLineParser, add_key_option
 from formats.sections import NODE_LOSS_POLICIES
 
 
@@ -22,10 +22,9 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the checkpoints in --out")
     parser.add_argument("--stop-after", type=int, default=None, metavar="R",
                         help="stop cleanly after R rounds (checkpointed; --resume continues)")
-    parser.add_argument("--checkpoint-every", type=int, default=None, metavar="K",
-                        help="a checkpoint every K rounds (default: the scenario's [training] checkpoint_every, "
-                             "else the Young/Daly interval from the first checkpoint's measured cost and "
-                             "[simulation] mtbf_s); written in the background")
+    add_key_option(parser, "checkpoint_every", "a checkpoint every K rounds (default: the scenario's, else the "
+                   "Young/Daly interval from the first checkpoint's measured cost and [simulation] mtbf_s); "
+                   "written in the background")
     parser.add_argument("--checkpoint-final", action="store_true",
                         help="a checkpoint after the run's last round too (always with --stop-after)")
     parser.add_argument("--data", default=None, metavar="FILE",

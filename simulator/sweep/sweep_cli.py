@@ -25,12 +25,21 @@ import sys
 from pathlib import Path
 
 from facts.catalog import CatalogError, get_gpu
-from formats.cli import OneLineParser, add_strategy_list, non_negative_int, positive_float, positive_int
+from formats.cli import (
+    OneLineParser,
+    add_key_option,
+    add_strategy_list,
+    key_overrides,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
 from formats.errors import FieldError, InputError, did_you_mean
 from formats.files import FileLock
-from formats.limits import LIMITS, SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
+from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
 from formats.limits import check_work as refused
 from formats.owners import TEMP_SUFFIX, add_force_argument, check_owner, remove_orphan_temps, temp_prefix
+from formats.sections import NetworkConfig, bounds_of
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
 from simulator.strategies.registry import help_lines
@@ -58,7 +67,7 @@ _WORKER: dict = {}
 
 
 def _floats(text: str) -> tuple[float, ...]:
-    lo, hi = LIMITS["bandwidth_gbps"]
+    lo, hi = bounds_of(NetworkConfig, "bandwidth_gbps")
     try:
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
@@ -90,9 +99,8 @@ def parser():
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the sample of mixes (default 0)")
     p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1, help="processes (default: all cores)")
     p.add_argument("--chunk", type=positive_int, default=CHUNK, help=f"scenarios per unit of work (default {CHUNK})")
-    p.add_argument("--target-loss", type=positive_float, default=None, metavar="L",
-                   help="the loss to reach ([training] target_loss): the dataset gains loss_end and "
-                        "time_to_target_s per scenario and strategy (the predicted loss curve)")
+    add_key_option(p, "target_loss", "the loss to reach: the dataset gains loss_end and time_to_target_s per "
+                   "scenario and strategy (the predicted loss curve)")
     p.add_argument("--no-figures", action="store_true", help="write the table only")
     p.add_argument("--csv", action="store_true", help="also sweep.csv (and its digest) beside the dataset sweep/")
     p.add_argument("--scheduler", metavar="ADDRESS",
@@ -494,8 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # usage errors (one line, status 2) and --help (0) become return codes
         return int(exc.code or 0)
     strategies = list(dict.fromkeys(args.strategy or list(STRATEGIES)))
-    if args.target_loss is not None:  # as a scenario key, so the spec (and a resume) records it
-        args.overrides = [*args.overrides, f"training.target_loss={args.target_loss!r}"]
+    args.overrides = [*args.overrides, *key_overrides(args)]  # so the spec (and a resume) records them
     try:
         check_table_options(args, p)
         for name in strategies:
