@@ -325,8 +325,8 @@ def test_a_users_file_of_an_exported_name_is_never_replaced(tmp_path, capsys):
     argv = ["plan", "hetero-cpu", "--strategy", "baseline", "--export", "torchft", str(out)]
     assert geodt_main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "holds files `geodt plan --export torchft` would replace and did not write " \
-        "(run_all.sh)" in err
+    assert err.count("\n") == 1
+    assert "holds files `geodt plan --export torchft` would replace and did not write (run_all.sh)" in err
     assert sorted(os.listdir(out)) == ["run_all.sh"] and (out / "run_all.sh").read_text() == "my script\n"
     assert geodt_main(argv + ["--force"]) == 0 and "my script" not in (out / "run_all.sh").read_text()
     assert geodt_main(argv) == 0  # its own earlier export: a rerun replaces it
