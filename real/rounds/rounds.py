@@ -16,10 +16,12 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from pkgutil import resolve_name
 
 import torch
 
 from formats.plan import NodePlan, Plan
+from formats.rounds import round_kind
 from formats.scenario import DilocoConfig
 from real.core.diloco import OuterState, inner_lr
 from real.core.groups import Groups
@@ -194,6 +196,12 @@ class Round(ABC):
     # steps cannot, and run the round again from its start instead (real/membership/members.py)
     retries_sync: bool = False
 
+    @classmethod
+    def for_node(cls, parts: NodeParts, streaming, rounds: int) -> Round:
+        """This kind's round for a node's parts (make_round); `streaming`: the Streaming DiLoCo settings,
+        `rounds`: the run's rounds; a kind takes what it needs."""
+        return cls(parts)
+
     def retry_sync(self, r: int, origin: Origin) -> dict:
         """Under --on-node-loss continue, after a failed sync and a new membership: sync round r again
         among the members, the inner steps kept; the round's trace row."""
@@ -213,3 +221,11 @@ class Round(ABC):
 
     def close(self) -> None:  # noqa: B027 (a default the rounds that run a thread override)
         """Stop what the round runs beside the main thread (nothing, unless it says)."""
+
+
+def make_round(parts: NodeParts, streaming, rounds: int) -> Round:
+    """The round of the node's kind (formats/rounds.py `round_class`, resolved here): its sync's, or, given
+    Streaming DiLoCo settings (real/process/worker.py streaming_spec), the kind that syncs in fragments;
+    `rounds` pushes per node for a round without a barrier."""
+    kind = round_kind(parts.plan.sync, streaming is not None)
+    return resolve_name(kind.round_class).for_node(parts, streaming, rounds)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from formats.rounds import round_kind
 from simulator.strategies.tables import NetTables, NodeTables
 
 Decide = Callable[[NodeTables, NetTables], dict]
@@ -31,9 +32,11 @@ STRATEGIES: dict[str, Strategy] = {}
 BARRIERLESS: dict[str, Strategy] = {}
 
 
-def register(name: str, note: Note | None = None, barrier: bool = True) -> Callable[[Decide], Decide]:
+def register(name: str, note: Note | None = None, sync: str = "diloco") -> Callable[[Decide], Decide]:
+    """Add a strategy whose plans sync as `sync` (plan.csv's column): a kind of round without a barrier
+    (formats/rounds.py) puts it in BARRIERLESS."""
     def add(fn: Decide) -> Decide:
-        (STRATEGIES if barrier else BARRIERLESS)[name] = Strategy(name, fn, note)
+        (STRATEGIES if round_kind(sync).barrier else BARRIERLESS)[name] = Strategy(name, fn, note)
         return fn
     return add
 
