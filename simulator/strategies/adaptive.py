@@ -38,13 +38,15 @@ def _note(d: dict, tables: NodeTables) -> str:
     return f"{rule}, at {tables.baseline_samples()[0]} samples per round"
 
 
-@register("rebalance", note=_note)
+@register("rebalance",
+          "re-plans every round: local steps from the step times measured so far (follows drift)", note=_note)
 def strategy_rebalance(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i = ⌊T / t̂_i⌋ before every round, t̂ measured (formats/adaptive.py)."""
     return _adaptive("rebalance", tables, net)
 
 
-@register("deadline", note=_note)
+@register("deadline",
+          "re-plans every round: every node steps until a shared deadline, then syncs (follows drift)", note=_note)
 def strategy_deadline(tables: NodeTables, net: NetTables) -> dict:
     """b; every node steps until the round's deadline T(t̂), then syncs."""
     return _adaptive("deadline", tables, net)

@@ -46,7 +46,9 @@ def speed_steps(name: str, tables: NodeTables, net: NetTables) -> tuple[np.ndarr
     return batch, steps
 
 
-@register("async", note=lambda d, tables: (
+@register("async",
+          "no barrier: a server applies each node's pseudo-gradient on arrival (stale merges priced)",
+          note=lambda d, tables: (
     f"no barrier: a server applies each node's pseudo-gradient on arrival; server load {d['load'][0]:.2f} (its "
     "syncs over the slowest round's compute: above 1 the nodes queue); H_i from each node's speed at "
     f"{tables.baseline_samples()[0]} samples per round"), sync="async")
@@ -59,7 +61,9 @@ def strategy_async(tables: NodeTables, net: NetTables) -> dict:
     return {"batch": batch, "steps": steps, "sync": "async", "comm_s": service.max(axis=1), "load": load}
 
 
-@register("quorum", note=lambda d, tables: (
+@register("quorum",
+          "no barrier: a round closes when half the nodes wait plus a grace window; late work merges next round",
+          note=lambda d, tables: (
     f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes wait, "
     f"{d['grace_s'][0]:.2f} s later (grace); a late node pulls and computes on, its work merged next round; "
     "H_i from each node's speed"),
