@@ -74,7 +74,7 @@ import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from formats.rounds import SYNC_MODES, RoundKind, kind_problem, round_kind, streams
+from formats.rounds import SYNC_MODES, RoundKind, is_streaming, kind_problem, round_kind
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES, node_link_gbps
 
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
@@ -251,7 +251,7 @@ class Plan:
     @property
     def streaming(self) -> bool:
         """Whether the plan's syncs overlap compute or split the model (Streaming DiLoCo's settings)."""
-        return bool(streams(self.fragments, self.sync_delay_steps))
+        return bool(is_streaming(self.fragments, self.sync_delay_steps))
 
     @property
     def round_kind(self) -> RoundKind:

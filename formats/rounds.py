@@ -50,7 +50,7 @@ class RoundKind:
     checkpoints: str  # of CHECKPOINTS
     engine: str  # simulator/engines' "module:Class" that times it
     round_class: str  # real/rounds' "module:Class" that runs it
-    supports_: frozenset[str] = frozenset()
+    capabilities: frozenset[str] = frozenset()
     settings: tuple[str, ...] = ()  # plan.csv columns only this kind reads (empty for the others)
     # capability -> the reason printed where a run asks for what the kind does not support
     refusals: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
@@ -58,15 +58,16 @@ class RoundKind:
     analytic_why: str = ""  # without an analytic path: why SimPy's events are needed
 
     def __post_init__(self) -> None:
-        unknown = (set(self.supports_) | set(self.refusals)) - set(CAPABILITIES)
+        unknown = (set(self.capabilities) | set(self.refusals)) - set(CAPABILITIES)
         if unknown or self.checkpoints not in CHECKPOINTS:
             raise ValueError(f"round kind {self.name}: unknown capability or checkpoints {sorted(unknown)}")
         object.__setattr__(self, "refusals", MappingProxyType(dict(self.refusals)))
 
     def supports(self, capability: str) -> bool:
         """Whether this kind supports `capability` (a key of CAPABILITIES; KeyError for another)."""
-        CAPABILITIES[capability]
-        return capability in self.supports_
+        if capability not in CAPABILITIES:
+            raise KeyError(f"unknown capability {capability!r}; expected one of {', '.join(CAPABILITIES)}")
+        return capability in self.capabilities
 
     def sync_text(self, plan) -> str:
         """What one of the plan's comm_s is, for `geodt simulate`'s per-strategy heading."""
@@ -80,21 +81,21 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
               outer_step=True, checkpoints="round",
               engine="simulator.engines.rounds_barrier:BarrierRounds",
               round_class="real.rounds.round_classic:ClassicRound",
-              supports_=frozenset({"sharding", "continue", "outage", "adapt", "outer_on_cpu", "padded_steps",
+              capabilities=frozenset({"sharding", "continue", "outage", "adapt", "outer_on_cpu", "padded_steps",
                                    "node_offsets", "torchft"})),
     RoundKind("gradients", "gradients", "synchronous data parallel (sync-ddp): every step's gradients averaged",
               "sync-ddp rounds", barrier=True, streams=("gradients (all-reduce, every step)",), analytic=True,
               outer_step=False, checkpoints="round",
               engine="simulator.engines.rounds_barrier:BarrierRounds",
               round_class="real.rounds.round_ddp:GradientRound",
-              supports_=frozenset({"continue", "replicated"}),
+              capabilities=frozenset({"continue", "replicated"}),
               refusals={"sharding": "sync = gradients (sync-ddp)", "fragments": "sync = gradients syncs every step"}),
     RoundKind("streaming", "diloco", "Streaming DiLoCo: the model syncs in P fragments, each overlapping τ inner steps",
               "Streaming DiLoCo rounds", barrier=True, streams=("fragment pseudo-gradients (all-reduce, overlapped)",),
               analytic=True, outer_step=True, checkpoints="round",
               engine="simulator.engines.rounds_streaming:StreamingRounds",
               round_class="real.rounds.round_streaming:StreamingRound",
-              supports_=frozenset({"continue", "fragments", "padded_steps", "node_offsets", "torchft"}),
+              capabilities=frozenset({"continue", "fragments", "padded_steps", "node_offsets", "torchft"}),
               refusals={"sharding": "Streaming DiLoCo fragments"},
               sync_unit="fragment, {fragments} a round, all-reduces overlapping {sync_delay_steps} inner steps"),
     RoundKind("async", "async", "no barrier: " + SERVER + " on arrival", "async rounds", barrier=False,
@@ -102,7 +103,7 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
               checkpoints="cut",
               engine="simulator.engines.rounds_server:AsyncRounds",
               round_class="real.rounds.round_async:AsyncRound",
-              supports_=frozenset({"outer_on_cpu", "padded_steps"}),
+              capabilities=frozenset({"outer_on_cpu", "padded_steps"}),
               refusals={"sharding": "an async node pushes its whole replica",
                         "fragments": "an async node pushes whole rounds",
                         "continue": "a lost node stops an async run (the server waits for its pushes)"},
@@ -112,7 +113,7 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
               analytic=False, outer_step=True, checkpoints="cut",
               engine="simulator.engines.rounds_server:QuorumRounds",
               round_class="real.rounds.round_quorum:QuorumRound",
-              supports_=frozenset({"outer_on_cpu", "padded_steps"}), settings=("quorum", "grace_s"),
+              capabilities=frozenset({"outer_on_cpu", "padded_steps"}), settings=("quorum", "grace_s"),
               refusals={"sharding": "a quorum node pushes its whole replica",
                         "fragments": "a quorum node pushes whole rounds",
                         "continue": "a lost node stops a quorum run (the server waits for its pushes)"},
@@ -120,10 +121,9 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
 )})
 # plan.csv's sync values, each kind's own (streaming shares diloco's)
 SYNC_MODES = tuple(dict.fromkeys(kind.sync for kind in KINDS.values()))
-SETTINGS = tuple(dict.fromkeys(s for kind in KINDS.values() for s in kind.settings))
 
 
-def streams(fragments, sync_delay_steps):
+def is_streaming(fragments, sync_delay_steps):
     """Whether a plan's syncs split the model or overlap compute (Streaming DiLoCo): numpy booleans,
     elementwise on arrays."""
     return (np.asarray(fragments) > 1) | (np.asarray(sync_delay_steps) > 0)
@@ -132,14 +132,14 @@ def streams(fragments, sync_delay_steps):
 def kind_problem(sync: str | None, fragments: int, sync_delay_steps: int, adapt: str | None) -> tuple[str, str] | None:
     """(key, what was expected) where a plan's sync, Streaming DiLoCo settings and adapt ask its kind of
     round for what it does not support, else None (formats/plan.py's check)."""
-    kind = round_kind(sync, streams(fragments, sync_delay_steps))
-    if not kind.barrier and (streams(fragments, sync_delay_steps) or adapt):
+    kind = round_kind(sync, is_streaming(fragments, sync_delay_steps))
+    if not kind.barrier and (is_streaming(fragments, sync_delay_steps) or adapt):
         return "sync", (f"sync = {kind.sync} runs whole rounds without a barrier; expected classic DiLoCo rounds "
                         "(fragments 1, sync_delay_steps 0, adapt none)")
     if adapt and not kind.supports("adapt"):
         return "adapt", (f"adapt = {adapt} re-plans whole DiLoCo rounds; expected classic DiLoCo (fragments 1, "
                          "sync_delay_steps 0, sync diloco)")
-    if streams(fragments, sync_delay_steps) and not kind.supports("fragments"):
+    if is_streaming(fragments, sync_delay_steps) and not kind.supports("fragments"):
         return "fragments", (f"{kind.refusals['fragments']}; expected fragments 1 and sync_delay_steps 0, got "
                              f"{fragments} and {sync_delay_steps}")
     return None
@@ -147,7 +147,7 @@ def kind_problem(sync: str | None, fragments: int, sync_delay_steps: int, adapt:
 
 def round_kind(sync: str | None, fragments=False) -> RoundKind:
     """The kind of round of a plan's sync column (None = diloco) and whether it syncs in fragments
-    (`streams`; the executor also when it forces its streaming loop): the sync's own kind, or with
+    (`is_streaming`; the executor also when it forces its streaming loop): the sync's own kind, or with
     fragments the kind of the same sync that syncs in them (diloco's: streaming) where it has one.
     KeyError for an unknown sync."""
     sync = sync or "diloco"

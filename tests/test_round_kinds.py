@@ -15,7 +15,7 @@ import pytest
 from round_kind_branches import branches, count
 
 from formats.plan import NodePlan, Plan, PlanError
-from formats.rounds import CAPABILITIES, KINDS, SYNC_MODES, RoundKind, round_kind, streams
+from formats.rounds import CAPABILITIES, KINDS, SYNC_MODES, RoundKind, is_streaming, round_kind
 from simulator.engines.frames import RoundEngine
 from simulator.strategies import BARRIERLESS, STRATEGIES
 
@@ -48,7 +48,7 @@ def test_the_syncs_are_the_kinds_own():
     assert SYNC_MODES == ("diloco", "gradients", "async", "quorum")
     with pytest.raises(KeyError):
         round_kind("gossip")
-    assert [bool(b) for b in streams([1, 2, 1], [0, 0, 1])] == [False, True, True]
+    assert [bool(b) for b in is_streaming([1, 2, 1], [0, 0, 1])] == [False, True, True]
 
 
 def test_every_engine_is_a_round_engine_in_the_engines_room():
@@ -75,12 +75,12 @@ def test_every_round_class_resolves_to_a_round():
 
 def test_capabilities_are_known_and_refused_ones_unsupported():
     for kind in KINDS.values():
-        assert set(kind.supports_) <= set(CAPABILITIES) and set(kind.refusals) <= set(CAPABILITIES)
+        assert set(kind.capabilities) <= set(CAPABILITIES) and set(kind.refusals) <= set(CAPABILITIES)
         assert not any(kind.supports(c) for c in kind.refusals), kind.name
     with pytest.raises(KeyError):
         KINDS["diloco"].supports("gossip")
     with pytest.raises(ValueError, match="unknown capability"):
-        RoundKind("x", "diloco", "", "", True, (), True, True, "round", "", "", supports_=frozenset({"gossip"}))
+        RoundKind("x", "diloco", "", "", True, (), True, True, "round", "", "", capabilities=frozenset({"gossip"}))
 
 
 def test_the_look_ups_answer_as_the_branches_did():

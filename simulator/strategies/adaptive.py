@@ -17,13 +17,13 @@ import numpy as np
 
 from formats.adaptive import rebalance_steps
 from formats.errors import FieldError
-from formats.rounds import round_kind, streams
+from formats.rounds import is_streaming, round_kind
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
 
 def _adaptive(name: str, tables: NodeTables, net: NetTables) -> dict:
-    if not round_kind("diloco", streams(net.fragments, net.sync_delay_steps)).supports("adapt"):
+    if not round_kind("diloco", is_streaming(net.fragments, net.sync_delay_steps)).supports("adapt"):
         raise FieldError("diloco.fragments", f"strategy {name} re-plans whole rounds; expected classic DiLoCo "
                          f"(fragments 1, sync_delay_steps 0), got {net.fragments} and {net.sync_delay_steps}")
     batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)

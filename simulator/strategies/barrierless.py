@@ -26,7 +26,7 @@ import numpy as np
 from formats.adaptive import rebalance_steps
 from formats.errors import FieldError
 from formats.plan import quorum_need
-from formats.rounds import round_kind, streams
+from formats.rounds import is_streaming, round_kind
 from simulator.engines.engine_async import WEIGHT_BYTES_PER_PARAM, push_pull_raw
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
@@ -38,7 +38,7 @@ GRACE_SHARE = 0.05  # the round stays open 5% of the slowest node's planned comp
 def speed_steps(name: str, tables: NodeTables, net: NetTables) -> tuple[np.ndarray, np.ndarray]:
     """(batch, steps) (S, n): the baseline b, H_i from the node's speed at the baseline's samples per round;
     refused where the scenario syncs in fragments, which the strategy's kind of round does not (formats/rounds.py)."""
-    if streams(net.fragments, net.sync_delay_steps) and not round_kind(name, True).supports("fragments"):
+    if is_streaming(net.fragments, net.sync_delay_steps) and not round_kind(name, True).supports("fragments"):
         raise FieldError("diloco.fragments", f"strategy {name} runs whole rounds without a barrier; expected classic "
                          f"DiLoCo (fragments 1, sync_delay_steps 0), got {net.fragments} and {net.sync_delay_steps}")
     batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)

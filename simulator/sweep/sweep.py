@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from formats.rounds import streams
+from formats.rounds import is_streaming
 from simulator.engines.engine_analytic import run_streaming_analytic
 from simulator.models.loss_prediction import loss_setup, sweep_losses
 from simulator.models.network import node_outer_step_s, outer_step_s
@@ -272,7 +272,7 @@ def metrics(d: dict, gpus: np.ndarray, seq_len: int, outer_s: np.ndarray | None 
     idle_s = rounds * (slowest[:, None] - compute).sum(axis=1)
     fragments = np.broadcast_to(np.asarray(d.get("fragments", 1)), slowest.shape)
     delay = np.broadcast_to(np.asarray(d.get("delay", 0)), slowest.shape)
-    streaming = streams(fragments, delay)
+    streaming = is_streaming(fragments, delay)
     for p in np.unique(fragments[streaming]).tolist():
         idx = np.flatnonzero((fragments == p) & streaming)
         round_s, idle_s = round_s.astype(float), idle_s.astype(float)
