@@ -74,7 +74,6 @@ class RoundKind:
         return self.sync_unit.format(fragments=plan.fragments, sync_delay_steps=plan.sync_delay_steps)
 
 
-SERVER = "a server on rank 0 applies each pushed pseudo-gradient; the node pulls the global weights back"
 KINDS = MappingProxyType({kind.name: kind for kind in (
     RoundKind("diloco", "diloco", "H_i inner steps, a barrier, one all-reduce of the pseudo-gradients, the outer step",
               "DiLoCo rounds", barrier=True, streams=("pseudo-gradients (all-reduce)",), analytic=True,
@@ -98,7 +97,8 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
               capabilities=frozenset({"continue", "fragments", "padded_steps", "node_offsets", "torchft"}),
               refusals={"sharding": "Streaming DiLoCo fragments"},
               sync_unit="fragment, {fragments} a round, all-reduces overlapping {sync_delay_steps} inner steps"),
-    RoundKind("async", "async", "no barrier: " + SERVER + " on arrival", "async rounds", barrier=False,
+    RoundKind("async", "async", "no barrier: a server on rank 0 applies each node's pseudo-gradient on arrival; "
+              "the node pulls the new weights and goes on", "async rounds", barrier=False,
               streams=("pseudo-gradient (push)", "global weights (pull)"), analytic=True, outer_step=True,
               checkpoints="cut",
               engine="simulator.engines.rounds_server:AsyncRounds",
@@ -157,3 +157,14 @@ def round_kind(sync: str | None, fragments=False) -> RoundKind:
     if not fragments:
         return own
     return next((k for k in KINDS.values() if k.sync == sync and k.supports("fragments")), own)
+
+
+def kinds_table() -> str:
+    """docs/DESIGN.md's table of the kinds of round, rendered from KINDS (tests/test_round_kinds.py)."""
+    rows = ["| kind | sync | what a round does | travels | barrier | analytic | checkpoints | supports |",
+            "|---|---|---|---|---|---|---|---|"]
+    for k in KINDS.values():
+        supports = ", ".join(c for c in CAPABILITIES if k.supports(c)) or "none"
+        rows.append(f"| `{k.name}` | {k.sync} | {k.doc} | {'; '.join(k.streams)} | {'yes' if k.barrier else 'no'} | "
+                    f"{'yes' if k.analytic else 'no (SimPy)'} | {k.checkpoints} | {supports} |")
+    return "\n".join(rows)

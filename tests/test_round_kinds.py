@@ -15,7 +15,7 @@ import pytest
 from round_kind_branches import branches, count
 
 from formats.plan import NodePlan, Plan, PlanError
-from formats.rounds import CAPABILITIES, KINDS, SYNC_MODES, RoundKind, is_streaming, round_kind
+from formats.rounds import CAPABILITIES, KINDS, SYNC_MODES, RoundKind, is_streaming, kinds_table, round_kind
 from simulator.engines.frames import RoundEngine
 from simulator.strategies import BARRIERLESS, STRATEGIES
 
@@ -169,3 +169,7 @@ def test_the_files_it_names_are_the_ones_that_register():
     assert registering and all(any(fnmatch.fnmatch(p, pattern) for pattern in named) for p in registering)
     imported = (ROOT / "simulator" / "strategies" / "__init__.py").read_text()
     assert all(f" {Path(p).stem}" in imported for p in registering)  # each registering module is imported there
+
+
+def test_design_holds_the_registrys_table_of_kinds():
+    assert kinds_table() in _how_to_add(), "paste formats.rounds.kinds_table() into docs/DESIGN.md"

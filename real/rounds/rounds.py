@@ -3,9 +3,11 @@ the one inner-step loop.
 
 real/process/worker.py builds a process's `NodeParts` once (model, optimizer, data, process groups,
 outer state, averaging) and one round of the plan's kind, then calls `Round.run(r, origin,
-bar)` for every round; each returns the node's trace.csv row (real/rounds/trace.py). The kinds, each
-in its own module: DiLoCo (real/rounds/round_classic.py), synchronous data parallel
-(real/rounds/round_ddp.py) and Streaming DiLoCo (real/rounds/round_streaming.py). All three run their H_i
+bar)` for every round; each returns the node's trace.csv row (real/rounds/trace.py). `make_round` builds
+the round its kind names (formats/rounds.py `round_class`), each kind in its own module: DiLoCo
+(real/rounds/round_classic.py), synchronous data parallel (real/rounds/round_ddp.py), Streaming DiLoCo
+(real/rounds/round_streaming.py) and the rounds without a barrier (real/rounds/round_server.py's
+async and quorum). The first three run their H_i
 inner steps through `InnerSteps.run`, which owns the node's step count and data position
 (checkpointed, real/checkpoint/checkpoint.py). Under --emulate a DiLoCo or streaming step is padded here
 to the plan's step_s × time_scale, deadlines accumulating so that sleep overshoot does not
