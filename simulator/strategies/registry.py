@@ -38,12 +38,15 @@ BARRIERLESS: dict[str, Strategy] = {}
 SUMMARIES: dict[str, str] = {}
 
 
-def register(name: str, summary: str, note: Note | None = None, sync: str = "diloco") -> Callable[[Decide], Decide]:
-    """Add a strategy, with what it does in one sentence (SUMMARIES), whose plans sync as `sync` (plan.csv's
-    column): a kind of round without a barrier (formats/rounds.py) puts it in BARRIERLESS."""
+def register(name: str, summary: str = "", note: Note | None = None,
+             sync: str = "diloco") -> Callable[[Decide], Decide]:
+    """Add a strategy, with what it does in one sentence (SUMMARIES; every strategy of the product has one,
+    tests/test_help.py; a test's own may go without), whose plans sync as `sync` (plan.csv's column): a
+    kind of round without a barrier (formats/rounds.py) puts it in BARRIERLESS."""
     def add(fn: Decide) -> Decide:
         (STRATEGIES if round_kind(sync).barrier else BARRIERLESS)[name] = Strategy(name, fn, note)
-        SUMMARIES[name] = summary
+        if summary:
+            SUMMARIES[name] = summary
         return fn
     return add
 
