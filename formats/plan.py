@@ -19,9 +19,8 @@ plan.csv, one row per node (plan order = rank order, see real/process/launch.py)
     sync              diloco (default: H inner steps, then the outer sync of pseudo-gradients)
                       | gradients (synchronous data parallel, sync-ddp: every step's gradients
                       averaged over all devices, weighted by batch; no outer step)
-                      | async | quorum: rounds without DiLoCo's barrier (BARRIERLESS_SYNCS;
-                      simulator/engines/engine_async.py; the executor: real/rounds/round_async.py,
-                      real/rounds/round_quorum.py)
+                      | async | quorum: rounds without DiLoCo's barrier (each kind of round, what
+                      it supports and the code each stage runs it with: formats/rounds.py)
     link_gbps         the node's WAN link (min of network bandwidth and its uplink); sets its
                       share of a partitioned all-reduce
     cpu_cores         optional: core indices for the node's processes, space-separated ("0 1");
@@ -75,6 +74,7 @@ import numbers
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from formats.rounds import SYNC_MODES, RoundKind, is_streaming, kind_problem, round_kind
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES, node_link_gbps
 
 REQUIRED_COLUMNS = ("strategy", "node", "gpus", "batch_size", "local_steps", "step_s", "tokens_per_round",
@@ -85,10 +85,7 @@ OPTIONAL_COLUMNS = ("rounds", "collective", "payload_dtype", "sync", "link_gbps"
 PLAN_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 STREAMING_COLUMNS = ("fragments", "sync_delay_steps", "fragment_alpha", "fragment_pattern")
 FRAGMENT_PATTERNS = ("sequential", "strided")
-SYNC_MODES = ("diloco", "gradients", "async", "quorum")
-# Rounds without DiLoCo's barrier (issue 40): async, each node's pseudo-gradient applied by a server when
-# it arrives; quorum, a round closed by a share of the nodes within a grace window.
-BARRIERLESS_SYNCS = ("async", "quorum")
+__all__ = ["SYNC_MODES"]  # formats/rounds.py's: plan.csv's sync values, one per kind of round (streaming: diloco)
 SHARDINGS = ("none", "zero1", "zero2", "fsdp")  # least to most sharded
 CHECKPOINTING = ("none", "full")
 OUTER_STATES = ("cpu", "device")
@@ -218,14 +215,12 @@ class Plan:
         _choice("adapt", self.adapt, ADAPT_MODES)
         if self.adapt == "none":  # plan.csv spells None so (one value per plan, however read)
             object.__setattr__(self, "adapt", None)
-        if self.adaptive and (self.streaming or self.sync == "gradients"):
-            raise PlanError("adapt", f"adapt = {self.adapt} re-plans whole DiLoCo rounds; expected classic DiLoCo "
-                            f"(fragments 1, sync_delay_steps 0, sync diloco)")
         self._check_fragments()
-        self._check_quorum()
+        self._check_settings(self.round_kind)
 
-    def _check_quorum(self) -> None:
-        if self.sync == "quorum":
+    def _check_settings(self, kind: RoundKind) -> None:
+        """A kind's own settings (quorum and grace_s: formats/rounds.py `settings`) given with it only."""
+        if "quorum" in kind.settings:
             q = self.quorum
             if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < q <= 1:
                 raise PlanError("quorum", f"expected a share of the nodes in (0, 1], got {q!r}")
@@ -233,9 +228,6 @@ class Plan:
             object.__setattr__(self, "grace_s", _real("grace_s", self.grace_s, allow_zero=True))
         elif self.quorum is not None or self.grace_s is not None:
             raise PlanError("quorum", f"quorum and grace_s belong to sync = quorum; got sync {self.sync or 'diloco'}")
-        if self.barrierless and (self.streaming or self.adaptive):
-            raise PlanError("sync", f"sync = {self.sync} runs whole rounds without a barrier; expected classic "
-                            "DiLoCo rounds (fragments 1, sync_delay_steps 0, adapt none)")
 
     def _check_fragments(self) -> None:
         set_ = lambda k, v: object.__setattr__(self, k, v)  # frozen: normalise numpy scalars
@@ -248,9 +240,9 @@ class Plan:
         if self.fragment_pattern not in FRAGMENT_PATTERNS:
             raise PlanError("fragment_pattern",
                             f"expected one of {', '.join(FRAGMENT_PATTERNS)}, got {self.fragment_pattern!r}")
-        if self.sync == "gradients" and self.streaming:
-            raise PlanError("fragments", f"sync = gradients syncs every step; expected fragments 1 and "
-                            f"sync_delay_steps 0, got {self.fragments} and {self.sync_delay_steps}")
+        problem = kind_problem(self.sync, self.fragments, self.sync_delay_steps, self.adapt)
+        if problem is not None:  # what the plan's kind of round does not support (formats/rounds.py)
+            raise PlanError(*problem)
         problem = fragment_problem([n.local_steps for n in self.nodes], self.fragments, self.sync_delay_steps)
         if problem is not None:
             key, i, expected = problem
@@ -258,13 +250,13 @@ class Plan:
 
     @property
     def streaming(self) -> bool:
-        """Whether syncs overlap compute or split the model: anything but classic DiLoCo."""
-        return self.fragments > 1 or self.sync_delay_steps > 0
+        """Whether the plan's syncs overlap compute or split the model (Streaming DiLoCo's settings)."""
+        return bool(is_streaming(self.fragments, self.sync_delay_steps))
 
     @property
-    def barrierless(self) -> bool:
-        """Whether rounds end without DiLoCo's barrier (sync async or quorum)."""
-        return self.sync in BARRIERLESS_SYNCS
+    def round_kind(self) -> RoundKind:
+        """The plan's kind of round (formats/rounds.py): its sync, in fragments where it streams."""
+        return round_kind(self.sync, self.streaming)
 
     @property
     def adaptive(self) -> bool:

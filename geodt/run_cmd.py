@@ -278,7 +278,8 @@ def check_emulated_length(scenario, plan, opts) -> None:
     compute, a floor of the run's length (syncs come on top)."""
     from formats.errors import InputError
 
-    if not opts.emulate or plan.sync == "gradients":  # sync-ddp is not padded (real/process/worker.py)
+    # a kind whose loop pads no step (sync-ddp pads in its gradient hook: real/process/worker.py) is not bounded here
+    if not opts.emulate or not plan.round_kind.supports("padded_steps"):
         return
     rounds = plan.rounds or scenario.training.rounds
     slowest = max(plan.nodes, key=lambda n: n.local_steps * n.step_s)

@@ -160,7 +160,7 @@ def check_plan(scenario, plan) -> None:
     why = refusal(plan.strategy)
     sync, adapt = plan.sync or "diloco", plan.adapt or "none"
     collective = plan.collective or scenario.network.collective
-    if why is None and sync != "diloco":
+    if why is None and not plan.round_kind.supports("torchft"):
         why = f"sync {sync}: torchft's DiLoCo syncs pseudo-gradients of every replica (sync diloco)"
     if why is None and adapt != "none":
         why = f"adapt {adapt}: the rounds re-plan themselves; torchft's sync_every is fixed"

@@ -228,7 +228,7 @@ def _print_answer(scenario, results: list[tuple], plan_only: bool, engine, losse
     if not plan_only:
         bands = {p.strategy: float(s["error_band_pct"].iloc[0]) for p, _, s in results}
         staleness = ({p.strategy: tuple(s[STALENESS_COLUMNS].iloc[0]) for p, _, s in results}
-                     if any(p.barrierless for p, _, _ in results) else None)
+                     if any(not p.round_kind.barrier for p, _, _ in results) else None)
         print("\n" + answer(scenario, [(p, t) for p, t, _ in results], engine, losses, setup.target,
                             loss_notes(setup, losses), bands, band_note(scenario, [s for _, _, s in results]),
                             staleness))
@@ -419,10 +419,7 @@ def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool =
         frame = plan.to_frame(scenario)
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
               f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
-              + (f"fragment, {plan.fragments} a round, all-reduces overlapping {plan.sync_delay_steps} inner steps"
-                 if plan.streaming else "node and round (push, outer step, pull; the server free)"
-                 if plan.sync == "async" else "round")
-              + (f"; {plan.note}" if plan.note else ""))
+              + plan.round_kind.sync_text(plan) + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(plan_text(frame, wide))
         else:

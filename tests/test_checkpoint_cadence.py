@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from formats.rounds import round_kind
 from formats.scenario import rounds_between_checkpoints, young_daly_interval_s
 from formats.sections import MTBF_S_DEFAULT
 from real.checkpoint import checkpoint, ckpt_set
@@ -54,7 +55,7 @@ def _node(every=None, stop_after=None, final=False, mtbf_s=3600.0, sync="diloco"
                            on_node_loss=on_node_loss)
     spec = SimpleNamespace(checkpoint_every=None, mtbf_s=mtbf_s)
     return SimpleNamespace(opts=opts, spec=spec, rounds_done=0, is_leader=False, rank=1, groups=_Groups(),
-                           plan=SimpleNamespace(barrierless=sync == "quorum", sync=sync))
+                           plan=SimpleNamespace(round_kind=round_kind(sync), sync=sync))
 
 
 def _due_rounds(node, last):

@@ -167,10 +167,10 @@ def strategy_totals(pred: Predictions, scenario_rounds: int) -> pd.DataFrame:
         part = pred.per_node[(pred.per_node["source"] == source) & (pred.per_node["strategy"] == name)]
         idle = float(part["idle_s"].sum())
         tokens = int(plan.tokens_per_round)
-        # Streaming DiLoCo overlaps its syncs: its round is the simulated one (the longest node's), not
-        # compute + syncs (plan.round_s, exact for every other plan)
+        # Streaming DiLoCo's fragments overlap its syncs: its round is the simulated one (the longest node's),
+        # not compute + syncs (plan.round_s, exact for every other kind of round)
         round_s = (float((part["compute_s"] + part["idle_s"] + part["comm_s"]).max()) / scenario_rounds
-                   if plan.streaming else plan.round_s)
+                   if plan.round_kind.supports("fragments") else plan.round_s)
         rows.append({
             "source": source, "strategy": name,
             "batch_sizes": " ".join(str(n.batch_size) for n in plan.nodes),

@@ -92,7 +92,7 @@ def due_here(node, last: int) -> bool:
     (--stop-after), so that --resume continues it. An async or quorum run: every round (a snapshot
     at each pull, `_after_pull`) while a cut is still due for this node."""
     opts = node.opts
-    if node.plan.barrierless:
+    if node.plan.round_kind.checkpoints == "cut":
         cuts = node.async_cuts.due
         return bool(cuts) and cuts[-1] > node.async_written
     if not opts.checkpoint:
@@ -204,7 +204,7 @@ def node_state(node) -> dict:
         "cuda_rng": torch.cuda.get_rng_state(node.device) if node.device.type == "cuda" else None,
         "trace": node.trace, "time_offset_s": node.time_offset_s,
         "streaming": node.streaming.state_dict() if node.streaming is not None else None,
-        **({node.plan.sync: node.round.state_dict()} if node.plan.barrierless else {}),  # "async" or "quorum"
+        **({node.plan.sync: node.round.state_dict()} if node.plan.round_kind.checkpoints == "cut" else {}),  # a cut
     }
 
 
@@ -275,7 +275,7 @@ def save(node, row: dict | None) -> float:
     """Snapshot the node's state (every process of a sharded node takes part) and, on the
     leader, hand it to the background writer; returns the seconds training was blocked.
     `row` (the leader's trace row of the round) gets the write's seconds once it has finished."""
-    if node.plan.barrierless:
+    if node.plan.round_kind.checkpoints == "cut":
         return _after_pull(node, row)
     start = time.perf_counter()
     if node.is_leader:
@@ -294,7 +294,7 @@ def wait_writes(node) -> None:
     """Before the run's outputs (after the round's close: an async or quorum server has served every
     push): the last set is on disk (or its failure raised). An async or quorum node writes its part
     of the cuts after its last pull first (its rounds are done: its state at them is its last snapshot)."""
-    if node.is_leader and node.plan.barrierless and due_here(node, 0):
+    if node.is_leader and node.plan.round_kind.checkpoints == "cut" and due_here(node, 0):
         for cut in node.async_cuts.between(node.async_written, node.async_cuts.due[-1]):
             _write_cut(node, cut, node.async_snapshot, None)
     if node.is_leader:
@@ -349,7 +349,7 @@ def apply_state(node, state: dict, manifest: dict | None = None) -> None:
         node.outer.load_state_dict(outer)
         node.optimizer.load_state_dict(state["inner_optimizer"])
     node.outer.load_into_model()
-    if node.plan.barrierless:  # the node's last pull; on node 0 the server as the cut recorded it
+    if node.plan.round_kind.checkpoints == "cut":  # the node's last pull; on node 0 the server as the cut recorded it
         node.round.load_state_dict(state[node.plan.sync])
         if node.round.server is not None:
             node.round.server.load_state_dict(state["server"])
@@ -487,7 +487,7 @@ def resume(node) -> None:
             break
         unloadable.append(directory)
         del mine[round_]  # a process could not load it: every node tries the previous round they share
-    if node.plan.barrierless:
+    if node.plan.round_kind.checkpoints == "cut":
         node.resumed_cut = round_
         _check_cut(node, directory, round_)
     else:
@@ -551,7 +551,7 @@ def begin(node) -> None:
     """After resuming or starting afresh, before the first round: an async or quorum run's cuts go
     to its round (and server), and each leader takes its first snapshot (its state at its last pull:
     the start, or the resumed one). Nothing for other runs."""
-    if not node.plan.barrierless:
+    if node.plan.round_kind.checkpoints != "cut":
         return
     node.async_cuts = async_cuts(node)
     node.round.set_cuts(node.async_cuts)
@@ -561,7 +561,7 @@ def begin(node) -> None:
 
 def stopped(node) -> bool:
     """Whether the node does no more rounds: an async or quorum run past its stop cut (others stop at `last`)."""
-    return node.plan.barrierless and node.round.stopped()
+    return node.plan.round_kind.checkpoints == "cut" and node.round.stopped()
 
 
 def _async_snapshot(node) -> tuple[dict, float]:
@@ -578,7 +578,7 @@ def _after_pull(node, row: dict | None) -> float:
     start = time.perf_counter()
     held = node.async_snapshot
     node.async_snapshot = _async_snapshot(node)
-    if node.plan.sync == "quorum":
+    if node.round.marks_cuts:
         # A reply marked m is in cut m, which may not be taken yet (a close on the grace timer comes
         # before the arrival that takes it): it is written at the next pull or at the end; the
         # cuts before m have the previous pull as this node's last.

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from formats.plan import Plan
+from formats.rounds import RoundKind, round_kind
 from formats.sections import NODE_LOSS_POLICIES
 from real.core.config import RunSpec
 from real.core.streaming import StreamingSpec
@@ -129,6 +130,14 @@ def run_collective(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except (RuntimeError, dist.DistError) as exc:  # gloo/nccl report a lost peer as these
         raise PeerLost(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from exc
+
+
+def run_kind(plan: Plan, opts: ExecOptions) -> RoundKind:
+    """The kind of round the executor runs the plan as (formats/rounds.py): its sync's, in fragments where
+    its Streaming DiLoCo settings are not classic DiLoCo's (fragment_alpha too) or ExecOptions.streaming
+    forces the streaming loop."""
+    spec = opts.streaming or StreamingSpec.from_plan(plan)
+    return round_kind(plan.sync, opts.streaming is not None or not spec.classic)
 
 
 def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:

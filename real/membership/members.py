@@ -251,7 +251,7 @@ class Elastic:
         """Join epoch `number`, rebuild what depends on the group, agree on the state (module doc)."""
         self.faults.at("epoch", number)
         adaptive = node.parts.steps.adaptive
-        replicas = node.plan.sync == "gradients"  # sync-ddp's replicas keep one inner optimizer state
+        replicas = node.plan.round_kind.supports("replicated")  # sync-ddp's replicas keep one inner optimizer state
         shared: dict[str, torch.Tensor] = {}
 
         def share(epoch, latest: int, source: int) -> None:

@@ -46,9 +46,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from formats.plan import Plan
+from formats.rounds import RoundKind
 from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.core.data import ArrayShard, load_tokens
-from real.core.options import ExecOptions
+from real.core.options import ExecOptions, run_kind
 from real.core.streaming import StreamingSpec
 from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
 from real.process.process import worker_main
@@ -84,8 +85,9 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
         streaming.check(plan.nodes, arch.num_layers)
     except ValueError as exc:
         raise LaunchError(f"{plan_path}: {exc}") from None
-    check_runnable_layout(plan, plan_path, streams=opts.streaming is not None or not streaming.classic)
-    check_async(plan, plan_path, opts)
+    kind = run_kind(plan, opts)
+    check_runnable_layout(plan, plan_path, kind)
+    check_async(plan, plan_path, opts, kind)
     if opts.on_node_loss == "continue":
         check_continue(opts)
     check_resume(opts, [node.node for node in plan.nodes])
@@ -99,34 +101,32 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     return spec, plan
 
 
-def check_runnable_layout(plan: Plan, plan_path, streams: bool) -> None:
-    """A sharded node (real/core/sharding.py) runs classic DiLoCo rounds; sync-ddp's per-step gradient
-    average and Streaming DiLoCo's fragments work on whole replicas, so those are refused."""
-    for i, node in enumerate(plan.nodes, start=2):
-        if node.sharding in (None, "none") or node.gpus == 1:
-            continue
-        if plan.sync == "gradients":
-            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with sync = gradients (sync-ddp) is "
-                              f"not run by this executor; expected none")
-        if streams:
-            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with Streaming DiLoCo fragments is "
-                              f"not run by this executor; expected none")
-
-
-def check_async(plan: Plan, plan_path, opts: ExecOptions) -> None:
-    """An async or quorum run (real/rounds/round_async.py, real/rounds/round_quorum.py) pushes whole replicas and
-    checkpoints consistent cuts (real/checkpoint/checkpoint.py): the rest is refused in one line."""
-    if not plan.barrierless:
+def check_runnable_layout(plan: Plan, plan_path, kind: RoundKind) -> None:
+    """A sharded node (real/core/sharding.py) runs the kinds of round that support it (formats/rounds.py:
+    classic DiLoCo rounds); sync-ddp's per-step gradient average and Streaming DiLoCo's fragments work on
+    whole replicas, so those are refused (a round without a barrier: check_async)."""
+    if kind.supports("sharding") or not kind.barrier:
         return
-    kind, why = ("an async" if plan.sync == "async" else "a quorum"), None
-    if any(node.sharding not in (None, "none") and node.gpus > 1 for node in plan.nodes):
-        why = f"{plan_path}: sharding: {kind} node pushes its whole replica; expected none"
-    elif opts.streaming is not None:
-        why = f"Streaming DiLoCo's fragments: {kind} node pushes whole rounds"
-    elif opts.on_node_loss == "continue":
-        why = f"--on-node-loss continue: a lost node stops {kind} run (the server waits for its pushes)"
-    if why is not None:
-        raise LaunchError(f"strategy {plan.strategy} (sync {plan.sync}): {why}")
+    for i, node in enumerate(plan.nodes, start=2):
+        if node.sharding not in (None, "none") and node.gpus > 1:
+            raise LaunchError(f"{plan_path}: line {i}: sharding: {node.sharding} with {kind.refusals['sharding']} "
+                              "is not run by this executor; expected none")
+
+
+def check_async(plan: Plan, plan_path, opts: ExecOptions, kind: RoundKind) -> None:
+    """A round without a barrier (real/rounds/round_server.py: async and quorum) pushes whole replicas and
+    checkpoints consistent cuts (real/checkpoint/checkpoint.py): what its kind does not support
+    (formats/rounds.py) is refused in one line, the first asked for of sharding, the streaming loop
+    (ExecOptions.streaming) and --on-node-loss continue."""
+    if kind.barrier:
+        return
+    asked = {"sharding": (any(node.sharding not in (None, "none") and node.gpus > 1 for node in plan.nodes),
+                          f"{plan_path}: sharding: ", "; expected none"),
+             "fragments": (opts.streaming is not None, "Streaming DiLoCo's fragments: ", ""),
+             "continue": (opts.on_node_loss == "continue", "--on-node-loss continue: ", "")}
+    for capability, (wanted, where, tail) in asked.items():
+        if wanted and not kind.supports(capability):
+            raise LaunchError(f"strategy {plan.strategy} (sync {plan.sync}): {where}{kind.refusals[capability]}{tail}")
 
 
 def check_continue(opts: ExecOptions) -> None:
@@ -304,7 +304,7 @@ def check_disk_space(spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path
         local = [plan.node_of_rank(int(os.environ["RANK"]))]
     else:
         local = list(range(len(plan.nodes)))
-    streams = opts.streaming is not None or not StreamingSpec.from_plan(plan).classic
+    streams = run_kind(plan, opts).supports("fragments")  # a streaming node's set holds the model's own weights too
     check_space(out_dir, local, load_arch(spec.model.preset).params, streams, opts.checkpoint)
 
 

@@ -34,18 +34,13 @@ from real.core.config import RunSpec
 from real.core.data import make_shard
 from real.core.diloco import OuterState, averaging_weights
 from real.core.groups import Groups, SoloGroups
-from real.core.options import ExecOptions, run_config
+from real.core.options import ExecOptions, run_config, run_kind
 from real.core.sharding import ShardingSpec, move_shards, node_scaler, prepare_model
 from real.core.streaming import SYNC_NUMERIC, StreamingSpec, write_syncs
 from real.core.sync import CrossNodeSync
 from real.membership.members import Elastic, Fixed
 from real.rounds.adaptive import AdaptiveRounds
-from real.rounds.round_async import AsyncRound
-from real.rounds.round_classic import ClassicRound
-from real.rounds.round_ddp import GradientRound
-from real.rounds.round_quorum import QuorumRound
-from real.rounds.round_streaming import StreamingRound
-from real.rounds.rounds import InnerSteps, NodeParts, Round
+from real.rounds.rounds import InnerSteps, NodeParts, make_round
 from real.rounds.trace import NUMERIC_COLUMNS, gather_tables, run_columns, summary, trace_rows, write_trace
 from train.cpulimit import set_own_quota
 from train.models import build_model
@@ -57,10 +52,10 @@ __all__ = ["ExecOptions", "Node"]
 def streaming_spec(plan: Plan, opts: ExecOptions) -> StreamingSpec | None:
     """The Streaming DiLoCo settings when the node runs streaming rounds, else None: when the
     plan asks for them, or when forced by ExecOptions.streaming (P = 1, τ = 0 then checks the
-    streaming loop against the classic one). sync-ddp never streams."""
+    streaming loop against the classic one), and the node's kind of round syncs in fragments (formats/rounds.py;
+    sync-ddp never streams)."""
     spec = opts.streaming or StreamingSpec.from_plan(plan)
-    streams = plan.sync != "gradients" and (opts.streaming is not None or not spec.classic)
-    return spec if streams else None
+    return spec if run_kind(plan, opts).supports("fragments") else None
 
 
 def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, arch, sharding: ShardingSpec,
@@ -77,7 +72,7 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
     data = make_shard(opts.data_path, seed=spec.seed, vocab_size=arch.vocab_size, seq_len=seq_len,
                       shard=shard, shards=shards, tokens=data_tokens)
     # Under --emulate a DiLoCo or streaming step is padded by the loop; sync-ddp pads in its hook.
-    pad_step_s = me.step_s * opts.time_scale if opts.emulate and plan.sync != "gradients" else None
+    pad_step_s = me.step_s * opts.time_scale if opts.emulate and run_kind(plan, opts).supports("padded_steps") else None
     steps = InnerSteps(model, optimizer, scaler, data, groups, diloco=d, dtype=spec.model.dtype,
                        batch=me.batch_size, local_steps=me.local_steps, total_steps=spec.rounds * me.local_steps,
                        pad_step_s=pad_step_s)
@@ -160,20 +155,6 @@ def warm_up(model, batch_size: int, seq_len: int, device: torch.device) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def make_round(parts: NodeParts, streaming: StreamingSpec | None, rounds: int) -> Round:
-    """The plan's kind of round: sync-ddp, asynchronous DiLoCo or quorum rounds (`rounds` pushes per
-    node), Streaming DiLoCo (given its settings), else DiLoCo."""
-    if parts.plan.sync == "gradients":
-        return GradientRound(parts)
-    if parts.plan.sync == "async":
-        return AsyncRound(parts, rounds, parts.opts.collective_timeout_s())
-    if parts.plan.sync == "quorum":
-        return QuorumRound(parts, rounds, parts.opts.collective_timeout_s())
-    if streaming is not None:
-        return StreamingRound(parts, streaming)
-    return ClassicRound(parts)
-
-
 class Node:
     """One process of one node of the DiLoCo run: its parts, its round, and the run's state
     that checkpoints hold (real/checkpoint/checkpoint.py reads and restores these attributes)."""
@@ -191,7 +172,7 @@ class Node:
         # outer_state cpu on GPUs sends the WAN traffic through gloo from host memory (as OpenDiLoCo).
         # Streaming DiLoCo syncs its fragments from the device (real/rounds/round_streaming.py), and sync-ddp
         # has no outer step: both keep the outer state beside the model.
-        on_cpu = sharding.outer_state == "cpu" and plan.sync != "gradients" and streaming is None
+        on_cpu = sharding.outer_state == "cpu" and run_kind(plan, opts).supports("outer_on_cpu")
         self.outer_device = torch.device("cpu") if on_cpu else self.device
         elastic = opts.on_node_loss == "continue"
         self.groups = (SoloGroups(plan, rank) if elastic else  # until it enters its first epoch
@@ -243,7 +224,7 @@ class Node:
             progress, state = self.held_round
             self.round.load_state_dict(state)
             self.round.progress, self.held_round = progress, None
-        self.streaming = self.round if isinstance(self.round, StreamingRound) else None
+        self.streaming = self.round if self.streaming_settings is not None else None
 
     def unbind(self) -> None:
         """Drop every reference to the run-wide group, so that leaving it closes its connections
@@ -288,7 +269,7 @@ class Node:
         if not self.reshards:  # else warmed up once sharded, in each epoch (reshard_parts)
             self.warm_up()
         # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint/checkpoint.py async_cuts).
-        stop = self.opts.stop_after if not self.plan.barrierless else None
+        stop = self.opts.stop_after if self.plan.round_kind.checkpoints == "round" else None
         last = self.spec.rounds if stop is None else min(self.spec.rounds, stop)
         origin = self.members.start(self)
         shows_bar = self.rank == 0 and not getattr(self.members, "joining", False)

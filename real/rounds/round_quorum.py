@@ -304,6 +304,7 @@ class QuorumServer:
 class QuorumRound(ServerRound):
     """A quorum round (the module doc)."""
 
+    marks_cuts = True
     counters = ("pulled_version", "mark", "complete")  # the closes pulled, the last reply's mark (module doc)
 
     def __init__(self, parts: NodeParts, rounds: int, timeout_s: float):

@@ -77,6 +77,14 @@ class ServerRound(Round):
     # the node; pulled_version (the server's version at this node's last pull) and complete (the
     # newest cut every node has written its part of) first and last.
     counters: tuple[str, ...] = ("pulled_version", "complete")
+    # Whether a reply's mark names the cut it belongs to, which may not be taken yet (quorum: written at the
+    # next pull or at the end, real/checkpoint/checkpoint.py), rather than the version it pulled (async)
+    marks_cuts: bool = False
+
+    @classmethod
+    def for_node(cls, parts: NodeParts, streaming, rounds: int) -> ServerRound:
+        """`rounds` pushes per node, the collective timeout the run's."""
+        return cls(parts, rounds, parts.opts.collective_timeout_s())
 
     def __init__(self, parts: NodeParts, rounds: int, timeout_s: float, push_scale: float):
         self.parts, self.rounds, self.push_scale = parts, rounds, push_scale

@@ -111,6 +111,10 @@ def background_sync(parts: NodeParts, fragmented: FragmentedOuter, fragments: in
 class StreamingRound(Round):
     """A node's rounds under Streaming DiLoCo (the module doc)."""
 
+    @classmethod
+    def for_node(cls, parts: NodeParts, streaming: StreamingSpec, rounds: int) -> StreamingRound:
+        return cls(parts, streaming)
+
     def __init__(self, parts: NodeParts, spec: StreamingSpec):
         self.parts, self.spec = parts, spec
         names = [name for name, _ in parts.model.named_parameters()]

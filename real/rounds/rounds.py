@@ -3,9 +3,11 @@ the one inner-step loop.
 
 real/process/worker.py builds a process's `NodeParts` once (model, optimizer, data, process groups,
 outer state, averaging) and one round of the plan's kind, then calls `Round.run(r, origin,
-bar)` for every round; each returns the node's trace.csv row (real/rounds/trace.py). The kinds, each
-in its own module: DiLoCo (real/rounds/round_classic.py), synchronous data parallel
-(real/rounds/round_ddp.py) and Streaming DiLoCo (real/rounds/round_streaming.py). All three run their H_i
+bar)` for every round; each returns the node's trace.csv row (real/rounds/trace.py). `make_round` builds
+the round its kind names (formats/rounds.py `round_class`), each kind in its own module: DiLoCo
+(real/rounds/round_classic.py), synchronous data parallel (real/rounds/round_ddp.py), Streaming DiLoCo
+(real/rounds/round_streaming.py) and the rounds without a barrier (real/rounds/round_server.py's
+async and quorum). The first three run their H_i
 inner steps through `InnerSteps.run`, which owns the node's step count and data position
 (checkpointed, real/checkpoint/checkpoint.py). Under --emulate a DiLoCo or streaming step is padded here
 to the plan's step_s × time_scale, deadlines accumulating so that sleep overshoot does not
@@ -16,10 +18,12 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
+from pkgutil import resolve_name
 
 import torch
 
 from formats.plan import NodePlan, Plan
+from formats.rounds import round_kind
 from formats.scenario import DilocoConfig
 from real.core.diloco import OuterState, inner_lr
 from real.core.groups import Groups
@@ -194,6 +198,12 @@ class Round(ABC):
     # steps cannot, and run the round again from its start instead (real/membership/members.py)
     retries_sync: bool = False
 
+    @classmethod
+    def for_node(cls, parts: NodeParts, streaming, rounds: int) -> Round:
+        """This kind's round for a node's parts (make_round); `streaming`: the Streaming DiLoCo settings,
+        `rounds`: the run's rounds; a kind takes what it needs."""
+        return cls(parts)
+
     def retry_sync(self, r: int, origin: Origin) -> dict:
         """Under --on-node-loss continue, after a failed sync and a new membership: sync round r again
         among the members, the inner steps kept; the round's trace row."""
@@ -213,3 +223,11 @@ class Round(ABC):
 
     def close(self) -> None:  # noqa: B027 (a default the rounds that run a thread override)
         """Stop what the round runs beside the main thread (nothing, unless it says)."""
+
+
+def make_round(parts: NodeParts, streaming, rounds: int) -> Round:
+    """The round of the node's kind (formats/rounds.py `round_class`, resolved here): its sync's, or, given
+    Streaming DiLoCo settings (real/process/worker.py streaming_spec), the kind that syncs in fragments;
+    `rounds` pushes per node for a round without a barrier."""
+    kind = round_kind(parts.plan.sync, streaming is not None)
+    return resolve_name(kind.round_class).for_node(parts, streaming, rounds)

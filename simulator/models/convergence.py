@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from formats.rounds import is_streaming
 from simulator.models.convergence_prior import diloco_factor, prior_loss
 
 FEATURES: dict[str, str] = {
@@ -152,7 +153,7 @@ def feature_values(*, cv2, log2_batch, log2_steps, missed, base_batch: float, ba
     pseudo-gradients of the others merged between the node's pull and its merge (0 with a barrier)."""
     weighted = averaging != "uniform"
     fragments, delay = np.asarray(fragments), np.asarray(sync_delay_steps)
-    streaming = (fragments > 1) | (delay > 0)
+    streaming = is_streaming(fragments, delay)
     bits = np.vectorize(lambda d: PAYLOAD_BITS.get(d, 0.0), otypes=[float])(np.asarray(payload_dtype))
     return {
         "work_cv2_plain": 0.0 * cv2 if weighted else cv2,

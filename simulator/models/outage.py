@@ -98,10 +98,11 @@ def prepare(scenario, plan, compute: np.ndarray, comm_s) -> tuple[np.ndarray, Fi
 
 
 def check_modelled(scenario, plan) -> None:
-    """InputError unless the plan's rounds stand still for a lost node here: classic DiLoCo rounds,
-    and adaptive ones (rebalance, deadline) under continue (simulator/models/adaptive.py plans them over
-    the nodes present)."""
-    if plan.streaming or plan.sync == "gradients" or (plan.adaptive and scenario.simulation.on_node_loss != "continue"):
+    """InputError unless the plan's rounds stand still for a lost node here: the kinds of round that
+    support an outage (formats/rounds.py: classic DiLoCo rounds), and adaptive ones (rebalance, deadline)
+    under continue (simulator/models/adaptive.py plans them over the nodes present)."""
+    if (not plan.round_kind.supports("outage")
+            or (plan.adaptive and scenario.simulation.on_node_loss != "continue")):
         raise InputError(f"strategy {plan.strategy}: nodes[].outage is modelled for classic DiLoCo plans (and "
                          "rebalance and deadline under on_node_loss = \"continue\"); expected another strategy "
                          "or policy (or no outage)")

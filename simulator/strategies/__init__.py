@@ -1,7 +1,8 @@
 """Strategies: rules that turn a scenario into a plan. Names are stable CLI words.
 
 A strategy is ONE batched function `decide(tables, net) -> dict` registered with
-@register("name"): it decides every row (scenario) of `NodeTables`/`NetTables` at once and
+@register("name", "what it does, in one sentence", sync=...) (the plans' sync column: its kind of round,
+formats/rounds.py; diloco by default): it decides every row (scenario) of `NodeTables`/`NetTables` at once and
 returns at least `batch` and `steps` (S, n); optionally `comm_s` (S,), `rounds`, `collective`,
 `dtype`, `fragments` and `delay` (Streaming DiLoCo's P and τ) (scalars or (S,) arrays) where
 it changes how the nodes sync; what it leaves out is the scenario's. `make_plan` calls it

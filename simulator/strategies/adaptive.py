@@ -17,12 +17,13 @@ import numpy as np
 
 from formats.adaptive import rebalance_steps
 from formats.errors import FieldError
+from formats.rounds import is_streaming, round_kind
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
 
 
 def _adaptive(name: str, tables: NodeTables, net: NetTables) -> dict:
-    if net.fragments > 1 or net.sync_delay_steps > 0:
+    if not round_kind("diloco", is_streaming(net.fragments, net.sync_delay_steps)).supports("adapt"):
         raise FieldError("diloco.fragments", f"strategy {name} re-plans whole rounds; expected classic DiLoCo "
                          f"(fragments 1, sync_delay_steps 0), got {net.fragments} and {net.sync_delay_steps}")
     batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)
@@ -37,13 +38,15 @@ def _note(d: dict, tables: NodeTables) -> str:
     return f"{rule}, at {tables.baseline_samples()[0]} samples per round"
 
 
-@register("rebalance", note=_note)
+@register("rebalance",
+          "re-plans every round: local steps from the step times measured so far (follows drift)", note=_note)
 def strategy_rebalance(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i = ⌊T / t̂_i⌋ before every round, t̂ measured (formats/adaptive.py)."""
     return _adaptive("rebalance", tables, net)
 
 
-@register("deadline", note=_note)
+@register("deadline",
+          "re-plans every round: every node steps until a shared deadline, then syncs (follows drift)", note=_note)
 def strategy_deadline(tables: NodeTables, net: NetTables) -> dict:
     """b; every node steps until the round's deadline T(t̂), then syncs."""
     return _adaptive("deadline", tables, net)

@@ -26,6 +26,7 @@ import numpy as np
 from formats.adaptive import rebalance_steps
 from formats.errors import FieldError
 from formats.plan import quorum_need
+from formats.rounds import is_streaming, round_kind
 from simulator.engines.engine_async import WEIGHT_BYTES_PER_PARAM, push_pull_raw
 from simulator.strategies.registry import register
 from simulator.strategies.tables import NetTables, NodeTables
@@ -35,8 +36,9 @@ GRACE_SHARE = 0.05  # the round stays open 5% of the slowest node's planned comp
 
 
 def speed_steps(name: str, tables: NodeTables, net: NetTables) -> tuple[np.ndarray, np.ndarray]:
-    """(batch, steps) (S, n): the baseline b, H_i from the node's speed at the baseline's samples per round."""
-    if net.fragments > 1 or net.sync_delay_steps > 0:
+    """(batch, steps) (S, n): the baseline b, H_i from the node's speed at the baseline's samples per round;
+    refused where the scenario syncs in fragments, which the strategy's kind of round does not (formats/rounds.py)."""
+    if is_streaming(net.fragments, net.sync_delay_steps) and not round_kind(name, True).supports("fragments"):
         raise FieldError("diloco.fragments", f"strategy {name} runs whole rounds without a barrier; expected classic "
                          f"DiLoCo (fragments 1, sync_delay_steps 0), got {net.fragments} and {net.sync_delay_steps}")
     batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)
@@ -44,10 +46,12 @@ def speed_steps(name: str, tables: NodeTables, net: NetTables) -> tuple[np.ndarr
     return batch, steps
 
 
-@register("async", note=lambda d, tables: (
+@register("async",
+          "no barrier: a server applies each node's pseudo-gradient on arrival (stale merges priced)",
+          note=lambda d, tables: (
     f"no barrier: a server applies each node's pseudo-gradient on arrival; server load {d['load'][0]:.2f} (its "
     "syncs over the slowest round's compute: above 1 the nodes queue); H_i from each node's speed at "
-    f"{tables.baseline_samples()[0]} samples per round"), barrier=False)
+    f"{tables.baseline_samples()[0]} samples per round"), sync="async")
 def strategy_async(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i by speed; each node syncs with a parameter server when its steps end."""
     batch, steps = speed_steps("async", tables, net)
@@ -57,11 +61,13 @@ def strategy_async(tables: NodeTables, net: NetTables) -> dict:
     return {"batch": batch, "steps": steps, "sync": "async", "comm_s": service.max(axis=1), "load": load}
 
 
-@register("quorum", note=lambda d, tables: (
+@register("quorum",
+          "no barrier: a round closes when half the nodes wait plus a grace window; late work merges next round",
+          note=lambda d, tables: (
     f"a round closes when {quorum_need(QUORUM_SHARE, tables.gpus.shape[1])} of {tables.gpus.shape[1]} nodes wait, "
     f"{d['grace_s'][0]:.2f} s later (grace); a late node pulls and computes on, its work merged next round; "
     "H_i from each node's speed"),
-    barrier=False)
+    sync="quorum")
 def strategy_quorum(tables: NodeTables, net: NetTables) -> dict:
     """b; H_i by speed; a round closes on a quorum of nodes plus a grace window."""
     batch, steps = speed_steps("quorum", tables, net)

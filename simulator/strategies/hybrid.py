@@ -138,7 +138,9 @@ def _note(d: dict, tables: NodeTables) -> str:
     return f"{tables.baseline_samples()[0]} samples per round budget, +{TOLERANCE:.0%} at most"
 
 
-@register("hybrid", note=_note)
+@register("hybrid",
+          "each node's batch and local steps together, within memory: the shortest round at the same samples",
+          note=_note)
 def strategy_hybrid(tables: NodeTables, net: NetTables) -> dict:
     """(b_i, H_i) together, within memory, minimising round time at the baseline's samples per round (+0..1%)."""
     batch, steps = hybrid_decide(tables)

@@ -18,7 +18,8 @@ def _at_baseline(tables: NodeTables) -> np.ndarray:
     return tables.step_at(np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64))
 
 
-@register("measured-steps")
+@register("measured-steps",
+          "each node the most whole steps that end before the slowest node, from measured step times")
 def measured_steps(tables: NodeTables, net: NetTables) -> dict:
     """H_i = floor(H × t_slow(b) / t_i(b)): the most whole steps that end no later than the slowest node."""
     b, h = tables.batch_size, tables.local_steps
@@ -42,7 +43,8 @@ def largest_batch_within(tables: NodeTables, target_s: np.ndarray, lo: np.ndarra
     return lo
 
 
-@register("measured-batch")
+@register("measured-batch",
+          "each node the largest batch that fits and steps no slower than the slowest node")
 def measured_batch(tables: NodeTables, net: NetTables) -> dict:
     """b_i = the largest batch that fits in memory with t_i(b_i) <= t_slow(b); H unchanged."""
     b, h = tables.batch_size, tables.local_steps

@@ -102,7 +102,8 @@ def _note(d: dict, tables: NodeTables) -> str:
             f"utilisation {d['utilization'][0]:.3f} ({met} the {TARGET_UTILIZATION:.2f} target)")
 
 
-@register("network-aware", note=_note)
+@register("network-aware",
+          "hybrid's compute, plus the collective, payload dtype and H chosen for the links", note=_note)
 def strategy_network_aware(tables: NodeTables, net: NetTables) -> dict:
     """Faster collective for the per-node links; hybrid compute; payload dtype and H scaled to reach 90% utilisation."""
     d = network_aware_decide(tables, net)

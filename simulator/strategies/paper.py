@@ -36,21 +36,24 @@ def _ones(tables: NodeTables) -> np.ndarray:
     return np.ones(tables.gpus.shape, dtype=np.int64)
 
 
-@register("baseline")
+@register("baseline",
+          "DiLoCo as configured: every node H local steps at batch b, then a barrier and the sync")
 def baseline(tables: NodeTables, net: NetTables) -> dict:
     """Every node: b = batch_size, H = local_steps."""
     ones = _ones(tables)
     return {"batch": ones * tables.batch_size, "steps": ones * tables.local_steps}
 
 
-@register("A")
+@register("A",
+          "the paper's A: each node's batch scaled by its peak FLOPS over the slowest node's")
 def strategy_a(tables: NodeTables, net: NetTables) -> dict:
     """b_i = round(b × F_i / min F), at most the largest batch that fits the node."""
     batch = np.minimum(_scaled(tables, tables.batch_size), np.maximum(tables.max_batch, 1))
     return {"batch": batch, "steps": _ones(tables) * tables.local_steps}
 
 
-@register("B")
+@register("B",
+          "the paper's B: each node's batch the largest of b, 2b, 4b ... 16b its GPUs hold")
 def strategy_b(tables: NodeTables, net: NetTables) -> dict:
     """b_i = the largest of b, 2b, 4b, … (up to 16b) that fits on every GPU of the node (b if none larger fits)."""
     b = tables.batch_size
@@ -61,7 +64,8 @@ def strategy_b(tables: NodeTables, net: NetTables) -> dict:
     return {"batch": batch, "steps": _ones(tables) * tables.local_steps}
 
 
-@register("C")
+@register("C",
+          "the paper's C: each node's local steps scaled by its peak FLOPS over the slowest node's")
 def strategy_c(tables: NodeTables, net: NetTables) -> dict:
     """H_i = round(H × F_i / min F)."""
     return {"batch": _ones(tables) * tables.batch_size, "steps": _scaled(tables, tables.local_steps)}

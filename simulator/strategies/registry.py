@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from formats.rounds import round_kind
 from simulator.strategies.tables import NetTables, NodeTables
 
 Decide = Callable[[NodeTables, NetTables], dict]
@@ -26,37 +27,28 @@ class Strategy:
 
 STRATEGIES: dict[str, Strategy] = {}
 # Strategies whose rounds end without DiLoCo's barrier (issue 40: async, quorum). Simulated only, by
-# their own engines (simulator/engines/engine_async.py): kept apart from STRATEGIES, which the sweep and
+# their own engines (simulator/engines/rounds_server.py): kept apart from STRATEGIES, which the sweep and
 # `geodt paper` decide and time in bulk with the barrier's arithmetic, and which the executor runs.
 BARRIERLESS: dict[str, Strategy] = {}
 
 
-def register(name: str, note: Note | None = None, barrier: bool = True) -> Callable[[Decide], Decide]:
+# What each strategy does, one sentence each, given where it registers (register's summary): `--help` of
+# simulate, plan, sweep, run and validate prints them (help_lines), and tests/test_help.py checks that every
+# registered strategy has one.
+SUMMARIES: dict[str, str] = {}
+
+
+def register(name: str, summary: str = "", note: Note | None = None,
+             sync: str = "diloco") -> Callable[[Decide], Decide]:
+    """Add a strategy, with what it does in one sentence (SUMMARIES; every strategy of the product has one,
+    tests/test_help.py; a test's own may go without), whose plans sync as `sync` (plan.csv's column): a
+    kind of round without a barrier (formats/rounds.py) puts it in BARRIERLESS."""
     def add(fn: Decide) -> Decide:
-        (STRATEGIES if barrier else BARRIERLESS)[name] = Strategy(name, fn, note)
+        (STRATEGIES if round_kind(sync).barrier else BARRIERLESS)[name] = Strategy(name, fn, note)
+        if summary:
+            SUMMARIES[name] = summary
         return fn
     return add
-
-
-# What each strategy does, one sentence each: `--help` of simulate, plan, sweep, run and validate prints
-# them (help_lines), and tests/test_help.py checks that every registered strategy has one.
-SUMMARIES: dict[str, str] = {
-    "baseline": "DiLoCo as configured: every node H local steps at batch b, then a barrier and the sync",
-    "A": "the paper's A: each node's batch scaled by its peak FLOPS over the slowest node's",
-    "B": "the paper's B: each node's batch the largest of b, 2b, 4b ... 16b its GPUs hold",
-    "C": "the paper's C: each node's local steps scaled by its peak FLOPS over the slowest node's",
-    "measured-steps": "each node the most whole steps that end before the slowest node, from measured step times",
-    "measured-batch": "each node the largest batch that fits and steps no slower than the slowest node",
-    "C-slowest": "C with each node priced by its slowest GPU's datasheet TFLOPS",
-    "hybrid": "each node's batch and local steps together, within memory: the shortest round at the same samples",
-    "sync-ddp": "no local steps: a gradient all-reduce every step, the global batch split by speed",
-    "network-aware": "hybrid's compute, plus the collective, payload dtype and H chosen for the links",
-    "streaming": "hybrid's compute, synced as Streaming DiLoCo fragments that overlap the next steps",
-    "rebalance": "re-plans every round: local steps from the step times measured so far (follows drift)",
-    "deadline": "re-plans every round: every node steps until a shared deadline, then syncs (follows drift)",
-    "async": "no barrier: a server applies each node's pseudo-gradient on arrival (stale merges priced)",
-    "quorum": "no barrier: a round closes when half the nodes wait plus a grace window; late work merges next round",
-}
 
 
 def help_lines(names=None) -> str:

@@ -20,7 +20,8 @@ def c_slowest_steps(speed: np.ndarray, local_steps: int) -> np.ndarray:
     return np.floor(local_steps * scale + 0.5).astype(np.int64)
 
 
-@register("C-slowest")
+@register("C-slowest",
+          "C with each node priced by its slowest GPU's datasheet TFLOPS")
 def strategy_c_slowest(tables: NodeTables, net: NetTables) -> dict:
     """H_i = round(H × S_i / min S), S_i the slowest GPU's spec TFLOPS; b unchanged."""
     batch = np.full(tables.gpus.shape, tables.batch_size, dtype=np.int64)

@@ -107,7 +107,8 @@ def _note(d: dict, tables: NodeTables) -> str:
             f"({tables.baseline_samples()[0]} samples per round budget)")
 
 
-@register("streaming", note=_note)
+@register("streaming",
+          "hybrid's compute, synced as Streaming DiLoCo fragments that overlap the next steps", note=_note)
 def strategy_streaming(tables: NodeTables, net: NetTables) -> dict:
     """Hybrid's b_i and H_i; Streaming DiLoCo's P and τ chosen to bring the round to max(compute, sync)."""
     return streaming_decide(tables, net)

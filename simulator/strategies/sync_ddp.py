@@ -60,7 +60,9 @@ def _note(d: dict, tables: NodeTables) -> str:
     return f"one step per round, {rounds} rounds; gradients all-reduced every step"
 
 
-@register("sync-ddp", note=_note)
+@register("sync-ddp",
+          "no local steps: a gradient all-reduce every step, the global batch split by speed",
+          note=_note, sync="gradients")
 def strategy_sync_ddp(tables: NodeTables, net: NetTables) -> dict:
     """H = 1 and a gradient all-reduce every step; the baseline's global batch split by speed."""
     batch = sync_ddp_batches(tables)

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
+from formats.rounds import is_streaming
 from simulator.engines.engine_analytic import run_streaming_analytic
 from simulator.models.loss_prediction import loss_setup, sweep_losses
 from simulator.models.network import node_outer_step_s, outer_step_s
@@ -271,8 +272,9 @@ def metrics(d: dict, gpus: np.ndarray, seq_len: int, outer_s: np.ndarray | None 
     idle_s = rounds * (slowest[:, None] - compute).sum(axis=1)
     fragments = np.broadcast_to(np.asarray(d.get("fragments", 1)), slowest.shape)
     delay = np.broadcast_to(np.asarray(d.get("delay", 0)), slowest.shape)
-    for p in np.unique(fragments[(fragments > 1) | (delay > 0)]).tolist():
-        idx = np.flatnonzero((fragments == p) & ((fragments > 1) | (delay > 0)))
+    streaming = is_streaming(fragments, delay)
+    for p in np.unique(fragments[streaming]).tolist():
+        idx = np.flatnonzero((fragments == p) & streaming)
         round_s, idle_s = round_s.astype(float), idle_s.astype(float)
         round_s[idx], idle_s[idx] = _streaming_rounds(d, idx, int(p), delay[idx], int(np.ravel(rounds)[0]), outer_s)
     tokens_per_round = (d["steps"] * d["batch"] * gpus).sum(axis=1) * seq_len

@@ -20,6 +20,7 @@ import numpy as np
 from formats.adaptive import DEADLINE_SLACK, rebalance_steps, round_time_s
 from formats.config import coerce
 from formats.errors import FieldError, InputError
+from formats.rounds import is_streaming
 from formats.toml import tomllib
 from simulator.engines.engine_analytic import run_streaming_analytic
 from simulator.models.drift import DRIFT_STREAM, DriftEvent, event_factors
@@ -78,7 +79,7 @@ def drifted_metrics(d: dict, gpus: np.ndarray, seq_len: int, factors: np.ndarray
     idle = (slowest[..., None] - compute).sum(axis=(0, 2))
     fragments = np.broadcast_to(np.asarray(d.get("fragments", 1)), slowest.shape[1:])
     delay = np.broadcast_to(np.asarray(d.get("delay", 0)), slowest.shape[1:])
-    streaming = (fragments > 1) | (delay > 0)
+    streaming = is_streaming(fragments, delay)
     for p in np.unique(fragments[streaming]).tolist():
         idx = np.flatnonzero(streaming & (fragments == p))
         wall[idx], idle[idx] = _streaming(d, idx, int(p), delay[idx], factors[:, idx], outer_s)
