@@ -50,6 +50,27 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
     write_bytes(path, csv_bytes(frame))
 
 
+def agg_figure(**figure_kwargs):
+    """A matplotlib Figure drawn by Agg, without pyplot: nothing registered to close, and pyplot's own
+    import (its backend machinery, about 50 ms) left out of the commands that only write PNGs."""
+    # lazy: startup time (matplotlib: only the commands that draw a figure import it)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(**figure_kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def laid_out_png(fig) -> bytes:
+    """PNG bytes (figure_bytes) of a figure laid out once by tight_layout: savefig would otherwise
+    draw it once more, with rendering off, for the placeholder layout engine tight_layout leaves
+    behind (it lays out nothing; the same bytes without that draw)."""
+    fig.tight_layout()
+    fig.set_layout_engine(None)  # None, not "none": "none" keeps the placeholder and its extra draw
+    return figure_bytes(fig)
+
+
 def figure_bytes(fig, **savefig_kwargs) -> bytes:
     """A matplotlib figure as PNG bytes without the Software/date metadata, so reruns are identical."""
     buffer = io.BytesIO()
