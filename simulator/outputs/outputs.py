@@ -13,6 +13,7 @@ import csv
 import io
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -54,9 +55,12 @@ def agg_figure(**figure_kwargs):
     """A matplotlib Figure drawn by Agg, without pyplot: nothing registered to close, and pyplot's own
     import (its backend machinery, about 50 ms) left out of the commands that only write PNGs."""
     # lazy: startup time (matplotlib: only the commands that draw a figure import it)
+    import matplotlib
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    if "matplotlib.pyplot" not in sys.modules:  # else pyplot's backend is the user's: left alone
+        matplotlib.use("Agg")  # resolved now: reading every rcParam (boxplot does) would import pyplot for it
     fig = Figure(**figure_kwargs)
     FigureCanvasAgg(fig)
     return fig
