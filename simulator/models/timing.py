@@ -109,17 +109,16 @@ def node_intra_gbps(node: NodeConfig) -> float:
     return min(get_gpu(key).intra_node_gbps for key in node.gpus)
 
 
-def signature(node: NodeConfig) -> tuple:
-    """What t_i(b) and the memory limit depend on: nodes alike in it share one timing's memo."""
-    return (tuple(sorted(node.gpus.items())), node.step_time_s, node.profile, node.intra_node_gbps, node.sharding,
-            node.activation_checkpointing)
-
-
 def catalog_signature(node: NodeConfig) -> tuple:
-    """`signature` but the given step_time_s: what the catalog estimate, layout, profiles and memory limit
-    depend on (nodes alike in it share them, whatever step times they were given)."""
+    """What the catalog estimate, layout, profiles and memory limit depend on: nodes alike in it share
+    them, whatever step_time_s they were given (20,000 nodes of distinct measured step times estimate once)."""
     return (tuple(sorted(node.gpus.items())), node.profile, node.intra_node_gbps, node.sharding,
             node.activation_checkpointing)
+
+
+def signature(node: NodeConfig) -> tuple:
+    """What t_i(b) and the memory limit depend on: nodes alike in it share one timing's memo."""
+    return (*catalog_signature(node), node.step_time_s)
 
 
 _PROFILE_CACHE: dict = {}
@@ -362,6 +361,9 @@ def node_timings(scenario: Scenario) -> list[NodeTiming]:
     its estimates (linear in nodes)."""
     memos: dict = {}
     shares: dict = {}
-    return [NodeTiming(scenario, node, i, memos.setdefault(signature(node), {}),
-                       shares.setdefault(catalog_signature(node), {}))
-            for i, node in enumerate(scenario.nodes)]
+    timings = []
+    for i, node in enumerate(scenario.nodes):
+        alike = catalog_signature(node)
+        timings.append(NodeTiming(scenario, node, i, memos.setdefault((*alike, node.step_time_s), {}),
+                                  shares.setdefault(alike, {})))
+    return timings
