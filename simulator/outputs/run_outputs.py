@@ -17,6 +17,7 @@ rounds within TIMELINE_FULL_MAX_ROWS rows. Then the timeline has one more column
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -56,8 +57,6 @@ class TableWriter:
             self.header = False
             return
         # lazy: startup time (pyarrow.parquet)
-        from concurrent.futures import ThreadPoolExecutor
-
         import pyarrow as pa
         import pyarrow.parquet as pq
 
