@@ -107,10 +107,11 @@ def bench_scenario(nodes: int, rounds: int) -> Scenario:
     return scenario
 
 
-def run_measured(command: list[str]) -> tuple[float, int, float]:
-    """(wall seconds, peak resident bytes, CPU seconds) of one child process (os.wait4's rusage)."""
+def run_measured(command: list[str], env: dict | None = None) -> tuple[float, int, float]:
+    """(wall seconds, peak resident bytes, CPU seconds) of one child process (os.wait4's rusage); env: its
+    environment (default: this process's)."""
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:

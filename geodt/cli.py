@@ -2,12 +2,15 @@
 
 Lazy imports keep `geodt simulate` free of torch: only the subcommand that runs is imported, and
 the commands that need torch import it only once they run (their --help reads without it).
+A reader of stdout that goes away (`| head -3`) ends the command quietly: formats/stdout.py.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import sys
+
+from formats.stdout import closed_stdout_status
 
 # subcommand -> (module, function, one-line help)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -100,11 +103,14 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         raise
     try:
-        return int(getattr(module, function_name)(rest) or 0)
+        status = int(getattr(module, function_name)(rest) or 0)
+        sys.stdout.flush()  # a reader gone shows here, not in the interpreter's flush at exit
+        return status
     except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT; outputs are atomic
         print(f"geodt {name}: interrupted", file=sys.stderr)
         return 130
-
+    except BrokenPipeError as exc:  # stdout's reader went away (| head): quiet, exit 141; another pipe raises
+        return closed_stdout_status(exc)
 
 if __name__ == "__main__":
     raise SystemExit(main())

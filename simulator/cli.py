@@ -195,17 +195,19 @@ def _run(argv: list[str], plan_only: bool) -> int:
         why = check_owner(out, "plan" if plan_only else "simulate", args.force)
         if why is not None:
             raise InputError(why)
+        frames = {p.strategy: p.to_frame(scenario) for p in plans}  # plan.csv's rows: written, printed, traced
         try:
             if plan_only:
                 results, notes = [(p, None, None) for p in plans], []
                 timelines = _plan_timelines(scenario, plans)
-                files = {"plan.csv": _plan_csv(scenario, plans), "scenario.toml": scenario.to_toml().encode(),
+                files = {"plan.csv": csv_bytes(pd.concat(frames.values(), ignore_index=True)),
+                         "scenario.toml": scenario.to_toml().encode(),
                          "idle.png": idle_figure([_idle_run(p.strategy, timelines[p.strategy]) for p in plans])}
                 stale = write_output_set(out, files)
                 written = list(files)
                 losses = _plan_losses(scenario, plans, setup, timelines) if setup.target is not None else None
             else:
-                results, notes, stale, losses, written = _simulate(out, scenario, plans, args, setup)
+                results, notes, stale, losses, written = _simulate(out, scenario, plans, frames, args, setup)
         except OutputError as exc:
             raise InputError(f"--out {out}: {exc}") from None
         except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
@@ -213,7 +215,7 @@ def _run(argv: list[str], plan_only: bool) -> int:
     except InputError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 2
-    _print_results(scenario, results, plan_only, getattr(args, "wide", False))
+    _print_results(scenario, results, frames, plan_only, getattr(args, "wide", False))
     print(f"\nwrote {out}/: {', '.join(written)}"
           + (f" (removed {', '.join(stale)} of an earlier command)" if stale else ""))
     for note in notes:
@@ -308,11 +310,8 @@ def _plans(scenario, source: str, strategies: list[str]) -> list:
         raise InputError(f"{source}: {exc.key}: {exc.expected}") from None
 
 
-def _plan_csv(scenario, plans) -> bytes:
-    return csv_bytes(pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True))
-
-
-def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple], list[str], list[str], dict, list]:
+def _simulate(out: Path, scenario, plans: list, frames: dict, args,
+              setup) -> tuple[list[tuple], list[str], list[str], dict, list]:
     """Simulate every plan into --out's stage, the tables written chunk by chunk as the engine
     produces them (simulator/outputs/run_outputs.py); then plan.csv, summary.csv, trace.json and
     scenario.toml, loss.png and idle.png, and the whole set renamed into place. ((plan, totals,
@@ -346,7 +345,7 @@ def _simulate(out: Path, scenario, plans: list, args, setup) -> tuple[list[tuple
             at_baseline_loss(reference, setup.model.curve)
         results = [(s.plan, s.totals, with_staleness(with_provenance(
             with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]), scenario), s.totals)) for s in sinks]
-        plan_frame = pd.concat([p.to_frame(scenario) for p in plans], ignore_index=True)
+        plan_frame = pd.concat(frames.values(), ignore_index=True)
         trace, kept = _trace(sinks, plan_frame, cap)
         files = {"plan.csv": csv_bytes(plan_frame),
                  "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
@@ -413,10 +412,11 @@ def _notes(sinks, engines, fmt: str, kept: int | None) -> list[str]:
     return notes
 
 
-def _print_results(scenario, results: list[tuple], plan_only: bool, wide: bool = False) -> None:
-    """Per strategy: its plan (geodt plan) or its per-node table (geodt simulate)."""
+def _print_results(scenario, results: list[tuple], frames: dict, plan_only: bool, wide: bool = False) -> None:
+    """Per strategy: its plan (geodt plan) or its per-node table (geodt simulate); frames: plan.csv's rows
+    per strategy."""
     for plan, _timeline, summ in results:
-        frame = plan.to_frame(scenario)
+        frame = frames[plan.strategy]
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
               f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
               + plan.round_kind.sync_text(plan) + (f"; {plan.note}" if plan.note else ""))

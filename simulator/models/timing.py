@@ -109,10 +109,16 @@ def node_intra_gbps(node: NodeConfig) -> float:
     return min(get_gpu(key).intra_node_gbps for key in node.gpus)
 
 
+def catalog_signature(node: NodeConfig) -> tuple:
+    """What the catalog estimate, layout, profiles and memory limit depend on: nodes alike in it share
+    them, whatever step_time_s they were given (20,000 nodes of distinct measured step times estimate once)."""
+    return (tuple(sorted(node.gpus.items())), node.profile, node.intra_node_gbps, node.sharding,
+            node.activation_checkpointing)
+
+
 def signature(node: NodeConfig) -> tuple:
     """What t_i(b) and the memory limit depend on: nodes alike in it share one timing's memo."""
-    return (tuple(sorted(node.gpus.items())), node.step_time_s, node.profile, node.intra_node_gbps, node.sharding,
-            node.activation_checkpointing)
+    return (*catalog_signature(node), node.step_time_s)
 
 
 _PROFILE_CACHE: dict = {}
@@ -221,8 +227,11 @@ class NodeTiming:
     scenario: Scenario
     node: NodeConfig
     index: int | None = None  # the node's position (errors name nodes[index]); found if not given
-    # Memo of step times, fits and profiles, shared by the nodes of one `signature`.
+    # Memo of step times, shared by the nodes of one `signature`.
     memo: dict = field(default_factory=dict, compare=False, repr=False)
+    # Memo of what a given step_time_s does not change (estimates, layout, fits, profiles), shared by the
+    # nodes of one `catalog_signature`: 20,000 nodes of distinct measured step times estimate once.
+    shared: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def position(self) -> int:
@@ -232,9 +241,9 @@ class NodeTiming:
 
     @property
     def profiles(self) -> tuple:
-        if "profiles" not in self.memo:
-            self.memo["profiles"] = read_profiles(self.scenario, self.node, self.position)
-        return self.memo["profiles"]
+        if "profiles" not in self.shared:
+            self.shared["profiles"] = read_profiles(self.scenario, self.node, self.position)
+        return self.shared["profiles"]
 
     @property
     def startup_s(self) -> float:
@@ -259,9 +268,9 @@ class NodeTiming:
         """The node's memory layout: its own or [training]'s sharding and recomputation, "auto"
         resolved to the first of memory.LAYOUT_ORDER that holds the baseline batch (else batch 1;
         else the last candidate, whose problem check_batch_one reports)."""
-        if "layout" not in self.memo:
-            self.memo["layout"] = choose_layout(self.scenario, self.node, self.position, bool(self.profiles))
-        return self.memo["layout"]
+        if "layout" not in self.shared:
+            self.shared["layout"] = choose_layout(self.scenario, self.node, self.position, bool(self.profiles))
+        return self.shared["layout"]
 
     def estimate_s(self, batch: int) -> float:
         """Catalog estimate for the whole node under its layout: slowest GPU, intra-node collectives."""
@@ -279,12 +288,12 @@ class NodeTiming:
         comm_s, exposed_s = intra_node_comm_s(self.scenario, self.node, self.layout)
         return exposed_s if self.layout.sharding == "fsdp" else comm_s
 
-    @property
-    def _base_estimate_s(self) -> float:
-        """The estimate at the baseline batch, which anchors a given step_time_s (asked for every batch)."""
-        if "base_estimate" not in self.memo:
-            self.memo["base_estimate"] = self.estimate_s(self.scenario.training.batch_size)
-        return self.memo["base_estimate"]
+    def _estimate_at(self, batch: int) -> float:
+        """estimate_s(batch) of a whole batch, computed once per `catalog_signature`."""
+        estimates = self.shared.setdefault("estimate_s", {})
+        if batch not in estimates:
+            estimates[batch] = self.estimate_s(batch)
+        return estimates[batch]
 
     def step_s(self, batch: int) -> float:
         """t_i(b) in seconds, by docs/DESIGN.md's precedence: given constant, profile, catalog."""
@@ -298,15 +307,15 @@ class NodeTiming:
             base = self.scenario.training.batch_size
             if batch == base:  # exactly as given, not through a ratio that rounds
                 return self.node.step_time_s
-            return self.node.step_time_s * self.estimate_s(batch) / self._base_estimate_s
+            return self.node.step_time_s * self._estimate_at(batch) / self._estimate_at(base)
         if self.profiles:
             measured = max(p.step_s(batch) for p in self.profiles)
             return measured + intra_node_allreduce_s(self.scenario, self.node)
-        return self.estimate_s(batch)
+        return self._estimate_at(batch)
 
     def fits(self, batch: int) -> bool:
         """Whether batch b fits on every GPU of the node: profiles where measured, else the memory model."""
-        fits = self.memo.setdefault("fits", {})
+        fits = self.shared.setdefault("fits", {})
         if batch not in fits:
             fits[batch] = self.memory_problem(batch) is None
         return fits[batch]
@@ -329,9 +338,9 @@ class NodeTiming:
     def max_batch(self, limit: int = MAX_SEARCH_BATCH) -> int:
         """The largest batch that fits (searched up to `limit`); 0 if not even batch 1 fits."""
         key = ("max_batch", limit)
-        if key not in self.memo:
-            self.memo[key] = self._max_batch(limit)
-        return self.memo[key]
+        if key not in self.shared:
+            self.shared[key] = self._max_batch(limit)
+        return self.shared[key]
 
     def _max_batch(self, limit: int) -> int:
         lo, hi = 0, 1
@@ -348,7 +357,13 @@ class NodeTiming:
 
 
 def node_timings(scenario: Scenario) -> list[NodeTiming]:
-    """One NodeTiming per node, in order; nodes of one `signature` share a memo (linear in nodes)."""
+    """One NodeTiming per node, in order; nodes of one `signature` share a memo, of one `catalog_signature`
+    its estimates (linear in nodes)."""
     memos: dict = {}
-    return [NodeTiming(scenario, node, i, memos.setdefault(signature(node), {}))
-            for i, node in enumerate(scenario.nodes)]
+    shares: dict = {}
+    timings = []
+    for i, node in enumerate(scenario.nodes):
+        alike = catalog_signature(node)
+        timings.append(NodeTiming(scenario, node, i, memos.setdefault((*alike, node.step_time_s), {}),
+                                  shares.setdefault(alike, {})))
+    return timings

@@ -9,23 +9,18 @@ the figure naming each curve it cuts and where that one ends.
 """
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
+
+from simulator.outputs.outputs import agg_figure, laid_out_png
 
 SHARED_RUN_FACTOR = 3.0  # runs ending beyond 3x the median run's end are cut at the longest of the others
 
 
 def loss_figure(losses: dict, setup, vocab_size: int | None = None) -> bytes:
     """PNG bytes (no timestamp or software tag: the same inputs give the same bytes)."""
-    import matplotlib.pyplot as plt
-
-    fig = loss_figure_axes(losses, setup, vocab_size)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return laid_out_png(loss_figure_axes(losses, setup, vocab_size, layout=False))
 
 
 def loss_limits(losses: dict, floor: float, target: float | None, ceiling: float,
@@ -58,16 +53,15 @@ def loss_limits(losses: dict, floor: float, target: float | None, ceiling: float
     return (bottom - pad, top + pad), right
 
 
-def loss_figure_axes(losses: dict, setup, vocab_size: int | None = None):
-    """The matplotlib figure of loss_figure (for tests: its limits and texts)."""
-    # lazy: startup time (matplotlib)
-    import matplotlib
+def loss_figure_axes(losses: dict, setup, vocab_size: int | None = None, layout: bool = True):
+    """The matplotlib figure of loss_figure (for tests: its limits and texts); layout: tight_layout applied
+    (loss_figure lays it out itself, as it writes it)."""
+    # lazy: startup time (matplotlib: only the commands that draw a figure import it)
+    from matplotlib import colormaps
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    colors = plt.get_cmap("tab20").colors
+    fig = agg_figure(figsize=(8, 4.5), dpi=110)
+    ax = fig.subplots()
+    colors = colormaps["tab20"].colors
     for i, (name, pred) in enumerate(losses.items()):
         curve = pred["curve"]
         label = name if setup.target is None or not np.isfinite(pred["time_to_target_s"]) else \
@@ -94,5 +88,6 @@ def loss_figure_axes(losses: dict, setup, vocab_size: int | None = None):
     ax.text(0.0, -0.16, setup.model.curve.source[:140], transform=ax.transAxes, fontsize=6.5, va="top")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     return fig

@@ -13,6 +13,7 @@ import csv
 import io
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,6 +49,30 @@ def write_text(path: str | Path, text: str) -> None:
 
 def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
     write_bytes(path, csv_bytes(frame))
+
+
+def agg_figure(**figure_kwargs):
+    """A matplotlib Figure drawn by Agg, without pyplot: nothing registered to close, and pyplot's own
+    import (its backend machinery, about 50 ms) left out of the commands that only write PNGs."""
+    # lazy: startup time (matplotlib: only the commands that draw a figure import it)
+    import matplotlib
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if "matplotlib.pyplot" not in sys.modules:  # else pyplot's backend is the user's: left alone
+        matplotlib.use("Agg")  # resolved now: reading every rcParam (boxplot does) would import pyplot for it
+    fig = Figure(**figure_kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def laid_out_png(fig) -> bytes:
+    """PNG bytes (figure_bytes) of a figure laid out once by tight_layout: savefig would otherwise
+    draw it once more, with rendering off, for the placeholder layout engine tight_layout leaves
+    behind (it lays out nothing; the same bytes without that draw)."""
+    fig.tight_layout()
+    fig.set_layout_engine(None)  # None, not "none": "none" keeps the placeholder and its extra draw
+    return figure_bytes(fig)
 
 
 def figure_bytes(fig, **savefig_kwargs) -> bytes:

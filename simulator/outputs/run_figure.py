@@ -16,10 +16,10 @@ the timeline keep every node.
 """
 from __future__ import annotations
 
-import io
-
 import numpy as np
 import pandas as pd
+
+from simulator.outputs.outputs import agg_figure, laid_out_png
 
 GANTT_ROUNDS = 3  # rounds drawn in the timeline: enough to see the pattern repeat
 PARTS = (("compute_s", "compute", "tab:blue"), ("idle_s", "idle (waiting)", "tab:red"), ("comm_s", "sync", "tab:gray"))
@@ -30,13 +30,7 @@ EDGE_NODES = 8  # above SHOWN_NODES_MAX: this many slowest and this many fastest
 def idle_figure(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]]) -> bytes:
     """PNG bytes from (strategy, node names, idle seconds per node, the run's first rounds'
     timeline rows) per strategy. No timestamp or software tag: the same inputs give the same bytes."""
-    import matplotlib.pyplot as plt
-
-    fig = idle_figure_axes(runs)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
-    return buf.getvalue()
+    return laid_out_png(idle_figure_axes(runs, layout=False))
 
 
 def edge_nodes(idle_s: np.ndarray, edge: int = EDGE_NODES) -> np.ndarray:
@@ -50,13 +44,11 @@ def edge_nodes(idle_s: np.ndarray, edge: int = EDGE_NODES) -> np.ndarray:
     return np.concatenate([order[:edge], order[-edge:]])
 
 
-def idle_figure_axes(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]]):
-    """The matplotlib figure of idle_figure (for tests: its axes, titles and artists)."""
-    # lazy: startup time (matplotlib)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def idle_figure_axes(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]], layout: bool = True):
+    """The matplotlib figure of idle_figure (for tests: its axes, titles and artists); layout: tight_layout
+    applied (idle_figure lays it out itself, as it writes it)."""
+    # lazy: startup time (matplotlib: only the commands that draw a figure import it)
+    from matplotlib import colormaps
 
     shown = _gantt_runs(runs)
     nodes = list(runs[0][1])
@@ -64,14 +56,16 @@ def idle_figure_axes(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]]
     picked = edge_nodes(runs[0][2]) if summarised else np.arange(len(nodes))
     rows = len(picked)
     height_ratios = [1.2] + ([1.0] if summarised else []) + [0.4 + 0.06 * rows] * len(shown)
-    fig, axes = plt.subplots(len(height_ratios), 1, figsize=(9, 1.2 + 2.4 * sum(height_ratios)), dpi=100,
-                             squeeze=False, height_ratios=height_ratios)
-    _bars(axes[0, 0], runs, [nodes[i] for i in picked], plt.get_cmap("tab20").colors, len(nodes) if summarised else 0)
+    fig = agg_figure(figsize=(9, 1.2 + 2.4 * sum(height_ratios)), dpi=100)
+    axes = fig.subplots(len(height_ratios), 1, squeeze=False, height_ratios=height_ratios)
+    colors = colormaps["tab20"].colors
+    _bars(axes[0, 0], runs, [nodes[i] for i in picked], colors, len(nodes) if summarised else 0)
     if summarised:
-        _distribution(axes[1, 0], runs, plt.get_cmap("tab20").colors)
+        _distribution(axes[1, 0], runs, colors)
     for ax, (strategy, names, _, head) in zip(axes[1 + summarised:, 0], shown):
         _gantt(ax, strategy, list(names), _first_rounds(head), summarised)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     return fig
 
 

@@ -17,6 +17,7 @@ rounds within TIMELINE_FULL_MAX_ROWS rows. Then the timeline has one more column
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
@@ -34,12 +35,19 @@ CHUNK_NODE_ROUNDS = 262_144
 
 
 class TableWriter:
-    """One output table (timeline or syncs of every strategy) written frame by frame."""
+    """One output table (timeline or syncs of every strategy) written frame by frame.
+
+    Parquet: each frame is converted here and encoded and written by one thread of the writer's own, in
+    order, while the caller goes on (pyarrow encodes without the GIL: the engine's next chunk, the loss
+    model and the figures run meanwhile on another core); a write's error is raised by the next write
+    or by close()."""
 
     def __init__(self, handle, fmt: str, columns: list[str]):
         self.handle, self.fmt, self.columns = handle, fmt, columns
         self.parquet = None
         self.header = True
+        self._writing = None  # the pending write's future (Parquet)
+        self._thread = None  # its one thread: writes stay in order
 
     def write(self, frame: pd.DataFrame) -> None:
         frame = frame[self.columns]
@@ -58,17 +66,35 @@ class TableWriter:
         table = table.cast(schema).replace_schema_metadata(None)  # no pandas metadata: reads the same anywhere
         if self.parquet is None:
             self.parquet = pq.ParquetWriter(self.handle, schema)
-        self.parquet.write_table(table)
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="geodt-parquet")
+        self._wait()
+        self._writing = self._thread.submit(self.parquet.write_table, table)
+
+    def _wait(self) -> None:
+        """The pending write finished (its error raised here)."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def abandon(self) -> None:
         """After a failed write (a full disk): drop the Parquet writer unfinished, the stage being
         removed, so that its finaliser does not write again and print a second error."""
+        try:
+            self._wait()  # a write still running ends before its file goes
+        except Exception:  # the error that brought us here is the one reported
+            pass
+        if self._thread is not None:
+            self._thread.shutdown()
         if self.parquet is not None:
             self.parquet.is_open = False
             self.parquet = None
 
     def close(self) -> None:
         if self.parquet is not None:
+            try:
+                self._wait()
+            finally:
+                self._thread.shutdown()
             self.parquet.close()
         elif self.header and self.fmt == "csv":
             self.handle.write(csv_bytes(pd.DataFrame(columns=self.columns)))

@@ -65,10 +65,10 @@ def complete(d: dict, tables: NodeTables, net: NetTables) -> dict:
 def check_batch_one(timings: list[NodeTiming]) -> None:
     """FieldError naming the first node that cannot hold even batch 1 (no strategy can plan it)."""
     seen: set[int] = set()
-    for timing in timings:
-        if id(timing.memo) in seen:
+    for timing in timings:  # the memory limit is one per catalog_signature, whatever the given step times
+        if id(timing.shared) in seen:
             continue
-        seen.add(id(timing.memo))
+        seen.add(id(timing.shared))
         problem = timing.memory_problem(1)
         if problem is not None:
             raise FieldError(f"nodes[{timing.position}]",

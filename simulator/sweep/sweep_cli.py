@@ -527,6 +527,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # stdout's reader went away (| head): geodt.cli ends quietly, not a disk's error
+        raise
     except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
         # lazy: startup time (pandas: geodt sweep --help reads none of it)
         from simulator.cli import write_error
