@@ -24,6 +24,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from simulator.strategies import make_plan
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_simulator import bare_loop, bench_scenario, best_of, run_measured
 
@@ -61,10 +65,6 @@ def simulate_process(nodes: int, rounds: int, *options: str) -> tuple[float, int
 
 
 def measure() -> dict:
-    import numpy as np
-
-    from simulator.strategies import make_plan
-
     scenario = bench_scenario(1024, 200)
     plan = make_plan(scenario, "baseline")
     compute = np.broadcast_to([n.compute_s for n in plan.nodes], (200, 1024)).copy()

@@ -11,7 +11,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from facts.presets import PresetError, load_arch
+import pandas as pd
+
+from facts.presets import PRESETS, PresetError, load_arch
 from formats.cli import DIGITS, OneLineParser, non_negative_int, positive_int
 from formats.owners import add_force_argument
 from formats.profile import ProfileError
@@ -67,7 +69,6 @@ def calibrate_parser() -> argparse.ArgumentParser:
                 "batch size on a device, into a profile CSV (docs/DESIGN.md, 'Profiles').")
     p.add_argument("--device", default="cpu", help="cpu, cuda:N, or all (every CUDA device: one "
                    "file per device, OUT-cudaN.csv) [cpu]")
-    from facts.presets import PRESETS
 
     p.add_argument("--model", default="tiny", help=f"preset ({', '.join(PRESETS)}) or a LLaMA config.json [tiny]")
     p.add_argument("--seq-len", type=positive_int, default=1024, help="tokens per sample [1024]")
@@ -104,8 +105,6 @@ def out_paths(out: Path, devices: list[str]) -> list[Path]:
 
 
 def _table(rows: list[dict]) -> str:
-    import pandas as pd
-
     frame = pd.DataFrame(rows)
     if frame.empty:
         return "(no rows)"

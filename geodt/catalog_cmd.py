@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from formats.cli import OneLineParser
+
 GPU_COLUMNS = ["key", "memory_gb", "memory_bandwidth_gbs", "fp32_tflops", "fp16_tflops", "bf16_tflops",
                "intra_node_gbps", "name"]
 
@@ -27,8 +29,6 @@ def preset_table() -> pd.DataFrame:
 
 
 def catalog_main(argv: list[str]) -> int:
-    from formats.cli import OneLineParser
-
     parser = OneLineParser(prog="geodt catalog", description=(
         "The GPU types a scenario's nodes can name (gpus = { \"a30\" = 4 }) with their memory, memory "
         "bandwidth and dense peak TFLOPS by dtype (empty: the GPU has no such tensor math), then the "

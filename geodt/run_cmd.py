@@ -17,27 +17,33 @@ geodt/calibration/wan_links.py does for link calibration.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from geodt.preflight import available_cores
+from formats.cli import OneLineParser, add_strategy_list, group_options, positive_float
+from formats.errors import InputError
+from formats.limits import large_help
+from formats.owners import add_force_argument, check_owner
+from geodt.preflight import PreflightError, available_cores, check_host, check_machine, this_machine
 from geodt.validation import (  # noqa: F401
     MODES,
     VARIABILITY_SAMPLES,
     device_kind,
     plot_validation,
     predicted_timeline,
+    report,
     validation_table,
     wall_line,
 )
+from real.process.cli import add_exec_arguments, exec_options
+from simulator.models.drift import drift_factors
+from simulator.models.outage import outages
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
-    from formats.cli import OneLineParser, add_strategy_list, group_options, positive_float
-    from formats.limits import large_help
-    from formats.owners import add_force_argument
-    from real.process.cli import add_exec_arguments
     from simulator.strategies.registry import BARRIERLESS, STRATEGIES, help_lines
 
     description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
@@ -108,10 +114,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     loss model's setup for validate or None) or an exit status. Nothing is written unless every
     input is good and the directory is this run's.
     """
-    from formats.errors import InputError
-    from geodt.preflight import PreflightError, check_host, check_machine, this_machine
     from real.core.config import ConfigError
-    from real.process.cli import exec_options
     from real.process.launch import LaunchError, check_disk_space, check_inputs
     from real.process.outdir import OutDirError
     from simulator.cli import check_work, default_out, target_override
@@ -171,7 +174,6 @@ def _claim(prog: str, out: Path, force: bool, resume: bool):
     """DIR's run lock, once DIR may take this run; else the exit status, one line said and nothing
     written: another run holds it (real/process/outdir.py), or it holds another command's outputs or an
     earlier run's checkpoints that this run does not resume (formats/owners.py; --force)."""
-    from formats.owners import check_owner
     from real.process.launch import saved_checkpoints
     from real.process.outdir import OutDirError, take_lock
 
@@ -193,8 +195,6 @@ def check_resumable(spec, plan, opts) -> None:
     """--resume: the checkpoints in --out were made by this run's plan and settings (their manifests'
     run_identity, real/checkpoint/checkpoint.py), checked before plan.csv and scenario.toml are replaced; a
     LaunchError naming the first set that differs."""
-    import json
-
     from real.checkpoint.ckpt_set import run_identity
     from real.core.options import run_config
     from real.process.launch import LaunchError, saved_checkpoints
@@ -253,7 +253,6 @@ def validate_loss_setup(scenario, args):
     curve of this model on this run's corpus; with a target that is an InputError (one line). With a
     target and no --data, the run trains on the profile's corpus where it is the standard library's
     (args.data set, and said)."""
-    from formats.errors import InputError
     from real.core.data import STDLIB_CORPUS, corpus_digest
     from simulator.models.loss_prediction import loss_setup
 
@@ -281,8 +280,6 @@ def check_emulated_length(scenario, plan, opts) -> None:
     """InputError (one line) when --emulate's padded steps alone would take longer than MAX_EMULATED_S
     (`--time-scale 1e9` was accepted: a run of years); the rounds times the slowest node's padded
     compute, a floor of the run's length (syncs come on top)."""
-    from formats.errors import InputError
-
     if not opts.emulate or plan.sync == "gradients":  # sync-ddp is not padded (real/process/worker.py)
         return
     rounds = plan.rounds or scenario.training.rounds
@@ -305,11 +302,6 @@ def _duration(seconds: float) -> str:
 def injected_drift(scenario, plan, opts):
     """opts with the scenario's drift (simulator/models/drift.py) for the executor to inject, per plan node
     and round: padded steps under --emulate, else a node's CPU quota, so a drifting node needs one."""
-    from dataclasses import replace
-
-    from formats.errors import InputError
-    from simulator.models.drift import drift_factors
-
     factors = drift_factors(scenario, plan)
     if factors is None:
         return opts
@@ -328,11 +320,6 @@ def injected_drift(scenario, plan, opts):
 def injected_outage(scenario, plan, opts):
     """opts with the scenario's outages (simulator/models/outage.py) for the executor to inject: the node's
     process SIGKILLs itself at the outage's round and rejoins at round + rounds (real/membership/members.py)."""
-    from dataclasses import replace
-
-    from formats.errors import InputError
-    from simulator.models.outage import outages
-
     lost = [(i, o) for i, o in outages(scenario, plan) if o.round < scenario.training.rounds]
     if not lost:
         return opts
@@ -426,8 +413,6 @@ def run_main(argv: list[str]) -> int:
 
 
 def _run(args, prepared) -> int:
-    from dataclasses import replace
-
     from real.process.launch import launch
 
     out = Path(args.out)
@@ -488,8 +473,6 @@ def validate_main(argv: list[str]) -> int:
 
 
 def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
-    from dataclasses import replace
-
     opts = replace(opts, summary=False)  # validate prints its own table
     import pandas as pd
 
@@ -507,7 +490,6 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")
-    from geodt.validation import report
     from real.wan.wan import network_note
 
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"

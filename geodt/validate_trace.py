@@ -22,10 +22,19 @@ written before those columns existed has no record: the flags decide, as they di
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from formats.cli import OneLineParser
+from formats.errors import InputError
+from formats.files import short
+from formats.owners import add_force_argument, check_owner
+from formats.plan import PlanError, load_plan
 from formats.timeline import MODES, RUN_COLUMNS, TRACE_COLUMNS
+from geodt.validation import predicted_timeline, report
 
 
 def wants_trace(argv: list[str]) -> bool:
@@ -33,9 +42,6 @@ def wants_trace(argv: list[str]) -> bool:
 
 
 def _parser():
-    from formats.cli import OneLineParser
-    from formats.owners import add_force_argument
-
     parser = OneLineParser(prog="geodt validate --trace", description=__doc__.splitlines()[0])
     parser.add_argument("--trace", required=True, metavar="RUN_DIR",
                         help="a real run's directory: trace.csv, plan.csv and scenario.toml")
@@ -57,8 +63,6 @@ def load_run(run_dir: Path):
     """(scenario, plan, trace) of a finished run; InputError (one line) when a file is missing or wrong."""
     import pandas as pd
 
-    from formats.errors import InputError
-    from formats.plan import PlanError, load_plan
     from simulator.scenario import load_scenario
 
     for name in ("trace.csv", "plan.csv", "scenario.toml"):
@@ -109,11 +113,7 @@ def check_rows(trace, trace_path: Path) -> None:
     """InputError (one line) for rows that would give a silent wrong answer: a time that is not a
     finite number >= 0 (NaN ended in a traceback), a round that is not a whole number >= 0, and a
     (node, round) given twice (a trace with every row twice reported idle and rounds doubled)."""
-    import numpy as np
     import pandas as pd
-
-    from formats.errors import InputError
-    from formats.files import short
 
     for column in ("round", *TIME_COLUMNS):
         values = pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=float)
@@ -137,11 +137,6 @@ def check_out(run_dir: Path, out: Path) -> None:
     """InputError when an output would go through a symbolic link inside RUN_DIR: a run folder
     from another machine is data, never directions (a planted `validation` link replaced a
     user's validation.csv elsewhere). --out outside RUN_DIR is the user's own choice."""
-    import os
-
-    from formats.errors import InputError
-    from formats.files import short
-
     try:
         parts = out.relative_to(run_dir).parts
     except ValueError:
@@ -161,10 +156,7 @@ def check_out(run_dir: Path, out: Path) -> None:
 def recorded_mode(trace, trace_path: Path) -> tuple[bool, float] | None:
     """(emulated, time scale) as trace.csv records them (RUN_COLUMNS), or None for a trace written
     before it recorded them; InputError (one line) when the record is not one mode and one scale."""
-    import numpy as np
     import pandas as pd
-
-    from formats.errors import InputError
 
     if not set(RUN_COLUMNS) <= set(trace.columns):
         return None
@@ -200,9 +192,6 @@ def run_mode(args, record: tuple[bool, float] | None, trace_path: Path) -> tuple
 
 def trace_main(argv: list[str]) -> int:
     """Validate an existing run's trace; 0, or 2 with one line for bad input."""
-    from formats.errors import InputError
-    from formats.owners import check_owner
-    from geodt.validation import predicted_timeline, report
     from simulator.cli import check_work
     from simulator.outputs.outputs import write_csv
 

@@ -9,6 +9,7 @@ plot and print them. Shared by `geodt validate` (geodt/run_cmd.py), which runs t
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +35,6 @@ def predicted_timeline(scenario, plan, engine: str):
     One measured run is one draw of the step times, but the prediction to compare it with is
     the expectation: with jitter the slowest node varies from round to round, which adds idle
     on average that a single seeded draw over or under-states."""
-    from dataclasses import replace
-
     from simulator.engines.engine import simulate
     from simulator.models.workload import node_cvs
 
@@ -238,7 +237,6 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     from simulator.outputs.outputs import save_figure
 

@@ -24,11 +24,13 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from formats.cli import OneLineParser
-from formats.errors import write_error
+from formats.cli import OneLineParser, positive_float
+from formats.errors import InputError, write_error
+from formats.owners import TEMP_SUFFIX, add_force_argument, check_file_owner, remove_orphan_temps, temp_prefix
 from train.children import die_with_parent
 
 # name -> (strategy, scenario overrides, executor flags); "{node}" is the scenario's second-slowest node
@@ -50,9 +52,6 @@ PROGRESS_S = 10.0  # a progress line this often where stderr is not a terminal
 
 
 def parser() -> argparse.ArgumentParser:
-    from formats.cli import positive_float
-    from formats.owners import add_force_argument
-
     p = OneLineParser(prog="geodt calibrate convergence", description=__doc__.splitlines()[0])
     p.add_argument("scenario", help="a scenario TOML file or a built-in name (hetero-cpu)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -70,8 +69,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from formats.errors import InputError
-
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         scenario, runs = _check(args)
@@ -85,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt calibrate convergence: {out} holds {', '.join(sorted(done))}; measuring "
               f"{', '.join(todo) or 'nothing more'}")
     from tqdm import tqdm
-
-    from formats.owners import TEMP_SUFFIX, remove_orphan_temps, temp_prefix
 
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_orphan_temps(out.parent, only=out.name)  # the runs' folders of a calibration that was killed
@@ -127,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
 def _check(args):
     """(scenario, run names): the scenario loads, every run is known, the corpus is readable."""
     from formats.convergence import read_convergence_profile
-    from formats.errors import InputError
-    from formats.owners import check_file_owner
     from simulator.scenario import load_scenario
 
     scenario = load_scenario(args.scenario, args.overrides)
@@ -213,8 +206,6 @@ def _run_one(args, scenario, name: str, run_dir: Path, note=None) -> tuple[int, 
 
 def _progress_line(what: str):
     """A callable that prints `what` and the seconds since it was made, one line to stderr."""
-    import time
-
     start = time.monotonic()
     return lambda: print(f"geodt calibrate convergence: {what}: {time.monotonic() - start:.0f} s",
                          file=sys.stderr, flush=True)

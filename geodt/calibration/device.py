@@ -19,9 +19,17 @@ cannot hold (llama-3.1-8b on 24 GB) is refused in one line instead of failing in
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import statistics
 import sys
 from pathlib import Path
+
+from calibrate.cli import UsageError, calibrate_main, calibrate_parser, out_paths, parse_batches
+from facts.presets import PresetError, load_arch
+from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
+from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
+from simulator.models.memory import traced_peak_bytes
 
 # Parameters timed: the step is memory-bound streams, linear in the count, so a model's rate per
 # parameter is measured on at most this many (4 fp32 buffers of 800 MB) to spare the host's memory.
@@ -57,14 +65,6 @@ def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, flo
 def cpu_memory_problem(argv: list[str], available_bytes: float | None = None) -> str | None:
     """Why this machine cannot hold the CPU calibration argv asks for, in one line, or None (also
     when argv is not valid: calibrate_main then says what is wrong)."""
-    import contextlib
-    import io
-
-    from calibrate.cli import UsageError, calibrate_parser, parse_batches
-    from facts.presets import PresetError, load_arch
-    from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
-    from simulator.models.memory import traced_peak_bytes
-
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             args = calibrate_parser().parse_args(argv)
@@ -87,8 +87,6 @@ def cpu_memory_problem(argv: list[str], available_bytes: float | None = None) ->
 
 
 def main(argv: list[str]) -> int:
-    from calibrate.cli import calibrate_main, calibrate_parser, out_paths
-
     problem = cpu_memory_problem(argv)
     if problem:
         print(f"geodt calibrate device: this machine cannot hold the calibration: {problem}", file=sys.stderr)
@@ -98,8 +96,6 @@ def main(argv: list[str]) -> int:
         return status
     from calibrate.harness import resolve_devices  # torch: only once the help is past
     from calibrate.profile_writer import set_profile_columns
-    from facts.presets import load_arch
-    from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
 
     args = calibrate_parser().parse_args(argv)
     devices = resolve_devices(args.device)

@@ -21,7 +21,9 @@ latency and bandwidth, outer-step cost per parameter, checkpoint write rate.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -319,9 +321,6 @@ def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
 
 def _raise_if_full(path: Path, size: int) -> None:
     """OSError(ENOSPC) naming `path` when its file system has less room than the `size` bytes written."""
-    import errno
-    import shutil
-
     if shutil.disk_usage(path.parent).free < size:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path)) from None
 

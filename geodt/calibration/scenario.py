@@ -21,13 +21,11 @@ import os
 import sys
 from pathlib import Path
 
-from formats.cli import OneLineParser
+from formats.cli import OneLineParser, non_negative_int, positive_int
+from train.hoststat import STEAL_WARN_PCT, cpu_times, host_share, say
 
 
 def parser() -> argparse.ArgumentParser:
-    from formats.cli import non_negative_int, positive_int
-    from train.hoststat import STEAL_WARN_PCT
-
     p = OneLineParser(prog="geodt calibrate scenario", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", required=True, help="a scenario TOML whose nodes are CPU devices")
     p.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8 [1,2,4,8]")
@@ -104,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: {write_error(args.out_dir, exc, 'the profiles listed above are whole, the rest not written')}"
               .replace("--out", "--out-dir"), file=sys.stderr)
         return 2
-    from train.hoststat import say
 
     # what a later validate's run is compared with (geodt/validation.py)
     say(host, "the calibration", "calibrate again before predicting a run from these profiles")
@@ -160,8 +157,6 @@ def memory_problem(scenario, batches: list[int], available_bytes: float | None =
 def _measure_passes(scenario, args, jobs: list[tuple]) -> tuple[dict[int, list], object] | int:
     """--passes K: the whole calibration K times (each as _measure_least_steal), each device's row per batch
     from the pass with the median step (median_rows), and the host's shares over all K; or the exit status."""
-    from train.hoststat import cpu_times, host_share
-
     if args.passes == 1:
         return _measure_least_steal(scenario, args, jobs)
     before, passes = cpu_times(), []
@@ -191,8 +186,6 @@ def _measure_least_steal(scenario, args, jobs: list[tuple]) -> tuple[dict[int, l
     """_measure_all, again up to --steal-retries times while the host's steal over it is above the threshold
     (a calibration under steal makes profiles slower than the machine: results/predict-the-run/); the rows
     with the least steal and that HostShare (None without /proc/stat), or the exit status."""
-    from train.hoststat import cpu_times, host_share
-
     best = None
     for attempt in range(args.steal_retries + 1):
         before = cpu_times()

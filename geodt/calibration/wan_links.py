@@ -32,20 +32,25 @@ sync (real). Needs root (namespaces, veth, tc): without, one line naming what is
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
+
 from formats.cli import OneLineParser
+from formats.errors import InputError
+from formats.files import child_path
 from formats.owners import add_force_argument
+from formats.plan import merge_steps
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+from geodt.calibration.links import bounded_int, check_network_out, codec_summary, measure_shaped, sizes_bytes, to_frame
 
 
 def _choices(allowed):
     def parse(text: str) -> list[str]:
-        import argparse
-
         values = [v for v in text.split(",") if v]
         bad = [v for v in values if v not in allowed]
         if not values or bad:
@@ -55,8 +60,6 @@ def _choices(allowed):
 
 
 def parser() -> OneLineParser:
-    from geodt.calibration.links import bounded_int
-
     p = OneLineParser(prog="geodt calibrate network --wan shaped", description=__doc__.splitlines()[0])
     p.add_argument("--network", action="store_true", help=argparse.SUPPRESS)  # the spelling before subcommands
     p.add_argument("--wan", choices=("shaped",), required=True, help="shaped: the scenario's links (root)")
@@ -97,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     prog = "geodt calibrate network --wan shaped"
     out = Path(args.out)
-    from geodt.calibration.links import check_network_out
 
     why = check_network_out(out, args.force)
     if why is not None:
@@ -106,7 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.profiles_out is not None and not Path(args.profiles_out).is_dir():
         print(f"{prog}: --profiles-out {args.profiles_out}: expected an existing directory", file=sys.stderr)
         return 2
-    from formats.errors import InputError
     from simulator.models.network import link_gbps
     from simulator.scenario import load_scenario
 
@@ -186,8 +187,6 @@ def overlapped_steps(local_steps: int, fragments: int, delay_steps: int) -> tupl
     DiLoCo (P = 1, τ = 0) H steps, then an average that blocks; Streaming DiLoCo one average per
     fragment, ⌊H/P⌋ steps apart (the first fragment's period; real/core/streaming.py), begun τ steps
     before its merge, so ⌊H/P⌋ − τ before and τ beside."""
-    from formats.plan import merge_steps
-
     if fragments == 1 and delay_steps == 0:
         return local_steps, 0
     period = merge_steps(local_steps, fragments)[0]
@@ -198,8 +197,6 @@ def measured_sizes(scenario, max_mib: int) -> list[int]:
     """The fp32 sizes averaged: 64 KiB to max_mib (×4 per size) and, where the scenario syncs
     P > 1 fragments (Streaming DiLoCo), one fragment's payload, 4 × round(params / P) bytes: the
     size its averages carry, measured rather than interpolated between its neighbours."""
-    from geodt.calibration.links import sizes_bytes
-
     sizes = sizes_bytes(max_mib)
     if scenario.diloco.fragments > 1:
         sizes.append(sync_bytes(scenario))
@@ -213,8 +210,6 @@ def sync_bytes(scenario) -> int:
 
 def nearest_size(sizes, fp32_bytes: float) -> int:
     """The measured size closest to the run's payload (by ratio): its averages last as the run's."""
-    import math
-
     return min(sizes, key=lambda size: abs(math.log(size / fp32_bytes)))
 
 
@@ -224,7 +219,6 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     the lines to print."""
     from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
     from calibrate.profile_writer import write_new_profile
-    from formats.files import child_path
     from train.cpulimit import describe_limits
 
     lines = []
@@ -247,7 +241,6 @@ def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) ->
     from tqdm import tqdm
 
     from formats.netprofile import SHAPED_BACKEND
-    from geodt.calibration.links import codec_summary, measure_shaped, to_frame
     from real.wan.wan import WanError
     from simulator.models.netfit import read_network_profile
 
@@ -298,8 +291,6 @@ def comparison(scenario, model, frame):
     price (error_pct, signed), the ratio f it prices that size at from these rows (factor), and
     its price from the other sizes' rows alone (held_out_error_pct: how well the interpolation
     prices a size it did not measure)."""
-    import pandas as pd
-
     from simulator.models.network import bytes_s
 
     rows, wire = [], _wire(scenario, model)

@@ -16,6 +16,8 @@ import io
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from formats.owners import add_force_argument, check_paper_owner
 from simulator.outputs.outputs import write_bytes
 
@@ -24,8 +26,6 @@ TIMELINE_ROUNDS = 3
 
 def build() -> dict[str, bytes]:
     """Every output file of `geodt paper`, name -> content, computed in memory."""
-    import pandas as pd
-
     from geodt.paper import figures, readme
     from geodt.paper.artifacts import compute
 

@@ -46,6 +46,7 @@ gathered to full tensors; on resume each process slices its own shard (no commun
 """
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 import torch
@@ -296,6 +297,5 @@ def peak_memory_bytes(device: torch.device) -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
