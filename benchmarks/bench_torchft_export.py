@@ -29,8 +29,6 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from torchft_recorder import RoundRecorder
-from torchft_train import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GEODT = [sys.executable, "-m", "geodt"]
@@ -142,6 +140,8 @@ def recorder_overhead(steps: int = 20000, repeats: int = 5) -> tuple[float, floa
     import torch
 
     sys.path.insert(0, str(ROOT / "train"))
+    from torchft_recorder import RoundRecorder  # noqa: PLC0415  train/'s torchft scripts: on the path from here on
+    from torchft_train import build_model  # noqa: PLC0415  (they import torch)
 
     torch.set_num_threads(1)
     layer = torch.nn.Linear(2, 2)
