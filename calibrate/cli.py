@@ -12,7 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
+from calibrate.profile_writer import ProfileWriter
 from facts.presets import PRESETS, PresetError, load_arch
 from formats.cli import DIGITS, OneLineParser, non_negative_int, positive_int
 from formats.owners import add_force_argument
@@ -20,6 +22,7 @@ from formats.profile import ProfileError
 from formats.scenario import compiled_step
 from formats.sections import COMPILE_MODES
 from formats.wire import MODEL_DTYPES
+from train.cpulimit import CpuLimitError, apply_cpu_limits, describe_limits
 
 DEFAULT_CPU_MAX_BATCH = 64
 # p90/p10 above this flags a batch whose steps were disturbed (another process on the CPU...).
@@ -180,7 +183,6 @@ def _open_jobs(args, arch, batches) -> tuple[str, int, list]:
     import torch
 
     from calibrate.harness import UNBOUNDED_MAX_BATCH, HarnessError, describe_device, resolve_devices
-    from calibrate.profile_writer import ProfileWriter
 
     devices = resolve_devices(args.device)
     cpu = devices == ["cpu"]
@@ -229,7 +231,6 @@ def _apply_cpu_limits(args, cpu: bool) -> str:
         return ""
     if not cpu:
         raise HarnessError("--cpu-quota/--cpu-cores: expected --device cpu (they limit a CPU device)")
-    from train.cpulimit import CpuLimitError, apply_cpu_limits, describe_limits
 
     try:
         atexit.register(apply_cpu_limits(args.cpu_cores, args.cpu_quota, "geodt-calibrate"))
@@ -241,8 +242,6 @@ def _apply_cpu_limits(args, cpu: bool) -> str:
 def _measure(args, arch, dtype: str, batches, max_batch: int, info, writer) -> int | None:
     """Measure the batches not yet in the writer's file, appending each row as it is measured;
     returns the largest batch that fits (--batch auto) or None."""
-    from tqdm import tqdm
-
     from calibrate.harness import Calibrator, auto_search, profile_row
 
     if not info.gpu_key:

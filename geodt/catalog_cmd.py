@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from facts.catalog import load_catalog
+from facts.presets import PRESETS
 from formats.cli import OneLineParser
 
 GPU_COLUMNS = ["key", "memory_gb", "memory_bandwidth_gbs", "fp32_tflops", "fp16_tflops", "bf16_tflops",
@@ -15,14 +17,10 @@ GPU_COLUMNS = ["key", "memory_gb", "memory_bandwidth_gbs", "fp32_tflops", "fp16_
 
 
 def gpu_table() -> pd.DataFrame:
-    from facts.catalog import load_catalog
-
     return pd.DataFrame([{c: getattr(spec, c) for c in GPU_COLUMNS} for spec in load_catalog().values()])
 
 
 def preset_table() -> pd.DataFrame:
-    from facts.presets import PRESETS
-
     return pd.DataFrame([{"preset": name, "params": f"{arch.params:,}", "hidden_size": arch.hidden_size,
                           "layers": arch.num_layers, "heads": arch.num_heads, "kv_heads": arch.num_kv_heads,
                           "vocab": arch.vocab_size} for name, arch in PRESETS.items()])

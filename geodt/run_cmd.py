@@ -23,11 +23,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
+
 from formats.cli import OneLineParser, add_strategy_list, group_options, positive_float
 from formats.errors import InputError
 from formats.limits import large_help
 from formats.owners import add_force_argument, check_owner
 from geodt.preflight import PreflightError, available_cores, check_host, check_machine, this_machine
+from geodt.validate_trace import trace_main, wants_trace
 from geodt.validation import (  # noqa: F401
     MODES,
     VARIABILITY_SAMPLES,
@@ -38,14 +41,23 @@ from geodt.validation import (  # noqa: F401
     validation_table,
     wall_line,
 )
+from real.core.config import ConfigError
+from real.core.data import STDLIB_CORPUS, corpus_digest
 from real.process.cli import add_exec_arguments, exec_options
+from real.process.outdir import OutDirError, take_lock
+from real.wan.wan import network_note
+from simulator.cli import check_work, default_out, target_override
 from simulator.models.drift import drift_factors
+from simulator.models.loss_prediction import loss_setup
 from simulator.models.outage import outages
+from simulator.outputs.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
+from simulator.scenario import load_scenario
+from simulator.strategies import make_plan
+from simulator.strategies.registry import BARRIERLESS, STRATEGIES, help_lines
+from train.hoststat import cpu_times, host_share
 
 
 def _parser(prog: str, validate: bool) -> argparse.ArgumentParser:
-    from simulator.strategies.registry import BARRIERLESS, STRATEGIES, help_lines
-
     description = ("Simulate a strategy's plan, run it for real on this machine, and compare: validation.csv, "
                    "validation.png (or, with --trace RUN_DIR, compare a finished run)." if validate else
                    "Run a strategy's plan for real: DiLoCo training on torch.distributed, one process per device "
@@ -114,13 +126,7 @@ def _prepare(prog: str, args: argparse.Namespace):
     loss model's setup for validate or None) or an exit status. Nothing is written unless every
     input is good and the directory is this run's.
     """
-    from real.core.config import ConfigError
     from real.process.launch import LaunchError, check_disk_space, check_inputs
-    from real.process.outdir import OutDirError
-    from simulator.cli import check_work, default_out, target_override
-    from simulator.outputs.outputs import OutputError, csv_bytes, write_csv, write_output_set, write_text
-    from simulator.scenario import load_scenario
-    from simulator.strategies import make_plan
 
     try:
         scenario = load_scenario(args.scenario, args.overrides + checkpoint_override(args.checkpoint_every)
@@ -175,7 +181,6 @@ def _claim(prog: str, out: Path, force: bool, resume: bool):
     written: another run holds it (real/process/outdir.py), or it holds another command's outputs or an
     earlier run's checkpoints that this run does not resume (formats/owners.py; --force)."""
     from real.process.launch import saved_checkpoints
-    from real.process.outdir import OutDirError, take_lock
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -253,9 +258,6 @@ def validate_loss_setup(scenario, args):
     curve of this model on this run's corpus; with a target that is an InputError (one line). With a
     target and no --data, the run trains on the profile's corpus where it is the standard library's
     (args.data set, and said)."""
-    from real.core.data import STDLIB_CORPUS, corpus_digest
-    from simulator.models.loss_prediction import loss_setup
-
     setup = loss_setup(scenario)
     if setup.target is not None and args.data is None and setup.same_model and setup.corpus.startswith(STDLIB_CORPUS):
         args.data = STDLIB_CORPUS
@@ -455,8 +457,6 @@ def run_heading(emulated: bool, time_scale: float) -> str:
 
 @interruptible
 def validate_main(argv: list[str]) -> int:
-    from geodt.validate_trace import trace_main, wants_trace
-
     if wants_trace(argv):  # an existing run's trace: nothing runs
         return trace_main(argv)
     args = _parser("geodt validate", validate=True).parse_args(argv)
@@ -474,11 +474,8 @@ def validate_main(argv: list[str]) -> int:
 
 def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
     opts = replace(opts, summary=False)  # validate prints its own table
-    import pandas as pd
 
     from real.process.launch import launch
-    from simulator.outputs.outputs import write_csv
-    from train.hoststat import cpu_times, host_share
 
     out = Path(args.out)
     timeline = predicted_timeline(scenario, plan, args.engine)
@@ -490,7 +487,6 @@ def _validate(args, scenario, plan, opts, machine_warnings, loss=None) -> int:
     if status != 0:
         return status
     trace = pd.read_csv(out / "trace.csv")
-    from real.wan.wan import network_note
 
     caveat = ("; the warnings above say why this machine cannot reproduce the prediction"
               if reproduction_warnings(scenario, plan, args.emulate) else "")

@@ -38,8 +38,12 @@ from facts.presets import load_arch
 from formats.cli import OneLineParser
 from formats.errors import InputError
 from formats.plan import load_plan
+from geodt.validation import predicted_timeline
+from simulator.cli import plan_main
 from simulator.models.outage import fetch_s
+from simulator.models.provenance import with_provenance
 from simulator.outputs.outputs import OutputError, write_output_set
+from simulator.scenario import load_scenario
 
 # strategy -> why torchft's DiLoCo (one fixed sync_every per replica, a synchronous quorum) cannot run it
 NO_TORCHFT_FORM = {
@@ -84,8 +88,6 @@ def plan_export_main(argv: list[str]) -> int:
     """geodt plan ... --export torchft DIR: plan (simulator.cli.plan_main), then export; 0, or 2 with one line.
     The plan is made once in a temporary folder first, so that a plan torchft cannot hold is refused
     before anything is written into DIR."""
-    from simulator.cli import plan_main
-
     args, rest = _parser().parse_known_args(argv)
     fmt, out = args.export
     problem = (f"--export {fmt}: unknown format; expected torchft" if fmt != "torchft" else
@@ -118,8 +120,6 @@ def _host_port(text: str) -> bool:
 def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str, write: bool = True) -> int:
     """Read out/plan.csv and out/scenario.toml, write the launch files beside them (write=False: only
     check that they can be made); 0, or 2 with one line."""
-    from simulator.scenario import load_scenario
-
     try:
         scenario = load_scenario(str(out / "scenario.toml"))
         plan = load_plan(out / "plan.csv", seq_len=scenario.model.seq_len)
@@ -171,9 +171,6 @@ def timeouts(scenario, plan, scale: float = 1.0) -> dict:
     """What the prediction says about time (seconds, × scale: an emulated run's time scale): the slowest
     replica's round, its band, the round at the band's edge, a rejoin's cost, and torchft's timeouts and
     lighthouse settings derived from them."""
-    from geodt.validation import predicted_timeline
-    from simulator.models.provenance import with_provenance
-
     timeline = predicted_timeline(scenario, plan, "analytic")
     timeline = timeline.assign(round_s=timeline["compute_s"] + timeline["idle_s"] + timeline["comm_s"])
     round_s = scale * float(timeline.groupby("round")["round_s"].max().max())

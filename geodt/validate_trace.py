@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from formats.cli import OneLineParser
 from formats.errors import InputError
@@ -35,6 +36,10 @@ from formats.owners import add_force_argument, check_owner
 from formats.plan import PlanError, load_plan
 from formats.timeline import MODES, RUN_COLUMNS, TRACE_COLUMNS
 from geodt.validation import predicted_timeline, report
+from real.wan.wan import network_note
+from simulator.cli import check_work
+from simulator.outputs.outputs import write_csv
+from simulator.scenario import load_scenario
 
 
 def wants_trace(argv: list[str]) -> bool:
@@ -61,10 +66,6 @@ def _parser():
 
 def load_run(run_dir: Path):
     """(scenario, plan, trace) of a finished run; InputError (one line) when a file is missing or wrong."""
-    import pandas as pd
-
-    from simulator.scenario import load_scenario
-
     for name in ("trace.csv", "plan.csv", "scenario.toml"):
         if name == "trace.csv" and not (run_dir / name).exists() and per_replica_traces(run_dir):
             continue
@@ -113,8 +114,6 @@ def check_rows(trace, trace_path: Path) -> None:
     """InputError (one line) for rows that would give a silent wrong answer: a time that is not a
     finite number >= 0 (NaN ended in a traceback), a round that is not a whole number >= 0, and a
     (node, round) given twice (a trace with every row twice reported idle and rounds doubled)."""
-    import pandas as pd
-
     for column in ("round", *TIME_COLUMNS):
         values = pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=float)
         bad = ~(np.isfinite(values) & (values >= 0)) | ((values != np.round(values)) if column == "round" else False)
@@ -156,8 +155,6 @@ def check_out(run_dir: Path, out: Path) -> None:
 def recorded_mode(trace, trace_path: Path) -> tuple[bool, float] | None:
     """(emulated, time scale) as trace.csv records them (RUN_COLUMNS), or None for a trace written
     before it recorded them; InputError (one line) when the record is not one mode and one scale."""
-    import pandas as pd
-
     if not set(RUN_COLUMNS) <= set(trace.columns):
         return None
     modes = set(trace["mode"].astype(str))
@@ -192,9 +189,6 @@ def run_mode(args, record: tuple[bool, float] | None, trace_path: Path) -> tuple
 
 def trace_main(argv: list[str]) -> int:
     """Validate an existing run's trace; 0, or 2 with one line for bad input."""
-    from simulator.cli import check_work
-    from simulator.outputs.outputs import write_csv
-
     args = _parser().parse_args(argv)
     run_dir = Path(args.trace)
     out = Path(args.out) if args.out else run_dir / "validation"
@@ -213,7 +207,6 @@ def trace_main(argv: list[str]) -> int:
     except InputError as exc:
         print(f"geodt validate: {exc}", file=sys.stderr)
         return 2
-    from real.wan.wan import network_note
 
     # wan.csv names a shaped run's network; without it the run was on loopback (one machine) or
     # on whatever network joined the machines, which the trace does not record.

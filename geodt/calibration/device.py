@@ -26,10 +26,12 @@ import sys
 from pathlib import Path
 
 from calibrate.cli import UsageError, calibrate_main, calibrate_parser, out_paths, parse_batches
+from calibrate.profile_writer import set_profile_columns
 from facts.presets import PresetError, load_arch
 from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
 from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
 from simulator.models.memory import traced_peak_bytes
+from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
 
 # Parameters timed: the step is memory-bound streams, linear in the count, so a model's rate per
 # parameter is measured on at most this many (4 fp32 buffers of 800 MB) to spare the host's memory.
@@ -54,7 +56,6 @@ def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
 def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, float]:
     """{"snapshot": ns, "write": ns} per checkpoint byte on this host (module docstring)."""
     from real.checkpoint.checkpoint import time_checkpoint
-    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
 
     params = min(params, MAX_CHECKPOINT_PARAMS)
     snapshots, writes = time_checkpoint(params, CHECKPOINT_REPEATS, device, directory)
@@ -95,7 +96,6 @@ def main(argv: list[str]) -> int:
     if status != 0 or "-h" in argv or "--help" in argv:
         return status
     from calibrate.harness import resolve_devices  # torch: only once the help is past
-    from calibrate.profile_writer import set_profile_columns
 
     args = calibrate_parser().parse_args(argv)
     devices = resolve_devices(args.device)

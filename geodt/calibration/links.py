@@ -29,15 +29,27 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from queue import Empty
 
+import pandas as pd
+from tqdm import tqdm
+
+from facts.presets import load_arch
 from formats.cli import OneLineParser
+from formats.errors import write_error
+from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS, NetProfileError, read_network_rows
 from formats.owners import TEMP_SUFFIX, add_force_argument, check_file_owner, remove_orphan_temps, temp_prefix
+from formats.wire import PAYLOAD_BYTES
 from real.process.outdir import rendezvous_dir  # named after this process: a killed one's is removed
+from real.wan.wan import ShapedWan, enter
+from simulator.models.netfit import read_network_profile
+from simulator.outputs.outputs import write_bytes
 from train.children import die_with_parent, leave
+from train.cpulimit import apply_cpu_limits
 
 KIB = 1024
 PARAMS_PER_TENSOR = 1 << 20
@@ -130,7 +142,6 @@ class InnerSteps:
 
     def __init__(self, preset: str, base_dir: str | None, seq_len: int, dtype: str, batch: int, steps: int):
         from calibrate.harness import Calibrator
-        from facts.presets import load_arch
         from train.step import random_batch
 
         arch = load_arch(preset, Path(base_dir) if base_dir else None)
@@ -188,8 +199,6 @@ def _time_overlapped(repeats: int, fn, mark_start, before, beside) -> list[float
     (the run's leaders' one-element all-reduce) and timed from there, while beside() (τ steps)
     runs; the next repeat once both are done. No barrier between repeats: as in a run, only the
     averages line the ranks up. After a warm-up average."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from real.core.streaming import threads_for_comm
 
     def timed() -> float:
@@ -306,7 +315,6 @@ def codec_rows(elements: int, repeats: int, barrier, slowest) -> list[tuple]:
     values (real/core/sync.py), each payload dtype, timed on every rank at once."""
     import torch
 
-    from formats.wire import PAYLOAD_BYTES
     from real.core.sync import decode, encode
 
     rows = []
@@ -385,9 +393,6 @@ def wan_node(link, cores, quota, parent_pid: int, cgroup: str):
     """This spawned process as one node of a shaped WAN: it dies with `parent_pid`, enters the
     node's namespace (before any socket exists) and runs under the CPU limits (None, None: none)
     until the block ends."""
-    from real.wan.wan import enter
-    from train.cpulimit import apply_cpu_limits
-
     die_with_parent(parent_pid)
     enter(link)
     cleanup = apply_cpu_limits(cores, quota, cgroup)
@@ -459,8 +464,6 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
     averages]})}, empty for a node without inner steps. WanError where it cannot be built."""
     import torch.multiprocessing as mp
 
-    from real.wan.wan import ShapedWan
-
     args_dict = {"sizes": sizes, "dtypes": dtypes, "collectives": collectives, "repeats": repeats,
                  "threads": threads, "limits": limits or [(None, None)] * len(nodes),
                  "between": between or [{}] * len(nodes), "parent_pid": os.getpid()}
@@ -477,10 +480,7 @@ def measure_shaped(nodes: list[tuple[str, float]], latency_ms: float, sizes: lis
 
 
 def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
-    import pandas as pd
     import torch
-
-    from formats.netprofile import NET_COLUMNS, OPTIONAL_COLUMNS
 
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     records = []
@@ -501,8 +501,6 @@ def to_frame(rows_by_n: dict[int, list], repeats: int, backend: str = "gloo"):
 def check_network_out(out: Path, force: bool) -> str | None:
     """Why --out may not take a network profile (a file path in an existing directory, then
     formats/owners.py check_file_owner), or None: the line without the command's name."""
-    from formats.netprofile import read_network_rows
-
     if not out.parent.is_dir() or (out.exists() and not out.is_file()):
         return f"{out}: expected a file path in an existing directory"
     return check_file_owner(out, "network profile", read_network_rows, force)
@@ -515,12 +513,6 @@ def main(argv: list[str] | None = None) -> int:
     if why is not None:
         print(f"geodt calibrate network: {why}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
-
-    from formats.errors import write_error
-    from formats.netprofile import NetProfileError
-    from simulator.models.netfit import read_network_profile
-    from simulator.outputs.outputs import write_bytes
 
     sizes = sizes_bytes(args.max_mib)
     rows_by_n = {}

@@ -21,7 +21,20 @@ import os
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
+from calibrate.cli import UsageError, parse_batches
+from calibrate.profile_writer import write_new_profile
+from facts.presets import load_arch
 from formats.cli import OneLineParser, non_negative_int, positive_int
+from formats.errors import InputError
+from formats.files import child_path
+from formats.limits import check_threads
+from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
+from simulator.models.memory import memory_need_bytes
+from simulator.scenario import load_scenario
+from train.children import die_with_parent
+from train.cpulimit import apply_cpu_limits, describe_limits, device_cores
 from train.hoststat import STEAL_WARN_PCT, cpu_times, host_share, say
 
 
@@ -46,14 +59,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
-    from train.children import die_with_parent
-
     die_with_parent(setup["parent_pid"])
     import torch
 
     from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name
-    from facts.presets import load_arch
-    from train.cpulimit import apply_cpu_limits, describe_limits, device_cores
     from train.step import random_batch, train_step
 
     node, j, gpus, cores, quota = jobs[rank]
@@ -110,16 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _checked_scenario(args):
     """The scenario without its profiles, with args.batch parsed; or what is wrong, in one line."""
-    from calibrate.cli import UsageError, parse_batches
-    from formats.errors import InputError
-    from simulator.scenario import load_scenario
-
     try:
         scenario = load_scenario(args.scenario, args.overrides, without_profiles=True, without_network_profile=True)
         args.batch = parse_batches(args.batch)
     except (InputError, UsageError) as exc:
         return str(exc)
-    from formats.limits import check_threads
 
     if check_threads(args.threads, least=1):
         return f"--threads: {check_threads(args.threads, least=1)}"
@@ -137,9 +141,6 @@ def _checked_scenario(args):
 def memory_problem(scenario, batches: list[int], available_bytes: float | None = None) -> str | None:
     """Why this machine cannot hold every device process at the largest batch at once
     (geodt/preflight.py's host memory rule), in one line, or None."""
-    from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
-    from simulator.models.memory import memory_need_bytes
-
     processes = sum(node.gpu_count for node in scenario.nodes)
     batch = max(batches)
     need = processes * host_process_bytes(memory_need_bytes(scenario, batch))
@@ -206,7 +207,6 @@ def _measure_least_steal(scenario, args, jobs: list[tuple]) -> tuple[dict[int, l
 def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
     """Every device process at once; {rank: its rows}, or the exit status when interrupted or failed."""
     import torch.multiprocessing as mp
-    from tqdm import tqdm
 
     setup = {"preset": scenario.model.preset, "base_dir": scenario.base_dir, "seq_len": scenario.model.seq_len,
              "dtype": scenario.model.dtype, "batches": list(args.batch), "repeats": args.repeats,
@@ -235,9 +235,6 @@ def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
 
 def _write_profiles(out_dir: Path, jobs: list[tuple], rows: dict[int, list]) -> None:
     """One profile per device, <node>-<j>.csv, replacing any earlier one; a line each."""
-    from calibrate.profile_writer import write_new_profile
-    from formats.files import child_path
-
     for rank, (node, j, *_rest) in enumerate(jobs):
         path = child_path(out_dir, f"{node}-{j}.csv")  # node names hold no / (formats/limits.py)
         write_new_profile(path, rows[rank])  # a scenario calibration is one measurement: the whole set is new

@@ -39,14 +39,23 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
+from calibrate.profile_writer import write_new_profile
 from formats.cli import OneLineParser
 from formats.errors import InputError
 from formats.files import child_path
+from formats.netprofile import SHAPED_BACKEND
 from formats.owners import add_force_argument
 from formats.plan import merge_steps
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
 from geodt.calibration.links import bounded_int, check_network_out, codec_summary, measure_shaped, sizes_bytes, to_frame
+from real.wan.wan import WanError
+from simulator.models.netfit import read_network_profile
+from simulator.models.network import CodecCost, WireCost, bytes_s, link_gbps, wire_cost
+from simulator.models.timing import node_timings
+from simulator.scenario import load_scenario
+from train.cpulimit import describe_limits, device_cores
 
 
 def _choices(allowed):
@@ -89,8 +98,6 @@ def parser() -> OneLineParser:
 def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float, wire=None) -> float:
     """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step): the
     byte count, or through `wire` (simulator.models.network.WireCost) the links as measured."""
-    from simulator.models.network import CodecCost, WireCost, bytes_s, link_gbps
-
     params = fp32_bytes / 4
     wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s(scenario, collective, dtype, params))
     return float(wire_s) + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, link_gbps(scenario)))
@@ -108,8 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.profiles_out is not None and not Path(args.profiles_out).is_dir():
         print(f"{prog}: --profiles-out {args.profiles_out}: expected an existing directory", file=sys.stderr)
         return 2
-    from simulator.models.network import link_gbps
-    from simulator.scenario import load_scenario
 
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -141,8 +146,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def leader_limits(scenario) -> list[tuple]:
     """Per node, the CPU limits of its leader (device 0) as the executor applies them: (cores, quota)."""
-    from train.cpulimit import device_cores
-
     return [(device_cores(n.cpu_cores, n.gpu_count, 0), n.cpu_quota) for n in scenario.nodes]
 
 
@@ -164,8 +167,6 @@ def between_averages(scenario, plan=None) -> list[dict]:
     begun after ⌊H/P⌋ − τ steps, with τ steps beside it on the main thread while a communication
     thread averages ("beside_steps"; overlapped_steps), as in a run, where the classic pattern
     (H steps, then an average alone) priced its compute 11-17% short on some nodes."""
-    from simulator.models.timing import node_timings
-
     model, specs = scenario.model, []
     fragments, tau = scenario.diloco.fragments, scenario.diloco.sync_delay_steps
     for k, (node, timing) in enumerate(zip(scenario.nodes, node_timings(scenario))):
@@ -218,8 +219,6 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     per node) from the steps run between the averages of `size` (replacing any earlier file);
     the lines to print."""
     from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
-    from calibrate.profile_writer import write_new_profile
-    from train.cpulimit import describe_limits
 
     lines = []
     for (cores, quota), node, b in zip(leader_limits(scenario), scenario.nodes, batches):
@@ -238,12 +237,6 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
 
 
 def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) -> int:
-    from tqdm import tqdm
-
-    from formats.netprofile import SHAPED_BACKEND
-    from real.wan.wan import WanError
-    from simulator.models.netfit import read_network_profile
-
     prog = "geodt calibrate network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
     print(f"{prog}: between averages each node computes its round, as in a run: "
@@ -291,8 +284,6 @@ def comparison(scenario, model, frame):
     price (error_pct, signed), the ratio f it prices that size at from these rows (factor), and
     its price from the other sizes' rows alone (held_out_error_pct: how well the interpolation
     prices a size it did not measure)."""
-    from simulator.models.network import bytes_s
-
     rows, wire = [], _wire(scenario, model)
     every = frame[frame.kind == "all_reduce"]
     for row in every[every.node.fillna("") == ""].itertuples():  # each repeat's slowest process
@@ -311,8 +302,6 @@ def comparison(scenario, model, frame):
 
 def _wire(scenario, model):
     """simulator.models.network.wire_cost of the scenario with `model` as its network profile."""
-    from simulator.models.network import wire_cost
-
     return wire_cost(replace(scenario, network_model=model))
 
 
