@@ -28,6 +28,7 @@ from simulator.models.loss_prediction import (
     predict,
 )
 from simulator.models.network import codec_note, wire_note
+from simulator.models.outage import check_modelled, outages
 from simulator.models.provenance import band_note, sources_text, with_provenance
 from simulator.models.totals import RunTotals
 from simulator.outputs.loss_figure import loss_figure
@@ -301,8 +302,6 @@ def _idle_run(strategy: str, timeline: pd.DataFrame) -> tuple:
 
 def _refuse_unmodelled_outage(scenario, plan) -> None:
     """InputError where the plan has a lost node its kind of rounds does not model (simulator/models/outage.py)."""
-    from simulator.models.outage import check_modelled, outages
-
     if outages(scenario, plan):
         check_modelled(scenario, plan)
 

@@ -35,24 +35,34 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import logging
 import os
 import shutil
 import signal
 import socket
 import struct
 import sys
+import threading
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from facts.presets import PresetError, load_arch
 from formats.plan import Plan
+from real.checkpoint.ckpt_set import unresumable
 from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.core.data import ArrayShard, load_tokens
 from real.core.options import ExecOptions
 from real.core.streaming import StreamingSpec
 from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
 from real.process.process import worker_main
+from real.process.respawn import Respawner
 from real.process.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
+from train.children import die_with_parent
+from train.cpulimit import cpu_quota_supported
 
 LIVENESS_GRACE_S = 6.0  # > real.wan.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
 # After a worker lost contact, how long its peers get to time out too before the processes still
@@ -69,8 +79,6 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     """Load and cross-check plan, scenario and data; raises ConfigError / LaunchError.
 
     Returns the run spec (rounds from the plan) and the plan with every default resolved."""
-    from facts.presets import PresetError, load_arch
-
     spec = load_run_spec(scenario_path)
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
         spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
@@ -145,8 +153,6 @@ def check_continue(opts: ExecOptions) -> None:
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
     """Local runs: every node's cores exist here, and a quota can be set where one is asked."""
-    from train.cpulimit import cpu_quota_supported
-
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     for i, node in enumerate(plan.nodes, start=2):
         if node.cpu_cores is not None and not set(node.cpu_cores) <= allowed:
@@ -248,8 +254,6 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
 
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
                  links: tuple | None, parent_pid: int, joining: bool = False) -> None:
-    from train.children import die_with_parent
-
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
     # children), so no child prints a traceback or a lost-peer message on the way down. That
     # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
@@ -298,8 +302,6 @@ def check_wan(plan: Plan, plan_path, opts: ExecOptions, host: str) -> None:
 def check_disk_space(spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> None:
     """Room in DIR for the checkpoints of the nodes this machine runs (real/process/outdir.py); OutDirError
     otherwise."""
-    from facts.presets import load_arch
-
     if under_torchrun():
         local = [plan.node_of_rank(int(os.environ["RANK"]))]
     else:
@@ -413,11 +415,6 @@ def _listen(ip: str, host: str) -> socket.socket | None:
 def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener: socket.socket | None,
                  links: tuple | None) -> int:
     """Spawn every process of the plan and watch them (real/process/supervise.py); returns the exit status."""
-    import logging
-    import threading
-
-    import torch.multiprocessing as mp
-
     # torch logs a line per child it stops after a failure; our own one line says it all.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     store = None
@@ -460,8 +457,6 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
 
 def _serve_store(ip: str, listener: socket.socket, plan: Plan, opts: ExecOptions) -> tuple:
     """The rendezvous TCPStore this launcher serves on `listener`, and its spec for the children."""
-    import torch.distributed as dist
-
     # The store counts this process as a client too (world + 1): it serves, children join.
     clients = None if opts.on_node_loss == "continue" else plan.world_size + 1  # restarts join later
     store = dist.TCPStore(ip, listener.getsockname()[1], clients, True, timedelta(seconds=opts.timeout_s),
@@ -473,10 +468,6 @@ def _serve_store(ip: str, listener: socket.socket, plan: Plan, opts: ExecOptions
 
 def _respawner(spec: RunSpec, plan: Plan, opts: ExecOptions, store, store_spec: tuple, links):
     """--on-node-loss continue: the node processes under a Respawner, which restarts a lost one."""
-    import torch.multiprocessing as mp
-
-    from real.process.respawn import Respawner
-
     spawn = mp.get_context("spawn")
 
     def start(rank: int, joining: bool):
@@ -508,8 +499,6 @@ def check_resume(opts: ExecOptions, names: list[str]) -> None:
     """--resume: there is something to resume in --out (else say so instead of starting afresh silently),
     and no node of the plan (`names`, in order) holds only sets that fail their checks (a resume from
     the start would replace every other node's good sets: ckpt_set.unresumable)."""
-    from real.checkpoint.ckpt_set import unresumable
-
     if not opts.resume:
         return
     if not saved_checkpoints(opts.out_dir):

@@ -3,6 +3,7 @@ the exit status (0 done, 1 lost peer, 2 bad input, 3 a failure it has named in o
 as a full disk; 130 interrupted). The launcher adds nothing to the line of a 2 or a 3."""
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -13,12 +14,14 @@ import torch.distributed as dist
 
 from formats.cli import whole_lines
 from formats.plan import Plan
+from real.checkpoint.checkpoint import CheckpointWriteError
 from real.core.config import RunSpec
 from real.core.data import make_chain
 from real.core.options import ExecOptions, PeerLost, resolve_backend
 from real.process.worker import Node
+from real.wan.wan import lost_message
 from train.children import leave
-from train.cpulimit import CpuLimitError
+from train.cpulimit import CpuLimitError, apply_cpu_limits, device_cores
 
 STOPPED_KEY = "geodt/stopped-on-its-own/"
 SAID = 3  # exit status of a process that stopped for a failure it has named (real/process/launch.py adds nothing)
@@ -44,8 +47,6 @@ def init_process_group(backend: str, rank: int, world: int, timeout_s: float, st
 def _say_lost(links: tuple, me: int, store) -> str | None:
     """Whom this node lost (real/wan/wan.py), then leave word in the launcher's store that it
     stops on its own, so that peers who notice its exit later do not blame it."""
-    from real.wan.wan import lost_message
-
     def stopped_itself(node: str) -> bool:
         try:
             return store is not None and store.check([STOPPED_KEY + node])
@@ -63,10 +64,6 @@ def _say_lost(links: tuple, me: int, store) -> str | None:
 
 def write_failure(exc: OSError) -> str:
     """One line for a file this process could not write (CheckpointWriteError says it all)."""
-    import errno
-
-    from real.checkpoint.checkpoint import CheckpointWriteError
-
     if isinstance(exc, CheckpointWriteError):
         return exc.strerror
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -81,7 +78,6 @@ def _apply_limits(plan: Plan, rank: int):
     node = plan.nodes[index]
     if node.cpu_cores is None and node.cpu_quota is None:
         return (lambda: None), None
-    from train.cpulimit import apply_cpu_limits, device_cores
 
     local = rank - plan.first_rank(index)
     cores = device_cores(node.cpu_cores, node.gpus, local)

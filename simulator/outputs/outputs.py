@@ -13,6 +13,7 @@ import csv
 import io
 import math
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -186,8 +187,6 @@ class StagedOutput:
         return self
 
     def __exit__(self, *exc) -> None:
-        import shutil
-
         shutil.rmtree(self.path, ignore_errors=True)
 
     def file(self, name: str) -> Path:

@@ -17,6 +17,7 @@ written kept for a rerun (with --scheduler, or without it to run the rest locall
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import CancelledError
 from pathlib import Path
 
@@ -68,8 +69,6 @@ def run_on_cluster(address, spec, jobs, progress, worker_timeout_s: float = WORK
 
 def _collect(client, futures: dict, progress, worker_timeout_s: float) -> None:
     """Each future's part written as it arrives, the workers watched while any is pending."""
-    import time
-
     from dask.distributed import wait
     from distributed import KilledWorker
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from simulator.scenario import load_scenario
 from simulator.sweep.sweep import KindTables, chunk_frame, node_kinds
@@ -35,7 +36,6 @@ def part_bytes(frame: pd.DataFrame) -> bytes:
     """One chunk's rows as Parquet bytes, the same for the same frame on every run."""
     # lazy: startup time (pyarrow.parquet)
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
     buffer = io.BytesIO()
