@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import multiprocessing
 import os
 import shutil
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from facts.catalog import CatalogError, get_gpu
@@ -40,8 +42,9 @@ from formats.files import FileLock
 from formats.limits import LIMITS, SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
 from formats.limits import check_work as refused
 from formats.owners import TEMP_SUFFIX, add_force_argument, check_owner, remove_orphan_temps, temp_prefix
-from simulator.cli import check_work, default_out
+from simulator.cli import check_work, default_out, write_error
 from simulator.engines.engine import simulate, summary
+from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
 from simulator.outputs.outputs import (
     OutputError,
     StagedOutput,
@@ -58,7 +61,9 @@ from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
 from simulator.strategies.registry import help_lines
 from simulator.strategies.streaming import FRAGMENT_CHOICES
 from simulator.sweep.sweep import SweepSpec, describe_grid, node_kinds, scenario_grid
+from simulator.sweep.sweep_cluster import WORKER_TIMEOUT_S, ClusterLost, connect, run_on_cluster
 from simulator.sweep.sweep_dataset import COMPARABLE, SweepStats, chunk_bytes, kind_tables, read_part, sweep_drift
+from simulator.sweep.sweep_figures import write_figures
 from simulator.sweep.sweep_summary import findings_text
 
 SWEEP_HELP = """\
@@ -210,7 +215,6 @@ def _spec_from_args(args, strategies):
     if len(set(types)) != len(types):
         raise InputError(f"--gpu-types {args.gpu_types}: expected each GPU type once")
     # Sizes that would enumerate or allocate without end are refused before anything is built.
-    import math
     if args.nodes > MAX_NODES:
         raise InputError(f"--nodes {args.nodes}: expected at most {MAX_NODES} nodes per scenario")
     if args.gpus_per_node > MAX_GPUS_PER_NODE:
@@ -244,12 +248,10 @@ def _sweep(args, strategies, out: Path) -> int:
         raise InputError(f"{spec.base}: simulation.jitter_cv: expected 0 for a sweep (the fast path is deterministic)")
     check_sweep_work(args, spec, base)
     if base.training.target_loss is not None:  # a target beyond the curve, refused before spec.json and parts exist
-        from simulator.models.loss_prediction import loss_setup
 
         loss_setup(base, nodes=spec.nodes)
     _init_worker(spec)  # here first: a GPU type that cannot hold the batch is refused before anything is written
     if args.scheduler:  # reached before anything is written (an unreachable one leaves no directory)
-        from simulator.sweep.sweep_cluster import connect
 
         args.scheduler = connect(args.scheduler)
     claim(out, "sweep", args.force)
@@ -309,9 +311,6 @@ def _publish(parts: list[Path], out: Path) -> list[Path]:
 def _current_part(path: Path) -> bool:
     """Whether a kept part has this version's columns: one an older geodt left (before sweep.csv's
     `comparable`) is redone, not mixed with newer parts into a dataset of two schemas."""
-    # lazy: startup time (pyarrow.parquet)
-    import pyarrow.parquet as pq
-
     try:
         return COMPARABLE in pq.read_schema(path).names
     except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError: a part cut short
@@ -335,8 +334,6 @@ def _run_chunks(args, spec, strategies, out: Path):
     print(f"{describe_grid(spec, len(kinds))}; x {len(strategies)} strategies; {done} already done", file=sys.stderr)
     with tqdm(total=len(grid_kinds), initial=done, unit="scenario", desc="geodt sweep") as bar:
         if jobs and args.scheduler:
-            from simulator.sweep.sweep_cluster import WORKER_TIMEOUT_S, run_on_cluster
-
             run_on_cluster(args.scheduler, spec, jobs, bar.update, args.worker_timeout_s or WORKER_TIMEOUT_S)
         elif jobs and args.workers > 1 and len(jobs) > 1:
             with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _quiet_worker) as pool:
@@ -346,8 +343,6 @@ def _run_chunks(args, spec, strategies, out: Path):
             for job in jobs:
                 bar.update(_run_chunk(job)[1])
     chunks = [parts / f"chunk-{index:05d}.parquet" for index in range(-(-len(grid_kinds) // chunk))]
-    # lazy: startup time (pyarrow.parquet)
-    import pyarrow.parquet as pq
 
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in chunks)
     if rows != len(grid_kinds) * len(strategies):  # a part cut short: redo it on the next run
@@ -372,7 +367,6 @@ def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
     stats = SweepStats.from_parts(parts)
     files = {"scenario.toml": base.to_toml().encode()}
     if not args.no_figures:
-        from simulator.sweep.sweep_figures import write_figures
         stage = Path(tempfile.mkdtemp(prefix=temp_prefix("figures"), suffix=TEMP_SUFFIX, dir=out))
         try:
             for path in write_figures(stats, stage):
@@ -413,7 +407,6 @@ def _table(args, strategies, out: Path | None) -> int:
     timelines = [simulate(scenario, plan, "simpy") for plan in plans]
     table = with_comparable(table_frame(scenario, plans, timelines), plans, timelines)
     if scenario.training.target_loss is not None:  # the loss model's columns, as geodt simulate's summary
-        from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
 
         setup = loss_setup(scenario)
         preds = [predict(setup, scenario, p, plan_rounds(p, t)) for p, t in zip(plans, timelines)]
@@ -475,15 +468,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        from simulator.sweep.sweep_cluster import ClusterLost  # lazy: dask only with --scheduler
-
         if not isinstance(exc, ClusterLost):
             raise
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
-        # lazy: startup time (pandas: geodt sweep --help reads none of it)
-        from simulator.cli import write_error
 
         print(f"geodt sweep: {write_error(args.out, exc, 'finished chunks are kept (each written whole)')}",
               file=sys.stderr)
