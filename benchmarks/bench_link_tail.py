@@ -26,7 +26,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from geodt.calibration.links import InnerSteps, _join_gloo, wan_node
+from geodt.calibration.link_timing import InnerSteps, _join_gloo, wan_node
 from real.wan import wan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -47,9 +47,9 @@ from formats.errors import InputError
 from formats.files import child_path
 from formats.netprofile import SHAPED_BACKEND
 from formats.owners import add_force_argument
-from formats.plan import merge_steps
+from formats.plan import PlanError, load_plan, merge_steps
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
-from geodt.calibration.links import bounded_int, check_network_out, codec_summary, measure_shaped, sizes_bytes, to_frame
+from geodt.calibration.links import bounded_int, check_network_out, codec_summary, sizes_bytes
 from real.wan.wan import WanError
 from simulator.models.netfit import read_network_profile
 from simulator.models.network import CodecCost, WireCost, bytes_s, link_gbps, wire_cost
@@ -126,8 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = None
     if args.plan is not None:
-        from formats.plan import PlanError, load_plan
-
         try:
             plan = load_plan(args.plan, scenario.model.seq_len)
         except (PlanError, OSError) as exc:
@@ -218,7 +216,8 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     """Per node with inner steps, out_dir/<node>-0.csv: one profile row at its batch (`batches`,
     per node) from the steps run between the averages of `size` (replacing any earlier file);
     the lines to print."""
-    from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
+    # deferred: calibrate.harness imports torch; --help reads without it
+    from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name  # noqa: PLC0415
 
     lines = []
     for (cores, quota), node, b in zip(leader_limits(scenario), scenario.nodes, batches):
@@ -237,6 +236,9 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
 
 
 def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) -> int:
+    # deferred: torch and the executor's modules; --help and the scenario's refusals read without them
+    from geodt.calibration.link_timing import measure_shaped, to_frame  # noqa: PLC0415
+
     prog = "geodt calibrate network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
     print(f"{prog}: between averages each node computes its round, as in a run: "
