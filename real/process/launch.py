@@ -57,10 +57,12 @@ from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.core.data import ArrayShard, load_tokens
 from real.core.options import ExecOptions
 from real.core.streaming import StreamingSpec
+from real.membership.membership import open_store
 from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
 from real.process.process import worker_main
 from real.process.respawn import Respawner
 from real.process.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
+from real.wan.wan import enter, shaped_run
 from train.children import die_with_parent
 from train.cpulimit import cpu_quota_supported
 
@@ -263,8 +265,6 @@ def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent(parent_pid)
     if links is not None:  # --wan shaped: into the node's namespace before any socket exists
-        from real.wan.wan import enter
-
         enter(links[plan.node_of_rank(rank)])
     worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links,
                 joining=joining)
@@ -364,8 +364,6 @@ def _launch(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptio
     if under_torchrun():
         return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
     if opts.wan == "shaped":
-        from real.wan.wan import shaped_run
-
         return shaped_run(spec, plan, out_dir, lambda links: _run_local(plan_path, scenario_path, spec, plan, opts,
                                                                        out_dir, ip, host, links, announce))
     (out_dir / "wan.csv").unlink(missing_ok=True)  # a shaped run's description, not this run's
@@ -430,8 +428,6 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                 else:
                     store_spec = ("file", os.path.join(rdzv, "store"))
                 if opts.on_node_loss == "continue":
-                    from real.membership.membership import open_store
-
                     store = open_store(store_spec[1], opts.timeout_s)  # the launcher's handle outlives the workers
                     context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
                     return context.run()

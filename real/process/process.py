@@ -18,8 +18,9 @@ from real.checkpoint.checkpoint import CheckpointWriteError
 from real.core.config import RunSpec
 from real.core.data import make_chain
 from real.core.options import ExecOptions, PeerLost, resolve_backend
+from real.membership.membership import connect_store
 from real.process.worker import Node
-from real.wan.wan import lost_message
+from real.wan.wan import lost_message, serve_liveness
 from train.children import leave
 from train.cpulimit import CpuLimitError, apply_cpu_limits, device_cores
 
@@ -98,16 +99,12 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
     _liveness = store = None  # the liveness socket is held open by this name until the process exits
     try:
         if links is not None and rank == plan.first_rank(plan.node_of_rank(rank)):
-            from real.wan.wan import serve_liveness
-
             _liveness = serve_liveness(links[plan.node_of_rank(rank)])
         cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
         # the run-wide group is each membership epoch's (real/membership/members.py)
         if opts.on_node_loss == "continue":
-            from real.membership.membership import connect_store
-
             store = connect_store(store_spec, opts.collective_timeout_s())
             node = Node(rank, world, local_rank, spec, plan, opts, "gloo", store=store, joining=joining)
         else:
