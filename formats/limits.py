@@ -19,6 +19,8 @@ LIMITS = {
     "latency_ms": (0.0, 1e7), "step_time_s": (1e-7, 1e6), "gpu_count": (1, 10**5), "seed": (0, 2**63 - 1),
 }
 MAX_NODES = 100_000
+# geodt calibrate device's --max-batch when the device is a CPU (its help and its measurement read it)
+DEFAULT_CPU_MAX_BATCH = 64
 # Names become file names (calibrate scenario's DIR/<node>-<j>.csv and its .<name>.lock, out/<scenario>):
 # a file name holds at most 255 bytes (NAME_MAX), so the limit counts UTF-8 bytes, not characters
 # (200 'é' are 400 bytes), with room left for the prefix and suffixes added to it.

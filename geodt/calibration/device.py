@@ -25,8 +25,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from calibrate.cli import UsageError, calibrate_main, calibrate_parser, out_paths, parse_batches
-from calibrate.profile_writer import set_profile_columns
+from calibrate.cli import UsageError, calibrate_main, calibrate_parser, parse_batches
+from calibrate.profile_writer import out_paths, set_profile_columns
 from facts.presets import PresetError, load_arch
 from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
 from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
