@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class NvmlInfo:
@@ -34,8 +36,6 @@ def nvml_handle(cuda_index: int):
     if nvml is None:
         return None, None
     try:
-        import torch
-
         uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
         return nvml, nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
     except Exception:

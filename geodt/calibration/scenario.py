@@ -27,7 +27,7 @@ from calibrate.cli import UsageError, parse_batches
 from calibrate.profile_writer import write_new_profile
 from facts.presets import load_arch
 from formats.cli import OneLineParser, non_negative_int, positive_int
-from formats.errors import InputError
+from formats.errors import InputError, write_error
 from formats.files import child_path
 from formats.limits import check_threads
 from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
@@ -106,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _write_profiles(args.out_dir, jobs, rows)
     except OSError as exc:  # a full disk: each profile is committed whole, a line above names each one written
-        from formats.errors import write_error
 
         print(f"{PROG}: {write_error(args.out_dir, exc, 'the profiles listed above are whole, the rest not written')}"
               .replace("--out", "--out-dir"), file=sys.stderr)
