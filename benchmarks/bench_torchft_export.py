@@ -140,8 +140,8 @@ def recorder_overhead(steps: int = 20000, repeats: int = 5) -> tuple[float, floa
     import torch
 
     sys.path.insert(0, str(ROOT / "train"))
-    from torchft_recorder import RoundRecorder  # noqa: PLC0415  train/'s torchft scripts: on the path from here on
-    from torchft_train import build_model  # noqa: PLC0415  (they import torch)
+    from torchft_recorder import RoundRecorder  # train/'s torchft scripts (torch): on the path from here on
+    from torchft_train import build_model
 
     torch.set_num_threads(1)
     layer = torch.nn.Linear(2, 2)

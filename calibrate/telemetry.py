@@ -22,7 +22,7 @@ class NvmlInfo:
 
 def _nvml():
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415  deferred: nvidia-ml-py (the calibrate extra) only on an NVIDIA GPU
 
         pynvml.nvmlInit()
         return pynvml

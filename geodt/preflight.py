@@ -77,7 +77,7 @@ def available_cores() -> int:
 
 
 def this_machine() -> Machine:
-    import torch
+    import torch  # noqa: PLC0415  deferred: torch; run --help and the calibrations' checks read preflight without it
 
     gpus = tuple(float(torch.cuda.get_device_properties(i).total_memory)
                  for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
@@ -158,7 +158,8 @@ def check_machine(scenario, plan, backend: str, machine: Machine) -> list[str]:
 def check_host(host: str, allow_any: bool = False) -> None:
     """--host: resolves, is not 0.0.0.0 unless allowed, and this machine can bind to it (LaunchError,
     one line, otherwise; the launcher prints the unauthenticated warning)."""
-    from real.process.launch import LaunchError, check_host_policy, resolve_host, under_torchrun
+    # deferred: torch; run --help and the calibrations' checks read preflight without it
+    from real.process.launch import LaunchError, check_host_policy, resolve_host, under_torchrun  # noqa: PLC0415
 
     if under_torchrun():
         return

@@ -235,10 +235,12 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
 
     `device` names what idles (device_kind: CPU, GPU or device); the run's side is labelled by the
     table's mode (an emulated run's bars say "emulated", never "measured")."""
-    import matplotlib
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn; run --help reads validation without it
+    import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn; run --help reads validation without it
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     nodes = list(table["node"])
     kind = run_kind(table)

@@ -379,7 +379,7 @@ def with_staleness(summ: pd.DataFrame, totals) -> pd.DataFrame:
 
 def _run_plan(scenario, plan, engine: str, rounds: int, block: int, tables, cap):
     """One strategy simulated into the tables; its PlanSink (totals, the trace's first rounds)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # noqa: PLC0415  deferred: tqdm only when simulating; geodt plan and --help read without it
 
     n = len(plan.nodes)
     sink = PlanSink(plan, rounds, *tables, block, None if cap is None else cap // n + 2)

@@ -222,7 +222,8 @@ def _without_fastest(scenario, path: Path) -> Path:
 
 def _rows(scenario, name: str, run_dir: Path, data: str):
     """The run's node-rounds with what the run was (formats/convergence.py's columns)."""
-    import torch
+    # deferred: torch for the trace's run only; calibrate convergence --help reads without it
+    import torch  # noqa: PLC0415
 
     trace = pd.read_csv(run_dir / "trace.csv")
     plan = pd.read_csv(run_dir / "plan.csv", keep_default_na=False)

@@ -45,7 +45,8 @@ CHECKPOINT_REPEATS = 2
 
 def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
     """{"cpu": ns, "device": ns} per parameter of the outer step on this host (no "device" on CPU)."""
-    from real.core.diloco import time_outer_step
+    # deferred: torch (the executor's outer step); calibrate device --help reads without it
+    from real.core.diloco import time_outer_step  # noqa: PLC0415
 
     params = min(params, MAX_TIMED_PARAMS)
     places = {"cpu": "cpu"} if device == "cpu" else {"cpu": "cpu", "device": device}
@@ -55,7 +56,8 @@ def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
 
 def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, float]:
     """{"snapshot": ns, "write": ns} per checkpoint byte on this host (module docstring)."""
-    from real.checkpoint.checkpoint import time_checkpoint
+    # deferred: torch (the executor's checkpoint); calibrate device --help reads without it
+    from real.checkpoint.checkpoint import time_checkpoint  # noqa: PLC0415
 
     params = min(params, MAX_CHECKPOINT_PARAMS)
     snapshots, writes = time_checkpoint(params, CHECKPOINT_REPEATS, device, directory)
@@ -95,7 +97,7 @@ def main(argv: list[str]) -> int:
     status = calibrate_main(argv)
     if status != 0 or "-h" in argv or "--help" in argv:
         return status
-    from calibrate.harness import resolve_devices  # torch: only once the help is past
+    from calibrate.harness import resolve_devices  # noqa: PLC0415  deferred: torch, once the help is past
 
     args = calibrate_parser().parse_args(argv)
     devices = resolve_devices(args.device)

@@ -60,10 +60,11 @@ def parser() -> argparse.ArgumentParser:
 
 def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
     die_with_parent(setup["parent_pid"])
-    import torch
+    import torch  # noqa: PLC0415  deferred: torch (seconds) after die_with_parent: a killed parent leaves no process
 
-    from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name
-    from train.step import random_batch, train_step
+    # deferred: torch, in the device process only
+    from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name  # noqa: PLC0415
+    from train.step import random_batch, train_step  # noqa: PLC0415  deferred: torch, in the device process only
 
     node, j, gpus, cores, quota = jobs[rank]
     cores = device_cores(cores, gpus, j)  # as real/process/process.py places a node's devices
@@ -205,7 +206,8 @@ def _measure_least_steal(scenario, args, jobs: list[tuple]) -> tuple[dict[int, l
 
 def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
     """Every device process at once; {rank: its rows}, or the exit status when interrupted or failed."""
-    import torch.multiprocessing as mp
+    # deferred: torch; calibrate scenario --help and its checks read without it
+    import torch.multiprocessing as mp  # noqa: PLC0415
 
     setup = {"preset": scenario.model.preset, "base_dir": scenario.base_dir, "seq_len": scenario.model.seq_len,
              "dtype": scenario.model.dtype, "batches": list(args.batch), "repeats": args.repeats,

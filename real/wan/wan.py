@@ -75,8 +75,8 @@ class NodeLink:
 
 def _pyroute2():
     try:
-        import pyroute2
-        from pyroute2 import netns
+        import pyroute2  # noqa: PLC0415  deferred: pyroute2 (the real extra) only with --wan shaped
+        from pyroute2 import netns  # noqa: PLC0415  deferred: pyroute2 (the real extra) only with --wan shaped
     except ImportError:
         raise WanError("--wan shaped: needs pyroute2 (pip install 'geodt[real]')") from None
     return pyroute2, netns

@@ -19,7 +19,7 @@ SHARED_RUN_FACTOR = 3.0  # runs ending beyond 3x the median run's end are cut at
 
 def loss_figure(losses: dict, setup, vocab_size: int | None = None) -> bytes:
     """PNG bytes (no timestamp or software tag: the same inputs give the same bytes)."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     fig = loss_figure_axes(losses, setup, vocab_size)
     buf = io.BytesIO()
@@ -60,11 +60,10 @@ def loss_limits(losses: dict, floor: float, target: float | None, ceiling: float
 
 def loss_figure_axes(losses: dict, setup, vocab_size: int | None = None):
     """The matplotlib figure of loss_figure (for tests: its limits and texts)."""
-    # lazy: startup time (matplotlib)
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
     colors = plt.get_cmap("tab20").colors

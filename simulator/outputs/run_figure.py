@@ -30,7 +30,7 @@ EDGE_NODES = 8  # above SHOWN_NODES_MAX: this many slowest and this many fastest
 def idle_figure(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]]) -> bytes:
     """PNG bytes from (strategy, node names, idle seconds per node, the run's first rounds'
     timeline rows) per strategy. No timestamp or software tag: the same inputs give the same bytes."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     fig = idle_figure_axes(runs)
     buf = io.BytesIO()
@@ -52,11 +52,10 @@ def edge_nodes(idle_s: np.ndarray, edge: int = EDGE_NODES) -> np.ndarray:
 
 def idle_figure_axes(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]]):
     """The matplotlib figure of idle_figure (for tests: its axes, titles and artists)."""
-    # lazy: startup time (matplotlib)
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     shown = _gantt_runs(runs)
     nodes = list(runs[0][1])
@@ -123,7 +122,8 @@ def _first_rounds(head: pd.DataFrame) -> pd.DataFrame:
 def _gantt(ax, strategy: str, names: list[str], rows: pd.DataFrame, summarised: bool) -> None:
     """The rounds in `rows` per node, one PolyCollection per part; summarised: only the EDGE_NODES
     nodes that compute most in these rounds (the slowest), then the EDGE_NODES that compute least."""
-    from matplotlib.collections import PolyCollection
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn
+    from matplotlib.collections import PolyCollection  # noqa: PLC0415
 
     node = rows["node"].astype(str).to_numpy()
     if summarised:
