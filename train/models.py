@@ -7,7 +7,7 @@ from facts.presets import ModelArch
 
 
 def llama_config(arch: ModelArch, seq_len: int):
-    """The transformers LlamaConfig of an architecture (imported lazily: it pulls in torch)."""
+    """The transformers LlamaConfig of an architecture."""
     # deferred: transformers (seconds) only in a process that builds a model
     from transformers import LlamaConfig  # noqa: PLC0415
 
