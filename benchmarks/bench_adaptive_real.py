@@ -37,6 +37,9 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
+
+from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -57,8 +60,6 @@ def calibrated(scenario: str, batch: int, work: Path, node: str, quota_factor: f
     """The scenario with its devices' profiles measured just now, together, under their quotas;
     and the drift's step-time factor, measured likewise with `node`'s quota divided by quota_factor
     (the slowdown that quota gives, which is not quota_factor: simulator/models/drift.py)."""
-    from simulator.scenario import load_scenario
-
     path = bf.SCENARIOS / f"{scenario}.toml"
     quota = {n.name: n.cpu_quota for n in load_scenario(str(path), without_profiles=True).nodes}[node]
     steps = []
@@ -130,8 +131,6 @@ def summary(table: pd.DataFrame) -> pd.DataFrame:
 
 def run_one(strategy: str, args, work: Path, host: Path | None) -> tuple[Path, dict]:
     """One calibrated, real validate run of `strategy` with the drift; returns its folder and its runs.csv row."""
-    from simulator.scenario import load_scenario
-
     work.mkdir(parents=True)
     batch = load_scenario(str(bf.SCENARIOS / f"{args.scenario}.toml"), without_profiles=True).training.batch_size
     sets = [f"training.rounds={args.rounds}"]
@@ -171,7 +170,6 @@ def main() -> int:
     p.add_argument("--link-repeats", type=int, default=8, help="shaped WAN: repeats per size of each link calibration")
     p.add_argument("--out", default="results/adaptive-real")
     args = p.parse_args()
-    from tqdm import tqdm
 
     out = ROOT / args.out
     out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -56,8 +57,6 @@ LOSS_COLUMNS = ["strategy", "predicted_loss_end", "measured_loss_end", "predicte
 
 def timing(work: Path, calibrate: bool) -> pd.DataFrame:
     """Part 1: every mix × TIMING_STRATEGIES, one real validate each (calibrated right before)."""
-    from tqdm import tqdm
-
     frames = []
     cases = [(mix, s) for mix in MIXES for s in TIMING_STRATEGIES]
     for k, (mix, strategy) in enumerate(tqdm(cases, desc="timing runs", unit="run", file=sys.stderr)):
@@ -88,8 +87,6 @@ def shaped_wan(work: Path) -> pd.DataFrame | None:
 
 def loss(work: Path, target: float, rounds: int) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """Part 3: per strategy, the loss model's prediction against the run; and each run's trace."""
-    from tqdm import tqdm
-
     rows, traces = [], {}
     for strategy in tqdm(LOSS_STRATEGIES, desc="loss runs", unit="run", file=sys.stderr):
         out = validate(work, f"loss-{strategy}", ["--strategy", strategy, "--emulate", "--target-loss", str(target),

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from tqdm import tqdm
+
+from simulator.cli import simulate_main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -46,8 +49,6 @@ COLUMNS = ["scenario", "bandwidth_gbps", "jitter_cv", "target_loss", "best_barri
 
 def case(name: str, bandwidth: float, cv: float, target: float, work: Path) -> dict:
     """One `geodt simulate` of every strategy; the row of COLUMNS."""
-    from simulator.cli import simulate_main
-
     source, overrides, _ = SCENARIOS[name]
     sets = [*overrides, f"network.bandwidth_gbps={bandwidth:g}", f"simulation.jitter_cv={cv:g}"]
     out = work / f"{name}-{bandwidth:g}-{cv:g}"
@@ -106,7 +107,6 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "async-where")
     args = parser.parse_args()
-    from tqdm import tqdm
 
     grid = [(name, b, cv) for name in SCENARIOS for b in BANDWIDTHS_GBPS for cv in JITTER_CVS]
     targets = {name: target_of(*SCENARIOS[name][:2]) for name in SCENARIOS}

@@ -36,6 +36,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from geodt.calibration.wan_links import comparison
+from simulator.models.netfit import read_network_profile
+from simulator.scenario import load_scenario
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -85,10 +89,6 @@ def calibrated_network_errors() -> list[float]:
 
 def assumed_network_errors() -> list[float]:
     """The byte-count price at the nominal rate against each committed link calibration's all-reduces."""
-    from geodt.calibration.wan_links import comparison
-    from simulator.models.netfit import read_network_profile
-    from simulator.scenario import load_scenario
-
     errors = []
     for folder in WAN_RECORD:
         collective = "ring" if " ring " in pd.read_csv(ROOT / folder / "fidelity.csv")["case"].iloc[0] else "partitioned"

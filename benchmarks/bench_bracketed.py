@@ -26,6 +26,8 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from simulator.scenario import load_scenario
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -85,8 +87,6 @@ def verdicts(frame: pd.DataFrame) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.scenario import load_scenario
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--scenario", type=Path, default=ROOT / "benchmarks" / "fidelity" / "three-node.toml")
     p.add_argument("--runs", type=int, default=5)

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from facts.presets import load_arch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -34,7 +36,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from calibrate.harness import Calibrator
-    from facts.presets import load_arch
     from train.step import random_batch, train_step
 
     if args.threads:

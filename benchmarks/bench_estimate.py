@@ -39,6 +39,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from facts.catalog import get_gpu
@@ -117,8 +119,6 @@ def compare(path: Path = CSV_PATH) -> list[tuple[dict, float, float]]:
 def h200_rows(directories: list[Path] = H200_DIRS) -> list[dict]:
     """Every timed H200 row (profiles: eager or compiled, as each says; compiled_points.csv:
     compiled) with its estimate; a row's source names its folder and file."""
-    import pandas as pd
-
     rows = []
     for directory in directories:
         for path in sorted(directory.glob("h200-*.csv")):

@@ -36,6 +36,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from tests.proctree import launcher_env, running
+from tests.test_killed_parent import descendants, kill_once_training
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 NODES = ("fast", "medium", "slow", "slowest")  # hetero-cpu's, in plan order
@@ -83,17 +86,12 @@ def resume_bad_node(args, work: Path, stopped: Path, k: int) -> dict:
 
 
 def _descendants(pid: int) -> list[int]:
-    from tests.test_killed_parent import descendants
-
     return descendants(pid)
 
 
 def killed_parent(args, work: Path, k: int) -> dict:
     """One `calibrate convergence` SIGKILLed once its run's workers train, with a $TMPDIR of its own
     (other programs' folders in the shared one are not counted)."""
-    from tests.proctree import launcher_env, running
-    from tests.test_killed_parent import kill_once_training
-
     folder, tmpdir = work / f"killed-{k}", work / f"tmpdir-{k}"
     folder.mkdir()
     tmpdir.mkdir()

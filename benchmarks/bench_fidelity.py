@@ -55,6 +55,11 @@ from math import nan
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
+
+from formats.wire import PAYLOAD_BYTES
+from geodt.paper.fmt import markdown
+from simulator.scenario import load_scenario
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -152,8 +157,6 @@ def fresh_profiles(scenario: str, work: Path, passes: int = 1) -> Path:
     above 2%: calibrations under 8.6-13.5% steal made profiles too slow for the quiet runs after
     them (results/predict-the-run/five-runs-host, taken before this retry). `passes` > 1 measures
     it all that many times and keeps each device's median pass per batch (--passes)."""
-    from simulator.scenario import load_scenario
-
     cal = work / "profiles"
     cal.mkdir()
     source = SCENARIOS / f"{scenario}.toml"
@@ -198,8 +201,6 @@ def host_network_profile(work: Path) -> Path:
 def wan_overrides(dtype: str, collective: str, uplinks: dict | None, extra: tuple | None,
                   host_profile: Path, rounds: int = WAN_ROUNDS) -> list[str]:
     """--set arguments of a WAN case: links, payload, collective, H, rounds, extra keys and the host's profile."""
-    from formats.wire import PAYLOAD_BYTES
-
     gbps = WAN_MBIT_PER_FP32_BYTE * PAYLOAD_BYTES[dtype] / 1e3
     sets = [f"network.bandwidth_gbps={gbps!r}", f'network.payload_dtype="{dtype}"',
             f'network.collective="{collective}"', f"training.local_steps={WAN_LOCAL_STEPS}",
@@ -452,7 +453,6 @@ def main() -> int:
                         help="calibrate each run's devices K times and keep each device's median pass per batch "
                              "(geodt calibrate scenario --passes; default 1)")
     args = parser.parse_args()
-    from tqdm import tqdm
 
     cases = all_cases(wan=not args.no_wan, loopback=not args.wan_only)
     if args.case:
@@ -481,7 +481,6 @@ def main() -> int:
     machine = (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                f"{datetime.now(timezone.utc):%Y-%m-%d}")
     overall = overall_line(rows)
-    from geodt.paper.fmt import markdown
 
     md = markdown(table)
     how = ("committed profiles (profiles/fidelity/)" if args.committed_profiles else

@@ -32,6 +32,13 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
+from facts.presets import load_arch
+from simulator.models.estimate import Shape, estimate_step
+from simulator.models.memory import reserve_bytes, step_memory_bytes
+from simulator.scenario import load_scenario
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -74,13 +81,6 @@ def write_scenarios(out: Path, gpu_key: str = "h200") -> None:
 def analyse(directory: Path) -> list[dict]:
     """Per profile in `directory`: the estimate's error per timed batch >= 8, the planner's largest
     batch against the measured largest, and the best MFU (torch-free: runs on any machine)."""
-    import pandas as pd
-
-    from facts.presets import load_arch
-    from simulator.models.estimate import Shape, estimate_step
-    from simulator.models.memory import reserve_bytes, step_memory_bytes
-    from simulator.scenario import load_scenario
-
     rows = []
     for path in sorted(directory.glob("*.csv")):
         frame = pd.read_csv(path)

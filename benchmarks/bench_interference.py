@@ -35,6 +35,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from facts.presets import load_arch
+from real.core.data import make_shard
+from simulator.scenario import load_scenario
+from train.cpulimit import apply_cpu_limits, device_cores
+from train.models import build_model
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,10 +63,6 @@ def _device(rank: int, world: int, jobs: list, setup: dict, store: str, queue) -
     import torch
     import torch.distributed as dist
 
-    from facts.presets import load_arch
-    from real.core.data import make_shard
-    from train.cpulimit import apply_cpu_limits, device_cores
-    from train.models import build_model
     from train.step import make_optimizer, random_batch, train_step
 
     node, j, gpus, cores, quota = jobs[rank]
@@ -120,8 +122,6 @@ def _device(rank: int, world: int, jobs: list, setup: dict, store: str, queue) -
 
 def measure(scenario_path: str, blocks: int, local_steps: int, sync_s: float) -> pd.DataFrame:
     import torch.multiprocessing as mp
-
-    from simulator.scenario import load_scenario
 
     scenario = load_scenario(scenario_path, without_profiles=True)
     jobs = [(n.name, j, n.gpu_count, n.cpu_cores, n.cpu_quota) for n in scenario.nodes for j in range(n.gpu_count)]

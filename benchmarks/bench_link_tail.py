@@ -23,7 +23,11 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from geodt.calibration.link_timing import InnerSteps, _join_gloo, wan_node
+from real.wan import wan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -45,19 +49,14 @@ def tcp_counters() -> dict[str, int]:
 
 
 def _node(rank: int, world: int, store: str, links, quotas, args: dict, queue) -> None:
-    from geodt.calibration.links import wan_node
-
     with wan_node(links[rank], None, quotas[rank], args["parent_pid"], f"geodt-tail-{rank}"):
         queue.put(("node", _averages(rank, world, store, links, args)))
 
 
 def _averages(rank: int, world: int, store: str, links, args: dict) -> tuple:
-    from concurrent.futures import ThreadPoolExecutor
-
     import torch
     import torch.distributed as dist
 
-    from geodt.calibration.links import InnerSteps, _join_gloo
     from real.core.streaming import threads_for_comm
     from real.core.sync import CrossNodeSync
 
@@ -102,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-s", type=float, help="the links' tbf queue in seconds at their rate (default geodt's)")
     args = p.parse_args(argv)
     import torch.multiprocessing as mp
-
-    from real.wan import wan
 
     nodes = [(name, float(gbps)) for name, gbps in (item.split("=") for item in args.links.split(","))]
     quotas = [float(q) for q in args.quotas.split(",")]

@@ -19,11 +19,17 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from simulator.engines.engine import simulate
+from simulator.models.loss_literature import published
+from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
+from simulator.scenario import load_scenario
+from simulator.strategies import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -68,8 +74,6 @@ class LossPlan:
 
 def scenario_for(params: float, tokens: float, replicas: int, sync_steps: int) -> object:
     """A scenario of `replicas` identical one-GPU nodes training N parameters for `tokens` at H."""
-    from simulator.scenario import load_scenario
-
     seq_len, batch, gpus = 2048, 8, 4  # gpus: the paper scenario's node1, copied M times (identical_nodes)
     rounds = max(1, round(tokens / (replicas * sync_steps * batch * gpus * seq_len)))
     scenario = load_scenario("paper", [f"model.params={params:.0f}", f"model.seq_len={seq_len}",
@@ -84,10 +88,6 @@ def run_loss(row, spec: str) -> float:
     plain baseline's (or sync-ddp's) simulated timeline: P, τ, α and the payload change the loss effects,
     not the tokens each round trains, so the streaming engine's timing is not needed here. The loss is
     predict's at the last token (factor·L(η·D)) taken at the row's D."""
-    from simulator.engines.engine import simulate
-    from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
-    from simulator.strategies import make_plan
-
     run = parse_run(spec)
     scenario = scenario_for(row.params, row.tokens, run["M"], run["H"])
     plan = make_plan(scenario, STRATEGY_OF[run["kind"]])
@@ -107,8 +107,6 @@ def predicted_delta_pct(row) -> float:
 
 def identical_nodes(scenario, replicas: int):
     """The scenario with `replicas` copies of its first node (identical replicas: the papers' setting)."""
-    from dataclasses import replace
-
     first = scenario.nodes[0]
     return replace(scenario, nodes=tuple(replace(first, name=f"node{i + 1}") for i in range(replicas)))
 
@@ -156,8 +154,6 @@ def figure(table: pd.DataFrame, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.models.loss_literature import published
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(ROOT / "results" / "loss-published"))
     args = parser.parse_args(argv)

@@ -32,7 +32,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
+from importlib.metadata import version
 from pathlib import Path
+
+import pandas as pd
+import psutil
+
+from facts.presets import load_arch
+from real.core.config import load_run_spec
+from real.core.data import make_shard
+from train.models import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GOALS = {"whole_wall": 1.0, "training_wall": 1.0, "cpu_s": 1.0, "peak_rss": 1.1}
@@ -63,8 +73,6 @@ def plan_text(batch: int, steps: int, seq_len: int) -> str:
 
 def measured(cmd: list[str], env: dict) -> dict:
     """Run `cmd` to its end; its wall seconds, CPU-seconds of its process tree and peak summed RSS."""
-    import psutil
-
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     log = tempfile.TemporaryFile("w+")  # not a pipe: a chatty child must never block on a full one
     start = time.perf_counter()
@@ -91,19 +99,13 @@ def measured(cmd: list[str], env: dict) -> dict:
 
 def torchft_replica(args) -> None:
     """One torchft replica: Manager + DiLoCo around geodt's model, data and inner step."""
-    from datetime import timedelta
-
     import torch
     from torch.distributed import TCPStore
     from torchft.local_sgd import DiLoCo
     from torchft.manager import Manager
     from torchft.process_group import ProcessGroupGloo
 
-    from facts.presets import load_arch
-    from real.core.config import load_run_spec
-    from real.core.data import make_shard
     from real.core.diloco import inner_lr
-    from train.models import build_model
     from train.step import make_optimizer, train_step
 
     torch.set_num_threads(args.threads)
@@ -156,8 +158,6 @@ def torchft_run(args) -> None:
 # --- the comparison --------------------------------------------------------------------------------
 
 def machine() -> dict:
-    from importlib.metadata import version
-
     import torch
     import torchft  # noqa: F401
 
@@ -166,7 +166,6 @@ def machine() -> dict:
 
 
 def compare(args) -> int:
-    import pandas as pd
     import torch
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -35,6 +35,12 @@ import time
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
+
+from facts.presets import load_arch
+from simulator.scenario import load_scenario
+from train.cpulimit import apply_cpu_limits, device_cores
+from train.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,8 +56,6 @@ ROUND_PCT, IDLE_PCT = ROUND_MEDIAN.limit_pct, IDLE_WORST.limit_pct
 
 
 def _jobs(scenario_path: str) -> tuple[object, list[tuple]]:
-    from simulator.scenario import load_scenario
-
     scenario = load_scenario(scenario_path, without_profiles=True)
     return scenario, [(n.name, j, n.gpu_count, n.cpu_cores, n.cpu_quota)
                       for n in scenario.nodes for j in range(n.gpu_count)]
@@ -60,9 +64,6 @@ def _jobs(scenario_path: str) -> tuple[object, list[tuple]]:
 def _stepper(rank: int, jobs: list, setup: dict, barrier, queue) -> None:
     import torch
 
-    from facts.presets import load_arch
-    from train.cpulimit import apply_cpu_limits, device_cores
-    from train.models import build_model
     from train.step import make_optimizer, random_batch, train_step
 
     node, j, gpus, cores, quota = jobs[rank]
@@ -89,7 +90,6 @@ def _stepper(rank: int, jobs: list, setup: dict, barrier, queue) -> None:
 
 def free_against_pinned(free_path: str, pinned_path: str, sessions: int, seconds: float) -> pd.DataFrame:
     import torch.multiprocessing as mp
-    from tqdm import tqdm
 
     scenario, free = _jobs(free_path)
     _, pinned = _jobs(pinned_path)

@@ -21,7 +21,13 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
+
+from facts.presets import load_arch
+from formats.scenario import DilocoConfig
+from real.core.config import load_plan, load_run_spec
+from train.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -45,7 +51,6 @@ def bench_inner_step(preset: str, seq_len: int, batch: int, steps: int, repeats:
     import torch
     import torch.distributed as dist
 
-    from real.core.config import load_plan, load_run_spec
     from real.process.worker import ExecOptions, Node
     from train.step import train_step
 
@@ -89,15 +94,10 @@ def bench_inner_step(preset: str, seq_len: int, batch: int, steps: int, repeats:
 
 
 def _sync_worker(rank: int, port: int, preset: str, repeats: int, threads: int) -> None:
-    from datetime import timedelta
-
     import torch
     import torch.distributed as dist
 
-    from facts.presets import load_arch
-    from formats.scenario import DilocoConfig
     from real.core.diloco import OuterState, outer_sync
-    from train.models import build_model
 
     torch.set_num_threads(threads)
     store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=120))

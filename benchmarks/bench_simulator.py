@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,9 @@ import simpy
 
 from simulator.engines.engine import outer_share_s, simulate, simulate_syncs
 from simulator.engines.engine_simpy import Barrier
-from simulator.scenario import ModelConfig, NodeConfig, Scenario, TrainingConfig
-from simulator.strategies import make_plan
+from simulator.models.workload import segment_matrices
+from simulator.scenario import ModelConfig, NodeConfig, Scenario, TrainingConfig, load_scenario
+from simulator.strategies import STRATEGIES, make_plan
 
 
 def bare_loop(compute: np.ndarray, comm_s: float) -> None:
@@ -134,9 +136,6 @@ def whole_process(scenario: Scenario, repeats: int, *options: str) -> tuple[floa
 
 def planning(rounds: int) -> dict[str, tuple[float, float]]:
     """Per strategy, make_plan's seconds on `paper` at `rounds` rounds and at 100."""
-    from simulator.scenario import load_scenario
-    from simulator.strategies import STRATEGIES
-
     long, short = (load_scenario("paper", [f"training.rounds={r}"]) for r in (rounds, 100))
     times = {}
     for name in STRATEGIES:
@@ -189,10 +188,6 @@ def main() -> None:
           f"{sum(t for t, _ in plan_times.values()):.2f} s in all (goal: seconds)")
     for name, (long_s, short_s) in plan_times.items():
         print(f"  {name:16s} {long_s:7.3f} s  ({short_s:.3f} s at 100 rounds)")
-
-    from dataclasses import replace
-
-    from simulator.models.workload import segment_matrices
 
     streaming = replace(plan, fragments=args.fragments, sync_delay_steps=args.delay)
     pre, delay = segment_matrices(scenario, streaming)

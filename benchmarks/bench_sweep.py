@@ -21,6 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from facts.catalog import gpu_keys
+from simulator.strategies import STRATEGIES
+
 
 def peak_rss_bytes(pid: int) -> int:
     """The largest resident set of a process and its children so far (VmHWM of each, Linux)."""
@@ -62,9 +65,6 @@ def run(argv: list[str]) -> tuple[float, int, float]:
 
 
 def main() -> None:
-    from facts.catalog import gpu_keys
-    from simulator.strategies import STRATEGIES
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--samples", type=int, default=1_000_000)
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)

@@ -33,11 +33,24 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import bench_fidelity as bf
 import numpy as np
 import pandas as pd
+
+from simulator.engines.engine import simulate
+from simulator.models.convergence_prior import (
+    LOO_RESIDUAL_AVERAGE,
+    LOO_RESIDUAL_INDEPENDENT,
+    diloco_power_law_loss,
+    published_losses,
+)
+from simulator.models.loss_prediction import loss_setup, plan_rounds
+from simulator.scenario import load_scenario
+from simulator.strategies import make_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -60,11 +73,6 @@ def sets(overrides: list[str]) -> list[str]:
 
 def target_for(profile: Path, overrides: list[str], mix: Path = REPORT_MIX) -> float:
     """The fitted baseline curve's loss at half the report mix's baseline tokens (rounded to 0.01)."""
-    from simulator.engines.engine import simulate
-    from simulator.models.loss_prediction import loss_setup, plan_rounds
-    from simulator.scenario import load_scenario
-    from simulator.strategies import make_plan
-
     scenario = load_scenario(str(mix), [*overrides, f"training.convergence_profile={profile}"])
     plan = make_plan(scenario, "baseline")
     tokens = plan_rounds(plan, simulate(scenario, plan, "auto"))["tokens"].sum()
@@ -94,10 +102,6 @@ def run_real(out: Path, wan: bool) -> pd.DataFrame:
     """Not emulated: fitted on three-node (3 nodes under quotas 0.9/0.6/0.4, emulated calibration runs),
     reported on quota-mix (2 nodes, 0.9 and 0.45 of a core) run for real, its devices calibrated
     together just before (geodt calibrate scenario), on loopback or the shaped WAN."""
-    import tempfile
-
-    import bench_fidelity as bf
-
     profile = out / "real" / "convergence.csv"
     fit = bf.SCENARIOS / f"{REAL_FIT}.toml"
     geodt("calibrate", "convergence", str(fit), "--out", str(profile), *sets(REAL_SETS))
@@ -155,13 +159,6 @@ def verdicts(table: pd.DataFrame) -> list[str]:
 def prior_check() -> str:
     """The identical-replica prior's DiLoCo fit against the losses it cites (Charles et al. 2025, Table 4),
     as |ln(fit / measured)| against the fit error the paper reports (Table 11, per M)."""
-    from simulator.models.convergence_prior import (
-        LOO_RESIDUAL_AVERAGE,
-        LOO_RESIDUAL_INDEPENDENT,
-        diloco_power_law_loss,
-        published_losses,
-    )
-
     rows = [r for r in published_losses() if r.source.endswith("Table 4")]
     errors = [(abs(np.log(diloco_power_law_loss(r.params, r.replicas) / r.loss_nats)),
                LOO_RESIDUAL_INDEPENDENT.get(r.replicas, LOO_RESIDUAL_AVERAGE)) for r in rows]

@@ -21,11 +21,14 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 GEODT = [sys.executable, "-m", "geodt"]
@@ -76,8 +79,6 @@ def run_export(out: Path, timeout_s: float) -> float:
 
 def validate(out: Path):
     """geodt validate --trace out; its validation.csv as a DataFrame."""
-    import pandas as pd
-
     done = subprocess.run([*GEODT, "validate", "--trace", str(out)], capture_output=True, text=True, env=_env())
     if done.returncode != 0:
         raise RuntimeError(f"geodt validate --trace {out}: {done.stderr.strip()}")
@@ -136,12 +137,10 @@ def recorder_overhead(steps: int = 20000, repeats: int = 5) -> tuple[float, floa
     of interleaved loops, with and without it); the tiny model's step (batch 4 × 64 tokens, one
     thread) is what it is compared with. On a loaded host the difference of two model loops is
     noise many times the recorder's few microseconds; this isolates them."""
-    import statistics
-
     import torch
 
     sys.path.insert(0, str(ROOT / "train"))
-    from torchft_recorder import RoundRecorder
+    from torchft_recorder import RoundRecorder  # train/'s torchft scripts (torch): on the path from here on
     from torchft_train import build_model
 
     torch.set_num_threads(1)

@@ -25,7 +25,13 @@ What it shows (torch 2.13, this CPU; a count, so it runs anywhere):
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+import numpy as np
+
+from facts.presets import ModelArch
+from train.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -40,7 +46,6 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: 
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from train.models import build_model
     from train.step import random_batch, torch_dtype
 
     model = build_model(arch, seq_len)
@@ -86,12 +91,6 @@ def count(arch, seq_len: int = 256, batch: int = 8, dtype: str = "bf16", split: 
 
 
 def main() -> int:
-    from dataclasses import replace
-
-    import numpy as np
-
-    from facts.presets import ModelArch
-
     base = ModelArch("count", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=512, vocab_size=1536)
     variants = [base, replace(base, hidden_size=384, num_heads=6, num_kv_heads=6), replace(base, num_kv_heads=2),
                 replace(base, ffn_size=768)]

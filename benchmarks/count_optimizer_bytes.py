@@ -22,6 +22,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from facts.presets import load_arch
+from train.models import build_model
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
@@ -43,8 +46,6 @@ def count(preset: str = "tiny", dtype: str = "fp16", seq_len: int = 32, batch: i
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from facts.presets import load_arch
-    from train.models import build_model
     from train.step import make_optimizer, make_scaler, random_batch, train_step
 
     arch = load_arch(preset)

@@ -31,6 +31,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from simulator.strategies import make_plan
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_simulator import bare_loop, bench_scenario, best_of, run_measured
 
@@ -71,10 +75,6 @@ def simulate_process(nodes: int, rounds: int, pycache: Path, *options: str) -> t
 
 
 def measure() -> dict:
-    import numpy as np
-
-    from simulator.strategies import make_plan
-
     scenario = bench_scenario(1024, 200)
     plan = make_plan(scenario, "baseline")
     compute = np.broadcast_to([n.compute_s for n in plan.nodes], (200, 1024)).copy()

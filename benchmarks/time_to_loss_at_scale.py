@@ -22,6 +22,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator.cli import simulate_main
+from simulator.engines.engine import simulate
+from simulator.models.loss_prediction import loss_setup, plan_rounds
+from simulator.scenario import load_scenario
+from simulator.strategies import make_plan
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 TARGET_SHARE = 0.6
@@ -36,11 +42,6 @@ SCENARIOS = {  # name -> (scenario, overrides, what it is)
 
 def target_of(source: str, overrides: list[str]) -> float:
     """The baseline's predicted round loss at TARGET_SHARE of its tokens, rounded up to 0.01."""
-    from simulator.engines.engine import simulate
-    from simulator.models.loss_prediction import loss_setup, plan_rounds
-    from simulator.scenario import load_scenario
-    from simulator.strategies import make_plan
-
     scenario = load_scenario(source, overrides)
     plan = make_plan(scenario, "baseline")
     tokens = plan_rounds(plan, simulate(scenario, plan, "auto"))["tokens"].sum()
@@ -48,8 +49,6 @@ def target_of(source: str, overrides: list[str]) -> float:
 
 
 def run(name: str, out: Path) -> tuple[pd.DataFrame, str, float]:
-    from simulator.cli import simulate_main
-
     source, overrides, _ = SCENARIOS[name]
     target = target_of(source, overrides)
     printed = io.StringIO()

@@ -38,6 +38,14 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from facts.presets import ModelArch, load_arch
+from simulator.models.memory import traced_peak_bytes
+from train.models import build_model
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SEQ = 512
@@ -52,7 +60,6 @@ def trace_peak(arch, seq_len: int, batch: int, dtype: str = "bf16", checkpointin
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from train.models import build_model
     from train.step import DEFAULT_BETAS, DEFAULT_LR, DEFAULT_WEIGHT_DECAY, train_step
 
     with FakeTensorMode():
@@ -74,8 +81,6 @@ def trace_peak(arch, seq_len: int, batch: int, dtype: str = "bf16", checkpointin
 
 
 def _variants():
-    from facts.presets import ModelArch
-
     base = ModelArch("mem", hidden_size=256, num_layers=1, num_heads=4, num_kv_heads=4, ffn_size=512, vocab_size=1024)
     return base, [base, replace(base, hidden_size=384, num_heads=6, num_kv_heads=6), replace(base, num_kv_heads=2),
                   replace(base, ffn_size=768)]
@@ -83,7 +88,6 @@ def _variants():
 
 def fit(dtype: str, checkpointing: str, progress=None) -> dict:
     """One table row: the coefficients of the module docstring, fitted from traces."""
-    import numpy as np
     import torch
 
     def traced(arch, seq, batch):
@@ -125,8 +129,6 @@ def fit(dtype: str, checkpointing: str, progress=None) -> dict:
 
 
 def write_table(rows: list[dict], out: Path) -> None:
-    import pandas as pd
-
     text = pd.DataFrame(rows, columns=list(COLUMNS)).to_csv(index=False, lineterminator="\n")
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     with os.fdopen(fd, "w") as handle:
@@ -136,11 +138,6 @@ def write_table(rows: list[dict], out: Path) -> None:
 
 def check(table: Path) -> None:
     """The table's peaks against direct traces and the H200's measured peaks (printed)."""
-    import pandas as pd
-
-    from facts.presets import load_arch
-    from simulator.models.memory import traced_peak_bytes
-
     h200 = Path(__file__).with_name("estimate") / "h200"
     for preset, batches in (("llama-150m", (8, 32, 128)), ("llama-1b", (8, 32, 42))):
         arch = load_arch(preset)
@@ -155,8 +152,6 @@ def check(table: Path) -> None:
 
 
 def main(argv=None) -> int:
-    from tqdm import tqdm
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "facts" / "step_memory.csv")
     parser.add_argument("--check", action="store_true", help="only compare the table with traces and the H200")

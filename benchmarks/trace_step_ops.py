@@ -33,12 +33,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import difflib
 import io
 import os
 import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+
+import sympy
+from tqdm import tqdm
+
+from facts.presets import load_arch
+from train.models import build_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -62,8 +69,6 @@ PARAMS_PER_LAYER, PARAMS_FIXED = 9, 3  # a Llama layer's weight tensors; embeddi
 def symbols_of(sizes: dict, layers: int):
     """size → sympy expression for every dimension the traced step's tensors have (clipping stacks
     one norm per weight tensor: PARAMS_PER_LAYER·L + PARAMS_FIXED)."""
-    import sympy
-
     b, s, nh, nkv, hd, f, V = sympy.symbols("b s nh nkv hd f V", positive=True)
     h, kv = sympy.Symbol("h", positive=True), sympy.Symbol("kv", positive=True)
     pairs = [(sizes["b"], b), (sizes["s"], s), (sizes["hd"], hd), (sizes["f"], f), (sizes["V"], V),
@@ -81,7 +86,6 @@ def symbols_of(sizes: dict, layers: int):
 def op_work(func, name: str, args, kwargs, out, shape, registry):
     """(op, kind, "", flops, bytes) of one dispatched op: views move nothing; bytes are the tensors
     read, the arguments written in place and the new outputs; FLOPs from torch's flop registry."""
-    import sympy
     import torch
     from torch.utils._pytree import tree_flatten
 
@@ -114,8 +118,6 @@ def traced_step(sizes: dict, layers: int, dtype: str, tracer) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.nn.utils import clip_grad
 
-    from facts.presets import load_arch
-    from train.models import build_model
     from train.step import DEFAULT_BETAS, DEFAULT_LR, DEFAULT_WEIGHT_DECAY, make_scaler, train_step
 
     base = load_arch("llama-150m")
@@ -186,10 +188,6 @@ def split(one: list, two: list) -> list[tuple[bool, list]]:
     2-layer trace inserts repeats an equal block of the 1-layer trace (a layer's forward, backward,
     its weights' norms...): that block is a per-layer segment, repeated L times; the other ops run
     once, their work in L from the two traces, w1 + (L − 1)(w2 − w1) (clipping's and AdamW's lists)."""
-    import difflib
-
-    import sympy
-
     keys1, keys2 = [key(o) for o in one], [key(o) for o in two]
     names1, names2 = [k[0] for k in keys1], [k[0] for k in keys2]
     layer_ranges, counterpart = [], {}
@@ -219,8 +217,6 @@ def split(one: list, two: list) -> list[tuple[bool, list]]:
 
 def compose(segments: list, layers: int) -> list:
     """The op sequence of `layers` layers from the segments (L substituted)."""
-    import sympy
-
     L = sympy.Symbol("L", positive=True)
     ops = [o for per_layer, seg in segments for o in seg * (layers if per_layer else 1)]
     return [o[:3] + tuple(sympy.expand(w.subs(L, layers)) for w in o[3:]) for o in ops]
@@ -228,8 +224,6 @@ def compose(segments: list, layers: int) -> list:
 
 def poly_text(expr) -> str:
     """An expanded polynomial as "coef*sym*sym + ..." (powers written out): what facts/step_ops.py parses."""
-    import sympy
-
     expr = sympy.expand(expr)
     if expr == 0:
         return "0"
@@ -250,8 +244,6 @@ def poly_text(expr) -> str:
 
 def table_rows() -> list[dict]:
     """Every row of facts/step_ops.csv (checks the split on a 3-layer trace)."""
-    from tqdm import tqdm
-
     rows = []
     jobs = [(v, d) for v in TRACE for d in ("bf16", "fp16", "fp32")]
     for variant, dtype in tqdm(jobs, desc="trace_step_ops", unit="step"):
@@ -268,7 +260,6 @@ def table_rows() -> list[dict]:
 
 def print_counts() -> None:
     """Ops per step (and of them the optimizer's) of the presets, from facts/step_ops.csv as loaded."""
-    from facts.presets import load_arch
     from facts.step_ops import step_ops  # first loaded here: after the write
     print("dtype  llama-150m (optimizer)  llama-1b (optimizer)")
     for dtype in ("bf16", "fp16", "fp32"):

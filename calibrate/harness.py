@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import platform
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import numpy as np
+import pandas as pd
 import torch
 
 from calibrate.telemetry import NvmlSampler, nvml_info
@@ -83,8 +85,6 @@ def resolve_devices(spec: str) -> list[str]:
 
 
 def _catalog_keys() -> list[str]:
-    import pandas as pd
-
     path = CATALOG_PATH
     try:
         return [str(k) for k in pd.read_csv(path, usecols=["key"])["key"]]
@@ -99,8 +99,6 @@ def gpu_key_for(device_name: str, keys: list[str] | None = None) -> str:
     words occur in the name, and the key with the most words wins: 'NVIDIA GeForce RTX 3090'
     -> rtx-3090, 'Tesla V100-PCIE-16GB' -> v100-pcie, 'Tesla V100-SXM2-32GB' -> v100.
     """
-    import re
-
     keys = _catalog_keys() if keys is None else keys
     words = set(re.split(r"[^a-z0-9]+", device_name.lower())) - {"", "nvidia", "geforce", "tesla"}
     best, best_len = "", 0

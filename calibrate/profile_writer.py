@@ -190,3 +190,10 @@ def set_profile_columns(path: str | Path, values: dict) -> None:
             writer.set_column(column, value)
     finally:
         writer.close()
+
+
+def out_paths(out: Path, devices: list[str]) -> list[Path]:
+    """The profile file of each device: OUT itself for one, OUT-cudaN.csv for several."""
+    if len(devices) == 1:
+        return [out]
+    return [out.with_name(f"{out.stem}-{d.replace(':', '')}{out.suffix or '.csv'}") for d in devices]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass(frozen=True)
 class NvmlInfo:
@@ -20,7 +22,7 @@ class NvmlInfo:
 
 def _nvml():
     try:
-        import pynvml
+        import pynvml  # noqa: PLC0415  deferred: nvidia-ml-py (the calibrate extra) only on an NVIDIA GPU
 
         pynvml.nvmlInit()
         return pynvml
@@ -34,8 +36,6 @@ def nvml_handle(cuda_index: int):
     if nvml is None:
         return None, None
     try:
-        import torch
-
         uuid = str(torch.cuda.get_device_properties(cuda_index).uuid)
         return nvml, nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
     except Exception:

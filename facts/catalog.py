@@ -47,6 +47,7 @@ Two ways to read a GPU's speed, for two different uses:
 from __future__ import annotations
 
 import csv
+import difflib
 import math
 import re
 from dataclasses import dataclass, fields
@@ -200,7 +201,6 @@ def get_gpu(key: str) -> GpuSpec:
     spec = _by_key().get(key) if isinstance(key, str) else None
     if spec is not None:
         return spec
-    import difflib
 
     close = difflib.get_close_matches(str(key).lower(), gpu_keys(), n=3, cutoff=0.5)
     hint = f"did you mean {' or '.join(close)}? " if close else ""

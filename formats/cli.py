@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import io
 import re
+import textwrap
 from dataclasses import fields
 from types import SimpleNamespace
 
@@ -28,8 +29,6 @@ class LinesHelpFormatter(argparse.HelpFormatter):
     table such as the strategies, one line each, stays a table."""
 
     def _fill_text(self, text, width, indent):
-        import textwrap
-
         lines = []
         for line in text.splitlines():
             lead = line[:len(line) - len(line.lstrip())]

@@ -14,6 +14,8 @@ import os
 SEED_MAX = 2**63 - 1
 MAX_GPUS_PER_TYPE = 10**5  # a node's count of one GPU type
 MAX_NODES = 100_000
+# geodt calibrate device's --max-batch when the device is a CPU (its help and its measurement read it)
+DEFAULT_CPU_MAX_BATCH = 64
 # Names become file names (calibrate scenario's DIR/<node>-<j>.csv and its .<name>.lock, out/<scenario>):
 # a file name holds at most 255 bytes (NAME_MAX), so the limit counts UTF-8 bytes, not characters
 # (200 'é' are 400 bytes), with room left for the prefix and suffixes added to it.

@@ -23,6 +23,8 @@ import re
 import shutil
 from pathlib import Path
 
+from formats.files import short
+
 _RUN = {"plan.csv", "scenario.toml", "trace.csv", "trace.json", "syncs.csv", "final_weights.pt", "checkpoints",
         "wan.csv", "timeline.csv", "validation.csv", "validation.png", "loss.png"}  # and validate --trace's
 OUTPUTS = {
@@ -80,8 +82,6 @@ def check_file_owner(path: str | Path, kind: str, reader, force: bool) -> str | 
     not a `kind` as `reader` (raising ValueError) reads it: a user's notes, a run's plan.csv, a
     profile that fails its checks (never taken for an empty one). An earlier `kind` is the command's
     own (a rerun replaces or completes it); --force writes over anything that is a file."""
-    from formats.files import short
-
     path = Path(path)
     if not os.path.lexists(path):
         return None

@@ -337,8 +337,8 @@ class Plan:
 
     def to_frame(self, scenario=None):
         """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
-        import pandas as pd
-
+        # deferred: every command's parser reads formats.plan; pandas only to write one
+        import pandas as pd  # noqa: PLC0415
         plan = self if scenario is None else self.resolved_from(scenario)
         return pd.DataFrame(plan.rows(), columns=list(PLAN_COLUMNS))
 

@@ -8,27 +8,25 @@ from __future__ import annotations
 
 import pandas as pd
 
+from facts.catalog import load_catalog
+from facts.presets import PRESETS
+from formats.cli import OneLineParser
+
 GPU_COLUMNS = ["key", "memory_gb", "memory_bandwidth_gbs", "fp32_tflops", "fp16_tflops", "bf16_tflops",
                "intra_node_gbps", "name"]
 
 
 def gpu_table() -> pd.DataFrame:
-    from facts.catalog import load_catalog
-
     return pd.DataFrame([{c: getattr(spec, c) for c in GPU_COLUMNS} for spec in load_catalog().values()])
 
 
 def preset_table() -> pd.DataFrame:
-    from facts.presets import PRESETS
-
     return pd.DataFrame([{"preset": name, "params": f"{arch.params:,}", "hidden_size": arch.hidden_size,
                           "layers": arch.num_layers, "heads": arch.num_heads, "kv_heads": arch.num_kv_heads,
                           "vocab": arch.vocab_size} for name, arch in PRESETS.items()])
 
 
 def catalog_main(argv: list[str]) -> int:
-    from formats.cli import OneLineParser
-
     parser = OneLineParser(prog="geodt catalog", description=(
         "The GPU types a scenario's nodes can name (gpus = { \"a30\" = 4 }) with their memory, memory "
         "bandwidth and dense peak TFLOPS by dtype (empty: the GPU has no such tensor math), then the "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from pathlib import Path
 
 from formats.stdout import closed_stdout_status
 
@@ -30,18 +31,25 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 NEEDS_TORCH: dict[str, str] = {"calibrate": "calibrate", "run": "real", "validate": "real"}
 
 
-def version() -> str:
-    """The installed distribution's version; from a checkout not installed, pyproject.toml's."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
+def installed(package: str) -> str | None:
+    """The installed distribution's version, None where it is not installed (metadata only: no import)."""
+    # deferred: importlib.metadata brings email, zipfile and csv; geodt --help reads no version
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
 
     try:
-        return installed("geodt")
+        return version(package)
     except PackageNotFoundError:
-        from pathlib import Path
+        return None
 
-        import tomllib
-        return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+
+def version() -> str:
+    """The installed distribution's version; from a checkout not installed, pyproject.toml's."""
+    found = installed("geodt")
+    if found is not None:
+        return found
+    from formats.toml import tomllib  # noqa: PLC0415  deferred: a checkout not installed only; --help reads no TOML
+
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
 
 
 # What a bug report needs beside geodt's own version: the interpreter and the packages whose behaviour
@@ -51,16 +59,11 @@ REPORTED_PACKAGES = ("numpy", "pandas", "simpy", "torch", "transformers", "torch
 
 def versions() -> str:
     """geodt's version, then Python's and each reported package's installed version (metadata only: no import)."""
-    import platform
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    parts = [f"geodt {version()}", f"python {platform.python_version()}"]
+    # sys.version's first word is platform.python_version(): geodt --help imports no platform
+    parts = [f"geodt {version()}", f"python {sys.version.split()[0]}"]
     for package in REPORTED_PACKAGES:
-        try:
-            parts.append(f"{package} {installed(package)}")
-        except PackageNotFoundError:
-            parts.append(f"{package} not installed")
+        found = installed(package)
+        parts.append(f"{package} {found}" if found is not None else f"{package} not installed")
     return "\n".join(parts)
 
 

@@ -27,9 +27,13 @@ same memory; the remedy for a large model is a smaller one.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+from simulator.models.memory import Layout, memory_need_bytes
 
 HOST_PROCESS_BYTES = 0.46e9  # a process's own resident bytes beside the step (measured: see above)
 HOST_STEP_FACTOR = 1.25  # a CPU step's resident bytes over the traced peak (measured 1.24 fp16, 1.10 fp32)
@@ -73,7 +77,7 @@ def available_cores() -> int:
 
 
 def this_machine() -> Machine:
-    import torch
+    import torch  # noqa: PLC0415  deferred: torch; run --help and the calibrations' checks read preflight without it
 
     gpus = tuple(float(torch.cuda.get_device_properties(i).total_memory)
                  for i in range(torch.cuda.device_count())) if torch.cuda.is_available() else ()
@@ -82,8 +86,6 @@ def this_machine() -> Machine:
 
 def process_bytes(scenario, node) -> float:
     """simulator/models/memory.py's peak of one of the node's processes (its layout, its per-device batch)."""
-    from simulator.models.memory import Layout, memory_need_bytes
-
     layout = Layout(node.sharding or "none", node.activation_checkpointing or "none", node.gpus,
                     scenario.diloco.outer_state)
     return memory_need_bytes(scenario, node.batch_size, layout)
@@ -156,10 +158,8 @@ def check_machine(scenario, plan, backend: str, machine: Machine) -> list[str]:
 def check_host(host: str, allow_any: bool = False) -> None:
     """--host: resolves, is not 0.0.0.0 unless allowed, and this machine can bind to it (LaunchError,
     one line, otherwise; the launcher prints the unauthenticated warning)."""
-    import ipaddress
-    import socket
-
-    from real.process.launch import LaunchError, check_host_policy, resolve_host, under_torchrun
+    # deferred: torch; run --help and the calibrations' checks read preflight without it
+    from real.process.launch import LaunchError, check_host_policy, resolve_host, under_torchrun  # noqa: PLC0415
 
     if under_torchrun():
         return

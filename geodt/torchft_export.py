@@ -24,11 +24,27 @@ is written; so is a plan torchft cannot hold (a collective, averaging or fragmen
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
+import pandas as pd
+
+from facts.presets import load_arch
+from formats.cli import OneLineParser
+from formats.errors import InputError
 from formats.owners import check_marked_owner
+from formats.plan import load_plan
+from geodt.validation import predicted_timeline
+from simulator.cli import plan_main
+from simulator.models.outage import fetch_s
+from simulator.models.provenance import with_provenance
+from simulator.outputs.outputs import OutputError, write_output_set
+from simulator.scenario import load_scenario
 
 # strategy -> why torchft's DiLoCo (one fixed sync_every per replica, a synchronous quorum) cannot run it
 NO_TORCHFT_FORM = {
@@ -53,8 +69,6 @@ def wants_export(argv: list[str]) -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from formats.cli import OneLineParser
-
     parser = OneLineParser(prog="geodt plan --export", add_help=False)
     parser.add_argument("--export", nargs=2, metavar=("FORMAT", "DIR"), required=True)
     parser.add_argument("--strategy", required=True)
@@ -76,12 +90,6 @@ def plan_export_main(argv: list[str]) -> int:
     """geodt plan ... --export torchft DIR: plan (simulator.cli.plan_main), then export; 0, or 2 with one line.
     The plan is made once in a temporary folder first, so that a plan torchft cannot hold is refused
     before anything is written into DIR."""
-    import contextlib
-    import io
-    import tempfile
-
-    from simulator.cli import plan_main
-
     args, rest = _parser().parse_known_args(argv)
     fmt, out = args.export
     problem = (f"--export {fmt}: unknown format; expected torchft" if fmt != "torchft" else
@@ -119,10 +127,6 @@ def _host_port(text: str) -> bool:
 
 def export_files(out: Path, emulate: bool, time_scale: float, lighthouse: str) -> dict[str, bytes] | str:
     """The launch files for out/plan.csv and out/scenario.toml (name -> bytes), or why not (one line)."""
-    from formats.errors import InputError
-    from formats.plan import load_plan
-    from simulator.scenario import load_scenario
-
     try:
         scenario = load_scenario(str(out / "scenario.toml"))
         plan = load_plan(out / "plan.csv", seq_len=scenario.model.seq_len)
@@ -135,7 +139,6 @@ def export_files(out: Path, emulate: bool, time_scale: float, lighthouse: str) -
 
 def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str) -> int:
     """Read out/plan.csv and out/scenario.toml, write the launch files beside them; 0, or 2 with one line."""
-    from simulator.outputs.outputs import OutputError, write_output_set
 
     files = export_files(out, emulate, time_scale, lighthouse)
     try:
@@ -155,8 +158,6 @@ def export_dir(out: Path, emulate: bool, time_scale: float, lighthouse: str) -> 
 
 def check_plan(scenario, plan) -> None:
     """InputError (one line naming the key) for what torchft's DiLoCo cannot hold."""
-    from formats.errors import InputError
-
     why = refusal(plan.strategy)
     sync, adapt = plan.sync or "diloco", plan.adapt or "none"
     collective = plan.collective or scenario.network.collective
@@ -186,12 +187,6 @@ def timeouts(scenario, plan, scale: float = 1.0) -> dict:
     """What the prediction says about time (seconds, × scale: an emulated run's time scale): the slowest
     replica's round, its band, the round at the band's edge, a rejoin's cost, and torchft's timeouts and
     lighthouse settings derived from them."""
-    import pandas as pd
-
-    from geodt.validation import predicted_timeline
-    from simulator.models.outage import fetch_s
-    from simulator.models.provenance import with_provenance
-
     timeline = predicted_timeline(scenario, plan, "analytic")
     timeline = timeline.assign(round_s=timeline["compute_s"] + timeline["idle_s"] + timeline["comm_s"])
     round_s = scale * float(timeline.groupby("round")["round_s"].max().max())
@@ -214,8 +209,6 @@ def timeouts(scenario, plan, scale: float = 1.0) -> dict:
 
 def _s(text: str) -> str:
     """A TOML basic string (JSON's escapes are TOML's)."""
-    import json
-
     return json.dumps(text)
 
 
@@ -227,8 +220,6 @@ def _how(t: dict) -> str:
 
 def replica_toml(scenario, plan, i: int, t: dict, emulate: bool, time_scale: float, lighthouse: str) -> str:
     """replica-<node>.toml: every torchft setting of replica group i, with where it came from."""
-    from facts.presets import load_arch
-
     node, d, m = plan.nodes[i], scenario.diloco, scenario.model
     arch = load_arch(m.preset) if m.preset else None
     quantize = (plan.payload_dtype or scenario.network.payload_dtype) != "fp32"

@@ -22,10 +22,24 @@ written before those columns existed has no record: the flags decide, as they di
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
+
+from formats.cli import OneLineParser
+from formats.errors import InputError
+from formats.files import short
+from formats.owners import add_force_argument, check_owner
+from formats.plan import PlanError, load_plan
 from formats.timeline import MODES, RUN_COLUMNS, TRACE_COLUMNS
+from geodt.validation import predicted_timeline, report
+from real.wan.wan import network_note
+from simulator.cli import check_work
+from simulator.outputs.outputs import write_csv
+from simulator.scenario import load_scenario
 
 
 def wants_trace(argv: list[str]) -> bool:
@@ -33,9 +47,6 @@ def wants_trace(argv: list[str]) -> bool:
 
 
 def _parser():
-    from formats.cli import OneLineParser
-    from formats.owners import add_force_argument
-
     parser = OneLineParser(prog="geodt validate --trace", description=__doc__.splitlines()[0])
     parser.add_argument("--trace", required=True, metavar="RUN_DIR",
                         help="a real run's directory: trace.csv, plan.csv and scenario.toml")
@@ -55,12 +66,6 @@ def _parser():
 
 def load_run(run_dir: Path):
     """(scenario, plan, trace) of a finished run; InputError (one line) when a file is missing or wrong."""
-    import pandas as pd
-
-    from formats.errors import InputError
-    from formats.plan import PlanError, load_plan
-    from simulator.scenario import load_scenario
-
     for name in ("trace.csv", "plan.csv", "scenario.toml"):
         if name == "trace.csv" and not (run_dir / name).exists() and per_replica_traces(run_dir):
             continue
@@ -109,12 +114,6 @@ def check_rows(trace, trace_path: Path) -> None:
     """InputError (one line) for rows that would give a silent wrong answer: a time that is not a
     finite number >= 0 (NaN ended in a traceback), a round that is not a whole number >= 0, and a
     (node, round) given twice (a trace with every row twice reported idle and rounds doubled)."""
-    import numpy as np
-    import pandas as pd
-
-    from formats.errors import InputError
-    from formats.files import short
-
     for column in ("round", *TIME_COLUMNS):
         values = pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=float)
         bad = ~(np.isfinite(values) & (values >= 0)) | ((values != np.round(values)) if column == "round" else False)
@@ -137,11 +136,6 @@ def check_out(run_dir: Path, out: Path) -> None:
     """InputError when an output would go through a symbolic link inside RUN_DIR: a run folder
     from another machine is data, never directions (a planted `validation` link replaced a
     user's validation.csv elsewhere). --out outside RUN_DIR is the user's own choice."""
-    import os
-
-    from formats.errors import InputError
-    from formats.files import short
-
     try:
         parts = out.relative_to(run_dir).parts
     except ValueError:
@@ -161,11 +155,6 @@ def check_out(run_dir: Path, out: Path) -> None:
 def recorded_mode(trace, trace_path: Path) -> tuple[bool, float] | None:
     """(emulated, time scale) as trace.csv records them (RUN_COLUMNS), or None for a trace written
     before it recorded them; InputError (one line) when the record is not one mode and one scale."""
-    import numpy as np
-    import pandas as pd
-
-    from formats.errors import InputError
-
     if not set(RUN_COLUMNS) <= set(trace.columns):
         return None
     modes = set(trace["mode"].astype(str))
@@ -200,12 +189,6 @@ def run_mode(args, record: tuple[bool, float] | None, trace_path: Path) -> tuple
 
 def trace_main(argv: list[str]) -> int:
     """Validate an existing run's trace; 0, or 2 with one line for bad input."""
-    from formats.errors import InputError
-    from formats.owners import check_owner
-    from geodt.validation import predicted_timeline, report
-    from simulator.cli import check_work
-    from simulator.outputs.outputs import write_csv
-
     args = _parser().parse_args(argv)
     run_dir = Path(args.trace)
     out = Path(args.out) if args.out else run_dir / "validation"
@@ -224,7 +207,6 @@ def trace_main(argv: list[str]) -> int:
     except InputError as exc:
         print(f"geodt validate: {exc}", file=sys.stderr)
         return 2
-    from real.wan.wan import network_note
 
     # wan.csv names a shaped run's network; without it the run was on loopback (one machine) or
     # on whatever network joined the machines, which the trace does not record.

@@ -9,10 +9,13 @@ plot and print them. Shared by `geodt validate` (geodt/run_cmd.py), which runs t
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
+from facts.bands import round_band_pct
 from facts.fidelity import IDLE_WORST, ROUND_MEDIAN, judge, node_verdict
 from formats.timeline import (
     HOST_VALIDATION_COLUMNS,
@@ -21,6 +24,16 @@ from formats.timeline import (
     STALENESS_VALIDATION_COLUMNS,
     VALIDATION_COLUMNS,
 )
+from simulator.engines.engine import simulate
+from simulator.models.convergence import time_to_target
+from simulator.models.loss_prediction import format_time, measured, plan_rounds, predict
+from simulator.models.network import outer_step_source
+from simulator.models.provenance import band_sources, network_source, sources_text, step_sources
+from simulator.models.wallclock import measured_wall_s, predicted_wall_clock
+from simulator.models.workload import node_cvs
+from simulator.outputs.outputs import save_figure, write_csv
+from simulator.outputs.perfetto import validation_trace, write_trace_json
+from train.hoststat import say
 
 NO_LOSS_COMPARISON = ("loss: not compared (the loss model has no curve of this model on this run's corpus: "
                       "geodt calibrate convergence, --data)")
@@ -34,11 +47,6 @@ def predicted_timeline(scenario, plan, engine: str):
     One measured run is one draw of the step times, but the prediction to compare it with is
     the expectation: with jitter the slowest node varies from round to round, which adds idle
     on average that a single seeded draw over or under-states."""
-    from dataclasses import replace
-
-    from simulator.engines.engine import simulate
-    from simulator.models.workload import node_cvs
-
     timeline = simulate(scenario, plan, engine=engine)
     if not any(node_cvs(scenario, plan)):
         return timeline
@@ -64,10 +72,6 @@ def validation_table(timeline, trace, time_scale: float, emulated: bool = False,
     wall: the predicted whole run (simulator.models.wallclock.WallClock), beside the measured one on every
     row (predicted_wall_s, measured_wall_s, wall_error_pct: the run's, the same for all nodes).
     """
-    import pandas as pd
-
-    from simulator.models.wallclock import measured_wall_s
-
     rounds = sorted(set(trace["round"]))
     pred = timeline[timeline["round"].isin(rounds)].copy()
     pred["round_s"] = pred["compute_s"] + pred["idle_s"] + pred["comm_s"]
@@ -192,9 +196,6 @@ def compute_line(table) -> str | None:
 def band_line(scenario, timeline, table) -> str:
     """The prediction's band (simulator/models/provenance.py: from the sources it was priced from) and
     whether the measured round of every node fell inside it."""
-    from facts.bands import round_band_pct
-    from simulator.models.provenance import band_sources, network_source, sources_text, step_sources
-
     sources, keys, network = step_sources(scenario), band_sources(scenario), network_source(scenario)
     per_node = timeline.groupby("node", sort=False)[["compute_s", "comm_s"]].sum()
     band = round_band_pct([(keys[n], r.compute_s, r.comm_s) for n, r in per_node.iterrows()], network)
@@ -234,13 +235,12 @@ def plot_validation(table, path: Path, title: str, device: str = "GPU") -> None:
 
     `device` names what idles (device_kind: CPU, GPU or device); the run's side is labelled by the
     table's mode (an emulated run's bars say "emulated", never "measured")."""
-    import matplotlib
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn; run --help reads validation without it
+    import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from simulator.outputs.outputs import save_figure
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn; run --help reads validation without it
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     nodes = list(table["node"])
     kind = run_kind(table)
@@ -310,9 +310,6 @@ def validation_text(table, wide: bool = False) -> str:
 def loss_comparison(scenario, plan, timeline, trace, scale: float, setup) -> tuple[dict, list[str]]:
     """The loss model against the run: validation.csv's loss columns and the lines to print (per round,
     predicted and measured loss; the time to the target both ways)."""
-    from simulator.models.convergence import time_to_target
-    from simulator.models.loss_prediction import format_time, measured, plan_rounds, predict
-
     pred = predict(setup, scenario, plan, plan_rounds(plan, timeline))
     seen = plan_rounds(plan, trace.assign(round_end_s=trace["round_end_s"] / scale))
     got = measured(seen, setup.target)
@@ -341,12 +338,6 @@ def report(prog: str, scenario, plan, timeline, trace, out: Path, emulated: bool
     """Write validation.csv, trace.json and validation.png into out; print the table and the verdict
     (loss: the loss model's setup, simulator/models/loss_prediction.py, when the run's corpus is the profile's;
     host: the machine's CPU shares over the run, train/hoststat.py HostShare, when it ran just now)."""
-    from simulator.models.network import outer_step_source
-    from simulator.models.wallclock import predicted_wall_clock
-    from simulator.outputs.outputs import write_csv
-    from simulator.outputs.perfetto import validation_trace, write_trace_json
-    from train.hoststat import say
-
     scale = time_scale if emulated else 1.0
     wall = predicted_wall_clock(scenario, timeline)
     table = validation_table(timeline, trace, scale, emulated=emulated, network=network, wall=wall)

@@ -28,6 +28,7 @@ from simulator.models.loss_prediction import (
     predict,
 )
 from simulator.models.network import codec_note, wire_note
+from simulator.models.outage import check_modelled, outages
 from simulator.models.provenance import band_note, sources_text, with_provenance
 from simulator.models.totals import RunTotals
 from simulator.outputs.loss_figure import loss_figure
@@ -297,8 +298,6 @@ def _idle_run(strategy: str, timeline: pd.DataFrame) -> tuple:
 
 def _refuse_unmodelled_outage(scenario, plan) -> None:
     """InputError where the plan has a lost node its kind of rounds does not model (simulator/models/outage.py)."""
-    from simulator.models.outage import check_modelled, outages
-
     if outages(scenario, plan):
         check_modelled(scenario, plan)
 
@@ -373,7 +372,7 @@ def with_staleness(summ: pd.DataFrame, totals) -> pd.DataFrame:
 
 def _run_plan(scenario, plan, engine: str, rounds: int, block: int, tables, cap):
     """One strategy simulated into the tables; its PlanSink (totals, the trace's first rounds)."""
-    from tqdm import tqdm
+    from tqdm import tqdm  # noqa: PLC0415  deferred: tqdm only when simulating; geodt plan and --help read without it
 
     n = len(plan.nodes)
     sink = PlanSink(plan, rounds, *tables, block, None if cap is None else cap // n + 2)

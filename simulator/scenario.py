@@ -420,9 +420,9 @@ def _with_network_profile(scenario: Scenario) -> Scenario:
     """The profile's ring fit replaces bandwidth_gbps and latency_ms; the model rides along."""
     if scenario.network.profile is None:
         return scenario
-    # lazy: startup time (pandas, read only with a profile)
-    from formats.netprofile import NetProfileError
-    from simulator.models.netfit import read_network_profile  # pandas: only when used
+    # deferred: a network profile's fit (pandas) only when the scenario names one
+    from formats.netprofile import NetProfileError  # noqa: PLC0415
+    from simulator.models.netfit import read_network_profile  # noqa: PLC0415
 
     try:
         model = read_network_profile(scenario.resolve_path(scenario.network.profile))

@@ -102,7 +102,7 @@ def test_a_real_runs_quota_divisor_may_differ_from_the_predicted_factor(write_sc
     """cpu_quota_factor: what a real run divides the quota by; the simulator keeps `factor` (the step
     time that quota was measured to give); without it the divisor is the factor."""
     pytest.importorskip("torch")  # the executor's options
-    from geodt.run_cmd import injected_drift
+    from geodt.run_exec import injected_drift
     from real.core.options import ExecOptions
 
     both = ('nodes.a.drift=[{kind="step", round=2, factor=1.23, cpu_quota_factor=1.2}, '

@@ -325,14 +325,14 @@ def test_cuda_real_oom_is_recorded(tmp_path):
 
 
 def test_all_devices_get_one_file_each():
-    from calibrate.cli import out_paths
+    from calibrate.profile_writer import out_paths
 
     assert out_paths(Path("d/p.csv"), ["cuda:0", "cuda:1"]) == [Path("d/p-cuda0.csv"), Path("d/p-cuda1.csv")]
     assert out_paths(Path("d/p.csv"), ["cpu"]) == [Path("d/p.csv")]
 
 
 def test_noisy_batches_are_flagged():
-    from calibrate.cli import _noisy_batches
+    from calibrate.device_run import _noisy_batches
 
     rows = [{"batch_size": "1", "step_s_p10": "0.1", "step_s_p90": "0.11"},
             {"batch_size": "2", "step_s_p10": "0.1", "step_s_p90": "0.2"},

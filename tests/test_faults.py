@@ -381,7 +381,8 @@ def test_an_output_that_cannot_be_written_is_one_line(capsys):
     """A full disk while `geodt run` writes trace.json (a write() error names no file)."""
     import errno
 
-    from geodt.run_cmd import interruptible, naming
+    from geodt.run_cmd import interruptible
+    from geodt.run_exec import naming
 
     def fill(*args):
         raise OSError(errno.ENOSPC, "No space left on device")

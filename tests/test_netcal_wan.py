@@ -134,7 +134,7 @@ def test_each_node_runs_its_round_between_averages(write_scenario):
     """As in a run, each node computes between two syncs: a CPU node its real inner steps (the
     scenario's model at its batch, H of them), a GPU node planned here a busy loop for H × its
     step time (2 × 0.1 s here), run untimed between timed averages."""
-    from geodt.calibration.links import _computing, _time_all
+    from geodt.calibration.link_timing import _computing, _time_all
     from geodt.calibration.wan_links import between_averages
     from simulator.scenario import load_scenario
 
@@ -185,7 +185,7 @@ def test_an_overlapped_average_runs_on_its_own_thread_beside_the_steps():
     other, it would time out."""
     import threading
 
-    from geodt.calibration.links import _time_overlapped
+    from geodt.calibration.link_timing import _time_overlapped
 
     calls, beside_started = [], threading.Event()
 
@@ -215,7 +215,7 @@ def test_inner_steps_train_the_model_and_time_each_step():
     """Real training steps (the weights move), each timed; the construction's warm-up untimed."""
     import torch
 
-    from geodt.calibration.links import InnerSteps
+    from geodt.calibration.link_timing import InnerSteps
 
     inner = InnerSteps("tiny", None, 16, "fp32", 1, 3)
     before = [p.detach().clone() for p in inner.cal.model.parameters()]

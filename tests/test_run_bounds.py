@@ -1,6 +1,6 @@
 """`geodt run --emulate --time-scale X` bounded (issue 58): 1e9 was accepted, a run of centuries of
 padded steps; refused in one line, exit 2, nothing written, where the padded compute alone passes
-a week (run_cmd.MAX_EMULATED_S)."""
+a week (run_exec.MAX_EMULATED_S)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,7 +10,8 @@ import pytest
 pytest.importorskip("torch")  # the executor's modules below import it (core install: skipped)
 
 from formats.errors import InputError
-from geodt.run_cmd import MAX_EMULATED_S, check_emulated_length, run_main
+from geodt.run_cmd import run_main
+from geodt.run_exec import MAX_EMULATED_S, check_emulated_length
 from real.core.options import ExecOptions
 from simulator.scenario import load_scenario
 from simulator.strategies import make_plan

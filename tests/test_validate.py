@@ -15,7 +15,8 @@ import pytest
 from formats.plan import load_plan
 from formats.timeline import VALIDATION_COLUMNS
 from formats.wire import bytes_sent_per_sync
-from geodt.run_cmd import device_kind, reproduction_warnings, run_heading, run_main, validate_main, validation_table
+from geodt.run_cmd import device_kind, run_main, validate_main, validation_table
+from geodt.run_exec import reproduction_warnings, run_heading
 
 
 def test_validation_table_sums_rounds_and_scales_measured_time():

@@ -41,6 +41,7 @@ SLOW_TESTS: dict[str, tuple[str, ...]] = {
     "test_help.py": ("test_help_reads_without_torch", "test_run_without_torch_still_says_what_to_install",
                      "test_help_names_no_code"),
     "test_install.py": ("test_core_commands_work_without_torch", "test_torch_commands_without_torch_say_which_extra"),
+    "test_light_commands.py": ("test_the_blocker_blocks", "test_a_light_command_runs_without_trying_torch"),
     "test_calibrate_profiles.py": ("test_profiles_module_is_torch_free",),
     "test_catalog.py": ("test_import_does_not_pull_in_torch",),
     "test_paper.py": ("test_paper_modules_do_not_import_torch", "test_paper_command_rewrites_identically"),

@@ -1,12 +1,15 @@
 """Build transformers' LlamaForCausalLM from a preset or config.json; nothing is downloaded."""
 from __future__ import annotations
 
+import torch
+
 from facts.presets import ModelArch
 
 
 def llama_config(arch: ModelArch, seq_len: int):
-    """The transformers LlamaConfig of an architecture (imported lazily: it pulls in torch)."""
-    from transformers import LlamaConfig
+    """The transformers LlamaConfig of an architecture."""
+    # deferred: transformers (seconds) only in a process that builds a model
+    from transformers import LlamaConfig  # noqa: PLC0415
 
     return LlamaConfig(
         vocab_size=arch.vocab_size,
@@ -24,8 +27,8 @@ def llama_config(arch: ModelArch, seq_len: int):
 
 def build_model(arch: ModelArch, seq_len: int, seed: int = 0):
     """A freshly initialised LlamaForCausalLM (fp32 weights; autocast handles mixed precision)."""
-    import torch
-    from transformers import LlamaForCausalLM
+    # deferred: transformers (seconds) only in a process that builds a model
+    from transformers import LlamaForCausalLM  # noqa: PLC0415
 
     torch.manual_seed(seed)
     return LlamaForCausalLM(llama_config(arch, seq_len))

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from formats.scenario import compiled_step
+
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # OpenDiLoCo's inner optimizer (docs/DESIGN.md, "Real executor").
@@ -61,8 +63,6 @@ def make_optimizer(model: torch.nn.Module, lr: float = DEFAULT_LR,
 def use_compile(mode: str, device: torch.device | str) -> bool:
     """Whether the step is compiled: [training] compile "on" | "off" | "auto" (on for CUDA devices,
     off for CPU, where compiling even a tiny model takes minutes); formats/scenario.py's rule."""
-    from formats.scenario import compiled_step
-
     return compiled_step(mode, torch.device(device).type == "cuda")
 
 

@@ -24,11 +24,23 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from formats.cli import OneLineParser
-from formats.errors import write_error
+import pandas as pd
+import tomli_w
+from tqdm import tqdm
+
+from formats.cli import OneLineParser, positive_float
+from formats.convergence import COLUMNS, ConvergenceProfileError, read_convergence_profile
+from formats.errors import InputError, write_error
+from formats.owners import TEMP_SUFFIX, add_force_argument, check_file_owner, remove_orphan_temps, temp_prefix
+from real.core.data import DataError, corpus_digest, load_tokens
+from simulator.outputs.outputs import write_csv
+from simulator.scenario import load_scenario
+from simulator.strategies import make_plan
+from simulator.strategies.registry import BARRIERLESS
 from train.children import die_with_parent
 
 # name -> (strategy, scenario overrides, executor flags); "{node}" is the scenario's second-slowest node
@@ -50,9 +62,6 @@ PROGRESS_S = 10.0  # a progress line this often where stderr is not a terminal
 
 
 def parser() -> argparse.ArgumentParser:
-    from formats.cli import positive_float
-    from formats.owners import add_force_argument
-
     p = OneLineParser(prog="geodt calibrate convergence", description=__doc__.splitlines()[0])
     p.add_argument("scenario", help="a scenario TOML file or a built-in name (hetero-cpu)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -70,8 +79,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from formats.errors import InputError
-
     args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         scenario, runs = _check(args)
@@ -84,9 +91,6 @@ def main(argv: list[str] | None = None) -> int:
     if done:
         print(f"geodt calibrate convergence: {out} holds {', '.join(sorted(done))}; measuring "
               f"{', '.join(todo) or 'nothing more'}")
-    from tqdm import tqdm
-
-    from formats.owners import TEMP_SUFFIX, remove_orphan_temps, temp_prefix
 
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_orphan_temps(out.parent, only=out.name)  # the runs' folders of a calibration that was killed
@@ -126,11 +130,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check(args):
     """(scenario, run names): the scenario loads, every run is known, the corpus is readable."""
-    from formats.convergence import read_convergence_profile
-    from formats.errors import InputError
-    from formats.owners import check_file_owner
-    from simulator.scenario import load_scenario
-
     scenario = load_scenario(args.scenario, args.overrides)
     args.out = args.out or Path("out") / scenario.name / "convergence.csv"
     why = check_file_owner(args.out, "convergence profile", read_convergence_profile, args.force)
@@ -143,7 +142,6 @@ def _check(args):
                          f"of {', '.join(RUNS)}")
     if "baseline" not in runs and not _done_runs(args.out):
         raise InputError(f"--runs {args.runs}: expected baseline among them (every run is measured against it)")
-    from real.core.data import DataError, load_tokens
 
     try:  # a corpus that cannot be read is one line now, not a failed run later
         load_tokens(args.data, scenario.model.arch.vocab_size if scenario.model.arch else 256)
@@ -157,8 +155,6 @@ def _check(args):
 
 def _done_runs(out: Path) -> set[str]:
     """The runs `out` holds (its checks were passed in _check, or --force replaces it: none)."""
-    from formats.convergence import ConvergenceProfileError, read_convergence_profile
-
     if not out.exists():
         return set()
     try:
@@ -169,8 +165,6 @@ def _done_runs(out: Path) -> set[str]:
 
 def _by_speed(scenario) -> list[str]:
     """The scenario's nodes, fastest first, by the baseline plan's step times (given, profiled or estimated)."""
-    from simulator.strategies import make_plan
-
     return [n.node for n in sorted(make_plan(scenario, "baseline").nodes, key=lambda n: n.step_s)]
 
 
@@ -189,7 +183,6 @@ def _run_one(args, scenario, name: str, run_dir: Path, note=None) -> tuple[int, 
     source, overrides = args.scenario, [*args.overrides, *_overrides(scenario, name)]
     if name == FEWER_NODES:
         source, overrides = str(_without_fastest(scenario, run_dir.parent / f"{name}.toml")), []
-    from simulator.strategies.registry import BARRIERLESS
 
     # one checkpoint at the end at most (its cost out of the rounds); a run without a barrier none (its
     # cuts are counted in pushes, not rounds: the measured rounds stay free of writes)
@@ -213,8 +206,6 @@ def _run_one(args, scenario, name: str, run_dir: Path, note=None) -> tuple[int, 
 
 def _progress_line(what: str):
     """A callable that prints `what` and the seconds since it was made, one line to stderr."""
-    import time
-
     start = time.monotonic()
     return lambda: print(f"geodt calibrate convergence: {what}: {time.monotonic() - start:.0f} s",
                          file=sys.stderr, flush=True)
@@ -222,8 +213,6 @@ def _progress_line(what: str):
 
 def _without_fastest(scenario, path: Path) -> Path:
     """The resolved scenario (overrides applied, paths absolute) less its fastest node, as a TOML file."""
-    import tomli_w
-
     table = scenario.to_table()
     fastest = _by_speed(scenario)[0]
     table["nodes"] = [n for n in table["nodes"] if n["name"] != fastest]
@@ -233,12 +222,8 @@ def _without_fastest(scenario, path: Path) -> Path:
 
 def _rows(scenario, name: str, run_dir: Path, data: str):
     """The run's node-rounds with what the run was (formats/convergence.py's columns)."""
-    import pandas as pd
-    import torch
-
-    from formats.convergence import COLUMNS
-    from real.core.data import corpus_digest
-    from simulator.scenario import load_scenario
+    # deferred: torch for the trace's run only; calibrate convergence --help reads without it
+    import torch  # noqa: PLC0415
 
     trace = pd.read_csv(run_dir / "trace.csv")
     plan = pd.read_csv(run_dir / "plan.csv", keep_default_na=False)
@@ -264,11 +249,6 @@ def _rows(scenario, name: str, run_dir: Path, data: str):
 
 def _append(out: Path, rows) -> None:
     """The profile with this run's rows added, written whole (temp name, then rename)."""
-    import pandas as pd
-
-    from formats.convergence import read_convergence_profile
-    from simulator.outputs.outputs import write_csv
-
     frame = rows
     if out.exists():
         kept = read_convergence_profile(out) if _done_runs(out) else None

@@ -19,9 +19,19 @@ cannot hold (llama-3.1-8b on 24 GB) is refused in one line instead of failing in
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import statistics
 import sys
 from pathlib import Path
+
+from calibrate.cli import UsageError, calibrate_main, calibrate_parser, parse_batches
+from calibrate.profile_writer import out_paths, set_profile_columns
+from facts.presets import PresetError, load_arch
+from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
+from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
+from simulator.models.memory import traced_peak_bytes
+from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
 
 # Parameters timed: the step is memory-bound streams, linear in the count, so a model's rate per
 # parameter is measured on at most this many (4 fp32 buffers of 800 MB) to spare the host's memory.
@@ -35,7 +45,8 @@ CHECKPOINT_REPEATS = 2
 
 def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
     """{"cpu": ns, "device": ns} per parameter of the outer step on this host (no "device" on CPU)."""
-    from real.core.diloco import time_outer_step
+    # deferred: torch (the executor's outer step); calibrate device --help reads without it
+    from real.core.diloco import time_outer_step  # noqa: PLC0415
 
     params = min(params, MAX_TIMED_PARAMS)
     places = {"cpu": "cpu"} if device == "cpu" else {"cpu": "cpu", "device": device}
@@ -45,8 +56,8 @@ def outer_step_ns_per_param(device: str, params: int) -> dict[str, float]:
 
 def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, float]:
     """{"snapshot": ns, "write": ns} per checkpoint byte on this host (module docstring)."""
-    from real.checkpoint.checkpoint import time_checkpoint
-    from simulator.models.network import CHECKPOINT_BYTES_PER_PARAM
+    # deferred: torch (the executor's checkpoint); calibrate device --help reads without it
+    from real.checkpoint.checkpoint import time_checkpoint  # noqa: PLC0415
 
     params = min(params, MAX_CHECKPOINT_PARAMS)
     snapshots, writes = time_checkpoint(params, CHECKPOINT_REPEATS, device, directory)
@@ -57,14 +68,6 @@ def checkpoint_ns_per_byte(device: str, params: int, directory) -> dict[str, flo
 def cpu_memory_problem(argv: list[str], available_bytes: float | None = None) -> str | None:
     """Why this machine cannot hold the CPU calibration argv asks for, in one line, or None (also
     when argv is not valid: calibrate_main then says what is wrong)."""
-    import contextlib
-    import io
-
-    from calibrate.cli import UsageError, calibrate_parser, parse_batches
-    from facts.presets import PresetError, load_arch
-    from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
-    from simulator.models.memory import traced_peak_bytes
-
     try:
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             args = calibrate_parser().parse_args(argv)
@@ -87,8 +90,6 @@ def cpu_memory_problem(argv: list[str], available_bytes: float | None = None) ->
 
 
 def main(argv: list[str]) -> int:
-    from calibrate.cli import calibrate_main, calibrate_parser, out_paths
-
     problem = cpu_memory_problem(argv)
     if problem:
         print(f"geodt calibrate device: this machine cannot hold the calibration: {problem}", file=sys.stderr)
@@ -96,10 +97,7 @@ def main(argv: list[str]) -> int:
     status = calibrate_main(argv)
     if status != 0 or "-h" in argv or "--help" in argv:
         return status
-    from calibrate.harness import resolve_devices  # torch: only once the help is past
-    from calibrate.profile_writer import set_profile_columns
-    from facts.presets import load_arch
-    from formats.profile import CHECKPOINT_COLUMNS, OUTER_STEP_COLUMNS
+    from calibrate.harness import resolve_devices  # noqa: PLC0415  deferred: torch, once the help is past
 
     args = calibrate_parser().parse_args(argv)
     devices = resolve_devices(args.device)

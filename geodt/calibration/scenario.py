@@ -21,13 +21,24 @@ import os
 import sys
 from pathlib import Path
 
-from formats.cli import OneLineParser
+from tqdm import tqdm
+
+from calibrate.cli import UsageError, parse_batches
+from calibrate.profile_writer import write_new_profile
+from facts.presets import load_arch
+from formats.cli import OneLineParser, non_negative_int, positive_int
+from formats.errors import InputError, write_error
+from formats.files import child_path
+from formats.limits import check_threads
+from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
+from simulator.models.memory import memory_need_bytes
+from simulator.scenario import load_scenario
+from train.children import die_with_parent
+from train.cpulimit import apply_cpu_limits, describe_limits, device_cores
+from train.hoststat import STEAL_WARN_PCT, cpu_times, host_share, say
 
 
 def parser() -> argparse.ArgumentParser:
-    from formats.cli import non_negative_int, positive_int
-    from train.hoststat import STEAL_WARN_PCT
-
     p = OneLineParser(prog="geodt calibrate scenario", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", required=True, help="a scenario TOML whose nodes are CPU devices")
     p.add_argument("--batch", default="1,2,4,8", help="batch sizes, e.g. 1,2,4,8 [1,2,4,8]")
@@ -48,15 +59,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _device(rank: int, jobs: list, setup: dict, barrier, done, results) -> None:
-    from train.children import die_with_parent
-
     die_with_parent(setup["parent_pid"])
-    import torch
+    import torch  # noqa: PLC0415  deferred: torch (seconds) after die_with_parent: a killed parent leaves no process
 
-    from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name
-    from facts.presets import load_arch
-    from train.cpulimit import apply_cpu_limits, describe_limits, device_cores
-    from train.step import random_batch, train_step
+    # deferred: torch, in the device process only
+    from calibrate.harness import Calibrator, describe_device, profile_row, scenario_device_name  # noqa: PLC0415
+    from train.step import random_batch, train_step  # noqa: PLC0415  deferred: torch, in the device process only
 
     node, j, gpus, cores, quota = jobs[rank]
     cores = device_cores(cores, gpus, j)  # as real/process/process.py places a node's devices
@@ -99,12 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _write_profiles(args.out_dir, jobs, rows)
     except OSError as exc:  # a full disk: each profile is committed whole, a line above names each one written
-        from formats.errors import write_error
 
         print(f"{PROG}: {write_error(args.out_dir, exc, 'the profiles listed above are whole, the rest not written')}"
               .replace("--out", "--out-dir"), file=sys.stderr)
         return 2
-    from train.hoststat import say
 
     # what a later validate's run is compared with (geodt/validation.py)
     say(host, "the calibration", "calibrate again before predicting a run from these profiles")
@@ -113,16 +119,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _checked_scenario(args):
     """The scenario without its profiles, with args.batch parsed; or what is wrong, in one line."""
-    from calibrate.cli import UsageError, parse_batches
-    from formats.errors import InputError
-    from simulator.scenario import load_scenario
-
     try:
         scenario = load_scenario(args.scenario, args.overrides, without_profiles=True, without_network_profile=True)
         args.batch = parse_batches(args.batch)
     except (InputError, UsageError) as exc:
         return str(exc)
-    from formats.limits import check_threads
 
     if check_threads(args.threads, least=1):
         return f"--threads: {check_threads(args.threads, least=1)}"
@@ -140,9 +141,6 @@ def _checked_scenario(args):
 def memory_problem(scenario, batches: list[int], available_bytes: float | None = None) -> str | None:
     """Why this machine cannot hold every device process at the largest batch at once
     (geodt/preflight.py's host memory rule), in one line, or None."""
-    from geodt.preflight import PreflightError, available_memory_bytes, check_host_memory, host_process_bytes
-    from simulator.models.memory import memory_need_bytes
-
     processes = sum(node.gpu_count for node in scenario.nodes)
     batch = max(batches)
     need = processes * host_process_bytes(memory_need_bytes(scenario, batch))
@@ -160,8 +158,6 @@ def memory_problem(scenario, batches: list[int], available_bytes: float | None =
 def _measure_passes(scenario, args, jobs: list[tuple]) -> tuple[dict[int, list], object] | int:
     """--passes K: the whole calibration K times (each as _measure_least_steal), each device's row per batch
     from the pass with the median step (median_rows), and the host's shares over all K; or the exit status."""
-    from train.hoststat import cpu_times, host_share
-
     if args.passes == 1:
         return _measure_least_steal(scenario, args, jobs)
     before, passes = cpu_times(), []
@@ -191,8 +187,6 @@ def _measure_least_steal(scenario, args, jobs: list[tuple]) -> tuple[dict[int, l
     """_measure_all, again up to --steal-retries times while the host's steal over it is above the threshold
     (a calibration under steal makes profiles slower than the machine: results/predict-the-run/); the rows
     with the least steal and that HostShare (None without /proc/stat), or the exit status."""
-    from train.hoststat import cpu_times, host_share
-
     best = None
     for attempt in range(args.steal_retries + 1):
         before = cpu_times()
@@ -212,8 +206,8 @@ def _measure_least_steal(scenario, args, jobs: list[tuple]) -> tuple[dict[int, l
 
 def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
     """Every device process at once; {rank: its rows}, or the exit status when interrupted or failed."""
-    import torch.multiprocessing as mp
-    from tqdm import tqdm
+    # deferred: torch; calibrate scenario --help and its checks read without it
+    import torch.multiprocessing as mp  # noqa: PLC0415
 
     setup = {"preset": scenario.model.preset, "base_dir": scenario.base_dir, "seq_len": scenario.model.seq_len,
              "dtype": scenario.model.dtype, "batches": list(args.batch), "repeats": args.repeats,
@@ -242,9 +236,6 @@ def _measure_all(scenario, args, jobs: list[tuple]) -> dict[int, list] | int:
 
 def _write_profiles(out_dir: Path, jobs: list[tuple], rows: dict[int, list]) -> None:
     """One profile per device, <node>-<j>.csv, replacing any earlier one; a line each."""
-    from calibrate.profile_writer import write_new_profile
-    from formats.files import child_path
-
     for rank, (node, j, *_rest) in enumerate(jobs):
         path = child_path(out_dir, f"{node}-{j}.csv")  # node names hold no / (formats/limits.py)
         write_new_profile(path, rows[rank])  # a scenario calibration is one measurement: the whole set is new

@@ -32,20 +32,34 @@ sync (real). Needs root (namespaces, veth, tc): without, one line naming what is
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
+from tqdm import tqdm
+
+from calibrate.profile_writer import write_new_profile
 from formats.cli import OneLineParser
+from formats.errors import InputError
+from formats.files import child_path
+from formats.netprofile import SHAPED_BACKEND
 from formats.owners import add_force_argument
+from formats.plan import PlanError, load_plan, merge_steps
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
+from geodt.calibration.links import bounded_int, check_network_out, codec_summary, sizes_bytes
+from real.wan.wan import WanError
+from simulator.models.netfit import read_network_profile
+from simulator.models.network import CodecCost, WireCost, bytes_s, link_gbps, wire_cost
+from simulator.models.timing import node_timings
+from simulator.scenario import load_scenario
+from train.cpulimit import describe_limits, device_cores
 
 
 def _choices(allowed):
     def parse(text: str) -> list[str]:
-        import argparse
-
         values = [v for v in text.split(",") if v]
         bad = [v for v in values if v not in allowed]
         if not values or bad:
@@ -55,8 +69,6 @@ def _choices(allowed):
 
 
 def parser() -> OneLineParser:
-    from geodt.calibration.links import bounded_int
-
     p = OneLineParser(prog="geodt calibrate network --wan shaped", description=__doc__.splitlines()[0])
     p.add_argument("--network", action="store_true", help=argparse.SUPPRESS)  # the spelling before subcommands
     p.add_argument("--wan", choices=("shaped",), required=True, help="shaped: the scenario's links (root)")
@@ -86,8 +98,6 @@ def parser() -> OneLineParser:
 def predicted_s(scenario, model, dtype: str, collective: str, fp32_bytes: float, wire=None) -> float:
     """The simulator's price of one average of fp32_bytes / 4 parameters (no outer step): the
     byte count, or through `wire` (simulator.models.network.WireCost) the links as measured."""
-    from simulator.models.network import CodecCost, WireCost, bytes_s, link_gbps
-
     params = fp32_bytes / 4
     wire_s = (wire or WireCost()).seconds_raw(dtype, collective, bytes_s(scenario, collective, dtype, params))
     return float(wire_s) + float(CodecCost(model.codec).seconds_raw(dtype, collective, params, link_gbps(scenario)))
@@ -97,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     prog = "geodt calibrate network --wan shaped"
     out = Path(args.out)
-    from geodt.calibration.links import check_network_out
 
     why = check_network_out(out, args.force)
     if why is not None:
@@ -106,9 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.profiles_out is not None and not Path(args.profiles_out).is_dir():
         print(f"{prog}: --profiles-out {args.profiles_out}: expected an existing directory", file=sys.stderr)
         return 2
-    from formats.errors import InputError
-    from simulator.models.network import link_gbps
-    from simulator.scenario import load_scenario
 
     try:
         scenario = load_scenario(args.scenario, args.overrides)
@@ -120,8 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = None
     if args.plan is not None:
-        from formats.plan import PlanError, load_plan
-
         try:
             plan = load_plan(args.plan, scenario.model.seq_len)
         except (PlanError, OSError) as exc:
@@ -140,8 +144,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def leader_limits(scenario) -> list[tuple]:
     """Per node, the CPU limits of its leader (device 0) as the executor applies them: (cores, quota)."""
-    from train.cpulimit import device_cores
-
     return [(device_cores(n.cpu_cores, n.gpu_count, 0), n.cpu_quota) for n in scenario.nodes]
 
 
@@ -163,8 +165,6 @@ def between_averages(scenario, plan=None) -> list[dict]:
     begun after ⌊H/P⌋ − τ steps, with τ steps beside it on the main thread while a communication
     thread averages ("beside_steps"; overlapped_steps), as in a run, where the classic pattern
     (H steps, then an average alone) priced its compute 11-17% short on some nodes."""
-    from simulator.models.timing import node_timings
-
     model, specs = scenario.model, []
     fragments, tau = scenario.diloco.fragments, scenario.diloco.sync_delay_steps
     for k, (node, timing) in enumerate(zip(scenario.nodes, node_timings(scenario))):
@@ -186,8 +186,6 @@ def overlapped_steps(local_steps: int, fragments: int, delay_steps: int) -> tupl
     DiLoCo (P = 1, τ = 0) H steps, then an average that blocks; Streaming DiLoCo one average per
     fragment, ⌊H/P⌋ steps apart (the first fragment's period; real/core/streaming.py), begun τ steps
     before its merge, so ⌊H/P⌋ − τ before and τ beside."""
-    from formats.plan import merge_steps
-
     if fragments == 1 and delay_steps == 0:
         return local_steps, 0
     period = merge_steps(local_steps, fragments)[0]
@@ -198,8 +196,6 @@ def measured_sizes(scenario, max_mib: int) -> list[int]:
     """The fp32 sizes averaged: 64 KiB to max_mib (×4 per size) and, where the scenario syncs
     P > 1 fragments (Streaming DiLoCo), one fragment's payload, 4 × round(params / P) bytes: the
     size its averages carry, measured rather than interpolated between its neighbours."""
-    from geodt.calibration.links import sizes_bytes
-
     sizes = sizes_bytes(max_mib)
     if scenario.diloco.fragments > 1:
         sizes.append(sync_bytes(scenario))
@@ -213,8 +209,6 @@ def sync_bytes(scenario) -> int:
 
 def nearest_size(sizes, fp32_bytes: float) -> int:
     """The measured size closest to the run's payload (by ratio): its averages last as the run's."""
-    import math
-
     return min(sizes, key=lambda size: abs(math.log(size / fp32_bytes)))
 
 
@@ -222,10 +216,8 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
     """Per node with inner steps, out_dir/<node>-0.csv: one profile row at its batch (`batches`,
     per node) from the steps run between the averages of `size` (replacing any earlier file);
     the lines to print."""
-    from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name
-    from calibrate.profile_writer import write_new_profile
-    from formats.files import child_path
-    from train.cpulimit import describe_limits
+    # deferred: calibrate.harness imports torch; --help reads without it
+    from calibrate.harness import DeviceInfo, Measurement, profile_row, scenario_device_name  # noqa: PLC0415
 
     lines = []
     for (cores, quota), node, b in zip(leader_limits(scenario), scenario.nodes, batches):
@@ -244,12 +236,8 @@ def write_profiles(out_dir: Path, scenario, inner: dict, size: int, batches: lis
 
 
 def _measure_and_write(args, scenario, nodes, out: Path, between: list[dict]) -> int:
-    from tqdm import tqdm
-
-    from formats.netprofile import SHAPED_BACKEND
-    from geodt.calibration.links import codec_summary, measure_shaped, to_frame
-    from real.wan.wan import WanError
-    from simulator.models.netfit import read_network_profile
+    # deferred: torch and the executor's modules; --help and the scenario's refusals read without them
+    from geodt.calibration.link_timing import measure_shaped, to_frame  # noqa: PLC0415
 
     prog = "geodt calibrate network --wan shaped"
     sizes = measured_sizes(scenario, args.max_mib)
@@ -298,10 +286,6 @@ def comparison(scenario, model, frame):
     price (error_pct, signed), the ratio f it prices that size at from these rows (factor), and
     its price from the other sizes' rows alone (held_out_error_pct: how well the interpolation
     prices a size it did not measure)."""
-    import pandas as pd
-
-    from simulator.models.network import bytes_s
-
     rows, wire = [], _wire(scenario, model)
     every = frame[frame.kind == "all_reduce"]
     for row in every[every.node.fillna("") == ""].itertuples():  # each repeat's slowest process
@@ -320,8 +304,6 @@ def comparison(scenario, model, frame):
 
 def _wire(scenario, model):
     """simulator.models.network.wire_cost of the scenario with `model` as its network profile."""
-    from simulator.models.network import wire_cost
-
     return wire_cost(replace(scenario, network_model=model))
 
 

@@ -16,7 +16,11 @@ import io
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 from formats.owners import add_force_argument, check_paper_owner
+from geodt.paper import figures, readme
+from geodt.paper.artifacts import compute
 from simulator.outputs.outputs import write_bytes
 
 TIMELINE_ROUNDS = 3
@@ -24,11 +28,6 @@ TIMELINE_ROUNDS = 3
 
 def build() -> dict[str, bytes]:
     """Every output file of `geodt paper`, name -> content, computed in memory."""
-    import pandas as pd
-
-    from geodt.paper import figures, readme
-    from geodt.paper.artifacts import compute
-
     art = compute()
     csvs = art.csv_files()
     files = {name: text.encode() for name, text in csvs.items()}

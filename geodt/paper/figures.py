@@ -19,9 +19,11 @@ COMPUTE_COLOR, IDLE_COLOR, SYNC_COLOR = "#2ca02c", "#ff7f0e", "#9467bd"
 
 def agg_pyplot():
     """matplotlib.pyplot on the Agg backend (no display), with the figures' shared style."""
-    import matplotlib
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn; geodt paper --help reads without it
+    import matplotlib  # noqa: PLC0415
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn; geodt paper --help reads without it
+    import matplotlib.pyplot as plt  # noqa: PLC0415
     plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "figure.titlesize": 13,
                          "axes.spines.top": False, "axes.spines.right": False})
     return plt

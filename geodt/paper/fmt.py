@@ -6,6 +6,8 @@ from decimal import ROUND_HALF_UP, Decimal
 
 import pandas as pd
 
+from simulator.outputs.outputs import csv_bytes
+
 
 def round_as_printed(x: float, places: int) -> float:
     """x rounded half-up at `places` decimals from its shortest repr (117.85 -> 117.9, as a person rounds)."""
@@ -14,8 +16,6 @@ def round_as_printed(x: float, places: int) -> float:
 
 def csv_text(frame: pd.DataFrame) -> str:
     """A table as CSV text: no index, floats to 9 significant digits (stable, loads straight into pandas)."""
-    from simulator.outputs.outputs import csv_bytes
-
     return csv_bytes(frame).decode()
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from geodt.paper.figures import agg_pyplot, png_bytes
+from simulator.outputs.outputs import write_bytes, write_text
+
 ROUNDS_DRAWN = 2
 COLORS = {"compute": "#2ca02c", "overlap": "#98df8a", "idle": "#ff7f0e", "exposed": "#d62728",
           "outer": "#9467bd", "allreduce": "#7f7f7f"}
@@ -52,8 +55,6 @@ def figure(syncs: pd.DataFrame, f: dict) -> bytes:
     fragment all-reduces. Each sync row of syncs.csv gives compute from compute_start_s to merge_point_s
     (light where it runs beside its own fragment's all-reduce, from sync_point_s on), then the wait before
     the all-reduce started (idle), the wait while it ran (exposed), and the outer step."""
-    from geodt.paper.figures import agg_pyplot, png_bytes
-
     plt = agg_pyplot()
     strategies = list(dict.fromkeys(syncs["strategy"]))
     fig, axes = plt.subplots(len(strategies), 1, figsize=(13, 2.2 + 1.6 * len(strategies) * 2), sharex=True)
@@ -120,8 +121,6 @@ def render(f: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.outputs.outputs import write_bytes, write_text
-
     p = argparse.ArgumentParser(prog="python -m geodt.paper.streaming", description=__doc__.splitlines()[0])
     p.add_argument("--dir", default="results/streaming", help="the simulate run's output directory")
     p.add_argument("--check", action="store_true", help="only compare; exit 1 if README.md or timeline.png differ")

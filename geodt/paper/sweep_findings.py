@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from formats.toml import tomllib
+from simulator.outputs.outputs import write_text
+
 START = "<!-- sweep-findings: generated from results/sweep by `python -m geodt.paper.sweep_findings`; do not edit -->"
 END = "<!-- /sweep-findings -->"
 UNDER = 0.10            # "under 10% of the baseline's idle"
@@ -206,8 +209,6 @@ def replace_section(readme: str, section: str) -> str:
 
 
 def load(sweep_dir: Path) -> tuple[pd.DataFrame, str]:
-    from formats.toml import tomllib
-
     if (sweep_dir / "sweep.csv").exists():
         frame = pd.read_csv(sweep_dir / "sweep.csv", keep_default_na=False, na_values=[""])
     else:  # the Parquet dataset alone (geodt sweep without --csv; simulator/sweep/sweep_dataset.py)
@@ -218,8 +219,6 @@ def load(sweep_dir: Path) -> tuple[pd.DataFrame, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.outputs.outputs import write_text
-
     p = argparse.ArgumentParser(prog="python -m geodt.paper.sweep_findings", description=__doc__.splitlines()[0])
     p.add_argument("--sweep", default="results/sweep",
                    help="directory with sweep.csv (or the dataset sweep/) and scenario.toml")

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from geodt.paper.sweep_findings import replace_marked
+from simulator.outputs.outputs import write_text
 
 START = "<!-- what-if-1b: generated from results/what-if-1b by `python -m geodt.paper.whatif`; do not edit -->"
 END = "<!-- /what-if-1b -->"
@@ -128,8 +129,6 @@ def replace_section(readme: str, section: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from simulator.outputs.outputs import write_text
-
     p = argparse.ArgumentParser(prog="python -m geodt.paper.whatif", description=__doc__.splitlines()[0])
     p.add_argument("--dir", default="results/what-if-1b")
     p.add_argument("--readme", default="README.md")

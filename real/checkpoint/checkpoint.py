@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -307,8 +308,6 @@ def start_afresh(node) -> None:
     sets = ckpt_set.set_rounds(node.opts.out_dir, node.index)
     if sets:
         for path in sets.values():
-            import shutil
-
             shutil.rmtree(path, ignore_errors=True)
         print(f"real: {ckpt_set.node_dir(node.opts.out_dir, node.index)}: removed an earlier run's checkpoints "
               f"(rounds {', '.join(map(str, sorted(sets)))}); --resume continues a run instead",

@@ -23,10 +23,16 @@ position .. position+n-1 of the shard; the caller keeps the position (checkpoint
 """
 from __future__ import annotations
 
+import hashlib
+import io
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from numpy.lib import format as npy
+
+from formats.files import read_regular_file
 
 BLOCK = 256  # sequences generated together (vectorised over rows, looped over positions)
 STDLIB_CORPUS = "python-stdlib"  # --data's name for the standard library's sources
@@ -106,7 +112,8 @@ class SyntheticShard:
         return self._cache[b]
 
     def batch(self, position: int, n: int):
-        import torch
+        # deferred: torch; geodt run's checks and calibrate convergence read the corpus without it
+        import torch  # noqa: PLC0415
 
         rows = [self._block(i // BLOCK)[i % BLOCK] for i in range(position, position + n)]
         return torch.from_numpy(np.stack(rows))
@@ -125,7 +132,8 @@ class ArrayShard:
                             f"seq_len={seq_len} per node; expected at least {seq_len * shards} tokens")
 
     def batch(self, position: int, n: int):
-        import torch
+        # deferred: torch; geodt run's checks and calibrate convergence read the corpus without it
+        import torch  # noqa: PLC0415
 
         idx = (np.arange(position, position + n) % self.windows)[:, None] * self.seq_len + np.arange(self.seq_len)
         return torch.from_numpy(self.tokens[idx].astype(np.int64))
@@ -133,8 +141,6 @@ class ArrayShard:
 
 def stdlib_corpus() -> np.ndarray:
     """The standard library's top-level *.py sources as bytes, in the seeded block order above."""
-    import sysconfig
-
     root = Path(sysconfig.get_paths()["stdlib"])
     data = b"".join(p.read_bytes() for p in sorted(root.glob("*.py")))
     blocks = len(data) // CORPUS_BLOCK
@@ -145,8 +151,6 @@ def stdlib_corpus() -> np.ndarray:
 
 def corpus_digest(data_path: str | None) -> str:
     """What a run trained on, in a few words: `markov`, `python-stdlib:<sha256 prefix>` or the file's."""
-    import hashlib
-
     if data_path is None:
         return "markov"
     if data_path == STDLIB_CORPUS and not Path(data_path).exists():
@@ -161,8 +165,6 @@ def load_tokens(path: str | Path, vocab_size: int) -> np.ndarray:
     where no file of that name exists); checked against the model's vocabulary. A FIFO or a device
     (/dev/zero, /dev/urandom) would block or never end the read, a file past MAX_CORPUS_BYTES fill
     memory: both refused from os.stat before the file is opened."""
-    from formats.files import read_regular_file
-
     if str(path) == STDLIB_CORPUS and not Path(path).exists():
         tokens = stdlib_corpus()
         if vocab_size < 256:
@@ -184,10 +186,6 @@ def _npy_tokens(path: Path, data: bytes) -> np.ndarray:
     """The 1-D integer array of a .npy file's bytes: its header read with numpy's own reader, bounded,
     and checked against the bytes that follow it before anything is allocated (a garbled header
     raises tokenize's or ast's errors, a huge shape MemoryError, in numpy's np.load)."""
-    import io
-
-    from numpy.lib import format as npy
-
     handle = io.BytesIO(data)
     try:
         version = npy.read_magic(handle)

@@ -2,12 +2,14 @@
 lost-peer errors (run_collective), the settings a resume must match, backend choice, sleep_until."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 
+from formats.limits import check_threads
 from formats.plan import Plan
 from formats.rounds import RoundKind, round_kind
 from formats.sections import NODE_LOSS_POLICIES
@@ -73,8 +75,6 @@ class ExecOptions:
         return max(min(self.timeout_s, 1.0), self.timeout_s - SHAPED_STOP_BUDGET_S)
 
     def __post_init__(self) -> None:
-        import math
-
         if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
             raise ValueError(f"--time-scale: expected a finite positive number, got {self.time_scale}")
         if not (self.timeout_s > 0 and math.isfinite(self.timeout_s)) or self.timeout_s > 7 * 86400:
@@ -100,7 +100,6 @@ class ExecOptions:
                 raise ValueError(f"--rejoin-after-s: expected seconds from 0 to a day, got {self.rejoin_after_s}")
         if self.outage is not None and self.on_node_loss != "continue":
             raise ValueError("outage: a node's injected loss runs under --on-node-loss continue only")
-        from formats.limits import check_threads
 
         if check_threads(self.threads):
             raise ValueError(f"--threads: {check_threads(self.threads)}")

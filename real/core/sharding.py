@@ -46,6 +46,7 @@ gathered to full tensors; on resume each process slices its own shard (no commun
 """
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 
 import torch
@@ -80,8 +81,9 @@ def prepare_model(model: torch.nn.Module, spec: ShardingSpec, node_group, gpus: 
         compile_blocks(model)
     if spec.sharding == "none" or gpus == 1:
         return None
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+    # deferred: FSDP2 and DTensor (torch.distributed, newer than torch>=2.1) only on a sharded node
+    from torch.distributed.device_mesh import DeviceMesh  # noqa: PLC0415
+    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415
 
     full_shapes = [p.shape for p in model.parameters()]
     mesh = DeviceMesh.from_group(node_group, device.type)
@@ -99,7 +101,8 @@ def node_scaler(scaler, layout: ShardLayout | None, device: torch.device):
     it) and every process skips or takes the same steps with the same scale."""
     if scaler is None or layout is None:
         return scaler
-    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+    # deferred: FSDP2 and DTensor (torch.distributed, newer than torch>=2.1) only on a sharded node
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # noqa: PLC0415
 
     return ShardedGradScaler(device.type, process_group=layout.group)
 
@@ -189,7 +192,8 @@ class ShardLayout:
     def full_optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """optimizer.state_dict() with every sharded tensor gathered whole, on the CPU (a
         collective of the node: every process must call it)."""
-        from torch.distributed.tensor import DTensor
+        # deferred: FSDP2 and DTensor (torch.distributed, newer than torch>=2.1) only on a sharded node
+        from torch.distributed.tensor import DTensor  # noqa: PLC0415
 
         state = optimizer.state_dict()  # its per-parameter dicts are the optimizer's own: copy
         state["state"] = {index: {key: value.full_tensor().cpu() if isinstance(value, DTensor) else value
@@ -199,7 +203,8 @@ class ShardLayout:
 
     def load_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load a canonical optimizer state, each full tensor cut to this process's shard."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
+        # deferred: FSDP2 and DTensor (torch.distributed, newer than torch>=2.1) only on a sharded node
+        from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
 
         params = [p for group in optimizer.param_groups for p in group["params"]]
 
@@ -223,7 +228,8 @@ def local_shard(value: torch.Tensor, like) -> torch.Tensor:
     """This process's shard of `value` as DTensor `like` lays it out: `value`'s own local tensor when it
     is a DTensor of the same node over an earlier mesh (the node's processes keep their places, so the
     shards match), else its rows of the whole tensor. No communication."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    # deferred: FSDP2 and DTensor (torch.distributed, newer than torch>=2.1) only on a sharded node
+    from torch.distributed.tensor import DTensor, distribute_tensor  # noqa: PLC0415
 
     if isinstance(value, DTensor):
         return value.to_local()
@@ -235,7 +241,8 @@ def move_shards(params: list, old: list, optimizer: torch.optim.Optimizer, old_s
     """A sharded model built over a new mesh takes the state of the same model before it (`old`: its
     parameters, sharded over the node's earlier mesh or whole; `old_state`: its inner optimizer's
     state_dict): the weights, and the optimizer's per-parameter tensors as DTensors over the new mesh."""
-    from torch.distributed.tensor import DTensor
+    # deferred: FSDP2 and DTensor (torch.distributed, newer than torch>=2.1) only on a sharded node
+    from torch.distributed.tensor import DTensor  # noqa: PLC0415
 
     with torch.no_grad():
         for new, value in zip(params, old):
@@ -296,6 +303,5 @@ def peak_memory_bytes(device: torch.device) -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

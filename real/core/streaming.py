@@ -42,10 +42,13 @@ communication thread, is real/rounds/round_streaming.py.
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+import pandas as pd
 import torch
 
 from formats.plan import FRAGMENT_PATTERNS, fragment_problem, merge_steps
@@ -215,11 +218,6 @@ def threads_for_comm() -> None:
 
 def write_syncs(plan, tables: list[list[list[float]]], path) -> None:
     """syncs.csv from every leader's rows (SYNC_NUMERIC values, plan order), whole or not at all."""
-    import os
-    from pathlib import Path
-
-    import pandas as pd
-
     rows = []
     for node, table in zip(plan.nodes, tables):
         for values in table:

@@ -59,7 +59,8 @@ def add_exec_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def exec_options(args: argparse.Namespace, out_dir: str):
-    from real.process.worker import ExecOptions
+    # deferred: torch; geodt run --help builds this parser without it
+    from real.process.worker import ExecOptions  # noqa: PLC0415
 
     return ExecOptions(out_dir=out_dir, emulate=args.emulate, time_scale=args.time_scale, resume=args.resume,
                        data_path=args.data, replicate_data=args.replicate_data, timeout_s=args.timeout_s,
@@ -81,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"real: {exc}", file=sys.stderr)
         return 2
-    from real.process.launch import launch
+    # deferred: torch; geodt run --help builds this parser without it
+    from real.process.launch import launch  # noqa: PLC0415
 
     try:
         return launch(args.plan, args.scenario, opts, host=args.host)

@@ -35,25 +35,37 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
+import logging
 import os
 import shutil
 import signal
 import socket
 import struct
 import sys
+import threading
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from facts.presets import PresetError, load_arch
 from formats.plan import Plan
 from formats.rounds import RoundKind
+from real.checkpoint.ckpt_set import unresumable
 from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.core.data import ArrayShard, load_tokens
 from real.core.options import ExecOptions, run_kind
 from real.core.streaming import StreamingSpec
+from real.membership.membership import open_store
 from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
 from real.process.process import worker_main
+from real.process.respawn import Respawner
 from real.process.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
+from real.wan.wan import enter, shaped_run
+from train.children import die_with_parent
+from train.cpulimit import cpu_quota_supported
 
 LIVENESS_GRACE_S = 6.0  # > real.wan.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
 # After a worker lost contact, how long its peers get to time out too before the processes still
@@ -70,8 +82,6 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     """Load and cross-check plan, scenario and data; raises ConfigError / LaunchError.
 
     Returns the run spec (rounds from the plan) and the plan with every default resolved."""
-    from facts.presets import PresetError, load_arch
-
     spec = load_run_spec(scenario_path)
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
         spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
@@ -145,8 +155,6 @@ def check_continue(opts: ExecOptions) -> None:
 
 def check_cpu_limits(plan: Plan, plan_path) -> None:
     """Local runs: every node's cores exist here, and a quota can be set where one is asked."""
-    from train.cpulimit import cpu_quota_supported
-
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
     for i, node in enumerate(plan.nodes, start=2):
         if node.cpu_cores is not None and not set(node.cpu_cores) <= allowed:
@@ -248,8 +256,6 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
 
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
                  links: tuple | None, parent_pid: int, joining: bool = False) -> None:
-    from train.children import die_with_parent
-
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
     # children), so no child prints a traceback or a lost-peer message on the way down. That
     # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
@@ -259,8 +265,6 @@ def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with_parent(parent_pid)
     if links is not None:  # --wan shaped: into the node's namespace before any socket exists
-        from real.wan.wan import enter
-
         enter(links[plan.node_of_rank(rank)])
     worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links,
                 joining=joining)
@@ -298,8 +302,6 @@ def check_wan(plan: Plan, plan_path, opts: ExecOptions, host: str) -> None:
 def check_disk_space(spec: RunSpec, plan: Plan, opts: ExecOptions, out_dir: Path) -> None:
     """Room in DIR for the checkpoints of the nodes this machine runs (real/process/outdir.py); OutDirError
     otherwise."""
-    from facts.presets import load_arch
-
     if under_torchrun():
         local = [plan.node_of_rank(int(os.environ["RANK"]))]
     else:
@@ -362,8 +364,6 @@ def _launch(plan_path, scenario_path, spec: RunSpec, plan: Plan, opts: ExecOptio
     if under_torchrun():
         return _run_torchrun(plan_path, scenario_path, spec, plan, opts, out_dir)
     if opts.wan == "shaped":
-        from real.wan.wan import shaped_run
-
         return shaped_run(spec, plan, out_dir, lambda links: _run_local(plan_path, scenario_path, spec, plan, opts,
                                                                        out_dir, ip, host, links, announce))
     (out_dir / "wan.csv").unlink(missing_ok=True)  # a shaped run's description, not this run's
@@ -413,11 +413,6 @@ def _listen(ip: str, host: str) -> socket.socket | None:
 def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener: socket.socket | None,
                  links: tuple | None) -> int:
     """Spawn every process of the plan and watch them (real/process/supervise.py); returns the exit status."""
-    import logging
-    import threading
-
-    import torch.multiprocessing as mp
-
     # torch logs a line per child it stops after a failure; our own one line says it all.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     store = None
@@ -433,8 +428,6 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                 else:
                     store_spec = ("file", os.path.join(rdzv, "store"))
                 if opts.on_node_loss == "continue":
-                    from real.membership.membership import open_store
-
                     store = open_store(store_spec[1], opts.timeout_s)  # the launcher's handle outlives the workers
                     context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
                     return context.run()
@@ -460,8 +453,6 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
 
 def _serve_store(ip: str, listener: socket.socket, plan: Plan, opts: ExecOptions) -> tuple:
     """The rendezvous TCPStore this launcher serves on `listener`, and its spec for the children."""
-    import torch.distributed as dist
-
     # The store counts this process as a client too (world + 1): it serves, children join.
     clients = None if opts.on_node_loss == "continue" else plan.world_size + 1  # restarts join later
     store = dist.TCPStore(ip, listener.getsockname()[1], clients, True, timedelta(seconds=opts.timeout_s),
@@ -473,10 +464,6 @@ def _serve_store(ip: str, listener: socket.socket, plan: Plan, opts: ExecOptions
 
 def _respawner(spec: RunSpec, plan: Plan, opts: ExecOptions, store, store_spec: tuple, links):
     """--on-node-loss continue: the node processes under a Respawner, which restarts a lost one."""
-    import torch.multiprocessing as mp
-
-    from real.process.respawn import Respawner
-
     spawn = mp.get_context("spawn")
 
     def start(rank: int, joining: bool):
@@ -508,8 +495,6 @@ def check_resume(opts: ExecOptions, names: list[str]) -> None:
     """--resume: there is something to resume in --out (else say so instead of starting afresh silently),
     and no node of the plan (`names`, in order) holds only sets that fail their checks (a resume from
     the start would replace every other node's good sets: ckpt_set.unresumable)."""
-    from real.checkpoint.ckpt_set import unresumable
-
     if not opts.resume:
         return
     if not saved_checkpoints(opts.out_dir):

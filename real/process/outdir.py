@@ -96,7 +96,8 @@ def _tree_bytes(path: Path) -> int:
 def check_space(out_dir: str | Path, node_indices: list[int], params: int, streaming: bool,
                 checkpoints: bool, free_bytes: int | None = None) -> None:
     """OutDirError (one line) when the run's checkpoints and final weights cannot fit in DIR."""
-    from real.checkpoint.ckpt_set import KEEP, node_dir, set_bytes
+    # deferred: torch (checkpoints); the run lock and stale outputs are read without it
+    from real.checkpoint.ckpt_set import KEEP, node_dir, set_bytes  # noqa: PLC0415
 
     per_set = set_bytes(params, streaming)
     sets = (KEEP + 1) * len(node_indices) if checkpoints else 0

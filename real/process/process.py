@@ -3,6 +3,7 @@ the exit status (0 done, 1 lost peer, 2 bad input, 3 a failure it has named in o
 as a full disk; 130 interrupted). The launcher adds nothing to the line of a 2 or a 3."""
 from __future__ import annotations
 
+import errno
 import io
 import os
 import sys
@@ -13,12 +14,15 @@ import torch.distributed as dist
 
 from formats.cli import whole_lines
 from formats.plan import Plan
+from real.checkpoint.checkpoint import CheckpointWriteError
 from real.core.config import RunSpec
 from real.core.data import make_chain
 from real.core.options import ExecOptions, PeerLost, resolve_backend
+from real.membership.membership import connect_store
 from real.process.worker import Node
+from real.wan.wan import lost_message, serve_liveness
 from train.children import leave
-from train.cpulimit import CpuLimitError
+from train.cpulimit import CpuLimitError, apply_cpu_limits, device_cores
 
 STOPPED_KEY = "geodt/stopped-on-its-own/"
 SAID = 3  # exit status of a process that stopped for a failure it has named (real/process/launch.py adds nothing)
@@ -44,8 +48,6 @@ def init_process_group(backend: str, rank: int, world: int, timeout_s: float, st
 def _say_lost(links: tuple, me: int, store) -> str | None:
     """Whom this node lost (real/wan/wan.py), then leave word in the launcher's store that it
     stops on its own, so that peers who notice its exit later do not blame it."""
-    from real.wan.wan import lost_message
-
     def stopped_itself(node: str) -> bool:
         try:
             return store is not None and store.check([STOPPED_KEY + node])
@@ -63,10 +65,6 @@ def _say_lost(links: tuple, me: int, store) -> str | None:
 
 def write_failure(exc: OSError) -> str:
     """One line for a file this process could not write (CheckpointWriteError says it all)."""
-    import errno
-
-    from real.checkpoint.checkpoint import CheckpointWriteError
-
     if isinstance(exc, CheckpointWriteError):
         return exc.strerror
     full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -81,7 +79,6 @@ def _apply_limits(plan: Plan, rank: int):
     node = plan.nodes[index]
     if node.cpu_cores is None and node.cpu_quota is None:
         return (lambda: None), None
-    from train.cpulimit import apply_cpu_limits, device_cores
 
     local = rank - plan.first_rank(index)
     cores = device_cores(node.cpu_cores, node.gpus, local)
@@ -102,16 +99,12 @@ def worker_main(rank: int, world: int, local_rank: int, local_world: int, spec: 
     _liveness = store = None  # the liveness socket is held open by this name until the process exits
     try:
         if links is not None and rank == plan.first_rank(plan.node_of_rank(rank)):
-            from real.wan.wan import serve_liveness
-
             _liveness = serve_liveness(links[plan.node_of_rank(rank)])
         cleanup, cores = _apply_limits(plan, rank)  # before torch starts any work
         threads = opts.threads or (len(cores) if cores else max(1, (os.cpu_count() or 1) // local_world))
         torch.set_num_threads(threads)
         # the run-wide group is each membership epoch's (real/membership/members.py)
         if opts.on_node_loss == "continue":
-            from real.membership.membership import connect_store
-
             store = connect_store(store_spec, opts.collective_timeout_s())
             node = Node(rank, world, local_rank, spec, plan, opts, "gloo", store=store, joining=joining)
         else:

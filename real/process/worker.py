@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from dataclasses import replace
 
 import torch
+from tqdm import tqdm
 
 from facts.presets import load_arch
 from formats.plan import Plan
@@ -135,9 +137,6 @@ def progress_bar(opts: ExecOptions, spec: RunSpec, me, rounds_done: int = 0):
     """The progress bar over the run's inner steps (shown by the first process), or None."""
     if not opts.progress:
         return None
-    import threading
-
-    from tqdm import tqdm
 
     # tqdm's default lock is a multiprocessing semaphore, which the os._exit at the end
     # would leak (a resource_tracker warning); one process needs only a thread lock.

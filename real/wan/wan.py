@@ -30,15 +30,20 @@ killed run left (prefix match, owner no longer alive) and runs before every buil
 """
 from __future__ import annotations
 
+import csv
+import ctypes
 import ipaddress
 import itertools
 import os
 import re
+import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from formats.owners import pid_alive
 
@@ -70,8 +75,8 @@ class NodeLink:
 
 def _pyroute2():
     try:
-        import pyroute2
-        from pyroute2 import netns
+        import pyroute2  # noqa: PLC0415  deferred: pyroute2 (the real extra) only with --wan shaped
+        from pyroute2 import netns  # noqa: PLC0415  deferred: pyroute2 (the real extra) only with --wan shaped
     except ImportError:
         raise WanError("--wan shaped: needs pyroute2 (pip install 'geodt[real]')") from None
     return pyroute2, netns
@@ -223,8 +228,6 @@ def _in_thread(fn, *args):
 
 def _new_namespace(name: str) -> None:
     """Create a network namespace and name it (bind-mounted under /var/run/netns)."""
-    import ctypes
-
     _, netns = _pyroute2()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(netns.CLONE_NEWNET) != 0:
@@ -391,9 +394,6 @@ WAN_COLUMNS = ["node", "address", "link_gbps", "shaping", "latency_ms", "latency
 def write_description(wan: ShapedWan, path) -> None:
     """wan.csv: what the run's network was, per node (whole or not at all); latency_ms is the
     scenario's one-way latency, latency_emulated whether netem added it."""
-    import csv
-    from pathlib import Path
-
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     with open(tmp, "w", newline="") as f:
@@ -407,9 +407,6 @@ def write_description(wan: ShapedWan, path) -> None:
 
 def network_note(out_dir) -> str:
     """How a run's network is described in its outputs: loopback, or shaped with or without latency."""
-    import csv
-    from pathlib import Path
-
     path = Path(out_dir) / "wan.csv"
     if not path.exists():
         return "loopback"
@@ -421,9 +418,6 @@ def network_note(out_dir) -> str:
 def shaped_run(spec, plan, out_dir, run) -> int:
     """Build the WAN for the plan, run(links) inside it, remove it on every way out (normal
     exit, error, Ctrl-C, SIGTERM); returns run's status, 2 when the WAN cannot be built."""
-    import signal
-    import sys
-
     wan = ShapedWan([(node.node, node.link_gbps) for node in plan.nodes], latency_ms=spec.latency_ms)
     previous = None
     try:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from facts.presets import PRESETS
 from formats.convergence import ConvergenceProfileError, read_convergence_profile
 from formats.errors import InputError
 from simulator.models import loss_literature as lit
@@ -141,8 +142,6 @@ def _outside(scenario, same: bool, params: float, span: tuple[float, float], pro
 
 def claimed_params(first) -> int | None:
     """The parameter count of the preset a profile names (None: a config.json's or "params")."""
-    from facts.presets import PRESETS
-
     arch = PRESETS.get(str(first["model"]))
     return None if arch is None else arch.params
 

@@ -126,8 +126,8 @@ _PROFILE_CACHE: dict = {}
 
 def _load_profile(path, seq_len, dtype, model, compiled=None):
     """A ProfileModel read once per file version (10,000 nodes may share one profile)."""
-    # lazy: startup time (pandas, read only with a profile)
-    from simulator.models.profile_fit import ProfileModel
+    # deferred: a profile's fit (pandas) only when a node names a profile
+    from simulator.models.profile_fit import ProfileModel  # noqa: PLC0415
 
     try:
         st = os.stat(path)
@@ -192,8 +192,8 @@ def intra_node_comm_s(scenario: Scenario, node: NodeConfig, layout: Layout) -> t
 
 def read_profiles(scenario: Scenario, node: NodeConfig, index: int) -> tuple:
     """The node's measured profiles, each checked against the scenario (model, GPU, compile)."""
-    # lazy: startup time (pandas, read only with a profile)
-    from formats.profile import ProfileError  # pandas: only when profiles are used
+    # deferred: a profile's fit (pandas) only when a node names a profile
+    from formats.profile import ProfileError  # noqa: PLC0415
 
     models = []
     preset = scenario.model.preset

@@ -13,6 +13,7 @@ import csv
 import io
 import math
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -54,10 +55,9 @@ def write_csv(frame: pd.DataFrame, path: str | Path) -> None:
 def agg_figure(**figure_kwargs):
     """A matplotlib Figure drawn by Agg, without pyplot: nothing registered to close, and pyplot's own
     import (its backend machinery, about 50 ms) left out of the commands that only write PNGs."""
-    # lazy: startup time (matplotlib: only the commands that draw a figure import it)
-    import matplotlib
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    import matplotlib  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
+    from matplotlib.figure import Figure  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     if "matplotlib.pyplot" not in sys.modules:  # else pyplot's backend is the user's: left alone
         matplotlib.use("Agg")  # resolved now: reading every rcParam (boxplot does) would import pyplot for it
@@ -211,8 +211,6 @@ class StagedOutput:
         return self
 
     def __exit__(self, *exc) -> None:
-        import shutil
-
         shutil.rmtree(self.path, ignore_errors=True)
 
     def file(self, name: str) -> Path:

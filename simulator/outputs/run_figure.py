@@ -47,8 +47,7 @@ def edge_nodes(idle_s: np.ndarray, edge: int = EDGE_NODES) -> np.ndarray:
 def idle_figure_axes(runs: list[tuple[str, list[str], np.ndarray, pd.DataFrame]], layout: bool = True):
     """The matplotlib figure of idle_figure (for tests: its axes, titles and artists); layout: tight_layout
     applied (idle_figure lays it out itself, as it writes it)."""
-    # lazy: startup time (matplotlib: only the commands that draw a figure import it)
-    from matplotlib import colormaps
+    from matplotlib import colormaps  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
 
     shown = _gantt_runs(runs)
     nodes = list(runs[0][1])
@@ -117,7 +116,8 @@ def _first_rounds(head: pd.DataFrame) -> pd.DataFrame:
 def _gantt(ax, strategy: str, names: list[str], rows: pd.DataFrame, summarised: bool) -> None:
     """The rounds in `rows` per node, one PolyCollection per part; summarised: only the EDGE_NODES
     nodes that compute most in these rounds (the slowest), then the EDGE_NODES that compute least."""
-    from matplotlib.collections import PolyCollection
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn
+    from matplotlib.collections import PolyCollection  # noqa: PLC0415
 
     node = rows["node"].astype(str).to_numpy()
     if summarised:

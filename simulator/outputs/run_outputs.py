@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from simulator.models.loss_prediction import plan_rounds
 from simulator.models.totals import RunTotals
@@ -56,9 +58,6 @@ class TableWriter:
             self.handle.write(data if self.header else data[data.index(b"\n") + 1:])
             self.header = False
             return
-        # lazy: startup time (pyarrow.parquet)
-        import pyarrow as pa
-        import pyarrow.parquet as pq
 
         table = pa.Table.from_pandas(frame, preserve_index=False)
         schema = pa.schema([pa.field(f.name, pa.string() if pa.types.is_dictionary(f.type) else f.type)

@@ -20,9 +20,20 @@ finds it finished.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import math
+import multiprocessing
 import os
+import shutil
+import signal
 import sys
+import tempfile
 from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+from tqdm import tqdm
 
 from facts.catalog import CatalogError, get_gpu
 from formats.cli import (
@@ -40,10 +51,29 @@ from formats.limits import SWEEP_STEPS, SWEEP_STEPS_LARGE, large_help
 from formats.limits import check_work as refused
 from formats.owners import TEMP_SUFFIX, add_force_argument, check_owner, remove_orphan_temps, temp_prefix
 from formats.sections import NetworkConfig, bounds_of
+from simulator.cli import check_work, default_out, write_error
+from simulator.engines.engine import simulate, summary
+from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
+from simulator.outputs.outputs import (
+    OutputError,
+    StagedOutput,
+    check_writable,
+    csv_bytes,
+    write_bytes,
+    write_output_set,
+    write_text,
+)
+from simulator.outputs.report import TOKENS_BAND, does_baseline_work
+from simulator.outputs.sweep_table import format_markdown, table_frame, timeline_metrics
 from simulator.scenario import load_scenario
 from simulator.strategies import BARRIERLESS, STRATEGIES, make_plan
 from simulator.strategies.registry import help_lines
 from simulator.strategies.streaming import FRAGMENT_CHOICES
+from simulator.sweep.sweep import SweepSpec, describe_grid, node_kinds, scenario_grid
+from simulator.sweep.sweep_cluster import WORKER_TIMEOUT_S, ClusterLost, connect, run_on_cluster
+from simulator.sweep.sweep_dataset import COMPARABLE, SweepStats, chunk_bytes, kind_tables, read_part, sweep_drift
+from simulator.sweep.sweep_figures import write_figures
+from simulator.sweep.sweep_summary import findings_text
 
 SWEEP_HELP = """\
     geodt sweep --nodes 4 --gpus-per-node 4 --gpu-types a30,v100,t4 [--mixed-nodes]
@@ -134,9 +164,6 @@ def check_table_options(args, p) -> None:
 
 
 def _init_worker(spec) -> None:
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.sweep.sweep_dataset import kind_tables, sweep_drift
-
     kind_tables(spec)  # built here first: a GPU type that cannot hold the batch is refused in the parent
     sweep_drift(spec)  # and --drift parsed: a bad event is refused in the parent too
     _WORKER["spec"] = spec
@@ -144,8 +171,6 @@ def _init_worker(spec) -> None:
 
 def _quiet_worker() -> None:
     """Pool workers leave Ctrl-C to the parent (one line there, no traceback per worker)."""
-    import signal
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
@@ -158,8 +183,6 @@ def _lock(out: Path):
 
 
 def _digest(data: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(data).hexdigest()
 
 
@@ -183,19 +206,12 @@ def _finished(out: Path) -> list[Path] | None:
 
 
 def _run_chunk(job) -> tuple[int, int]:
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.outputs.outputs import write_bytes
-    from simulator.sweep.sweep_dataset import chunk_bytes
-
     index, first, kinds, bw, path = job
     write_bytes(Path(path), chunk_bytes(_WORKER["spec"], first, kinds, bw))
     return index, len(kinds)
 
 
 def _spec_from_args(args, strategies):
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.sweep.sweep import SweepSpec
-
     types = tuple(t.strip() for t in args.gpu_types.split(","))
     if not all(types):
         raise InputError(f"--gpu-types {args.gpu_types}: expected catalog keys separated by commas, none empty")
@@ -207,7 +223,6 @@ def _spec_from_args(args, strategies):
     if len(set(types)) != len(types):
         raise InputError(f"--gpu-types {args.gpu_types}: expected each GPU type once")
     # Sizes that would enumerate or allocate without end are refused before anything is built.
-    import math
     if args.nodes > MAX_NODES:
         raise InputError(f"--nodes {args.nodes}: expected at most {MAX_NODES} nodes per scenario")
     if args.gpus_per_node > MAX_GPUS_PER_NODE:
@@ -235,20 +250,16 @@ def claim(out: Path, command: str, force: bool) -> None:
 
 
 def _sweep(args, strategies, out: Path) -> int:
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.outputs.outputs import check_writable, write_text
     spec = _spec_from_args(args, strategies)
     base = load_scenario(spec.base, spec.overrides)
     if base.simulation.jitter_cv != 0:
         raise InputError(f"{spec.base}: simulation.jitter_cv: expected 0 for a sweep (the fast path is deterministic)")
     check_sweep_work(args, spec, base)
     if base.training.target_loss is not None:  # a target beyond the curve, refused before spec.json and parts exist
-        from simulator.models.loss_prediction import loss_setup
 
         loss_setup(base, nodes=spec.nodes)
     _init_worker(spec)  # here first: a GPU type that cannot hold the batch is refused before anything is written
     if args.scheduler:  # reached before anything is written (an unreachable one leaves no directory)
-        from simulator.sweep.sweep_cluster import connect
 
         args.scheduler = connect(args.scheduler)
     claim(out, "sweep", args.force)
@@ -282,9 +293,6 @@ def check_sweep_work(args, spec, base) -> None:
     streaming's work grows with the rounds (its fragment-sync recurrence, over up to 16 fragments a
     round); a chunk of scenarios runs it at once, so it counts chunks x rounds x nodes x (1 + 16),
     bounded by formats.limits' SWEEP_STEPS (measured there)."""
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.sweep.sweep import node_kinds, scenario_grid
-
     if "streaming" not in spec.strategies:
         return
     chunks = -(-len(scenario_grid(spec, len(node_kinds(spec)))[0]) // args.chunk)
@@ -297,11 +305,6 @@ def check_sweep_work(args, spec, base) -> None:
 
 def _publish(parts: list[Path], out: Path) -> list[Path]:
     """The finished parts become the dataset DIR/sweep/ (its folder renamed), then sweep.sha256."""
-    import shutil
-
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.outputs.outputs import write_text
-
     manifest = "".join(f"{_digest(p.read_bytes())}  sweep/part-{k:05d}.parquet\n" for k, p in enumerate(parts))
     (out / "sweep.sha256").unlink(missing_ok=True)  # from here until it is rewritten, not finished
     shutil.rmtree(out / "sweep", ignore_errors=True)
@@ -316,12 +319,6 @@ def _publish(parts: list[Path], out: Path) -> list[Path]:
 def _current_part(path: Path) -> bool:
     """Whether a kept part has this version's columns: one an older geodt left (before sweep.csv's
     `comparable`) is redone, not mixed with newer parts into a dataset of two schemas."""
-    # lazy: startup time (pyarrow.parquet)
-    import pyarrow.parquet as pq
-
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.sweep.sweep_dataset import COMPARABLE
-
     try:
         return COMPARABLE in pq.read_schema(path).names
     except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError: a part cut short
@@ -329,13 +326,6 @@ def _current_part(path: Path) -> bool:
 
 
 def _run_chunks(args, spec, strategies, out: Path):
-    import multiprocessing
-
-    from tqdm import tqdm
-
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.sweep.sweep import describe_grid, node_kinds, scenario_grid
-
     kinds = node_kinds(spec)
     grid_kinds, grid_bw = scenario_grid(spec, len(kinds))
     parts = out / f"parts-chunk{args.chunk}"  # a chunk size of its own: a rerun with another --chunk redoes all
@@ -352,8 +342,6 @@ def _run_chunks(args, spec, strategies, out: Path):
     print(f"{describe_grid(spec, len(kinds))}; x {len(strategies)} strategies; {done} already done", file=sys.stderr)
     with tqdm(total=len(grid_kinds), initial=done, unit="scenario", desc="geodt sweep") as bar:
         if jobs and args.scheduler:
-            from simulator.sweep.sweep_cluster import WORKER_TIMEOUT_S, run_on_cluster
-
             run_on_cluster(args.scheduler, spec, jobs, bar.update, args.worker_timeout_s or WORKER_TIMEOUT_S)
         elif jobs and args.workers > 1 and len(jobs) > 1:
             with multiprocessing.get_context("fork").Pool(min(args.workers, len(jobs)), _quiet_worker) as pool:
@@ -363,8 +351,6 @@ def _run_chunks(args, spec, strategies, out: Path):
             for job in jobs:
                 bar.update(_run_chunk(job)[1])
     chunks = [parts / f"chunk-{index:05d}.parquet" for index in range(-(-len(grid_kinds) // chunk))]
-    # lazy: startup time (pyarrow.parquet)
-    import pyarrow.parquet as pq
 
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in chunks)
     if rows != len(grid_kinds) * len(strategies):  # a part cut short: redo it on the next run
@@ -375,12 +361,6 @@ def _run_chunks(args, spec, strategies, out: Path):
 def _csv_into(stage, parts: list[Path]) -> bytes:
     """sweep.csv written part by part into the stage (the bytes of csv_bytes of the whole table);
     its digest line."""
-    import hashlib
-
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.outputs.outputs import csv_bytes
-    from simulator.sweep.sweep_dataset import read_part
-
     digest = hashlib.sha256()
     with stage.open("sweep.csv") as handle:
         for k, path in enumerate(parts):
@@ -392,17 +372,9 @@ def _csv_into(stage, parts: list[Path]) -> bytes:
 
 
 def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
-    import shutil
-    import tempfile
-
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.outputs.outputs import OutputError, StagedOutput
-    from simulator.sweep.sweep_dataset import SweepStats
-
     stats = SweepStats.from_parts(parts)
     files = {"scenario.toml": base.to_toml().encode()}
     if not args.no_figures:
-        from simulator.sweep.sweep_figures import write_figures
         stage = Path(tempfile.mkdtemp(prefix=temp_prefix("figures"), suffix=TEMP_SUFFIX, dir=out))
         try:
             for path in write_figures(stats, stage):
@@ -426,20 +398,12 @@ def _finish(args, parts: list[Path], base, out: Path, write: bool) -> int:
     rows = sum(len(v) for v in stats.idle_left.values())
     print(f"{'wrote' if write else 'kept'} {out}/sweep ({rows} rows in {len(parts)} Parquet parts)"
           + (f" and {out}/sweep.csv" if args.csv else ""))
-    from simulator.sweep.sweep_summary import findings_text
 
     print("\n" + findings_text(stats))
     return 0
 
 
 def _table(args, strategies, out: Path | None) -> int:
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    import pandas as pd
-
-    from simulator.cli import check_work, default_out
-    from simulator.engines.engine import simulate, summary
-    from simulator.outputs.outputs import OutputError, csv_bytes, write_output_set
-    from simulator.outputs.sweep_table import format_markdown, table_frame
     scenario = load_scenario(args.table, args.overrides)
     check_work(scenario, args.table, list(dict.fromkeys(["baseline", *strategies])), args.large)
     out = out or default_out(scenario.name, "table")
@@ -451,7 +415,6 @@ def _table(args, strategies, out: Path | None) -> int:
     timelines = [simulate(scenario, plan, "simpy") for plan in plans]
     table = with_comparable(table_frame(scenario, plans, timelines), plans, timelines)
     if scenario.training.target_loss is not None:  # the loss model's columns, as geodt simulate's summary
-        from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
 
         setup = loss_setup(scenario)
         preds = [predict(setup, scenario, p, plan_rounds(p, t)) for p, t in zip(plans, timelines)]
@@ -476,21 +439,12 @@ def with_comparable(table, plans, timelines):
     """table.csv with `comparable` after speedup: whether each strategy does the baseline's work, by
     simulator/outputs/report.py's rule (`geodt simulate` marks the others *) on the whole run's tokens (not
     tokens_vs_baseline's per round: sync-ddp's round is one step of the same total work); plans[0]: the baseline."""
-    import numpy as np
-
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.outputs.report import does_baseline_work
-    from simulator.outputs.sweep_table import timeline_metrics
-
     tokens = np.array([timeline_metrics(p, t)["tokens"] for p, t in zip(plans, timelines)], dtype=float)
     table.insert(table.columns.get_loc("speedup") + 1, "comparable", does_baseline_work(tokens / tokens[0]))
     return table
 
 
 def _table_other_work() -> str:
-    # lazy: startup time (pandas: geodt sweep --help reads none of it)
-    from simulator.outputs.report import TOKENS_BAND
-
     return (f"*: other work: the run trains on tokens beyond ±{TOKENS_BAND:.0%} of the baseline's (table.csv's "
             "comparable false, as geodt simulate marks it), so its speed-up is not like for like.")
 
@@ -521,8 +475,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geodt sweep: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:
-        from simulator.sweep.sweep_cluster import ClusterLost  # lazy: dask only with --scheduler
-
         if not isinstance(exc, ClusterLost):
             raise
         print(f"geodt sweep: {exc}", file=sys.stderr)
@@ -530,8 +482,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # stdout's reader went away (| head): geodt.cli ends quietly, not a disk's error
         raise
     except OSError as exc:  # a full disk, a quota, a read-only file system met while writing
-        # lazy: startup time (pandas: geodt sweep --help reads none of it)
-        from simulator.cli import write_error
 
         print(f"geodt sweep: {write_error(args.out, exc, 'finished chunks are kept (each written whole)')}",
               file=sys.stderr)

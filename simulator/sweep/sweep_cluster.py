@@ -17,6 +17,7 @@ written kept for a rerun (with --scheduler, or without it to run the rest locall
 """
 from __future__ import annotations
 
+import time
 from concurrent.futures import CancelledError
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def connect(address: str):
     """A dask Client on the scheduler at `address`, before the sweep writes anything; InputError
     (one line) when Dask is missing or the scheduler cannot be reached."""
     try:
-        from dask.distributed import Client
+        from dask.distributed import Client  # noqa: PLC0415  deferred: dask (the cluster extra) only with --scheduler
     except ImportError:
         raise InputError("--scheduler: needs Dask (pip install 'geodt[cluster]')") from None
     try:
@@ -53,7 +54,7 @@ def run_on_cluster(address, spec, jobs, progress, worker_timeout_s: float = WORK
     each part written as its result arrives; progress(scenarios) after each. ClusterLost when no
     worker is there for worker_timeout_s while tasks are pending."""
     try:
-        from dask.distributed import Client
+        from dask.distributed import Client  # noqa: PLC0415  deferred: dask (the cluster extra) only with --scheduler
     except ImportError:
         raise InputError("--scheduler: needs Dask (pip install 'geodt[cluster]')") from None
     client = address if isinstance(address, Client) else Client(address)
@@ -68,10 +69,8 @@ def run_on_cluster(address, spec, jobs, progress, worker_timeout_s: float = WORK
 
 def _collect(client, futures: dict, progress, worker_timeout_s: float) -> None:
     """Each future's part written as it arrives, the workers watched while any is pending."""
-    import time
-
-    from dask.distributed import wait
-    from distributed import KilledWorker
+    from dask.distributed import wait  # noqa: PLC0415  deferred: dask (the cluster extra) only with --scheduler
+    from distributed import KilledWorker  # noqa: PLC0415  deferred: dask (the cluster extra) only with --scheduler
 
     pending, alone_since = set(futures), None
     while pending:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from simulator.scenario import load_scenario
 from simulator.sweep.sweep import KindTables, chunk_frame, node_kinds
@@ -33,10 +35,6 @@ TARGET_CRITERION = ("time_to_target_s", "min")
 
 def part_bytes(frame: pd.DataFrame) -> bytes:
     """One chunk's rows as Parquet bytes, the same for the same frame on every run."""
-    # lazy: startup time (pyarrow.parquet)
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     table = pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
     buffer = io.BytesIO()
     pq.write_table(table, buffer)
@@ -68,9 +66,6 @@ def chunk_bytes(spec, first: int, kinds, bw) -> bytes:
 
 
 def read_part(path: Path, columns: list[str] | None = None) -> pd.DataFrame:
-    # lazy: startup time (pyarrow.parquet)
-    import pyarrow.parquet as pq
-
     return pq.read_table(path, columns=columns).to_pandas()
 
 
@@ -115,9 +110,6 @@ class SweepStats:
     def from_parts(cls, paths) -> SweepStats:
         stats = cls()
         for path in paths:
-            # lazy: startup time (pyarrow.parquet)
-            import pyarrow.parquet as pq
-
             names = pq.read_schema(path).names
             stats._add(read_part(path, NEEDED + [c for c in (TARGET_CRITERION[0], COMPARABLE) if c in names]))
         return stats._done()

@@ -26,10 +26,9 @@ HETERO_LABELS = ["alike", "<1.5x", "1.5-3x", "3-10x", ">10x"]
 
 
 def _plt():
-    # lazy: startup time (matplotlib)
-    import matplotlib
+    import matplotlib  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415  deferred: matplotlib (~0.5 s) only when a figure is drawn
     return plt
 
 
@@ -186,7 +185,8 @@ def speedup_figure(data, path: Path) -> Path:
 def _log_ticks(ax) -> None:
     """A log y axis labelled at 1, 2 and 5 times each power of ten, as plain numbers (0.05, 0.5, 2):
     a range within a decade or two showed only 10^-1 and 10^0 before."""
-    from matplotlib.ticker import FuncFormatter, LogLocator
+    # deferred: matplotlib (~0.5 s) only when a figure is drawn
+    from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: PLC0415
 
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _pos: f"{v:g}")
