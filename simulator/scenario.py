@@ -98,6 +98,12 @@ def _gpus(node: Any, name: str) -> None:
                              f"got {count!r}")
 
 
+def _quota(node: Any, name: str) -> None:
+    quota = getattr(node, name)
+    if quota is not None and not 0.01 <= quota <= 1024:
+        raise FieldError(name, f"expected a share of a core in [0.01, 1024], got {quota!r}")
+
+
 def _cores(node: Any, name: str) -> None:
     cores = getattr(node, name)
     if cores is not None and (not cores or any(c < 0 or c > 4095 for c in cores)):
@@ -130,8 +136,7 @@ class NodeConfig:
     # Real limits for CPU devices (the executor applies them to each of the node's processes;
     # profiles for such a node must be measured under the same limits).
     cpu_quota: float | None = key(None, "CPU devices: each device process limited to this share of a core "
-                                  "(cgroup); on a shared machine the quota sets its speed",
-                                  bounds=(0.01, 1024), example=0.6)
+                                  "(cgroup); on a shared machine the quota sets its speed", _quota, example=0.6)
     cpu_cores: tuple[int, ...] | None = key(None, "CPU devices: cores for the node's processes (device j: "
                                             "cores[j::G])", _cores, example=[0, 1])
     sharding: str | None = key(None, "this node's own sharding ([training]'s otherwise); auto: the least that "

@@ -62,7 +62,7 @@ def test_the_defaults_pass_the_checks(cls):
     (TrainingConfig, "rounds", 10**6 + 1, "expected an integer from 1 to 1000000"),
     (ModelSection, "seq_len", 10**7 + 1, "expected an integer from 1 to 10000000"),
     (NetworkConfig, "bandwidth_gbps", 2e6, "expected a number from 1e-06 to 1e+06"),
-    (NodeConfig, "cpu_quota", 0.001, "expected a number from 0.01 to 1024"),
+    (NodeConfig, "intra_node_gbps", 1e-4, "expected a number from 0.001 to 1e+06"),
 ])
 def test_a_keys_bounds_sit_beside_it(cls, name, value, message):
     """Bounds are the key's own (`key(..., bounds=)`), checked with its other checks."""
