@@ -253,7 +253,7 @@ def loss_notes(setup, losses: dict) -> str:
     lines += [f"  {k}: {src}" for k, src in legend.items()]
     for name, pred in losses.items():
         parts = [_effect_text(k, d, eta) for k, (d, eta, _, _) in pred.get("sources", {}).items()
-                 if abs(d) > 5e-4 or abs(eta - 1) > 5e-4]
+                 if _shown(d, eta)]
         assumed = [k for k, (d, eta, src, _) in pred.get("sources", {}).items() if "assumed none" in src]
         if assumed:
             parts.append(f"no published effect, none assumed: {', '.join(assumed)}")
@@ -269,9 +269,17 @@ def loss_notes(setup, losses: dict) -> str:
     return "\n".join(lines)
 
 
+# An effect is printed where it shows at the printed precision (δ to 0.01%, η to 0.001): below, "-0.00%".
+DELTA_SHOWN_PCT, ETA_SHOWN = 0.005, 0.0005
+
+
+def _shown(delta_pct: float, eta: float) -> bool:
+    return abs(delta_pct) >= DELTA_SHOWN_PCT or abs(eta - 1) >= ETA_SHOWN
+
+
 def _effect_text(name: str, delta_pct: float, eta: float) -> str:
-    return name + (f" {delta_pct:+.2f}%" if abs(delta_pct) > 5e-4 else "") + (f" η {eta:.3f}" if abs(eta - 1) > 5e-4
-                                                                               else "")
+    return name + (f" {delta_pct:+.2f}%" if abs(delta_pct) >= DELTA_SHOWN_PCT else "") + \
+        (f" η {eta:.3f}" if abs(eta - 1) >= ETA_SHOWN else "")
 
 
 def _baseline_loss(scenario, setup) -> dict:

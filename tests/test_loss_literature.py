@@ -213,3 +213,13 @@ def test_the_overtraining_band_is_the_forms_residual_on_table_7():
     residual = [lit.overtraining_delta_pct(r) - r.published_delta_pct for r in rows.itertuples()]
     assert lit.overtraining_band() == pytest.approx(np.sqrt(np.mean(np.square(residual))) / 100)
     assert 0.005 < lit.overtraining_band() < 0.015
+
+
+def test_an_effect_too_small_to_print_is_left_out_of_the_notes():
+    """`simulate paper --set training.rounds=460` printed "measured-batch: overtraining -0.00%": an effect
+    under the printed precision (0.01%) is not named as one."""
+    from simulator.cli import _effect_text, _shown
+
+    assert not _shown(-0.004, 1.0) and _shown(-0.005, 1.0) and _shown(0.0, 0.9995)
+    assert _effect_text("overtraining", -0.18, 1.0) == "overtraining -0.18%"
+    assert _effect_text("batch", 0.001, 0.962) == "batch η 0.962"
