@@ -220,6 +220,6 @@ def test_an_effect_too_small_to_print_is_left_out_of_the_notes():
     under the printed precision (0.01%) is not named as one."""
     from simulator.cli import _effect_text, _shown
 
-    assert not _shown(-0.004, 1.0) and _shown(-0.005, 1.0) and _shown(0.0, 0.9995)
+    assert not _shown(-0.004, 1.0) and _shown(-0.005, 1.0) and _shown(0.0, 0.999) and not _shown(0.0, 0.9999)
     assert _effect_text("overtraining", -0.18, 1.0) == "overtraining -0.18%"
     assert _effect_text("batch", 0.001, 0.962) == "batch η 0.962"
