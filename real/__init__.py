@@ -13,9 +13,10 @@ Rooms, bottom up; an arrow runs down only (tests/test_imports.py REAL_ROOMS):
 - rounds/: the kinds of round: rounds (the Round interface, the parts a round is handed, the one
   inner-step loop), round_classic (DiLoCo), round_ddp (sync-ddp), round_streaming,
   round_async and round_quorum (no barrier; round_server, what they share), adaptive
-  (rebalance / deadline), trace (rows, gathering, trace.csv). Imports core/.
-- checkpoint/: checkpoint (a node's state, saved in the background, resumed; an async or quorum
-  cut), ckpt_set (checkpoint sets on disk: digests, manifest). Imports core/ and rounds/.
+  (rebalance / deadline), trace (rows, gathering, trace.csv), state (a node's state in one object,
+  what checkpoints and membership work on). Imports core/.
+- checkpoint/: checkpoint (a node's checkpointer: its state saved in the background, resumed; an
+  async or quorum cut), ckpt_set (checkpoint sets on disk: digests, manifest). Imports core/ and rounds/.
 - membership/: who is in the run: members (the policy the round loop consults: fixed, or
   `--on-node-loss continue`), membership (the epochs, joins and admissions in the store), inject
   (faults at exact points). Imports core/, rounds/ and checkpoint/.

@@ -25,11 +25,11 @@ from tests.test_real_runs import final_weights, scenario_text  # noqa: E402
 SLOW_FAST = [("a", 2, 2, 1.0), ("b", 2, 1, 0.02)]
 
 
-def _cut_node(nodes=2, rounds=5, every=None, stop_after=None, final=False, resumed=0, checkpoint=True):
+def _cut_node(nodes=2, rounds=5, every=None, stop_after=None, final=False, checkpoint=True):
     opts = SimpleNamespace(checkpoint=checkpoint, checkpoint_every=every, stop_after=stop_after,
                            checkpoint_final=final)
     return SimpleNamespace(plan=SimpleNamespace(nodes=[None] * nodes), spec=SimpleNamespace(rounds=rounds,
-                           checkpoint_every=None), opts=opts, resumed_cut=resumed)
+                           checkpoint_every=None), opts=opts)
 
 
 def test_cuts_are_counted_in_pushes_n_per_round():
@@ -38,7 +38,7 @@ def test_cuts_are_counted_in_pushes_n_per_round():
     stop = async_cuts(_cut_node(every=2, stop_after=3))
     assert stop.due == (4, 6) and stop.stop == 6                   # none after the stop cut
     assert async_cuts(_cut_node(stop_after=9)).due == (10,)        # past the run's end: its last push
-    assert async_cuts(_cut_node(every=1, resumed=6)).due == (8, 10)
+    assert async_cuts(_cut_node(every=1), resumed=6).due == (8, 10)
     assert async_cuts(_cut_node(every=1, checkpoint=False, stop_after=2)).due == ()  # stops, writes none
     assert async_cuts(_cut_node()).due == ()                       # no Young/Daly default without a barrier
 

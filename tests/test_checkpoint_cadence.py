@@ -51,18 +51,20 @@ class _Groups:
 
 
 def _node(every=None, stop_after=None, final=False, mtbf_s=3600.0, sync="diloco", on_node_loss="stop"):
+    """A node's checkpointer on a stand-in of its state (real/rounds/state.py NodeState)."""
     opts = SimpleNamespace(checkpoint=True, checkpoint_every=every, checkpoint_final=final, stop_after=stop_after,
                            on_node_loss=on_node_loss)
     spec = SimpleNamespace(checkpoint_every=None, mtbf_s=mtbf_s)
-    return SimpleNamespace(opts=opts, spec=spec, rounds_done=0, is_leader=False, rank=1, groups=_Groups(),
-                           plan=SimpleNamespace(round_kind=round_kind(sync), sync=sync))
+    return checkpoint.Checkpointer(SimpleNamespace(opts=opts, spec=spec, rounds_done=0, is_leader=False, rank=1,
+                                                   groups=_Groups(),
+                                                   plan=SimpleNamespace(round_kind=round_kind(sync), sync=sync)))
 
 
 def _due_rounds(node, last):
     due = []
-    for done in range(node.rounds_done + 1, last + 1):
-        node.rounds_done = done
-        if checkpoint.due_here(node, last):
+    for done in range(node.state.rounds_done + 1, last + 1):
+        node.state.rounds_done = done
+        if node.due_here(last):
             due.append(done)
     return due
 
@@ -73,9 +75,9 @@ def test_a_quorum_run_snapshots_every_round_while_a_cut_is_due():
     from real.rounds.round_async import Cuts
 
     node = _node(every=1, final=True, sync="quorum")
-    node.async_cuts, node.async_written = Cuts(due=(2, 4)), 0
+    node.cuts, node.written = Cuts(due=(2, 4)), 0
     assert _due_rounds(node, 5) == [1, 2, 3, 4, 5]
-    node.async_written = 4
+    node.state.rounds_done, node.written = 0, 4
     assert _due_rounds(node, 5) == []
 
 
@@ -89,13 +91,13 @@ def test_the_default_cadence_follows_young_daly_from_the_second_round(monkeypatc
     clock = iter([100.0, 110.0])  # the first round's end, then the next: 10 s a round
     monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: next(clock))
     node = _node()
-    node.rounds_done = 4  # resumed after round 4: the cadence counts from the first round run here
+    node.state.rounds_done = 4  # resumed after round 4: the cadence counts from the first round run here
     # a non-leader brings 0 s; the leader's timed 2 s checkpoint wins the max: stand it in directly
-    node.groups.max_float = lambda value: {0.0: 2.0}.get(value, value)
+    node.state.groups.max_float = lambda value: {0.0: 2.0}.get(value, value)
     assert _due_rounds(node, 40) == [17, 29]
-    assert node.ckpt_every == 12
+    assert node.every == 12
     node = _node(stop_after=30)
-    node.groups.max_float = lambda value: {0.0: 2.0}.get(value, value)
+    node.state.groups.max_float = lambda value: {0.0: 2.0}.get(value, value)
     clock = iter([100.0, 110.0])
     assert _due_rounds(node, 30) == [13, 25, 30]  # and the round --stop-after stops at
 
@@ -107,11 +109,11 @@ def test_under_continue_each_node_chooses_its_cadence_alone(monkeypatch):
     clock = iter([100.0, 110.0])
     monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: next(clock))
     node = _node(on_node_loss="continue")
-    node.is_leader = True
-    node.ckpt_writer = SimpleNamespace(wait=lambda: (None, 2.0), submit=lambda fn, row: None)  # its own 2 s probe
+    node.state.is_leader = True
+    node.writer = SimpleNamespace(wait=lambda: (None, 2.0), submit=lambda fn, row: None)  # its own 2 s probe
     assert _due_rounds(node, 40) == [13, 25, 37]
-    assert node.ckpt_every == 12 and node.groups.maxed == []
-    assert node.groups.node_maxed == [2_000_000_000, 10_000_000_000]
+    assert node.every == 12 and node.state.groups.maxed == []
+    assert node.state.groups.node_maxed == [2_000_000_000, 10_000_000_000]
 
 
 def test_a_checkpoint_cost_is_timed_on_a_stand_in_and_scaled_by_bytes(tmp_path, monkeypatch):

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from formats.plan import NodePlan, Plan
 from train.step import compile_blocks
 
 
@@ -65,7 +66,7 @@ class ShardingSpec:
     outer_state: str = "cpu"
 
     @classmethod
-    def of(cls, plan, node) -> ShardingSpec:
+    def of(cls, plan: Plan, node: NodePlan) -> ShardingSpec:
         """The spec of a plan's node (empty cells: none, none, cpu, as Plan.resolved())."""
         return cls(node.sharding or "none", node.activation_checkpointing or "none", plan.outer_state or "cpu")
 

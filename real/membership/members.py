@@ -33,9 +33,13 @@ writes the outputs from them, and every member leaves the digest of its final gl
 the launcher's check (real/process/respawn.py).
 
 Checkpoints: each node writes its own sets, as under stop. `--resume` loads each node's own newest
-(real/checkpoint/checkpoint.py resume_own, no collective) and the members take the newest round any
+(real/checkpoint/checkpoint.py Checkpointer.resume_own, no collective) and the members take the newest round any
 of them holds as they enter the first epoch; a node whose set is older (it was away when the run
 stopped) comes back as a joiner does.
+
+A policy works on the node's state (real/rounds/state.py NodeState) and its checkpointer, never on the
+worker's Node; what only the worker can do (build the parts and the round for a process group, leave
+it, gather the final weights, write a fixed run's outputs) it asks through `WorkerHooks`.
 """
 from __future__ import annotations
 
@@ -45,12 +49,13 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from formats.plan import Plan
-from real.checkpoint import checkpoint
-from real.checkpoint.checkpoint import save_whole
+from real.checkpoint.checkpoint import Checkpointer, save_whole, snapshot
 from real.core.groups import Groups
 from real.core.options import ExecOptions, PeerLost, run_collective
 from real.core.streaming import SYNC_NUMERIC, write_syncs
@@ -65,119 +70,140 @@ from real.membership.membership import (
     wait_for_admission,
 )
 from real.rounds.rounds import Origin, round_row
+from real.rounds.state import NodeState
 from real.rounds.trace import NUMERIC_COLUMNS, membership_lines, run_columns, summary, write_trace
 
 ROW_KEYS = [*NUMERIC_COLUMNS, "members"]  # a trace row in the store (json)
 
 
+@dataclass(frozen=True)
+class WorkerHooks:
+    """What a policy asks of the worker (real/process/worker.py Node), which alone builds a node's parts
+    and round: work in a run-wide group (`bind`, Node.bind) and leave it (`unbind`, Node.unbind), the
+    final weights (a collective of a sharded node's processes), a fixed run's outputs (`finish`)."""
+
+    bind: Callable[[Groups], None]
+    unbind: Callable[[], None]
+    final_weights: Callable[[], dict[str, torch.Tensor]]
+    finish: Callable[[], None]
+
+
 class Fixed:
     """--on-node-loss stop: the plan's nodes throughout (the module doc)."""
 
-    def prepare(self, node) -> None:
+    def __init__(self, state: NodeState, ckpt: Checkpointer, hooks: WorkerHooks):
+        self.state, self.ckpt, self.hooks = state, ckpt, hooks
+        self.joining = False
+
+    def prepare(self) -> None:
         """Before the first round: --resume loads the newest round every node holds intact; else the
         sets an earlier run left in --out go."""
-        if node.opts.resume:
-            checkpoint.resume(node)
-        elif node.groups.is_leader:
-            checkpoint.start_afresh(node)
+        if self.state.opts.resume:
+            self.ckpt.resume()
+        elif self.state.groups.is_leader:
+            self.ckpt.start_afresh()
 
-    def start(self, node) -> Origin:
-        node.groups.barrier()
-        return Origin(time.perf_counter(), node.time_offset_s)
+    def start(self) -> Origin:
+        self.state.groups.barrier()
+        return Origin(time.perf_counter(), self.state.time_offset_s)
 
-    def run_round(self, node, r: int, origin: Origin, bar) -> dict:
-        return node.round.run(r, origin, bar)
+    def run_round(self, r: int, origin: Origin, bar) -> dict:
+        return self.state.round.run(r, origin, bar)
 
-    def after_round(self, node, r: int, row: dict) -> None:
+    def after_round(self, r: int, row: dict) -> None:
         pass
 
-    def finish(self, node) -> None:
-        node.finish()
+    def finish(self) -> None:
+        self.hooks.finish()
 
 
 class Elastic:
     """--on-node-loss continue: rounds whose membership changes while the run goes on (the module doc)."""
 
-    def __init__(self, node, store, joining: bool):
+    def __init__(self, state: NodeState, ckpt: Checkpointer, hooks: WorkerHooks, store, joining: bool):
+        self.state, self.ckpt, self.hooks = state, ckpt, hooks
         self.store, self.joining = store, joining
-        self.n, self.timeout_s = len(node.plan.nodes), node.opts.collective_timeout_s()
+        self.n, self.timeout_s = len(state.plan.nodes), state.opts.collective_timeout_s()
         self.epoch = None
         self.in_flight: int | None = None  # the round that failed, while the node recovers
         self.snapshot: dict | None = None  # the state at the running round's start (kinds without retry_sync)
         # an injected outage of this node (ExecOptions.outage): (round it is lost at, round it rejoins at)
-        self.outage = next(((r, r + k) for i, r, k in node.opts.outage or () if i == node.index), None)
-        self.faults = Faults(node.me.node, joining)
+        self.outage = next(((r, r + k) for i, r, k in state.opts.outage or () if i == state.index), None)
+        self.faults = Faults(state.me.node, joining)
 
     # --- the run -------------------------------------------------------------------------
-    def prepare(self, node) -> None:
+    def prepare(self) -> None:
         """Before the first epoch: --resume loads this node's own newest set, with no collective (the
         members take the newest round any of them holds as they enter the epoch: _enter); else the sets
         an earlier run left in --out go. A joiner keeps the sets its lost process wrote in this run."""
+        state = self.state
         if self.joining:
             return
-        if not node.opts.resume:
-            if node.groups.is_leader:
-                checkpoint.start_afresh(node)
+        if not state.opts.resume:
+            if state.groups.is_leader:
+                self.ckpt.start_afresh()
             return
-        state = checkpoint.resume_own(node)
-        if state is not None and state["streaming"] is not None:  # the round it belongs to is built at bind
-            node.held_round = (None, state["streaming"])
+        saved = self.ckpt.resume_own()
+        if saved is not None and saved["streaming"] is not None:  # the round it belongs to is built at bind
+            state.held_round = (None, saved["streaming"])
 
-    def start(self, node) -> Origin:
+    def start(self) -> Origin:
         """Enter the first epoch (0, or the one a joiner is admitted to); the run's time axis (a
         resumed run's continues from the newest set's, agreed in _enter)."""
+        state = self.state
         if not self.joining:
-            self._enter_first(node, 0)
-            self._post_rows(node)  # a resumed run's rows so far: the outputs are written from the store
+            self._enter_first(0)
+            self._post_rows()  # a resumed run's rows so far: the outputs are written from the store
             t0 = time.perf_counter()
-            if self._coordinates(node):  # node 0 may be the one lost before round 0
-                self.store.set("geodt/t0", repr(time.time() - node.time_offset_s))
-            return Origin(t0, node.time_offset_s)
+            if self._coordinates():  # node 0 may be the one lost before round 0
+                self.store.set("geodt/t0", repr(time.time() - state.time_offset_s))
+            return Origin(t0, state.time_offset_s)
         ready = time.time()
-        ask_to_join(self.store, node.index, self.outage[1] if self.outage else 0, node.me.gpus)
+        ask_to_join(self.store, state.index, self.outage[1] if self.outage else 0, state.me.gpus)
         self.faults.at("asked")
-        number = wait_for_admission(self.store, node.index, self.timeout_s)
+        number = wait_for_admission(self.store, state.index, self.timeout_s)
         self.faults.at("admitted")
-        self._enter_first(node, number)
-        if node.is_leader:  # its lost process's rows, so that the sets it writes hold the node's whole trace
-            node.trace = stored_rows(self.store, node.index, node.rounds_done)
-            if node.streaming is not None:
-                node.streaming.rows = stored_syncs(self.store, node, node.rounds_done)
-        return rejoined(self.store, node.index, f"node {node.me.node} (rank {node.rank})", node.rounds_done, ready,
-                        say=node.is_leader)
+        self._enter_first(number)
+        if state.is_leader:  # its lost process's rows, so that the sets it writes hold the node's whole trace
+            state.trace = stored_rows(self.store, state.index, state.rounds_done)
+            if state.streaming is not None:
+                state.streaming.rows = stored_syncs(self.store, state, state.rounds_done)
+        return rejoined(self.store, state.index, f"node {state.me.node} (rank {state.rank})", state.rounds_done,
+                        ready, say=state.is_leader)
 
-    def run_round(self, node, r: int, origin: Origin, bar) -> dict:
+    def run_round(self, r: int, origin: Origin, bar) -> dict:
         """Round r, finished among the survivors should a member be lost (the module doc); its row names
         the members it ended with (before a checkpoint takes the row)."""
-        row = self._run_round(node, r, origin, bar)
-        row["members"] = "+".join(node.plan.nodes[i].node for i in self.epoch.members)
+        row = self._run_round(r, origin, bar)
+        row["members"] = "+".join(self.state.plan.nodes[i].node for i in self.epoch.members)
         return row
 
-    def _run_round(self, node, r: int, origin: Origin, bar) -> dict:
+    def _run_round(self, r: int, origin: Origin, bar) -> dict:
+        state = self.state
         if self.outage is not None and not self.joining and r == self.outage[0]:
             os.kill(os.getpid(), signal.SIGKILL)  # the injected loss: a real one, at the round's start
         self.faults.at("round", r)
-        self.snapshot = None if node.round.retries_sync else checkpoint.snapshot(node)
+        self.snapshot = None if state.round.retries_sync else snapshot(state)
         retry = False
         while True:
             try:
-                if retry and node.round.retries_sync:
-                    return node.round.retry_sync(r, origin)
-                return node.round.run(r, origin, bar)
+                if retry and state.round.retries_sync:
+                    return state.round.retry_sync(r, origin)
+                return state.round.run(r, origin, bar)
             except PeerLost as exc:
                 lost = PeerLost(str(exc))  # not the exception itself: its frames hold the epoch's group
             failed_at = time.perf_counter()
-            progress = node.round.progress
+            progress = state.round.progress
             self.in_flight = r
-            self._recover(node, lost)
+            self._recover(lost)
             self.in_flight = None
-            if node.rounds_done > r:  # completed elsewhere: this node's row ends now
-                return lost_round_row(node, r, origin, progress, failed_at)
+            if state.rounds_done > r:  # completed elsewhere: this node's row ends now
+                return lost_round_row(state, r, origin, progress, failed_at)
             retry = True
 
-    def after_round(self, node, r: int, row: dict) -> None:
+    def after_round(self, r: int, row: dict) -> None:
         """The round's rows into the store; then whether a node asked to join (and if so, admit it)."""
-        self._post_rows(node, [row])
+        self._post_rows([row])
         lost = None
         try:
             asked = join_requests(self.store, self.n, self.epoch.members, r)
@@ -185,129 +211,133 @@ class Elastic:
         except PeerLost as exc:
             lost = PeerLost(str(exc))  # recovered from outside this block (run_round says why)
         if lost is None and asked.any():
-            if self._coordinates(node):
+            if self._coordinates():
                 open_next_epoch(self.store, self.epoch.members,
                                 [i for i in range(self.n) if asked[i] > 0 and i not in self.epoch.members])
-            node.unbind()
+            self.hooks.unbind()
             try:
-                self._enter(node, self.epoch.number + 1)
+                self._enter(self.epoch.number + 1)
             except PeerLost as exc:
                 lost = PeerLost(str(exc))
         if lost is not None:
-            self._recover(node, lost)
+            self._recover(lost)
 
-    def finish(self, node) -> None:
+    def finish(self) -> None:
         """Every member leaves its weights' digest; the first writes the outputs (write_outputs). A member lost
         meanwhile: the others enter the next epoch (their state agreed as at any) and finish among themselves."""
-        node.round.close()
-        checkpoint.wait_writes(node)  # the last set on disk, its write's seconds in its row:
-        self._post_rows(node)        # so the rows go into the store again
+        self.state.round.close()
+        self.ckpt.wait_writes()  # the last set on disk, its write's seconds in its row:
+        self._post_rows()        # so the rows go into the store again
         if self.faults.skew:  # injected (real/membership/inject.py): the launcher must catch the mismatch
-            node.outer.global_flat.add_(1e-3)
+            self.state.outer.global_flat.add_(1e-3)
         self.faults.at("finish")
         while True:
             try:
-                self._finish_in_epoch(node)
+                self._finish_in_epoch()
                 return
             except PeerLost as exc:
                 lost = PeerLost(str(exc))  # not the exception itself: its frames hold the epoch's group
-            self._recover(node, lost)
-            node.round.close()
+            self._recover(lost)
+            self.state.round.close()
 
-    def _finish_in_epoch(self, node) -> None:
+    def _finish_in_epoch(self) -> None:
+        state = self.state
         # a sharded node's θ_g gathered whole on its leader: the digest of the canonical layout, as unsharded
-        flat = node.layout.gather(node.outer.global_flat) if node.layout is not None else node.outer.global_flat
-        if node.is_leader:
-            self.store.set(f"geodt/digest/{node.index}", hashlib.sha256(flat.numpy().tobytes()).hexdigest())
+        flat = state.layout.gather(state.outer.global_flat) if state.layout is not None else state.outer.global_flat
+        if state.is_leader:
+            self.store.set(f"geodt/digest/{state.index}", hashlib.sha256(flat.numpy().tobytes()).hexdigest())
         weights = None
-        if node.index == self.epoch.members[0]:  # its processes all take part when its weights are sharded
-            weights = node.final_weights()
+        if state.index == self.epoch.members[0]:  # its processes all take part when its weights are sharded
+            weights = self.hooks.final_weights()
         self.epoch.barrier()
-        if self._coordinates(node):
-            write_outputs(self.store, node.plan, node.spec.rounds, node.opts, self.epoch.members, weights,
-                          streaming=node.streaming is not None)
+        if self._coordinates():
+            write_outputs(self.store, state.plan, state.spec.rounds, state.opts, self.epoch.members, weights,
+                          streaming=state.streaming is not None)
         self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
 
-    def _coordinates(self, node) -> bool:
+    def _coordinates(self) -> bool:
         """Whether this process is the epoch's coordinator: the first member's leader."""
-        return node.index == self.epoch.members[0] and node.is_leader
+        return self.state.index == self.epoch.members[0] and self.state.is_leader
 
-    def _post_rows(self, node, rows: list[dict] | None = None) -> None:
+    def _post_rows(self, rows: list[dict] | None = None) -> None:
         """Trace rows (default: all this node holds) and their rounds' fragment rows into the store, by
         the node's leader (which holds them)."""
-        if not node.is_leader:
+        state = self.state
+        if not state.is_leader:
             return
         syncs: dict[int, list] = {}  # the fragment rows by round, grouped once
-        for s in node.streaming.rows if node.streaming is not None else ():
+        for s in state.streaming.rows if state.streaming is not None else ():
             syncs.setdefault(int(s["round"]), []).append([float(s[c]) for c in SYNC_NUMERIC])
-        for row in node.trace if rows is None else rows:
+        for row in state.trace if rows is None else rows:
             r = int(row["round"])
-            self.store.set(f"geodt/row/{node.index}/{r}", json.dumps({k: row[k] for k in ROW_KEYS}))
-            if node.streaming is not None:
-                self.store.set(f"geodt/syncs/{node.index}/{r}", json.dumps(syncs.get(r, [])))
+            self.store.set(f"geodt/row/{state.index}/{r}", json.dumps({k: row[k] for k in ROW_KEYS}))
+            if state.streaming is not None:
+                self.store.set(f"geodt/syncs/{state.index}/{r}", json.dumps(syncs.get(r, [])))
 
     # --- epochs --------------------------------------------------------------------------
-    def _enter(self, node, number: int) -> None:
+    def _enter(self, number: int) -> None:
         """Join epoch `number`, rebuild what depends on the group, agree on the state (module doc)."""
+        state = self.state
         self.faults.at("epoch", number)
-        adaptive = node.parts.steps.adaptive
-        replicas = node.plan.round_kind.supports("replicated")  # sync-ddp's replicas keep one inner optimizer state
+        adaptive = state.parts.steps.adaptive
+        replicas = state.plan.round_kind.supports("replicated")  # sync-ddp's replicas keep one inner optimizer state
         shared: dict[str, torch.Tensor] = {}
 
         def share(epoch, latest: int, source: int) -> None:
-            if self.in_flight is not None and node.rounds_done == latest and self.snapshot is not None:
-                node_restore(node, self.snapshot)  # this round runs again, from its start
-            node.bind(Groups(node.plan, epoch.rank, epoch.world, node.device, self.timeout_s, members=epoch.members))
-            shared["clock"] = torch.tensor([node.time_offset_s], dtype=torch.float64)  # a resumed run's axis
+            if self.in_flight is not None and state.rounds_done == latest and self.snapshot is not None:
+                node_restore(state, self.snapshot)  # this round runs again, from its start
+            self.hooks.bind(Groups(state.plan, epoch.rank, epoch.world, state.device, self.timeout_s,
+                                   members=epoch.members))
+            shared["clock"] = torch.tensor([state.time_offset_s], dtype=torch.float64)  # a resumed run's axis
             if adaptive is not None:
                 shared["adaptive"] = adaptive.state()
             if replicas:
-                shared["optimizer"] = optimizer_flat(node.optimizer, node.model)
-            shared["outer"] = share_state(node.groups, node.layout, node.outer, list(shared.values()),
+                shared["optimizer"] = optimizer_flat(state.optimizer, state.model)
+            shared["outer"] = share_state(state.groups, state.layout, state.outer, list(shared.values()),
                                           epoch.members.index(source))
 
-        epoch, latest = agree(self.store, number, node.plan, node.rank, node.rounds_done, share, self.timeout_s)
+        epoch, latest = agree(self.store, number, state.plan, state.rank, state.rounds_done, share, self.timeout_s)
         self.epoch = epoch
-        node.outer.global_flat.copy_(shared["outer"][0])
-        node.outer.momentum.copy_(shared["outer"][1])
-        node.time_offset_s = float(shared["clock"][0])
+        state.outer.global_flat.copy_(shared["outer"][0])
+        state.outer.momentum.copy_(shared["outer"][1])
+        state.time_offset_s = float(shared["clock"][0])
         if replicas:
-            load_optimizer_flat(node.optimizer, node.model, shared["optimizer"])
-        if node.rounds_done < latest:  # behind, or a joiner: the global weights of round `latest` on
-            node.outer.load_into_model()
+            load_optimizer_flat(state.optimizer, state.model, shared["optimizer"])
+        if state.rounds_done < latest:  # behind, or a joiner: the global weights of round `latest` on
+            state.outer.load_into_model()
             if self.in_flight is None:  # a joiner: where its schedule and data would be, had it trained all along
-                node.inner_step = latest * node.me.local_steps
-                node.data_position = node.inner_step * node.parts.steps.node_batch
+                state.inner_step = latest * state.me.local_steps
+                state.data_position = state.inner_step * state.parts.steps.node_batch
             elif self.snapshot is not None:  # its round's steps, had it run them all
-                node.inner_step = self.snapshot["node.pt"]["inner_step"] + node.me.local_steps
-                node.data_position = node.inner_step * node.parts.steps.node_batch
-            node.rounds_done = latest
+                state.inner_step = self.snapshot["node.pt"]["inner_step"] + state.me.local_steps
+                state.data_position = state.inner_step * state.parts.steps.node_batch
+            state.rounds_done = latest
         if adaptive is not None:
             adaptive.entered(shared["adaptive"], epoch.members, replan=number > 0)
 
-    def _enter_first(self, node, number: int) -> None:
+    def _enter_first(self, number: int) -> None:
         """Enter the first epoch this process takes part in, or the next ones if a member is lost meanwhile."""
         try:
-            self._enter(node, number)
+            self._enter(number)
         except PeerLost as exc:
-            enter_next_epoch(lambda e: self._enter(node, e), number, self.timeout_s, exc)
+            enter_next_epoch(self._enter, number, self.timeout_s, exc)
 
-    def _recover(self, node, exc: PeerLost) -> None:
+    def _recover(self, exc: PeerLost) -> None:
         """A member is gone: leave its epoch, enter the launcher's next ones until one forms (or PeerLost)."""
-        node.unbind()
+        self.hooks.unbind()
         leave()
-        enter_next_epoch(lambda e: self._enter(node, e), self.epoch.number, self.timeout_s, exc)
+        enter_next_epoch(self._enter, self.epoch.number, self.timeout_s, exc)
 
 
-def node_restore(node, snapshot: dict) -> None:
-    """Back to `snapshot` (checkpoint.snapshot's), the run's time axis and trace kept; the node is between
+def node_restore(state: NodeState, held: dict) -> None:
+    """Back to `held` (checkpoint.snapshot's), the run's time axis and trace kept; the node is between
     epochs (Node.unbind), so its round's state is the one it holds for the next."""
-    offset, trace = node.time_offset_s, node.trace
-    state = {**snapshot["node.pt"], "outer": snapshot["global.pt"]["outer"]}
-    checkpoint.apply_state(node, state)
-    node.time_offset_s, node.trace = offset, trace
-    if node.held_round is not None and state["streaming"] is not None:
-        node.held_round = (node.held_round[0], state["streaming"])
+    offset, trace = state.time_offset_s, state.trace
+    saved = {**held["node.pt"], "outer": held["global.pt"]["outer"]}
+    state.load_state_dict(saved)
+    state.time_offset_s, state.trace = offset, trace
+    if state.held_round is not None and saved["streaming"] is not None:
+        state.held_round = (state.held_round[0], saved["streaming"])
 
 
 def share_state(groups: Groups, layout, outer, small: list[torch.Tensor], source: int) -> list[torch.Tensor]:
@@ -335,13 +365,13 @@ def share_state(groups: Groups, layout, outer, small: list[torch.Tensor], source
     return mine
 
 
-def lost_round_row(node, r: int, origin: Origin, progress, failed_at: float) -> dict:
+def lost_round_row(state: NodeState, r: int, origin: Origin, progress, failed_at: float) -> dict:
     """The trace row of a round that completed elsewhere while this node's sync failed: its syncing
     ends when it learned so (its own progress says where its compute and barrier ended)."""
     now = time.perf_counter()
     compute_end = progress.compute_end or failed_at
     sync_start = progress.sync_start or compute_end
-    return round_row(node.parts, r, origin, node.parts.steps.loss_sum, progress.clock,
+    return round_row(state.parts, r, origin, state.parts.steps.loss_sum, progress.clock,
                      compute_s=compute_end - progress.start, idle_s=sync_start - compute_end,
                      comm_s=now - sync_start, start=progress.start, end=now, bytes_sent=0)
 
@@ -379,12 +409,12 @@ def stored_rows(store, index: int, rounds: int) -> list[dict]:
     return [json.loads(store.get(key).decode()) for key in keys if store.check([key])]
 
 
-def stored_syncs(store, node, rounds: int) -> list[dict]:
+def stored_syncs(store, state: NodeState, rounds: int) -> list[dict]:
     """The node's Streaming DiLoCo fragment rows in the store, of rounds before `rounds`."""
     rows = []
-    for key in [f"geodt/syncs/{node.index}/{r}" for r in range(rounds)]:
+    for key in [f"geodt/syncs/{state.index}/{r}" for r in range(rounds)]:
         if store.check([key]):
-            rows += [{"strategy": node.plan.strategy, "node": node.me.node, **dict(zip(SYNC_NUMERIC, values))}
+            rows += [{"strategy": state.plan.strategy, "node": state.me.node, **dict(zip(SYNC_NUMERIC, values))}
                      for values in json.loads(store.get(key).decode())]
     return rows
 

@@ -15,8 +15,10 @@ averaging; real/rounds/rounds.py's NodeParts) and one round of the plan's kind (
 server on rank 0: asynchronous DiLoCo (real/rounds/round_async.py) or quorum rounds (real/rounds/round_quorum.py).
 Every kind runs the same inner-step loop (real/rounds/rounds.py) and returns one trace row per node and round
 (real/rounds/trace.py), on the leader's clock; each round module says how its compute_s, idle_s and comm_s are
-measured. Times are relative to a common start (a barrier right before round 0). Checkpoints
-and resuming are real/checkpoint/checkpoint.py's: it reads and restores the Node's attributes. Nothing
+measured. Times are relative to a common start (a barrier right before round 0). The node's
+state is one object (real/rounds/state.py NodeState, with state_dict/load_state_dict): checkpoints
+and resuming are its `Checkpointer`'s (real/checkpoint/checkpoint.py), and the membership policy
+works on it too; neither sees the Node. Nothing
 travels as pickles: rendezvous data, checkpoint agreement and trace rows are tensors.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from tqdm import tqdm
 from facts.presets import load_arch
 from formats.plan import Plan
 from real.checkpoint import checkpoint
+from real.checkpoint.checkpoint import Checkpointer
 from real.core.config import RunSpec
 from real.core.data import make_shard
 from real.core.diloco import OuterState, averaging_weights
@@ -40,9 +43,10 @@ from real.core.options import ExecOptions, run_config, run_kind
 from real.core.sharding import ShardingSpec, move_shards, node_scaler, prepare_model
 from real.core.streaming import SYNC_NUMERIC, StreamingSpec, write_syncs
 from real.core.sync import CrossNodeSync
-from real.membership.members import Elastic, Fixed
+from real.membership.members import Elastic, Fixed, WorkerHooks
 from real.rounds.adaptive import AdaptiveRounds
 from real.rounds.rounds import InnerSteps, NodeParts, make_round
+from real.rounds.state import NodeState
 from real.rounds.trace import NUMERIC_COLUMNS, gather_tables, run_columns, summary, trace_rows, write_trace
 from train.cpulimit import set_own_quota
 from train.models import build_model
@@ -155,15 +159,16 @@ def warm_up(model, batch_size: int, seq_len: int, device: torch.device) -> None:
 
 
 class Node:
-    """One process of one node of the DiLoCo run: its parts, its round, and the run's state
-    that checkpoints hold (real/checkpoint/checkpoint.py reads and restores these attributes)."""
+    """One process of one node of the DiLoCo run: its parts, its round, and the run. What checkpoints
+    and membership work on is the node's `state` (real/rounds/state.py NodeState), which the Node
+    hands them with its `checkpointer`, never itself; the rest (how its parts are built and bound to
+    a process group) is the Node's own."""
 
     def __init__(self, rank: int, world: int, local_rank: int, spec: RunSpec, plan: Plan,
                  opts: ExecOptions, backend: str, data_tokens=None, store=None, joining: bool = False):
         """store, joining: under --on-node-loss continue, the launcher's membership store and whether this
         is a lost node's restarted process (real/membership/members.py); the run-wide group is then an epoch's."""
-        self.rank, self.world, self.spec, self.plan, self.opts = rank, world, spec, plan, opts
-        self.device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
+        device = torch.device(f"cuda:{local_rank}" if backend == "nccl" else "cpu")
         me = plan.nodes[plan.node_of_rank(rank)]
         sharding = ShardingSpec.of(plan, me)
         streaming = streaming_spec(plan, opts)
@@ -172,166 +177,145 @@ class Node:
         # Streaming DiLoCo syncs its fragments from the device (real/rounds/round_streaming.py), and sync-ddp
         # has no outer step: both keep the outer state beside the model.
         on_cpu = sharding.outer_state == "cpu" and run_kind(plan, opts).supports("outer_on_cpu")
-        self.outer_device = torch.device("cpu") if on_cpu else self.device
+        self.outer_device = torch.device("cpu") if on_cpu else device
         elastic = opts.on_node_loss == "continue"
-        self.groups = (SoloGroups(plan, rank) if elastic else  # until it enters its first epoch
-                       Groups(plan, rank, world, self.device, opts.collective_timeout_s(),
-                              "gloo" if self.outer_device != self.device else None))
-        self.index, self.me, self.is_leader = self.groups.index, self.groups.me, self.groups.is_leader
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+        groups = (SoloGroups(plan, rank) if elastic else  # until it enters its first epoch
+                  Groups(plan, rank, world, device, opts.collective_timeout_s(),
+                         "gloo" if self.outer_device != device else None))
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         arch = load_arch(spec.model.preset)
         self.vocab_size = arch.vocab_size
         self.arch, self.sharding = arch, sharding
         # a sharded node under continue shards its model over each epoch's node group (reshard_parts)
         self.reshards = elastic and sharding.sharding != "none" and me.gpus > 1
-        self.parts = build_parts(spec, plan, opts, self.groups, arch, sharding, self.outer_device, data_tokens)
-        self.model, self.layout, self.outer = self.parts.model, self.parts.layout, self.parts.outer
-        steps = self.parts.steps
-        self.optimizer, self.scaler, self.shard = steps.optimizer, steps.scaler, steps.shard
-        self.batch = self.me.batch_size  # per device
-        self.config = run_config(spec, plan, opts)
-        self.rounds_done = 0
-        self.time_offset_s = 0.0
-        self.trace: list[dict] = []
-        # of the global weights a resume loaded (canonical layout; real/checkpoint/checkpoint.py)
-        self.loaded_digest = None
+        parts = build_parts(spec, plan, opts, groups, arch, sharding, self.outer_device, data_tokens)
         # adapt = rebalance | deadline (real/rounds/adaptive.py): the next round agreed at each barrier
         if plan.adaptive:
-            self.parts.steps.adaptive = AdaptiveRounds(plan, self.index)
+            parts.steps.adaptive = AdaptiveRounds(plan, groups.index)
             if opts.emulate:
-                self.parts.steps.adaptive.scale = opts.time_scale
+                parts.steps.adaptive.scale = opts.time_scale
+        self.state = NodeState(rank=rank, plan=plan, spec=spec, opts=opts, config=run_config(spec, plan, opts),
+                               device=device, parts=parts)
         self.streaming_settings = streaming
-        self.round = self.streaming = None  # its state is checkpointed when it streams
-        self.held_round = None  # between a continue run's epochs: the round's (progress, state) (unbind)
-        self.members = Elastic(self, store, joining) if elastic else Fixed()
+        self.checkpointer = Checkpointer(self.state)
+        hooks = WorkerHooks(bind=self.bind, unbind=self.unbind, final_weights=self.final_weights,
+                            finish=self.finish)
+        self.members = (Elastic(self.state, self.checkpointer, hooks, store, joining) if elastic else
+                        Fixed(self.state, self.checkpointer, hooks))
         if not elastic:
-            self.bind(self.groups)
+            self.bind(groups)
 
     def bind(self, groups) -> None:
         """Work in the run-wide group `groups` (a continue run: each membership epoch's,
         real/membership/members.py): the parts that depend on it and the round, its state carried over."""
-        self.groups, self.is_leader = groups, groups.is_leader
+        state = self.state
         if self.reshards:
-            self.parts = reshard_parts(self.parts, groups, self.spec, self.arch, self.sharding)
-            self.model, self.layout, self.outer = self.parts.model, self.parts.layout, self.parts.outer
-            self.optimizer, self.scaler = self.parts.steps.optimizer, self.parts.steps.scaler
-        if groups is not self.parts.groups:
-            self.parts = bind_parts(self.parts, groups)
-        self.round = make_round(self.parts, self.streaming_settings, self.spec.rounds)
-        if self.held_round is not None:
-            progress, state = self.held_round
-            self.round.load_state_dict(state)
-            self.round.progress, self.held_round = progress, None
-        self.streaming = self.round if self.streaming_settings is not None else None
+            state.parts = reshard_parts(state.parts, groups, state.spec, self.arch, self.sharding)
+        if groups is not state.parts.groups:
+            state.parts = bind_parts(state.parts, groups)
+        state.round = make_round(state.parts, self.streaming_settings, state.spec.rounds)
+        if state.held_round is not None:
+            progress, held = state.held_round
+            state.round.load_state_dict(held)
+            state.round.progress, state.held_round = progress, None
 
     def unbind(self) -> None:
         """Drop every reference to the run-wide group, so that leaving it closes its connections
         (real/membership/membership.py leave); the round's progress and state are held for the next bind."""
-        if self.round is not None:
-            self.held_round = (self.round.progress, self.round.state_dict())
-            self.round.close()
-        self.round = self.streaming = None
-        self.groups = SoloGroups(self.plan, self.rank)
-        self.parts = replace(self.parts, groups=self.groups, cross=None)
-        self.parts.steps.groups = self.groups
-
-    # The inner-step loop's position, which checkpoints save and restore.
-    @property
-    def inner_step(self) -> int:
-        return self.parts.steps.inner_step
-
-    @inner_step.setter
-    def inner_step(self, value: int) -> None:
-        self.parts.steps.inner_step = value
-
-    @property
-    def data_position(self) -> int:
-        return self.parts.steps.data_position
-
-    @data_position.setter
-    def data_position(self, value: int) -> None:
-        self.parts.steps.data_position = value
+        state = self.state
+        if state.round is not None:
+            state.held_round = (state.round.progress, state.round.state_dict())
+            state.round.close()
+        state.round = None
+        groups = SoloGroups(state.plan, state.rank)
+        state.parts = replace(state.parts, groups=groups, cross=None)
+        state.parts.steps.groups = groups
 
     # --- the run -------------------------------------------------------------------------
     def warm_up(self) -> None:
-        warm_up(self.model, self.batch, self.spec.model.seq_len, self.device)
-        self.groups.sync_device()
+        state = self.state
+        warm_up(state.model, state.batch, state.spec.model.seq_len, state.device)
+        state.groups.sync_device()
 
     def run(self) -> None:
         """Resume if asked, then the rounds (checkpoints every checkpoint_every rounds), then finish();
         who takes part in each round is the membership policy's (real/membership/members.py)."""
-        if self.groups.is_leader:
-            checkpoint.remove_stale(self.opts.out_dir, self.index)
-        self.members.prepare(self)  # --resume, or a fresh start
-        checkpoint.begin(self)  # an async or quorum run's cuts and first snapshot
+        state, ckpt, opts = self.state, self.checkpointer, self.state.opts
+        if state.groups.is_leader:
+            checkpoint.remove_stale(opts.out_dir, state.index)
+        self.members.prepare()  # --resume, or a fresh start
+        ckpt.begin()  # an async or quorum run's cuts and first snapshot
         if not self.reshards:  # else warmed up once sharded, in each epoch (reshard_parts)
             self.warm_up()
         # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint/checkpoint.py async_cuts).
-        stop = self.opts.stop_after if self.plan.round_kind.checkpoints == "round" else None
-        last = self.spec.rounds if stop is None else min(self.spec.rounds, stop)
-        origin = self.members.start(self)
-        shows_bar = self.rank == 0 and not getattr(self.members, "joining", False)
-        bar = progress_bar(self.opts, self.spec, self.me, self.rounds_done) if shows_bar else None
+        stop = opts.stop_after if state.plan.round_kind.checkpoints == "round" else None
+        last = state.spec.rounds if stop is None else min(state.spec.rounds, stop)
+        origin = self.members.start()
+        shows_bar = state.rank == 0 and not self.members.joining
+        bar = progress_bar(opts, state.spec, state.me, state.rounds_done) if shows_bar else None
         try:
-            while self.rounds_done < last:
-                r = self.rounds_done
-                if checkpoint.stopped(self):
+            while state.rounds_done < last:
+                r = state.rounds_done
+                if ckpt.stopped():
                     break
                 self._inject_drift(r)
-                row = self.members.run_round(self, r, origin, bar)
-                self.rounds_done = r + 1
-                if self.is_leader:
-                    self.trace.append(row)
+                row = self.members.run_round(r, origin, bar)
+                state.rounds_done = r + 1
+                if state.is_leader:
+                    state.trace.append(row)
                 # A sharded node's processes all take part in gathering its checkpoint.
-                if checkpoint.due_here(self, last) and (self.is_leader or self.layout):
-                    row["ckpt_block_s"] = checkpoint.save(self, row if self.is_leader else None)
-                self.members.after_round(self, r, row)
+                if ckpt.due_here(last) and (state.is_leader or state.layout):
+                    row["ckpt_block_s"] = ckpt.save(row if state.is_leader else None)
+                self.members.after_round(r, row)
                 if bar is not None:
                     bar.set_postfix(round=r, loss=f"{row['loss']:.3f}")
         finally:
             if bar is not None:
                 bar.close()
-        self.members.finish(self)
+        self.members.finish()
 
     def _inject_drift(self, r: int) -> None:
         """Round r's injected drift (ExecOptions.drift): the node's steps take drift × longer, padded
         under --emulate, else through its CPU quota (train/cpulimit.py), set before the round starts."""
-        if self.opts.drift is None:
+        opts, index, steps = self.state.opts, self.state.index, self.state.parts.steps
+        if opts.drift is None:
             return
-        factors = self.opts.drift[self.index]
+        factors = opts.drift[index]
         factor = factors[min(r, len(factors) - 1)]
-        if factor != self.parts.steps.drift_factor and not self.opts.emulate:
-            divisors = (self.opts.drift_quota or self.opts.drift)[self.index]
-            set_own_quota(self.me.cpu_quota / divisors[min(r, len(divisors) - 1)])
-        self.parts.steps.drift_factor = factor
+        if factor != steps.drift_factor and not opts.emulate:
+            divisors = (opts.drift_quota or opts.drift)[index]
+            set_own_quota(self.state.me.cpu_quota / divisors[min(r, len(divisors) - 1)])
+        steps.drift_factor = factor
 
     def final_weights(self) -> dict[str, torch.Tensor]:
         """{name: whole CPU tensor} of the model: a collective of the node's processes when it is sharded."""
-        return (self.layout.full_weights(self.model) if self.layout is not None else
-                {name: p.detach().cpu() for name, p in self.model.named_parameters()})
+        model, layout = self.state.model, self.state.layout
+        return (layout.full_weights(model) if layout is not None else
+                {name: p.detach().cpu() for name, p in model.named_parameters()})
 
     def finish(self) -> None:
         """Gather the leaders' rows to rank 0, which writes trace.csv (and syncs.csv when
         streaming) and the model's final weights."""
-        self.round.close()
-        checkpoint.wait_writes(self)  # the last set on disk, its write time in the trace
+        state, plan, out_dir = self.state, self.state.plan, self.state.opts.out_dir
+        state.round.close()
+        self.checkpointer.wait_writes()  # the last set on disk, its write time in the trace
         weights = None
-        if self.index == 0:  # node 0's processes all take part when its weights are sharded
+        if state.index == 0:  # node 0's processes all take part when its weights are sharded
             weights = self.final_weights()
-        n = len(self.plan.nodes)
-        extra = list(self.round.extra_columns)
-        tables = gather_tables(self.groups, n, self.trace, [*NUMERIC_COLUMNS, *extra])
-        sync_tables = (gather_tables(self.groups, n, self.streaming.rows, SYNC_NUMERIC)
-                       if self.streaming is not None else None)
+        n = len(plan.nodes)
+        extra = list(state.round.extra_columns)
+        tables = gather_tables(state.groups, n, state.trace, [*NUMERIC_COLUMNS, *extra])
+        sync_tables = (gather_tables(state.groups, n, state.streaming.rows, SYNC_NUMERIC)
+                       if state.streaming is not None else None)
         if tables is not None:  # rank 0
             if sync_tables is not None:
-                write_syncs(self.plan, sync_tables, os.path.join(self.opts.out_dir, "syncs.csv"))
-            frame = write_trace(trace_rows(self.plan, tables, extra), [node.node for node in self.plan.nodes],
-                                os.path.join(self.opts.out_dir, "trace.csv"), run_columns(self.opts), extra)
-            checkpoint.save_whole(weights, os.path.join(self.opts.out_dir, "final_weights.pt"))
-            if self.opts.summary:
+                write_syncs(plan, sync_tables, os.path.join(out_dir, "syncs.csv"))
+            frame = write_trace(trace_rows(plan, tables, extra), [node.node for node in plan.nodes],
+                                os.path.join(out_dir, "trace.csv"), run_columns(state.opts), extra)
+            checkpoint.save_whole(weights, os.path.join(out_dir, "final_weights.pt"))
+            if state.opts.summary:
                 print(summary(frame), flush=True)
         # Nobody leaves before rank 0 has written: a peer closing its sockets early can abort
         # gloo's pending work in the others.
-        self.groups.barrier()
+        state.groups.barrier()
