@@ -425,8 +425,8 @@ def _print_results(scenario, results: list[tuple], frames: dict, plan_only: bool
             print(format_table(summ, frame))
             print(f"band ± {summ['error_band_pct'].iloc[0]:.0f}% "
                   f"({sources_text(scenario, list(summ['step_source']))})")
-    encoded = [p.strategy for p, _, _ in results
-               if (p.settings_from(scenario).payload_dtype, p.settings_from(scenario).collective) != ("fp32", "ring")]
+    settings = {p.strategy: p.settings_from(scenario) for p, _, _ in results}
+    encoded = [name for name, s in settings.items() if (s.payload_dtype, s.collective) != ("fp32", "ring")]
     if encoded:  # only the fused ring + fp32 all-reduce encodes nothing
         print(f"\nsync of {', '.join(encoded)}: {codec_note(scenario)}")
     if scenario.network_model is not None and scenario.network_model.shaped:
