@@ -124,6 +124,16 @@ def _choice(key: str, value, choices: tuple[str, ...]) -> None:
 
 
 @dataclass(frozen=True)
+class SyncSettings:
+    """What a plan's rounds run with once its scenario fills what the plan leaves open (Plan.settings_from):
+    the simulator and the tools read these rather than merging a plan value with its scenario's themselves."""
+
+    rounds: int
+    collective: str
+    payload_dtype: str
+
+
+@dataclass(frozen=True)
 class NodePlan:
     """One node's part of a plan (batch_size is per device)."""
 
@@ -299,6 +309,19 @@ class Plan:
             start += n.gpus
         raise PlanError("rank", f"rank {rank} is beyond the plan's {self.world_size} processes")
 
+    def settings(self, rounds: int, collective: str = "ring", payload_dtype: str = "fp32") -> SyncSettings:
+        """How the plan's rounds sync: its own rounds, collective and payload dtype, else the given defaults.
+        The one place a plan's value and its scenario's merge (tests/test_plan_settings.py keeps it so)."""
+        own_or = lambda own, default: default if own is None else own
+        return SyncSettings(own_or(self.rounds, rounds), own_or(self.collective, collective),
+                            own_or(self.payload_dtype, payload_dtype))
+
+    def settings_from(self, scenario) -> SyncSettings:
+        """settings() with a scenario's defaults: any object with training.rounds and
+        network.{collective, payload_dtype} (a simulator Scenario, a run's spec)."""
+        net = scenario.network
+        return self.settings(scenario.training.rounds, net.collective, net.payload_dtype)
+
     def resolved(self, rounds: int, collective: str = "ring", payload_dtype: str = "fp32",
                  link_gbps: dict[str, float] | None = None, outer_state: str = "cpu") -> Plan:
         """A copy with every None filled from the given defaults (the plan's own values win)."""
@@ -307,8 +330,9 @@ class Plan:
                               sharding=n.sharding or "none",
                               activation_checkpointing=n.activation_checkpointing or "none")
                       for n in self.nodes)
-        return replace(self, nodes=nodes, rounds=self.rounds or rounds, collective=self.collective or collective,
-                       payload_dtype=self.payload_dtype or payload_dtype, sync=self.sync or "diloco",
+        sync = self.settings(rounds, collective, payload_dtype)
+        return replace(self, nodes=nodes, rounds=sync.rounds, collective=sync.collective,
+                       payload_dtype=sync.payload_dtype, sync=self.sync or "diloco",
                        outer_state=self.outer_state or outer_state)
 
     def resolved_from(self, scenario) -> Plan:

@@ -201,7 +201,7 @@ def check_emulated_length(scenario, plan, opts) -> None:
     # a kind whose loop pads no step (sync-ddp pads in its gradient hook: real/process/worker.py) is not bounded here
     if not opts.emulate or not plan.round_kind.supports("padded_steps"):
         return
-    rounds = plan.rounds or scenario.training.rounds
+    rounds = plan.settings_from(scenario).rounds
     slowest = max(plan.nodes, key=lambda n: n.local_steps * n.step_s)
     floor_s = rounds * slowest.local_steps * slowest.step_s * opts.time_scale
     if floor_s > MAX_EMULATED_S:
@@ -258,7 +258,7 @@ def announcer(prog: str, scenario, plan, emulate: bool, machine_warnings: list[s
         for warning in [*([] if emulate else machine_warnings), *reproduction_warnings(scenario, plan, emulate)]:
             print(f"{prog}: warning: {warning}", file=sys.stderr, flush=True)
         print(f"{prog}: starting {plan.world_size} process{'es' if plan.world_size != 1 else ''} of "
-              f"{scenario.name}/{plan.strategy}, {plan.rounds or scenario.training.rounds} rounds "
+              f"{scenario.name}/{plan.strategy}, {plan.settings_from(scenario).rounds} rounds "
               f"({'emulated' if emulate else 'measured'}); each builds the model, then the rounds run", flush=True)
 
     return announce

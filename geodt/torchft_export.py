@@ -160,7 +160,7 @@ def check_plan(scenario, plan) -> None:
     """InputError (one line naming the key) for what torchft's DiLoCo cannot hold."""
     why = refusal(plan.strategy)
     sync, adapt = plan.sync or "diloco", plan.adapt or "none"
-    collective = plan.collective or scenario.network.collective
+    collective = plan.settings_from(scenario).collective
     if why is None and not plan.round_kind.supports("torchft"):
         why = f"sync {sync}: torchft's DiLoCo syncs pseudo-gradients of every replica (sync diloco)"
     if why is None and adapt != "none":
@@ -222,7 +222,8 @@ def replica_toml(scenario, plan, i: int, t: dict, emulate: bool, time_scale: flo
     """replica-<node>.toml: every torchft setting of replica group i, with where it came from."""
     node, d, m = plan.nodes[i], scenario.diloco, scenario.model
     arch = load_arch(m.preset) if m.preset else None
-    quantize = (plan.payload_dtype or scenario.network.payload_dtype) != "fp32"
+    run = plan.settings_from(scenario)  # what the plan leaves open, the scenario's
+    quantize = run.payload_dtype != "fp32"
     lines = [
         f"# replica group {node.node} of plan {plan.strategy} (plan.csv beside this file), scenario {scenario.name}",
         "# written by geodt plan --export torchft; train_torchft.py reads it",
@@ -242,7 +243,7 @@ def replica_toml(scenario, plan, i: int, t: dict, emulate: bool, time_scale: flo
         f"fragment_sync_delay = {plan.sync_delay_steps}  # the plan's sync_delay_steps (τ)",
         f"fragment_update_alpha = {plan.fragment_alpha!r}  # the plan's fragment_alpha (α)",
         f"should_quantize = {'true' if quantize else 'false'}  # the plan's payload_dtype "
-        f"{plan.payload_dtype or scenario.network.payload_dtype}"
+        f"{run.payload_dtype}"
         + (" (torchft quantizes with its own kernel, not geodt's encoding)" if quantize else ""),
         f"outer_lr = {d.outer_lr!r}  # [diloco] outer_lr (outer SGD, Nesterov)",
         f"outer_momentum = {d.outer_momentum!r}  # [diloco] outer_momentum",
@@ -269,7 +270,7 @@ def replica_toml(scenario, plan, i: int, t: dict, emulate: bool, time_scale: flo
               f"connect_timeout_s = {CONNECT_TIMEOUT_S:g}  # torchft's default (connecting is not predicted)",
               f"startup_timeout_s = {STARTUP_TIMEOUT_S:g}  # the first quorum: processes start and build the model",
               "", "[run]",
-              f"rounds = {plan.rounds or scenario.training.rounds}  # the plan's rounds",
+              f"rounds = {run.rounds}  # the plan's rounds",
               f"seed = {scenario.seed}  # the scenario's seed: every replica starts from the same weights",
               "threads = 1  # torch threads per replica",
               f"strategy = {_s(plan.strategy)}  # the trace's strategy column",

@@ -94,7 +94,7 @@ def load_run(run_dir: Path):
                          f"strategy {', '.join(map(str, set(trace['strategy'])))}); "
                          "expected the trace of this plan")
     check_rows(trace, run_dir / "trace.csv")
-    rounds = plan.rounds or scenario.training.rounds
+    rounds = plan.settings_from(scenario).rounds
     if trace["round"].max() >= rounds:
         raise InputError(f"{run_dir / 'trace.csv'}: round {trace['round'].max()} beyond the plan's {rounds} rounds")
     return scenario, plan, trace

@@ -326,7 +326,7 @@ def _simulate(out: Path, scenario, plans: list, frames: dict, args,
     for plan in plans:  # every refusal before anything is written
         check_size(scenario, plan)
     fmt = "csv" if args.csv else "parquet"
-    rounds = [plan.rounds or scenario.training.rounds for plan in plans]
+    rounds = [plan.settings_from(scenario).rounds for plan in plans]
     blocks = [block_rounds(r, len(p.nodes), args.full_timeline) for r, p in zip(rounds, plans)]
     columns = TIMELINE_COLUMNS + (["rounds"] if max(blocks) > 1 else [])
     names = ["plan.csv", f"timeline.{fmt}", "summary.csv", f"syncs.{fmt}", "trace.json", "scenario.toml", "loss.png",
@@ -425,7 +425,7 @@ def _print_results(scenario, results: list[tuple], frames: dict, plan_only: bool
     for plan, _timeline, summ in results:
         frame = frames[plan.strategy]
         print(f"\n== {plan.strategy} ==  {scenario.name}: {len(plan.nodes)} nodes, "
-              f"{plan.rounds or scenario.training.rounds} rounds, sync {plan.comm_s:.2f} s per "
+              f"{plan.settings_from(scenario).rounds} rounds, sync {plan.comm_s:.2f} s per "
               + plan.round_kind.sync_text(plan) + (f"; {plan.note}" if plan.note else ""))
         if plan_only:
             print(plan_text(frame, wide))
@@ -433,9 +433,8 @@ def _print_results(scenario, results: list[tuple], frames: dict, plan_only: bool
             print(format_table(summ, frame))
             print(f"band ± {summ['error_band_pct'].iloc[0]:.0f}% "
                   f"({sources_text(scenario, list(summ['step_source']))})")
-    encoded = [p.strategy for p, _, _ in results
-               if (p.payload_dtype or scenario.network.payload_dtype, p.collective or scenario.network.collective)
-               != ("fp32", "ring")]
+    settings = {p.strategy: p.settings_from(scenario) for p, _, _ in results}
+    encoded = [name for name, s in settings.items() if (s.payload_dtype, s.collective) != ("fp32", "ring")]
     if encoded:  # only the fused ring + fp32 all-reduce encodes nothing
         print(f"\nsync of {', '.join(encoded)}: {codec_note(scenario)}")
     if scenario.network_model is not None and scenario.network_model.shaped:

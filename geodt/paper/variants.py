@@ -41,7 +41,7 @@ def variants() -> pd.DataFrame:
                        "round_s": plan.round_s, "sync_share_of_round": plan.comm_s / plan.round_s,
                        "tokens_per_round": int(plan.tokens_per_round),
                        "tokens_per_s": plan.tokens_per_round / plan.round_s,
-                       "payload_dtype_used": plan.payload_dtype or payload}
+                       "payload_dtype_used": plan.settings_from(scenario).payload_dtype}
                 base = base or row
                 row["idle_vs_baseline"] = row["total_idle_s"] / base["total_idle_s"]
                 row["tokens_vs_baseline"] = row["tokens_per_round"] / base["tokens_per_round"]

@@ -74,7 +74,7 @@ def pick_engine(scenario: Scenario, plan: Plan, engine: str = "auto") -> tuple[s
 
 def check_size(scenario: Scenario, plan: Plan) -> None:
     """InputError (one line) if the simulation would be too large or lose its precision."""
-    rounds = plan.rounds or scenario.training.rounds
+    rounds = plan.settings_from(scenario).rounds
     n = len(plan.nodes)
     name = f"strategy {plan.strategy}"
     if rounds * n > MAX_TIMELINE_ROWS:
@@ -120,8 +120,8 @@ def node_offsets_s(scenario: Scenario, plan: Plan) -> np.ndarray | None:
     None otherwise."""
     if not plan.round_kind.supports("node_offsets"):
         return None
-    offsets = node_sync_offsets_s(scenario, plan.payload_dtype or scenario.network.payload_dtype,
-                                  plan.collective or scenario.network.collective, plan.fragments)
+    sync = plan.settings_from(scenario)
+    offsets = node_sync_offsets_s(scenario, sync.payload_dtype, sync.collective, plan.fragments)
     if offsets is None:
         return None
     by_name = dict(zip((n.name for n in scenario.nodes), offsets))

@@ -65,7 +65,7 @@ def adaptive_rounds(scenario: Scenario, plan: Plan, comm_s=0.0) -> tuple[np.ndar
     Under an outage (on_node_loss = "continue", simulator/models/outage.py) each round is planned over the
     nodes present when it is planned, at the plan's samples per round: the round in flight at a loss
     keeps the lost node, the rounds after it until it rejoins (`comm_s` prices its restart) do not."""
-    rounds, n = plan.rounds or scenario.training.rounds, len(plan.nodes)
+    rounds, n = plan.settings_from(scenario).rounds, len(plan.nodes)
     factors = drift_factors(scenario, plan)
     factors = np.ones((rounds, n)) if factors is None else factors
     draws = StepDraws(scenario, plan)

@@ -104,7 +104,7 @@ def drift_factors(scenario, plan, quota: bool = False) -> np.ndarray | None:
     None where no node drifts."""
     if not has_drift(scenario):
         return None
-    rounds = plan.rounds or scenario.training.rounds
+    rounds = plan.settings_from(scenario).rounds
     base = scenario.training.rounds
     position = {node.name: i for i, node in enumerate(scenario.nodes)}
     per_node = []

@@ -221,13 +221,13 @@ def predict(setup: LossSetup, scenario, plan, rounds: pd.DataFrame) -> dict:
     x = features(rounds, base_batch=scenario.training.batch_size, base_steps=scenario.training.local_steps,
                  averaging=scenario.diloco.averaging, fragments=plan.fragments,
                  sync_delay_steps=plan.sync_delay_steps,
-                 payload_dtype=plan.payload_dtype or scenario.network.payload_dtype,
+                 payload_dtype=plan.settings_from(scenario).payload_dtype,
                  ref_nodes=setup.model.ref_nodes if setup.same_model else len(plan.nodes))
     if setup.literature:
         scale = _scale(setup, scenario, float(np.mean([n.gpus for n in plan.nodes])), float(rounds["tokens"].sum()),
                        len(plan.nodes), plan.strategy in DATA_PARALLEL_STRATEGIES, plan.fragment_alpha)
         found = lit.effects(x, scale, plan.fragments, plan.sync_delay_steps,
-                            plan.payload_dtype or scenario.network.payload_dtype)
+                            plan.settings_from(scenario).payload_dtype)
         factor, eta, band = lit.combined(found)
         factor, eta = float(factor), float(eta)
         sources = {k: (float(np.ravel(e.delta)[0]) * 100, float(np.ravel(e.eta)[0]), f"literature: {e.source}",

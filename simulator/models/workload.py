@@ -43,7 +43,7 @@ def with_drift(scenario: Scenario, plan: Plan, compute: np.ndarray, per_round: i
 
 
 def _steady_matrix(scenario: Scenario, plan: Plan) -> np.ndarray:
-    rounds = plan.rounds or scenario.training.rounds  # a plan may sync more often (sync-ddp)
+    rounds = plan.settings_from(scenario).rounds  # a plan may sync more often (sync-ddp)
     base = np.array([n.compute_s for n in plan.nodes], dtype=float)
     cvs = node_cvs(scenario, plan)
     if not any(cvs):
@@ -94,7 +94,7 @@ def segment_matrices(scenario: Scenario, plan: Plan) -> tuple[np.ndarray, np.nda
 
 
 def _steady_segments(scenario: Scenario, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    rounds = plan.rounds or scenario.training.rounds
+    rounds = plan.settings_from(scenario).rounds
     pre_steps, delay_steps = segment_steps(plan)
     step = np.array([n.step_s for n in plan.nodes], dtype=float)
     cvs = node_cvs(scenario, plan)
