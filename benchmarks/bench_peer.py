@@ -126,7 +126,7 @@ def torchft_replica(args) -> None:
     batch = torch.zeros((args.batch, spec.model.seq_len), dtype=torch.long)
     model(input_ids=batch, labels=batch).loss.backward()  # the warm-up geodt makes before round 0
     model.zero_grad(set_to_none=True)
-    total = spec.rounds * args.steps
+    total = spec.training.rounds * args.steps
     start = time.perf_counter()
     with DiLoCo(manager, [model], inner, outer, sync_every=args.steps):
         for step in range(total):

@@ -61,7 +61,7 @@ def bench_inner_step(preset: str, seq_len: int, batch: int, steps: int, repeats:
         d = Path(tmp)
         _write_inputs(d, preset, seq_len, batch, steps, repeats + 1, 1)
         spec = load_run_spec(d / "scenario.toml")
-        plan = load_plan(d / "plan.csv").resolved(spec.rounds)
+        plan = load_plan(d / "plan.csv").resolved(spec.training.rounds)
         node = Node(0, 1, 0, spec, plan, ExecOptions(out_dir=str(d / "out"), checkpoint=False), "gloo")
         node.warm_up()
         model, opt, shard = node.model, node.optimizer, node.shard

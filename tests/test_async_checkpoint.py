@@ -28,8 +28,9 @@ SLOW_FAST = [("a", 2, 2, 1.0), ("b", 2, 1, 0.02)]
 def _cut_node(nodes=2, rounds=5, every=None, stop_after=None, final=False, checkpoint=True):
     opts = SimpleNamespace(checkpoint=checkpoint, checkpoint_every=every, stop_after=stop_after,
                            checkpoint_final=final)
-    return SimpleNamespace(plan=SimpleNamespace(nodes=[None] * nodes), spec=SimpleNamespace(rounds=rounds,
-                           checkpoint_every=None), opts=opts)
+    # --checkpoint-every K reaches the spec's [training] checkpoint_every (real/process/launch.py check_inputs)
+    return SimpleNamespace(plan=SimpleNamespace(nodes=[None] * nodes, rounds=rounds),
+                           spec=SimpleNamespace(training=SimpleNamespace(checkpoint_every=every)), opts=opts)
 
 
 def test_cuts_are_counted_in_pushes_n_per_round():

@@ -54,7 +54,9 @@ def _node(every=None, stop_after=None, final=False, mtbf_s=3600.0, sync="diloco"
     """A node's checkpointer on a stand-in of its state (real/rounds/state.py NodeState)."""
     opts = SimpleNamespace(checkpoint=True, checkpoint_every=every, checkpoint_final=final, stop_after=stop_after,
                            on_node_loss=on_node_loss)
-    spec = SimpleNamespace(checkpoint_every=None, mtbf_s=mtbf_s)
+    # --checkpoint-every K reaches the spec's [training] checkpoint_every (real/process/launch.py check_inputs)
+    spec = SimpleNamespace(training=SimpleNamespace(checkpoint_every=every),
+                           simulation=SimpleNamespace(mtbf_s=mtbf_s))
     return checkpoint.Checkpointer(SimpleNamespace(opts=opts, spec=spec, rounds_done=0, is_leader=False, rank=1,
                                                    groups=_Groups(),
                                                    plan=SimpleNamespace(round_kind=round_kind(sync), sync=sync)))

@@ -49,7 +49,7 @@ def reference(d: Path, steps: np.ndarray) -> list[torch.Tensor]:
     global_params = [p.detach().clone().requires_grad_(True) for p in nodes[0][0].parameters()]
     outer = torch.optim.SGD(global_params, lr=spec.diloco.outer_lr, momentum=spec.diloco.outer_momentum, nesterov=True)
     done = [0] * n
-    for r in range(spec.rounds):
+    for r in range(spec.training.rounds):
         deltas = []
         for i, ((model, opt), node) in enumerate(zip(nodes, plan.nodes)):
             with torch.no_grad():
@@ -57,7 +57,7 @@ def reference(d: Path, steps: np.ndarray) -> list[torch.Tensor]:
                     p.copy_(g)
             for _ in range(int(steps[r, i])):
                 for group in opt.param_groups:  # the schedule's length is the plan's (worker.total_steps)
-                    group["lr"] = inner_lr(done[i], spec.diloco, spec.rounds * node.local_steps)
+                    group["lr"] = inner_lr(done[i], spec.diloco, spec.training.rounds * node.local_steps)
                 train_step(model, opt, shards[i].batch(done[i] * node.batch_size, node.batch_size), "fp32")
                 done[i] += 1
             deltas.append([g.detach() - p.detach() for g, p in zip(global_params, model.parameters())])

@@ -45,7 +45,7 @@ def test_reads_plan_and_scenario(tmp_path):
     assert [(n.node, n.local_steps, n.tokens_per_round(plan.seq_len)) for n in plan.nodes] == [("a", 3, 192), ("b", 4, 256)]
     assert (plan.seq_len, plan.rounds, plan.collective, plan.payload_dtype) == (32, None, None, None)
     spec = load_run_spec(scenario_path)
-    assert (spec.seed, spec.rounds, spec.model.seq_len) == (1, 2, 32)
+    assert (spec.seed, spec.training.rounds, spec.model.seq_len) == (1, 2, 32)
     assert spec.diloco.averaging == "tokens" and spec.diloco.outer_lr == 0.7  # default kept
     assert spec.diloco.betas == (0.9, 0.95)
 
@@ -116,12 +116,13 @@ def test_empty_plan_cells_take_the_scenarios_network_values(tmp_path):
                                                       'payload_dtype = "fp16"')
     plan_path, scenario_path = write(tmp_path, scenario=scenario)
     spec, plan = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
-    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.rounds) == (2, "partitioned", "fp16", 2)
+    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.training.rounds) == (2, "partitioned", "fp16", 2)
     # The plan's own values win over the scenario's (sync-ddp's rounds, network-aware's payload).
     (tmp_path / "plan.csv").write_text(PLAN.replace("comm_s\n", "comm_s,rounds,payload_dtype\n")
                                        .replace("0.01\n", "0.01,5,int8\n"))
     spec, plan = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o")))
-    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.rounds) == (5, "partitioned", "int8", 5)
+    # the run's rounds are its plan's; the scenario's [training] rounds stay as written
+    assert (plan.rounds, plan.collective, plan.payload_dtype, spec.training.rounds) == (5, "partitioned", "int8", 2)
 
 
 def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
@@ -197,3 +198,21 @@ def test_on_the_shaped_wan_the_collectives_leave_time_to_name_the_lost_node_and_
     assert ExecOptions(out_dir="o", timeout_s=10.0, wan="shaped").collective_timeout_s() == 6.0
     assert ExecOptions(out_dir="o", timeout_s=3.0, wan="shaped").collective_timeout_s() == 1.0
     assert ExecOptions(out_dir="o", timeout_s=0.5, wan="shaped").collective_timeout_s() == 0.5
+
+
+def test_the_run_spec_holds_the_scenarios_sections_and_the_command_lines_checkpoint_every(tmp_path):
+    """RunSpec re-listed 7 keys of [training], [network] and [simulation]; it holds the sections, and
+    --checkpoint-every K is resolved into [training] checkpoint_every once (check_inputs), so no reader
+    merges the option with the scenario."""
+    from dataclasses import fields
+
+    from formats.sections import NetworkConfig, SimulationConfig, TrainingConfig
+    from real.core.config import RunSpec
+    from real.core.options import ExecOptions
+    from real.process.launch import check_inputs
+
+    assert [f.name for f in fields(RunSpec)] == ["seed", "model", "training", "network", "diloco", "simulation"]
+    plan_path, scenario_path = write(tmp_path)
+    spec, _ = check_inputs(plan_path, scenario_path, ExecOptions(out_dir=str(tmp_path / "o"), checkpoint_every=3))
+    assert isinstance(spec.training, TrainingConfig) and spec.training.checkpoint_every == 3
+    assert isinstance(spec.network, NetworkConfig) and isinstance(spec.simulation, SimulationConfig)

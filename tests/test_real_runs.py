@@ -87,7 +87,7 @@ def reference_diloco(d: Path) -> list[torch.Tensor]:
     tokens = [p.tokens_per_round(plan.seq_len) for p in plan.nodes]
     steps = [p.local_steps for p in plan.nodes]
     p_tok = [t / sum(tokens) for t in tokens]
-    for r in range(spec.rounds):
+    for r in range(spec.training.rounds):
         deltas = []
         for i, ((model, opt), node) in enumerate(zip(nodes, plan.nodes)):
             with torch.no_grad():
@@ -96,7 +96,7 @@ def reference_diloco(d: Path) -> list[torch.Tensor]:
             for k in range(node.local_steps):
                 step = r * node.local_steps + k
                 for group in opt.param_groups:
-                    group["lr"] = inner_lr(step, spec.diloco, spec.rounds * node.local_steps)
+                    group["lr"] = inner_lr(step, spec.diloco, spec.training.rounds * node.local_steps)
                 train_step(model, opt, shards[i].batch(step * node.batch_size, node.batch_size), "fp32")
             deltas.append([g.detach() - p.detach() for g, p in zip(global_params, model.parameters())])
         mode = spec.diloco.averaging

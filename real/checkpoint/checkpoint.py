@@ -294,12 +294,12 @@ def async_cuts(state: NodeState, resumed: int = 0) -> Cuts:
     the cut it resumed from (`resumed`): every K·n pushes
     (--checkpoint-every K, else [training] checkpoint_every), --stop-after R's at R·n (where the run
     stops), and with --checkpoint-final the last push's, n·rounds."""
-    n, rounds, opts = len(state.plan.nodes), state.spec.rounds, state.opts
+    n, rounds, opts = len(state.plan.nodes), state.plan.rounds, state.opts
     stop = min(opts.stop_after, rounds) * n if opts.stop_after is not None else None
     last = stop if stop is not None else rounds * n
     due = set()
     if opts.checkpoint:
-        every = opts.checkpoint_every or state.spec.checkpoint_every
+        every = state.spec.training.checkpoint_every
         if every:
             due.update(range(every * n, last + 1, every * n))
         if stop is not None or opts.checkpoint_final:
@@ -366,7 +366,7 @@ class Checkpointer:
         if not opts.checkpoint:
             return False
         final = opts.checkpoint_final or opts.stop_after is not None
-        k = opts.checkpoint_every or state.spec.checkpoint_every
+        k = state.spec.training.checkpoint_every
         if k:
             return due(state.rounds_done, k, last, final)
         if self.first is None:  # the first round of this process: a checkpoint's cost is timed beside the next
@@ -392,10 +392,10 @@ class Checkpointer:
             cost_s, round_s = state.groups.max_float(cost_s), state.groups.max_float(round_s)
         else:
             cost_s, round_s = (state.groups.node_max(round(value * 1e9)) / 1e9 for value in (cost_s, round_s))
-        self.every = rounds_between_checkpoints(cost_s, state.spec.mtbf_s, round_s)
+        self.every = rounds_between_checkpoints(cost_s, state.spec.simulation.mtbf_s, round_s)
         if state.rank == 0:
             print(f"real: a checkpoint every {self.every} round{'s' if self.every > 1 else ''} (Young/Daly: "
-                  f"{cost_s:.2f} s a checkpoint, {round_s:.2f} s a round, MTBF {state.spec.mtbf_s:g} s; "
+                  f"{cost_s:.2f} s a checkpoint, {round_s:.2f} s a round, MTBF {state.spec.simulation.mtbf_s:g} s; "
                   f"--checkpoint-every sets it)", file=sys.stderr, flush=True)
         return self.every
 

@@ -36,25 +36,20 @@ def _positive_int(key: str, value) -> int:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """What the executor reads from a resolved scenario. No defaults here: every value comes from a
-    section built by its one definition (formats/scenario.py, formats/sections.py)."""
+    """What the executor reads from a resolved scenario: its sections themselves, each built by its one
+    definition (formats/scenario.py, formats/sections.py), so no key is listed twice. The rounds a run
+    runs are its plan's (resolved once, real/process/launch.py check_inputs; sync-ddp: R·H)."""
 
     seed: int
     model: ModelSection
-    rounds: int  # [training].rounds; the plan's own rounds replace it (sync-ddp: R·H)
+    training: TrainingConfig
+    network: NetworkConfig
     diloco: DilocoConfig
-    # [network]'s collective and payload dtype: what a plan.csv cell left empty means.
-    collective: str
-    payload_dtype: str
-    checkpoint_every: int | None  # [training].checkpoint_every; None: Young/Daly (formats/scenario.py)
-    mtbf_s: float  # [simulation].mtbf_s: with the measured checkpoint cost, the default cadence
-    latency_ms: float  # [network].latency_ms, one way: emulated on --wan shaped where netem exists
-    compile: str  # [training] compile: the step's torch.compile'd blocks (train/step.py use_compile)
+    simulation: SimulationConfig
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise FieldError("seed", f"expected a non-negative integer, got {self.seed!r}")
-        _positive_int("training.rounds", self.rounds)
         if not isinstance(self.model.preset, str) or not self.model.preset:
             raise FieldError("model.preset", "expected a preset name or a config.json path "
                              "(the executor needs a buildable model)")
@@ -89,18 +84,13 @@ def run_spec_from_dict(data: dict) -> RunSpec:
     if training.stack != EXECUTED_STACK:
         raise FieldError("training.stack", f"{training.stack!r} is priced for planning only: the executor runs "
                          f"geodt's own step (expected {EXECUTED_STACK!r})")
-    network = build(NetworkConfig, _table(data, "network"), "network")
     return RunSpec(
         seed=data.get("seed", 0),
         model=build(ModelSection, _table(data, "model"), "model"),
-        rounds=training.rounds,
+        training=training,
+        network=build(NetworkConfig, _table(data, "network"), "network"),
         diloco=build(DilocoConfig, _table(data, "diloco"), "diloco"),
-        collective=network.collective,
-        payload_dtype=network.payload_dtype,
-        checkpoint_every=training.checkpoint_every,
-        mtbf_s=build(SimulationConfig, _table(data, "simulation"), "simulation").mtbf_s,
-        latency_ms=network.latency_ms,
-        compile=training.compile,
+        simulation=build(SimulationConfig, _table(data, "simulation"), "simulation"),
     )
 
 

@@ -142,7 +142,7 @@ def run_kind(plan: Plan, opts: ExecOptions) -> RoundKind:
 def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:
     """The settings a resumed run must share with the run that wrote the checkpoints."""
     config = {"seed": spec.seed, "model.preset": spec.model.preset, "model.seq_len": spec.model.seq_len,
-              "model.dtype": spec.model.dtype, "training.rounds": spec.rounds, "collective": plan.collective,
+              "model.dtype": spec.model.dtype, "training.rounds": plan.rounds, "collective": plan.collective,
               "sync": plan.sync,
               "payload_dtype": plan.payload_dtype, "data": opts.data_path or "", "replicate_data": opts.replicate_data}
     for key, value in asdict(spec.diloco).items():

@@ -251,7 +251,7 @@ class Elastic:
             weights = self.hooks.final_weights()
         self.epoch.barrier()
         if self._coordinates():
-            write_outputs(self.store, state.plan, state.spec.rounds, state.opts, self.epoch.members, weights,
+            write_outputs(self.store, state.plan, state.plan.rounds, state.opts, self.epoch.members, weights,
                           streaming=state.streaming is not None)
         self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
 

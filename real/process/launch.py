@@ -84,8 +84,9 @@ def check_inputs(plan_path: str | Path, scenario_path: str | Path, opts: ExecOpt
     Returns the run spec (rounds from the plan) and the plan with every default resolved."""
     spec = load_run_spec(scenario_path)
     plan = load_plan(plan_path, seq_len=spec.model.seq_len).resolved(
-        spec.rounds, spec.collective, spec.payload_dtype, outer_state=spec.diloco.outer_state)
-    spec = replace(spec, rounds=plan.rounds)
+        spec.training.rounds, spec.network.collective, spec.network.payload_dtype, outer_state=spec.diloco.outer_state)
+    if opts.checkpoint_every is not None:  # --checkpoint-every K: the scenario's key, given on the command line
+        spec = replace(spec, training=replace(spec.training, checkpoint_every=opts.checkpoint_every))
     try:
         arch = load_arch(spec.model.preset, Path(scenario_path).parent)
     except PresetError as exc:

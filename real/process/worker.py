@@ -80,7 +80,7 @@ def build_parts(spec: RunSpec, plan: Plan, opts: ExecOptions, groups: Groups, ar
     # Under --emulate a DiLoCo or streaming step is padded by the loop; sync-ddp pads in its hook.
     pad_step_s = me.step_s * opts.time_scale if opts.emulate and run_kind(plan, opts).supports("padded_steps") else None
     steps = InnerSteps(model, optimizer, scaler, data, groups, diloco=d, dtype=spec.model.dtype,
-                       batch=me.batch_size, local_steps=me.local_steps, total_steps=spec.rounds * me.local_steps,
+                       batch=me.batch_size, local_steps=me.local_steps, total_steps=plan.rounds * me.local_steps,
                        pad_step_s=pad_step_s)
     parts = NodeParts(plan=plan, me=me, opts=opts, diloco=d, groups=groups, device=device, outer_device=outer_device,
                       model=model, layout=layout, outer=outer, steps=steps, cross=None, coef=1.0, divisor=1.0,
@@ -95,7 +95,8 @@ def build_model_parts(spec: RunSpec, arch, sharding: ShardingSpec, node_group, g
     model = build_model(arch, spec.model.seq_len, seed=spec.seed).to(device)
     model.train()
     # the step's decoder blocks compiled (train/step.py), before FSDP2 wraps them
-    layout = prepare_model(model, sharding, node_group, gpus, device, compiled=use_compile(spec.compile, device))
+    compiled = use_compile(spec.training.compile, device)
+    layout = prepare_model(model, sharding, node_group, gpus, device, compiled=compiled)
     optimizer = make_optimizer(model, lr=d.inner_lr, weight_decay=d.weight_decay, betas=d.betas)
     return model, layout, optimizer, node_scaler(make_scaler(device, spec.model.dtype), layout, device)
 
@@ -137,7 +138,7 @@ def bind_parts(parts: NodeParts, groups: Groups) -> NodeParts:
                    members=groups.members)
 
 
-def progress_bar(opts: ExecOptions, spec: RunSpec, me, rounds_done: int = 0):
+def progress_bar(opts: ExecOptions, rounds: int, me, rounds_done: int = 0):
     """The progress bar over the run's inner steps (shown by the first process), or None."""
     if not opts.progress:
         return None
@@ -145,7 +146,7 @@ def progress_bar(opts: ExecOptions, spec: RunSpec, me, rounds_done: int = 0):
     # tqdm's default lock is a multiprocessing semaphore, which the os._exit at the end
     # would leak (a resource_tracker warning); one process needs only a thread lock.
     tqdm.set_lock(threading.RLock())
-    return tqdm(total=spec.rounds * me.local_steps, initial=rounds_done * me.local_steps,
+    return tqdm(total=rounds * me.local_steps, initial=rounds_done * me.local_steps,
                 desc=f"DiLoCo ({me.node})", unit="step", file=sys.stderr, dynamic_ncols=True)
 
 
@@ -214,7 +215,7 @@ class Node:
             state.parts = reshard_parts(state.parts, groups, state.spec, self.arch, self.sharding)
         if groups is not state.parts.groups:
             state.parts = bind_parts(state.parts, groups)
-        state.round = make_round(state.parts, self.streaming_settings, state.spec.rounds)
+        state.round = make_round(state.parts, self.streaming_settings, state.plan.rounds)
         if state.held_round is not None:
             progress, held = state.held_round
             state.round.load_state_dict(held)
@@ -250,10 +251,10 @@ class Node:
             self.warm_up()
         # An async or quorum run's --stop-after is a cut, not a round (real/checkpoint/checkpoint.py async_cuts).
         stop = opts.stop_after if state.plan.round_kind.checkpoints == "round" else None
-        last = state.spec.rounds if stop is None else min(state.spec.rounds, stop)
+        last = state.plan.rounds if stop is None else min(state.plan.rounds, stop)
         origin = self.members.start()
         shows_bar = state.rank == 0 and not self.members.joining
-        bar = progress_bar(opts, state.spec, state.me, state.rounds_done) if shows_bar else None
+        bar = progress_bar(opts, state.plan.rounds, state.me, state.rounds_done) if shows_bar else None
         try:
             while state.rounds_done < last:
                 r = state.rounds_done

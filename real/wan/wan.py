@@ -418,7 +418,7 @@ def network_note(out_dir) -> str:
 def shaped_run(spec, plan, out_dir, run) -> int:
     """Build the WAN for the plan, run(links) inside it, remove it on every way out (normal
     exit, error, Ctrl-C, SIGTERM); returns run's status, 2 when the WAN cannot be built."""
-    wan = ShapedWan([(node.node, node.link_gbps) for node in plan.nodes], latency_ms=spec.latency_ms)
+    wan = ShapedWan([(node.node, node.link_gbps) for node in plan.nodes], latency_ms=spec.network.latency_ms)
     previous = None
     try:
         if threading.current_thread() is threading.main_thread():
