@@ -101,7 +101,9 @@ def test_a_node_of_two_processes_is_lost_and_rejoins_as_one(tmp_path, capfd):
     """fast runs two processes (data parallel in the node); both SIGKILL themselves at round 2's start
     and are restarted together: the launcher handles the node once (one loss line, one restart) and
     admits it when both are ready; with Streaming DiLoCo its survivors rerun round 2 from its start."""
-    rounds = 32  # ~0.7 s each: its two processes' restart takes ~5 s of this machine's time
+    # ~0.7 s each: its two processes' restart takes ~5 s of this machine's time, over 22 s (32 rounds were
+    # too few once, at load 8-15 with the slow tier on two xdist workers: "restarted but the run ended")
+    rounds = 48
     code, trace, said = _run(tmp_path, capfd, 'nodes.fast.gpus={"cpu"=2}', "diloco.fragments=2",
                              outages=(("fast", 2, 2),), rounds=rounds)
     _check(code, trace, said, {"fast": 2}, rounds_run=rounds)
@@ -125,7 +127,9 @@ def test_a_sharded_node_is_lost_and_rejoins_with_its_model_sharded_again(tmp_pat
     restarted: they build the model whole, shard it over the node's group of the epoch they are
     admitted to (real/process/worker.py reshard_parts) and take θ_g and the momentum as shards (the
     source's leader broadcasts, fast's leader scatters); exit 0 is every member's θ_g equal."""
-    rounds = 32  # ~0.7 s each: its two processes' restart takes ~6 s of this machine's time
+    # ~0.7 s each: its two processes' restart takes ~6 s of this machine's time, over 22 s (32 rounds were
+    # too few once, at load 8-15 with the slow tier on two xdist workers: "restarted but the run ended")
+    rounds = 48
     code, trace, said = _run(tmp_path, capfd, *SHARDED_FAST, outages=(("fast", 2, 2),), rounds=rounds)
     _check(code, trace, said, {"fast": 2}, rounds_run=rounds)
     assert said.count("was killed by SIGKILL") == 1 and said.count("node fast (rank 0) rejoined at round") == 1
