@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from formats.plan import Plan
 from simulator.engines.engine import simulate
 from simulator.models.loss_literature import published
 from simulator.models.loss_prediction import loss_setup, plan_rounds, predict
@@ -70,6 +71,11 @@ class LossPlan:
     sync_delay_steps: int
     fragment_alpha: float
     payload_dtype: str
+    rounds: int | None = None  # the scenario's
+    collective: str | None = None  # the scenario's
+    # how its rounds sync, by a plan's one rule (formats/plan.py): its own payload, the scenario's rest
+    settings = Plan.settings
+    settings_from = Plan.settings_from
 
 
 def scenario_for(params: float, tokens: float, replicas: int, sync_steps: int) -> object:

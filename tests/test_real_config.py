@@ -140,7 +140,7 @@ def test_config_reads_toml_with_tomli_on_python_3_10(monkeypatch, tmp_path):
         module = importlib.reload(real.core.config)
         assert module.tomllib.__name__ == "tomli"
         _, scenario_path = write(tmp_path)
-        assert module.load_run_spec(scenario_path).rounds == 2
+        assert module.load_run_spec(scenario_path).training.rounds == 2
     finally:
         monkeypatch.undo()
         importlib.reload(formats.toml)

@@ -91,4 +91,4 @@ def test_geodt_run_refuses_a_planning_only_stack(tmp_path):
     assert str(err.value) == (f"{path}: training.stack: 'torchtitan-eager' is priced for planning only: "
                               "the executor runs geodt's own step (expected 'geodt')")
     path.write_text(SCENARIO.replace("batch_size = 2\n", 'batch_size = 2\nstack = "geodt"\n'))
-    assert load_run_spec(path).rounds == 2
+    assert load_run_spec(path).training.rounds == 2
