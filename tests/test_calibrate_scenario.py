@@ -74,8 +74,8 @@ def test_a_calibration_under_steal_is_measured_again_and_the_least_stolen_kept(t
     path.write_text(textwrap.dedent(SCENARIO))
     steal = iter([0, 9, 9, 13, 13, 14])  # cumulative steal ticks, read before and after each measurement
     clock = iter(range(0, 1000, 100))     # and 100 idle ticks more at each read
-    monkeypatch.setattr(hoststat, "cpu_times", lambda: {**dict.fromkeys(hoststat.FIELDS, 0),
-                                                        "idle": next(clock), "steal": next(steal)})
+    monkeypatch.setattr(cal, "cpu_times", lambda: {**dict.fromkeys(hoststat.FIELDS, 0),  # where the calibration reads
+                                                   "idle": next(clock), "steal": next(steal)})
     measures = iter(["first", "second", "third"])
     monkeypatch.setattr(cal, "_measure_all", lambda scenario, args, jobs: next(measures))
     kept = []

@@ -77,10 +77,10 @@ def test_paper_hybrid_tiny_is_refused_on_24_gb():
 
 
 def test_geodt_run_refuses_before_writing(tmp_path, capsys, monkeypatch):
-    import geodt.preflight as preflight
+    import geodt.run_exec as run_exec
     from geodt.run_cmd import run_main
 
-    monkeypatch.setattr(preflight, "this_machine", lambda: MACHINE_24GB)
+    monkeypatch.setattr(run_exec, "this_machine", lambda: MACHINE_24GB)  # where the run asks (its top import)
     out = tmp_path / "out"
     code = run_main(["paper", "--strategy", "hybrid", "--set", "model.preset=tiny", "--out", str(out)])
     one_line_exit_2(capsys, code, "cannot hold the run", "need about 35.5 GB", "24.0 GB available")
@@ -89,10 +89,10 @@ def test_geodt_run_refuses_before_writing(tmp_path, capsys, monkeypatch):
 
 def test_calibrate_device_8b_on_cpu_is_refused(tmp_path, capsys, monkeypatch):
     """Before: 34 s, a 46-line allocator traceback and .p.csv.lock left behind."""
-    import geodt.preflight as preflight
+    import geodt.calibration.device as device
     from geodt.calibration.device import cpu_memory_problem, main
 
-    monkeypatch.setattr(preflight, "available_memory_bytes", lambda: 24e9)
+    monkeypatch.setattr(device, "available_memory_bytes", lambda: 24e9)  # where the calibration asks
     out = tmp_path / "p.csv"
     code = main(["--device", "cpu", "--model", "llama-3.1-8b", "--out", str(out)])
     one_line_exit_2(capsys, code, "--model llama-3.1-8b at batch 8", "24.0 GB available", "smaller --model")

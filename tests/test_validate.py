@@ -390,11 +390,11 @@ def test_validate_trace_refuses_a_bad_record_in_one_line(tmp_path, capsys, run, 
 
 def test_validation_figure_names_an_emulated_run_emulated(tmp_path, monkeypatch):
     """validation.png of a schedule check: its legends, axes and titles say emulated, never measured."""
-    import simulator.outputs.outputs
+    import geodt.validation
     from geodt.validation import plot_validation
 
-    figures = []
-    monkeypatch.setattr(simulator.outputs.outputs, "save_figure", lambda fig, path, **kw: figures.append(fig))
+    figures = []  # where the validation saves (its top import of simulator.outputs.outputs.save_figure)
+    monkeypatch.setattr(geodt.validation, "save_figure", lambda fig, path, **kw: figures.append(fig))
     timeline = pd.DataFrame({"strategy": "baseline", "node": ["a", "b"], "round": 0, "compute_s": [1.0, 2.0],
                              "idle_s": [1.0, 0.0], "comm_s": 0.5, "tokens": 64})
     for emulated in (True, False):
