@@ -11,6 +11,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+pytest.importorskip("torch")  # bench_placement builds the model (train/models.py imports torch)
+
 import bench_bracketed
 import bench_placement
 

@@ -16,7 +16,15 @@ from formats.plan import load_plan
 from formats.timeline import VALIDATION_COLUMNS
 from formats.wire import bytes_sent_per_sync
 from geodt.run_cmd import device_kind, run_main, validate_main, validation_table
-from geodt.run_exec import reproduction_warnings, run_heading
+
+
+def _run_exec():
+    """geodt/run_exec.py, the executor's side of run and validate (it imports torch): the README's fast
+    tier on `pip install -e '.[test]'` has no torch, and skips what needs it."""
+    pytest.importorskip("torch")
+    import geodt.run_exec as run_exec
+
+    return run_exec
 
 
 def test_validation_table_sums_rounds_and_scales_measured_time():
@@ -147,12 +155,12 @@ def test_given_speeds_without_real_limits_are_named():
 
     scenario = load_scenario("hetero-cpu")
     plan = make_plan(scenario, "baseline")
-    warnings = reproduction_warnings(scenario, plan, emulate=False, cores=4)
+    warnings = _run_exec().reproduction_warnings(scenario, plan, emulate=False, cores=4)
     assert len(warnings) == 1 and warnings[0].startswith("nodes fast, medium, slow, slowest: step_time_s is given")
-    assert reproduction_warnings(scenario, plan, emulate=True, cores=1) == []  # padded to the plan's times
+    assert _run_exec().reproduction_warnings(scenario, plan, emulate=True, cores=1) == []  # padded to the plan's times
     limited = load_scenario("hetero-cpu", ["nodes.fast.cpu_quota=0.3", "nodes.medium.cpu_quota=0.3",
                                            "nodes.slow.cpu_cores=[0]"])
-    warnings = reproduction_warnings(limited, make_plan(limited, "baseline"), emulate=False, cores=4)
+    warnings = _run_exec().reproduction_warnings(limited, make_plan(limited, "baseline"), emulate=False, cores=4)
     assert len(warnings) == 1 and warnings[0].startswith("node slowest: step_time_s is given")
     assert "run it at its own speed" not in warnings[0] and "runs it at its own speed" in warnings[0]
 
@@ -166,15 +174,15 @@ def test_more_cpu_devices_than_cores_is_said():
                 "nodes.slowest.cpu_quota=0.5"]
     scenario = load_scenario("hetero-cpu", profiled)
     plan = make_plan(scenario, "baseline")
-    assert reproduction_warnings(scenario, plan, emulate=False, cores=2) == []  # 4 x 0.5 = 2 cores
-    assert reproduction_warnings(scenario, plan, emulate=False, cores=1) == [
+    assert _run_exec().reproduction_warnings(scenario, plan, emulate=False, cores=2) == []  # 4 x 0.5 = 2 cores
+    assert _run_exec().reproduction_warnings(scenario, plan, emulate=False, cores=1) == [
         ("4 CPU device processes need 2 cores and this machine offers 1: devices share cores, so the prediction "
         "(every device its own) cannot hold; use fewer devices, or cpu_quota / cpu_cores limits that fit the machine")]
     plain = load_scenario("hetero-cpu")
-    warnings = reproduction_warnings(plain, make_plan(plain, "baseline"), emulate=False, cores=2)
+    warnings = _run_exec().reproduction_warnings(plain, make_plan(plain, "baseline"), emulate=False, cores=2)
     assert any(w.startswith("4 CPU device processes need 4 cores") for w in warnings)
     gpus = load_scenario("paper")  # GPU nodes: no CPU processes counted
-    assert not any("CPU device" in w for w in reproduction_warnings(gpus, make_plan(gpus, "baseline"), False, 1))
+    assert not any("CPU device" in w for w in _run_exec().reproduction_warnings(gpus, make_plan(gpus, "baseline"), False, 1))
 
 
 def test_labels_name_the_device_and_the_mode():
@@ -183,8 +191,8 @@ def test_labels_name_the_device_and_the_mode():
     assert device_kind(load_scenario("hetero-cpu")) == "CPU" and device_kind(load_scenario("paper")) == "GPU"
     mixed = load_scenario("hetero-cpu", ['nodes.fast.gpus={ "a30" = 1 }'])
     assert device_kind(mixed) == "device"
-    assert "emulated" in run_heading(True, 0.5) and "x0.5" in run_heading(True, 0.5)
-    assert "emulated" not in run_heading(False, 1.0) and "measured" in run_heading(False, 1.0)
+    assert "emulated" in _run_exec().run_heading(True, 0.5) and "x0.5" in _run_exec().run_heading(True, 0.5)
+    assert "emulated" not in _run_exec().run_heading(False, 1.0) and "measured" in _run_exec().run_heading(False, 1.0)
 
 
 def test_run_executes_the_plan_rounds_of_sync_ddp(tmp_path, capfd):
