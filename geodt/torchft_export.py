@@ -256,6 +256,17 @@ def replica_toml(scenario, plan, i: int, t: dict, emulate: bool, time_scale: flo
         f"grad_accum = {node.gpus}  # the node's {node.gpus} device(s) as accumulated micro-batches in one process",
         "", "[model]  # [model] " + (f"preset {m.preset}" if arch else "(a preset is needed to build it)"),
     ]
+    lines += _model_and_run_lines(scenario, plan, run, arch, t)
+    if emulate:
+        lines += ["", "[emulate]  # a schedule check: steps and syncs padded to the plan's times",
+                  f"step_s = {node.step_s!r}  # the plan's step_s", f"comm_s = {plan.comm_s!r}  # the plan's comm_s",
+                  f"time_scale = {time_scale!r}  # --time-scale"]
+    return "\n".join(lines) + "\n"
+
+
+def _model_and_run_lines(scenario, plan, run, arch, t: dict) -> list[str]:
+    """replica-<node>.toml's [model] keys, [timeouts] and [run]."""
+    m, lines = scenario.model, []
     if arch is not None:
         lines += [f"{k} = {getattr(arch, k)!r}  # the preset's {k}".replace("True", "true").replace("False", "false")
                   for k in ("vocab_size", "hidden_size", "ffn_size", "num_layers", "num_heads", "num_kv_heads",
@@ -275,11 +286,7 @@ def replica_toml(scenario, plan, i: int, t: dict, emulate: bool, time_scale: flo
               "threads = 1  # torch threads per replica",
               f"strategy = {_s(plan.strategy)}  # the trace's strategy column",
               'run_dir = "."  # traces/<node>.csv go here (beside plan.csv: geodt validate --trace DIR)']
-    if emulate:
-        lines += ["", "[emulate]  # a schedule check: steps and syncs padded to the plan's times",
-                  f"step_s = {node.step_s!r}  # the plan's step_s", f"comm_s = {plan.comm_s!r}  # the plan's comm_s",
-                  f"time_scale = {time_scale!r}  # --time-scale"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def lighthouse_sh(t: dict, lighthouse: str) -> str:
