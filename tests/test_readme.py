@@ -42,7 +42,7 @@ PARSE_ONLY = {
 SMALL_RUN = ["--set", "training.rounds=1", "--set", "training.local_steps=2", "--time-scale", "0.2",
              "--no-progress", "--threads", "1"]
 QUICKER = {"run": SMALL_RUN, "validate": SMALL_RUN, "sweep": ["--workers", "1"],
-           "calibrate network": ["--repeats", "2", "--max-mib", "1"]}
+           "calibrate network": ["--repeats", "3", "--max-mib", "16"]}
 
 
 def fenced(language: str) -> list[tuple[str, str]]:
