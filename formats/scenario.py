@@ -20,7 +20,7 @@ from typing import Any
 
 from formats.errors import FieldError
 from formats.plan import FRAGMENT_PATTERNS, OUTER_STATES
-from formats.sections import COMPILE_MODES, check_keys, key, non_negative, positive
+from formats.sections import COMPILE_MODES, check_keys, key, non_negative, positive, value_check
 from formats.wire import AVERAGING_MODES, MODEL_DTYPES
 
 
@@ -58,22 +58,9 @@ def _betas(section: Any, name: str) -> None:
         raise FieldError(name, f"expected two numbers in [0, 1), got {list(betas)!r}")
 
 
-def _fraction(section: Any, name: str) -> None:
-    value = getattr(section, name)
-    if not 0 <= value <= 1:
-        raise FieldError(name, f"expected a number in [0, 1], got {value!r}")
-
-
-def _momentum(section: Any, name: str) -> None:
-    value = getattr(section, name)
-    if not 0 <= value < 1:
-        raise FieldError(name, f"expected 0 <= momentum < 1, got {value!r}")
-
-
-def _non_negative_int(section: Any, name: str) -> None:
-    value = getattr(section, name)
-    if value < 0:
-        raise FieldError(name, f"expected an integer >= 0, got {value!r}")
+_fraction = value_check(lambda value: 0 <= value <= 1, "a number in [0, 1]")
+_momentum = value_check(lambda value: 0 <= value < 1, "0 <= momentum < 1")
+_non_negative_int = value_check(lambda value: value >= 0, "an integer >= 0")
 
 
 @dataclass(frozen=True)

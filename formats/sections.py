@@ -97,27 +97,25 @@ def check_mtbf_s(value, key: str = "simulation.mtbf_s") -> float:
     return float(value)
 
 
+def value_check(ok: Callable[[Any], bool], expected: str) -> Check:
+    """A key's check: FieldError naming the field, "expected <expected>, got <value>", unless
+    ok(value). Write `ok` as the comparison that must hold, so that NaN (false in every
+    comparison) fails it."""
+    def check(section: Any, name: str) -> None:
+        value = getattr(section, name)
+        if not ok(value):
+            raise FieldError(name, f"expected {expected}, got {value!r}")
+    return check
+
+
 # The checks fields share; each takes (section, field name) and raises FieldError naming the field.
 def positive(section: Any, name: str) -> None:
     require_positive(section, name)  # None passes: an absent optional key
 
 
-def non_negative(section: Any, name: str) -> None:
-    value = getattr(section, name)
-    if not value >= 0:  # written so that NaN fails too
-        raise FieldError(name, f"expected a number >= 0, got {value!r}")
-
-
-def seconds_up_to_1e7(section: Any, name: str) -> None:
-    value = getattr(section, name)
-    if not 0 <= value <= 1e7:
-        raise FieldError(name, f"expected seconds from 0 to 1e7, got {value!r}")
-
-
-def below_10(section: Any, name: str) -> None:
-    value = getattr(section, name)
-    if not 0 <= value < 10:
-        raise FieldError(name, f"expected a number in [0, 10), got {value!r}")
+non_negative = value_check(lambda value: value >= 0, "a number >= 0")
+seconds_up_to_1e7 = value_check(lambda value: 0 <= value <= 1e7, "seconds from 0 to 1e7")
+below_10 = value_check(lambda value: 0 <= value < 10, "a number in [0, 10)")
 
 
 def rounds_between(section: Any, name: str) -> None:

@@ -74,6 +74,23 @@ def test_a_keys_bounds_sit_beside_it(cls, name, value, message):
     assert (refused.value.key, refused.value.expected.split(",")[0]) == (name, message)
 
 
+@pytest.mark.parametrize("cls, name, value, message", [
+    (DilocoConfig, "weight_decay", float("nan"), "expected a number >= 0, got nan"),
+    (DilocoConfig, "outer_momentum", 1.0, "expected 0 <= momentum < 1, got 1.0"),
+    (DilocoConfig, "fragment_alpha", float("nan"), "expected a number in [0, 1], got nan"),
+    (DilocoConfig, "sync_delay_steps", -1, "expected an integer >= 0, got -1"),
+    (SimulationConfig, "jitter_cv", 10.0, "expected a number in [0, 10), got 10.0"),
+    (SimulationConfig, "detect_s", float("nan"), "expected seconds from 0 to 1e7, got nan"),
+])
+def test_a_range_check_refuses_in_one_line_nan_included(cls, name, value, message):
+    """The checks made by formats/sections.py's value_check: the field, what was expected, the value."""
+    from formats.errors import FieldError
+
+    with pytest.raises(FieldError) as refused:
+        cls(**{name: value})
+    assert (refused.value.key, refused.value.expected) == (name, message)
+
+
 def second_copies(source: str) -> list[str]:
     """Where `source` (a scenario reader) holds what only formats/sections.py may: a string default,
     a list of allowed values, `.get(<key>, <default>)`, or a class field named as a key with a default."""
