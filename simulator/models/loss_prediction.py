@@ -65,21 +65,29 @@ class LossSetup:
         return self.model.curve.floor
 
 
-def _profile_model(path: Path, shown: str) -> tuple[ConvergenceModel, pd.DataFrame]:
+def _profile(path: Path, shown: str, fit: bool) -> tuple[ConvergenceModel | None, pd.DataFrame]:
+    """The profile's rows, and its fitted model where `fit` (None otherwise: a scenario of another model
+    uses none of its coefficients, and the fit is most of a small simulate's loss setup)."""
     try:
         stat = path.stat()
     except OSError:
         stat = None
-    try:  # a file as it is now (its size and time), fitted once per process
-        return _fitted(str(path), shown, None if stat is None else (stat.st_size, stat.st_mtime_ns))
+    version = None if stat is None else (stat.st_size, stat.st_mtime_ns)
+    try:  # a file as it is now (its size and time), read and fitted once per process
+        frame = _read(str(path), version)
+        return (_fitted(str(path), shown, version) if fit else None), frame
     except (ConvergenceProfileError, ValueError) as exc:
         raise InputError(f"training.convergence_profile: {exc}") from None
 
 
 @lru_cache(maxsize=8)
-def _fitted(path: str, shown: str, version) -> tuple[ConvergenceModel, pd.DataFrame]:
-    frame = read_convergence_profile(path)
-    return fit_model(frame, shown), frame
+def _read(path: str, version) -> pd.DataFrame:
+    return read_convergence_profile(path)
+
+
+@lru_cache(maxsize=8)
+def _fitted(path: str, shown: str, version) -> ConvergenceModel:
+    return fit_model(_read(path, version), shown)
 
 
 def loss_setup(scenario, target: float | None = None, nodes: int | None = None) -> LossSetup:
@@ -88,7 +96,8 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
     or a target below the floor."""
     named = scenario.training.convergence_profile
     path = scenario.resolve_path(named) if named else BUILT_IN_PROFILE
-    model, frame = _profile_model(path, named or "built-in hetero-cpu profile")
+    shown = named or "built-in hetero-cpu profile"
+    _, frame = _profile(path, shown, fit=False)
     first = frame.iloc[0]
     params, nodes = scenario.model.param_count, nodes or len(scenario.nodes)
     claimed = claimed_params(first)
@@ -106,8 +115,10 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
                          f"{first['model']}, the scenario trains {scenario.model.preset or 'params'}); expected a "
                          "profile of this model (geodt calibrate convergence SCENARIO), or no key: the literature "
                          "prior with the built-in profile's effects")
-    # another node count: the profile's own measured effect where it has one, else the prior's factor
-    curve = (prior_curve(params, nodes) if not same else model.curve if "replicas_log2" in model.coefficients
+    # another model: the prior, none of the profile's coefficients; another node count: the profile's own
+    # measured effect where it has one, else the prior's factor
+    model = _profile(path, shown, fit=True)[0] if same else ConvergenceModel(prior_curve(params, nodes))
+    curve = (model.curve if not same or "replicas_log2" in model.coefficients
              else replica_move(model.curve, params, model.ref_nodes, nodes))
     tpp = frame.groupby("run")["tokens"].sum() / float(first["params"])
     span = (float(tpp.min()), float(tpp.max()))
