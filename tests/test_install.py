@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from formats.toml import tomllib
 
@@ -40,6 +41,15 @@ def test_core_dependencies_have_no_torch_and_extras_do():
     assert names(extras["peer"]) == {"torchft"}
     assert names(extras["cluster"]) == {"dask"}  # geodt sweep --scheduler
     assert extras["all"] == ["geodt[real,calibrate,test,peer,cluster]"]
+
+
+def test_the_torch_floor_has_the_fully_shard_the_executor_imports():
+    """real/core/sharding.py imports torch.distributed.fsdp.fully_shard, public from torch 2.6 (the floor was 2.1)."""
+    assert "from torch.distributed.fsdp import fully_shard" in (ROOT / "real/core/sharding.py").read_text()
+    extras = project()["optional-dependencies"]
+    for extra in ("real", "calibrate"):
+        torch = next(Requirement(r) for r in extras[extra] if Requirement(r).name == "torch")
+        assert not torch.specifier.contains("2.5.1") and torch.specifier.contains("2.6.0"), (extra, str(torch))
 
 
 def run_hidden(code: str, cwd: Path) -> subprocess.CompletedProcess:
