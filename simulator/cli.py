@@ -339,33 +339,41 @@ def _simulate(out: Path, scenario, plans: list, frames: dict, args,
             try:
                 sinks = [_run_plan(scenario, plan, engine, r, block, tables, cap)
                          for plan, (engine, _), r, block in zip(plans, engines, rounds, blocks)]
+                # made while the tables' writer thread encodes their last chunks (pyarrow, off the GIL)
+                results, losses, files, kept = _the_rest(scenario, sinks, frames, setup, cap)
                 for table in tables:
                     table.close()
             except BaseException:
                 for table in tables:
                     table.abandon()
                 raise
-        losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
-                  for s in sinks}
-        if setup.target is None:  # ranked by the time to the baseline's loss (report.py), asked for or not
-            reference = losses if "baseline" in losses else {**losses, "baseline": _baseline_loss(scenario, setup)}
-            at_baseline_loss(reference, setup.model.curve)
-        results = [(s.plan, s.totals, with_staleness(with_provenance(
-            with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]), scenario), s.totals)) for s in sinks]
-        plan_frame = pd.concat(frames.values(), ignore_index=True)
-        trace, kept = _trace(sinks, plan_frame, cap)
-        files = {"plan.csv": csv_bytes(plan_frame),
-                 "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
-                 "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode(),
-                 "loss.png": loss_figure(losses, setup, getattr(scenario.model.arch, "vocab_size", None)),
-                 "idle.png": idle_figure([(s.plan.strategy, s.totals.nodes, s.totals.per_node[:, 1],
-                                           pd.concat([t for t, _ in s.heads], ignore_index=True)) for s in sinks])}
         for name, data in files.items():
             with stage.open(name) as handle:
                 handle.write(data)
         stale = stage.commit()
     notes = _notes(sinks, engines, fmt, kept)
     return results, notes, stale, losses, names
+
+
+def _the_rest(scenario, sinks, frames: dict, setup, cap) -> tuple[list[tuple], dict, dict, int | None]:
+    """After the runs: each strategy's loss and summary rows, and the files but the tables (plan.csv,
+    summary.csv, trace.json, scenario.toml, loss.png, idle.png); the trace's rounds kept (None: all)."""
+    losses = {s.plan.strategy: predict(setup, scenario, s.plan, pd.concat(s.round_parts, ignore_index=True))
+              for s in sinks}
+    if setup.target is None:  # ranked by the time to the baseline's loss (report.py), asked for or not
+        reference = losses if "baseline" in losses else {**losses, "baseline": _baseline_loss(scenario, setup)}
+        at_baseline_loss(reference, setup.model.curve)
+    results = [(s.plan, s.totals, with_staleness(with_provenance(
+        with_losses(summary(s.totals, s.plan), losses[s.plan.strategy]), scenario), s.totals)) for s in sinks]
+    plan_frame = pd.concat(frames.values(), ignore_index=True)
+    trace, kept = _trace(sinks, plan_frame, cap)
+    files = {"plan.csv": csv_bytes(plan_frame),
+             "summary.csv": csv_bytes(pd.concat([s for _, _, s in results], ignore_index=True)),
+             "trace.json": trace.encode(), "scenario.toml": scenario.to_toml().encode(),
+             "loss.png": loss_figure(losses, setup, getattr(scenario.model.arch, "vocab_size", None)),
+             "idle.png": idle_figure([(s.plan.strategy, s.totals.nodes, s.totals.per_node[:, 1],
+                                       pd.concat([t for t, _ in s.heads], ignore_index=True)) for s in sinks])}
+    return results, losses, files, kept
 
 
 def with_losses(summ: pd.DataFrame, pred: dict) -> pd.DataFrame:
