@@ -10,12 +10,22 @@ import fnmatch
 import re
 from pathlib import Path
 from pkgutil import resolve_name
+from types import SimpleNamespace
 
 import pytest
 from round_kind_branches import branches, count
 
 from formats.plan import NodePlan, Plan, PlanError
-from formats.rounds import CAPABILITIES, KINDS, SYNC_MODES, RoundKind, is_streaming, kinds_table, round_kind
+from formats.rounds import (
+    CAPABILITIES,
+    KINDS,
+    SYNC_MODES,
+    RoundKind,
+    is_streaming,
+    kinds_table,
+    round_kind,
+    runs_in_fragments,
+)
 from simulator.engines.frames import RoundEngine
 from simulator.strategies import BARRIERLESS, STRATEGIES
 
@@ -23,13 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NODES = (NodePlan(node="a", gpus=1, batch_size=1, local_steps=4, step_s=1.0),
          NodePlan(node="b", gpus=1, batch_size=1, local_steps=4, step_s=2.0))
 DESIGN = ROOT / "docs" / "DESIGN.md"
-# The branches left, each a node's streaming round's own state (the node-state move's: real/checkpoint,
-# real/membership, real/process) or the executor's forced streaming loop (ExecOptions.streaming, which
-# run_kind and the launch check read): a new branch anywhere fails here.
-# A node's Streaming DiLoCo round state (NodeState.streaming: checkpointed, carried by a joiner) and the
-# executor's forced-streaming option: what is left to move into the registry.
-RESIDUE = {"real/checkpoint/checkpoint.py": 1, "real/membership/members.py": 4, "real/process/worker.py": 1,
-           "real/core/options.py": 1, "real/process/launch.py": 1, "real/rounds/state.py": 3}
+# The branches left outside the registry: none (the last, a node's streaming round's state and the executor's
+# forced streaming loop, ask NodeState.kind, `kind.state_key` and `runs_in_fragments`): a new one fails here.
+RESIDUE = {}
 
 
 def _file(path: str) -> Path:
@@ -100,6 +106,23 @@ def test_the_look_ups_answer_as_the_branches_did():
     assert [k.name for k in kinds if k.supports("outer_on_cpu")] == ["diloco", "async", "quorum"]
     assert [k.name for k in kinds if k.supports("torchft")] == ["diloco", "streaming"]
     assert [k.name for k in kinds if k.settings] == ["quorum"]
+    # node.pt's entry of a round's own state: the kinds whose round class keeps state across rounds
+    assert {k.name: k.state_key for k in kinds if k.state_key} == {"streaming": "streaming", "async": "async",
+                                                                    "quorum": "quorum"}
+
+
+@pytest.mark.parametrize("settings, forced, expected", [
+    ((1, 0, 0.0), None, False), ((2, 0, 0.0), None, True), ((1, 1, 0.0), None, True),
+    ((1, 0, 0.5), None, True),   # α alone: the executor's streaming loop (the plan's kind stays diloco)
+    ((1, 0, 0.0), (1, 0, 0.0), True),  # forced classic settings: the loop checked against the classic one
+    (None, None, False), (None, (2, 1, 0.0), True),
+])
+def test_the_executor_runs_in_fragments_as_its_branch_did(settings, forced, expected):
+    """real/core/options.py's `forced is not None or not spec.classic`, the launch check's `forced is not None`."""
+    def spec(values):
+        keys = ("fragments", "sync_delay_steps", "fragment_alpha")
+        return None if values is None else SimpleNamespace(**dict(zip(keys, values)))
+    assert runs_in_fragments(spec(settings), spec(forced)) is expected
 
 
 @pytest.mark.parametrize("overrides, key, expected", [
