@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from pkgutil import resolve_name
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from round_kind_branches import branches, count
 
-from formats.plan import NodePlan, Plan, PlanError
+from formats.plan import REQUIRED_COLUMNS, NodePlan, Plan, PlanError, QuorumSettings, load_plan
 from formats.rounds import (
     CAPABILITIES,
     KINDS,
@@ -129,14 +130,44 @@ def test_the_executor_runs_in_fragments_as_its_branch_did(settings, forced, expe
     ({"sync": "gradients", "fragments": 2}, "fragments",
      "sync = gradients syncs every step; expected fragments 1 and sync_delay_steps 0, got 2 and 0"),
     ({"sync": "async", "adapt": "rebalance"}, "sync", "sync = async runs whole rounds without a barrier"),
-    ({"sync": "quorum", "quorum": 0.5, "grace_s": 0.0, "sync_delay_steps": 1}, "sync", "sync = quorum runs whole"),
+    ({"sync": "quorum", "quorum": QuorumSettings(0.5, 0.0), "sync_delay_steps": 1}, "sync", "sync = quorum runs whole"),
     ({"fragments": 2, "adapt": "deadline"}, "adapt", "adapt = deadline re-plans whole DiLoCo rounds"),
-    ({"quorum": 0.5}, "quorum", "quorum and grace_s belong to sync = quorum; got sync diloco"),
+    ({"quorum": QuorumSettings(0.5, 0.0)}, "quorum", "quorum and grace_s belong to sync = quorum; got sync diloco"),
 ])
 def test_a_plan_asking_its_kind_for_what_it_lacks_is_refused(overrides, key, expected):
     with pytest.raises(PlanError) as info:
         Plan("t", NODES, comm_s=1.0, seq_len=8, **overrides)
     assert info.value.key == key and expected in str(info.value)
+
+
+@pytest.mark.parametrize("sync, quorum, grace_s, key, expected", [
+    ("diloco", "0.5", "", "quorum", "quorum and grace_s belong to sync = quorum; got sync diloco"),
+    ("diloco", "2", "1", "quorum", "belong to sync = quorum"),  # another kind's settings, whatever their values
+    ("quorum", "0.5", "", "grace_s", "expected a finite non-negative number, got None"),
+    ("quorum", "", "", "quorum", "expected a share of the nodes in (0, 1], got None"),
+    ("quorum", "1.5", "0", "quorum", "expected a share of the nodes in (0, 1], got 1.5"),
+])
+def test_a_kinds_settings_from_plan_csv_are_checked_with_the_kind(tmp_path, sync, quorum, grace_s, key, expected):
+    (tmp_path / "plan.csv").write_text(f"{','.join(REQUIRED_COLUMNS)},sync,quorum,grace_s\n"
+                                       f"t,a,1,1,4,1.0,32,1.0,{sync},{quorum},{grace_s}\n")
+    with pytest.raises(PlanError) as info:
+        load_plan(tmp_path / "plan.csv")
+    assert info.value.key == f"{tmp_path / 'plan.csv'}: {key}" and expected in info.value.expected
+
+
+def test_a_kinds_settings_are_one_frozen_value_on_the_plan_and_keep_their_columns(tmp_path):
+    """sync = quorum's settings are the plan's `quorum` (QuorumSettings), plan.csv's quorum and grace_s on disk."""
+    (tmp_path / "plan.csv").write_text(f"{','.join(REQUIRED_COLUMNS)},sync,quorum,grace_s\n"
+                                       "t,a,1,1,4,1.0,32,1.0,quorum,0.5,1.5\nt,b,1,1,4,2.0,32,1.0,quorum,0.5,1.5\n")
+    plan = load_plan(tmp_path / "plan.csv")
+    assert plan.quorum == QuorumSettings(0.5, 1.5) and isinstance(plan.quorum.share, float)
+    with pytest.raises(FrozenInstanceError):
+        plan.quorum.share = 1.0
+    assert [(row["quorum"], row["grace_s"]) for row in plan.rows()] == [(0.5, 1.5)] * 2
+    classic = Plan("t", NODES, comm_s=1.0, seq_len=8)
+    assert classic.quorum is None and {(row["quorum"], row["grace_s"]) for row in classic.rows()} == {("", "")}
+    with pytest.raises(PlanError, match="expected QuorumSettings"):  # the flat share of before
+        Plan("t", NODES, comm_s=1.0, seq_len=8, sync="quorum", quorum=0.5)
 
 
 def test_a_strategy_lands_by_its_kind_of_round():
