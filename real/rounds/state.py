@@ -22,10 +22,19 @@ from real.core.options import ExecOptions, run_kind
 from real.rounds.rounds import NodeParts, Round
 
 
-def _steps_position(name: str, doc: str) -> property:
-    """A NodeState property reading and setting InnerSteps' `name` (the inner-step loop owns its position)."""
-    return property(lambda self: getattr(self.parts.steps, name),
-                    lambda self, value: setattr(self.parts.steps, name, value), doc=doc)
+def _in_parts(path: str, doc: str, settable: bool = False) -> property:
+    """A NodeState property reading (and, settable, setting) what its parts hold at `path` ("groups.me"):
+    the worker rebuilds the parts at each bind, so the state holds none of them itself."""
+    *owners, name = path.split(".")
+
+    def owner(state):
+        obj = state.parts
+        for attr in owners:
+            obj = getattr(obj, attr)
+        return obj
+
+    setter = (lambda self, value: setattr(owner(self), name, value)) if settable else None
+    return property(lambda self: getattr(owner(self), name), setter, doc=doc)
 
 
 @dataclass(eq=False)
@@ -48,50 +57,17 @@ class NodeState:
     held_round: tuple | None = None
 
     # --- the process's place and the model's handles, as the parts hold them ---------------
-    @property
-    def groups(self):
-        return self.parts.groups
-
-    @property
-    def index(self) -> int:
-        return self.parts.groups.index
-
-    @property
-    def me(self):
-        return self.parts.groups.me
-
-    @property
-    def is_leader(self) -> bool:
-        return self.parts.groups.is_leader
-
-    @property
-    def members(self) -> tuple[int, ...]:
-        """The plan indices of the nodes in the run-wide group now."""
-        return self.parts.members
-
-    @property
-    def batch(self) -> int:
-        return self.me.batch_size  # per device
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.parts.model
-
-    @property
-    def layout(self):
-        return self.parts.layout
-
-    @property
-    def outer(self):
-        return self.parts.outer
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.parts.steps.optimizer
-
-    @property
-    def scaler(self):
-        return self.parts.steps.scaler
+    groups = _in_parts("groups", "The process's groups (real/core/groups.py).")
+    index = _in_parts("groups.index", "The node's index in the plan.")
+    me = _in_parts("groups.me", "The node's row of the plan (NodePlan).")
+    is_leader = _in_parts("groups.is_leader", "Whether this process is its node's leader.")
+    members = _in_parts("members", "The plan indices of the nodes in the run-wide group now.")
+    batch = _in_parts("groups.me.batch_size", "The node's batch, per device.")
+    model = _in_parts("model", "The node's model (torch.nn.Module).")
+    layout = _in_parts("layout", "The node's sharding (real/core/sharding.py ShardLayout), or None.")
+    outer = _in_parts("outer", "θ_g and the outer momentum (real/core/diloco.py OuterState).")
+    optimizer = _in_parts("steps.optimizer", "The inner optimizer.")
+    scaler = _in_parts("steps.scaler", "The AMP grad scaler, or None.")
 
     @property
     def kind(self) -> RoundKind:
@@ -100,8 +76,10 @@ class NodeState:
         return run_kind(self.plan, self.opts)
 
     # The inner-step loop's position, which checkpoints save and restore.
-    inner_step = _steps_position("inner_step", "Inner steps done in the run (the learning-rate schedule's position).")
-    data_position = _steps_position("data_position", "Samples of the node's shard consumed (all its devices).")
+    inner_step = _in_parts("steps.inner_step", "Inner steps done in the run (the learning-rate schedule's position).",
+                           settable=True)
+    data_position = _in_parts("steps.data_position", "Samples of the node's shard consumed (all its devices).",
+                              settable=True)
 
     # --- the round's own state: in the bound round, or held between a continue run's epochs ---
     def round_state(self) -> dict | None:
