@@ -124,6 +124,29 @@ def _choice(key: str, value, choices: tuple[str, ...]) -> None:
 
 
 @dataclass(frozen=True)
+class QuorumSettings:
+    """sync = quorum's own settings, the plan's `quorum` (plan.csv's quorum and grace_s columns, same on every
+    row): the share of the nodes whose arrival closes a round (0 < share ≤ 1; `quorum_need` counts them) and
+    the seconds a round stays open after its quorum arrived. The Plan checks them (`checked`) once it knows
+    its kind of round: settings given to another kind are refused as such, whatever their values."""
+
+    share: float
+    grace_s: float
+
+    def checked(self) -> QuorumSettings:
+        """These settings with their values checked (PlanError naming the column) and made floats."""
+        q = self.share
+        if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < q <= 1:
+            raise PlanError("quorum", f"expected a share of the nodes in (0, 1], got {q!r}")
+        return QuorumSettings(float(q), _real("grace_s", self.grace_s, allow_zero=True))
+
+    @classmethod
+    def from_columns(cls, quorum, grace_s) -> QuorumSettings | None:
+        """The settings of plan.csv's quorum and grace_s cells (None: empty); None where both are empty."""
+        return None if quorum is None and grace_s is None else cls(quorum, grace_s)
+
+
+@dataclass(frozen=True)
 class SyncSettings:
     """What a plan's rounds run with once its scenario fills what the plan leaves open (Plan.settings_from):
     the simulator and the tools read these rather than merging a plan value with its scenario's themselves."""
@@ -198,9 +221,9 @@ class Plan:
     fragment_alpha: float = 0.0
     fragment_pattern: str = "sequential"
     adapt: str | None = None  # None = "none": every round runs the plan's H_i (formats/adaptive.py)
-    # sync = quorum: the share of nodes that closes a round, and the grace window after it (None otherwise)
-    quorum: float | None = None
-    grace_s: float | None = None
+    # sync = quorum's own settings (the share of nodes that closes a round, the grace window after it); None
+    # for every other kind
+    quorum: QuorumSettings | None = None
     _index: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -229,14 +252,14 @@ class Plan:
         self._check_settings(self.round_kind)
 
     def _check_settings(self, kind: RoundKind) -> None:
-        """A kind's own settings (quorum and grace_s: formats/rounds.py `settings`) given with it only."""
+        """A kind's own settings (QuorumSettings, of the columns formats/rounds.py `settings` names) given with
+        it only, their values checked."""
+        q = self.quorum
+        if q is not None and not isinstance(q, QuorumSettings):
+            raise PlanError("quorum", f"expected QuorumSettings(share, grace_s), got {q!r}")
         if "quorum" in kind.settings:
-            q = self.quorum
-            if isinstance(q, bool) or not isinstance(q, numbers.Real) or not 0 < q <= 1:
-                raise PlanError("quorum", f"expected a share of the nodes in (0, 1], got {q!r}")
-            object.__setattr__(self, "quorum", float(q))
-            object.__setattr__(self, "grace_s", _real("grace_s", self.grace_s, allow_zero=True))
-        elif self.quorum is not None or self.grace_s is not None:
+            object.__setattr__(self, "quorum", (q or QuorumSettings(None, None)).checked())
+        elif q is not None:
             raise PlanError("quorum", f"quorum and grace_s belong to sync = quorum; got sync {self.sync or 'diloco'}")
 
     def _check_fragments(self) -> None:
@@ -347,6 +370,7 @@ class Plan:
     def rows(self) -> list[dict]:
         """plan.csv's rows (empty cells for values left to the scenario)."""
         blank = lambda v: "" if v is None else v
+        q = self.quorum
         return [{"strategy": self.strategy, "node": n.node, "gpus": n.gpus, "batch_size": n.batch_size,
                  "local_steps": n.local_steps, "step_s": n.step_s, "tokens_per_round": n.tokens_per_round(self.seq_len),
                  "comm_s": self.comm_s, "rounds": blank(self.rounds), "collective": blank(self.collective),
@@ -357,7 +381,8 @@ class Plan:
                  "outer_state": blank(self.outer_state), "fragments": self.fragments,
                  "sync_delay_steps": self.sync_delay_steps, "fragment_alpha": self.fragment_alpha,
                  "fragment_pattern": self.fragment_pattern, "adapt": self.adapt or "none",
-                 "quorum": blank(self.quorum), "grace_s": blank(self.grace_s)} for n in self.nodes]
+                 "quorum": "" if q is None else q.share, "grace_s": "" if q is None else q.grace_s}
+                for n in self.nodes]
 
     def to_frame(self, scenario=None):
         """plan.csv as a DataFrame; with a scenario, every value resolved (what `geodt run` runs)."""
@@ -482,7 +507,7 @@ def load_plan(path: str | Path, seq_len: int | None = None) -> Plan:
         streaming = {k: one[k] for k in STREAMING_COLUMNS if one[k] is not None}  # empty: classic DiLoCo
         return Plan(strategy=one["strategy"], nodes=tuple(nodes), comm_s=one["comm_s"], seq_len=seq_len,
                     rounds=one["rounds"], collective=one["collective"], payload_dtype=one["payload_dtype"],
-                    sync=one["sync"], outer_state=one["outer_state"], adapt=one["adapt"], quorum=one["quorum"],
-                    grace_s=one["grace_s"], **streaming)
+                    sync=one["sync"], outer_state=one["outer_state"], adapt=one["adapt"],
+                    quorum=QuorumSettings.from_columns(one["quorum"], one["grace_s"]), **streaming)
     except PlanError as exc:
         raise PlanError(f"{path}: {exc.key}", exc.expected) from None

@@ -8,9 +8,10 @@ closed by a share of the nodes within a grace window). Each entry names the code
 (`engine`, in simulator/engines/) and the code that runs it (`round_class`, in real/rounds/) as
 "module:Class" paths, which each stage resolves itself (pkgutil.resolve_name): formats imports
 neither stage. Where code differs by kind it asks the registry (`kind.barrier`,
-`kind.supports("sharding")`, `kind.refusals[...]`), not the kind's name (tests/test_round_kinds.py
-counts the branches on a kind's name outside this module: none). docs/DESIGN.md "How to add a kind of
-round or a strategy" lists the files a new kind touches.
+`kind.supports("sharding")`, `kind.refusals[...]`, `kind.state_key`), not the kind's name or a
+kind-shaped flag (tests/test_round_kinds.py counts such branches outside this module: none); whether
+the executor runs a plan in fragments is decided here too (`runs_in_fragments`). docs/DESIGN.md "How
+to add a kind of round or a strategy" lists the files a new kind touches.
 """
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ class RoundKind:
     refusals: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
     sync_unit: str = "round"  # what one comm_s of the plan is (str.format'ed with the plan's fields)
     analytic_why: str = ""  # without an analytic path: why SimPy's events are needed
+    # node.pt's entry of the state a node's round keeps across rounds (its Round's state_dict: a streaming
+    # round's model weights and fragment rows, a cut's last pull), or None where it keeps none
+    state_key: str | None = None
 
     def __post_init__(self) -> None:
         unknown = (set(self.capabilities) | set(self.refusals)) - set(CAPABILITIES)
@@ -95,7 +99,7 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
               engine="simulator.engines.rounds_streaming:StreamingRounds",
               round_class="real.rounds.round_streaming:StreamingRound",
               capabilities=frozenset({"continue", "fragments", "padded_steps", "node_offsets", "torchft"}),
-              refusals={"sharding": "Streaming DiLoCo fragments"},
+              refusals={"sharding": "Streaming DiLoCo fragments"}, state_key="streaming",
               sync_unit="fragment, {fragments} a round, all-reduces overlapping {sync_delay_steps} inner steps"),
     RoundKind("async", "async", "no barrier: a server on rank 0 applies each node's pseudo-gradient on arrival; "
               "the node pulls the new weights and goes on", "async rounds", barrier=False,
@@ -107,6 +111,7 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
               refusals={"sharding": "an async node pushes its whole replica",
                         "fragments": "an async node pushes whole rounds",
                         "continue": "a lost node stops an async run (the server waits for its pushes)"},
+              state_key="async",
               sync_unit="node and round (push, outer step, pull; the server free)"),
     RoundKind("quorum", "quorum", "no barrier: a round closes when a share of the nodes arrived, plus a grace window",
               "quorum rounds", barrier=False, streams=("pseudo-gradient (push)", "global weights (pull)"),
@@ -117,6 +122,7 @@ KINDS = MappingProxyType({kind.name: kind for kind in (
               refusals={"sharding": "a quorum node pushes its whole replica",
                         "fragments": "a quorum node pushes whole rounds",
                         "continue": "a lost node stops a quorum run (the server waits for its pushes)"},
+              state_key="quorum",
               analytic_why="quorum rounds close on arrivals and grace windows: SimPy's events"),
 )})
 # plan.csv's sync values, each kind's own (streaming shares diloco's)
@@ -127,6 +133,19 @@ def is_streaming(fragments, sync_delay_steps):
     """Whether a plan's syncs split the model or overlap compute (Streaming DiLoCo): numpy booleans,
     elementwise on arrays."""
     return (np.asarray(fragments) > 1) | (np.asarray(sync_delay_steps) > 0)
+
+
+def runs_in_fragments(settings=None, forced=None) -> bool:
+    """Whether the executor runs a plan's rounds in fragments, as the kind of its sync that syncs in them
+    (`round_kind`; real/core/options.py run_kind): wherever it forces its streaming loop (`forced`: its own
+    Streaming DiLoCo settings, ExecOptions.streaming, which replace the plan's; any, P = 1, τ = 0, α = 0
+    too: the loop then checks itself against the classic one bit for bit), or where `settings` (the
+    plan's: fragments, sync_delay_steps, fragment_alpha; None: the forcing alone) are not classic
+    DiLoCo's: they stream (`is_streaming`) or merge the fragments with α ≠ 0."""
+    if forced is not None:
+        return True
+    return settings is not None and (bool(is_streaming(settings.fragments, settings.sync_delay_steps))
+                                     or settings.fragment_alpha != 0.0)
 
 
 def kind_problem(sync: str | None, fragments: int, sync_delay_steps: int, adapt: str | None) -> tuple[str, str] | None:

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from formats.plan import Plan, load_plan, quorum_need
+from formats.plan import Plan, QuorumSettings, load_plan, quorum_need
 from simulator.engines.engine import simulate, simulate_syncs
 from simulator.engines.engine_async import (
     FIELDS,
@@ -109,7 +109,7 @@ def test_strategies_are_apart_from_the_barrier_ones():
     assert set(BARRIERLESS) == {"async", "quorum"} and not set(BARRIERLESS) & set(STRATEGIES)
     scenario = load_scenario("paper")
     a, q = make_plan(scenario, "async"), make_plan(scenario, "quorum")
-    assert (a.sync, q.sync, q.quorum) == ("async", "quorum", 0.5) and quorum_need(q.quorum, 4) == 2
+    assert (a.sync, q.sync, q.quorum.share) == ("async", "quorum", 0.5) and quorum_need(q.quorum.share, 4) == 2
     assert [n.local_steps for n in a.nodes] == [n.local_steps for n in q.nodes] == [85, 85, 128, 102]
     assert a.comm_s == pytest.approx(float(push_pull_raw(1.0, 1.0, 215e6 * 2, 215e6 * 4, 0.0)) + 0.49, rel=0.05)
     from simulator.engines.engine_async import service_s
@@ -124,9 +124,9 @@ def test_plan_csv_round_trip(tmp_path):
     plan = make_plan(scenario, "quorum")
     plan.to_frame(scenario).to_csv(tmp_path / "plan.csv", index=False)
     back = load_plan(tmp_path / "plan.csv")
-    assert (back.sync, back.quorum, back.grace_s) == ("quorum", 0.5, pytest.approx(plan.grace_s))
+    assert (back.sync, back.quorum.share, back.quorum.grace_s) == ("quorum", 0.5, pytest.approx(plan.quorum.grace_s))
     with pytest.raises(ValueError, match="quorum"):
-        Plan(strategy="x", nodes=plan.nodes, comm_s=1.0, seq_len=8, quorum=0.5)
+        Plan(strategy="x", nodes=plan.nodes, comm_s=1.0, seq_len=8, quorum=QuorumSettings(0.5, 0.0))
 
 
 def test_loss_model_marks_update_staleness_not_calibrated_without_an_async_run(tmp_path):

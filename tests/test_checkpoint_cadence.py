@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from formats.rounds import round_kind
+from formats.rounds import KINDS, round_kind
 from formats.scenario import rounds_between_checkpoints, young_daly_interval_s
 from formats.sections import MTBF_S_DEFAULT
 from real.checkpoint import checkpoint, ckpt_set
@@ -118,7 +118,8 @@ def test_under_continue_each_node_chooses_its_cadence_alone(monkeypatch):
     assert node.state.groups.node_maxed == [2_000_000_000, 10_000_000_000]
 
 
-def test_a_checkpoint_cost_is_timed_on_a_stand_in_and_scaled_by_bytes(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["diloco", "streaming"])
+def test_a_checkpoint_cost_is_timed_on_a_stand_in_and_scaled_by_bytes(tmp_path, monkeypatch, kind):
     seen = []
 
     def timed(params, repeats, device, directory):
@@ -128,10 +129,12 @@ def test_a_checkpoint_cost_is_timed_on_a_stand_in_and_scaled_by_bytes(tmp_path, 
     monkeypatch.setattr(checkpoint, "time_checkpoint", timed)
     node = SimpleNamespace(layout=None, outer=SimpleNamespace(global_flat=torch.empty(3 * checkpoint.PROBE_PARAMS)),
                            opts=SimpleNamespace(out_dir=str(tmp_path)), index=1, device=torch.device("cpu"),
-                           streaming=None)
+                           kind=KINDS[kind])
     cost = checkpoint.probe_cost_s(node)
     assert seen == [(checkpoint.PROBE_PARAMS, 1, ckpt_set.node_dir(tmp_path, 1))]
-    big, small = ckpt_set.set_bytes(3 * checkpoint.PROBE_PARAMS, False), ckpt_set.set_bytes(checkpoint.PROBE_PARAMS, False)
+    # a streaming node's set holds the model's own weights too: its whole set is the bigger
+    big = ckpt_set.set_bytes(3 * checkpoint.PROBE_PARAMS, kind == "streaming")
+    small = ckpt_set.set_bytes(checkpoint.PROBE_PARAMS, False)
     assert cost == pytest.approx(1.0 * big / small, rel=1e-12)
 
 

@@ -20,12 +20,16 @@ from pathlib import Path
 
 import pytest
 
+from formats.plan import NodePlan, Plan
+
 torch = pytest.importorskip("torch")
 
 from real.checkpoint import ckpt_set  # noqa: E402
 from real.checkpoint.checkpoint import latest_state, snapshot, with_set_times  # noqa: E402
+from real.core.streaming import StreamingSpec  # noqa: E402
 from real.process.launch import check_inputs, launch  # noqa: E402
 from real.process.worker import ExecOptions, Node  # noqa: E402
+from real.rounds.state import NodeState  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "ckpt_format4"
@@ -87,6 +91,51 @@ def test_a_node_used_outside_process_is_caught(tmp_path, source, attrs):
     (tmp_path / "real" / "membership" / "fine.py").write_text(
         "def f(node: NodePlan, state: NodeState):\n    return node.gpus, state.rounds_done\n")
     assert node_uses(tmp_path) == {"real/membership/bad.py": Counter(attrs)}
+
+
+def _bare_state(plan_overrides: dict, round_=None, **opts) -> NodeState:
+    """A NodeState of a two-node plan, with no parts: enough for its kind and its round's own state."""
+    nodes = (NodePlan(node="a", gpus=1, batch_size=1, local_steps=4, step_s=1.0),
+             NodePlan(node="b", gpus=1, batch_size=1, local_steps=4, step_s=1.0))
+    plan = Plan("t", nodes, comm_s=1.0, seq_len=8, **plan_overrides)
+    return NodeState(0, plan, None, ExecOptions(out_dir="out", **opts), {}, torch.device("cpu"), None, round=round_)
+
+
+@pytest.mark.parametrize("plan_overrides, opts, expected", [
+    ({}, {}, "diloco"), ({"fragments": 2, "sync_delay_steps": 1}, {}, "streaming"),
+    ({"fragment_alpha": 0.5}, {}, "streaming"),  # the executor's streaming loop, though the plan's kind is diloco
+    ({}, {"streaming": StreamingSpec()}, "streaming"),  # forced
+    ({"sync": "async"}, {"streaming": StreamingSpec()}, "async"),  # refused at launch (check_async)
+])
+def test_a_node_asks_the_kind_the_executor_runs(plan_overrides, opts, expected):
+    assert _bare_state(plan_overrides, **opts).kind.name == expected
+
+
+class _Kept:
+    """A round keeping a state across rounds."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+    def load_state_dict(self, state):
+        self.state = state
+
+
+def test_a_rounds_own_state_goes_to_the_bound_round_or_is_held_for_the_next():
+    state = _bare_state({"fragments": 2, "sync_delay_steps": 1})
+    assert state.round_state() is None
+    state.take_round_state({"v": 1})  # --resume before a continue run's first epoch: held for the bind
+    assert state.held_round == (None, {"v": 1}) and state.round_state() == {"v": 1}
+    state.held_round = ("progress", {"v": 1})  # between epochs (Node.unbind): a restore keeps the progress
+    state.take_round_state({"v": 2})
+    assert state.held_round == ("progress", {"v": 2}) and state.round_state() == {"v": 2}
+    state.round, state.held_round = _Kept({"v": 3}), None  # bound
+    assert state.round_state() == {"v": 3}
+    state.take_round_state({"v": 4})
+    assert state.round.state == {"v": 4} and state.held_round is None
 
 
 def _same(got, want, where: str) -> None:

@@ -14,6 +14,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from formats.plan import QuorumSettings
+
 torch = pytest.importorskip("torch")
 
 from real.checkpoint import ckpt_set  # noqa: E402
@@ -32,7 +34,7 @@ SLOW_FAST = [("a", 2, 2, 1.0), ("b", 2, 1, 0.02)]
 
 def _server(n: int, quorum: float, cuts: Cuts, rounds: int = 3) -> QuorumServer:
     """A server without threads or wire: the tests call its decisions one by one."""
-    plan = SimpleNamespace(nodes=[None] * n, quorum=quorum)
+    plan = SimpleNamespace(nodes=[None] * n, quorum=QuorumSettings(quorum, 100.0))
     parts = SimpleNamespace(plan=plan, diloco=SimpleNamespace(averaging="uniform", outer_lr=0.7, outer_momentum=0.9),
                             outer=SimpleNamespace(global_flat=torch.zeros(4)))
     server = QuorumServer(parts, rounds, None, grace_s=100.0, pad_s=0.0)

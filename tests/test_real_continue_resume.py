@@ -33,13 +33,16 @@ def _weights(out) -> dict:
     return torch.load(out / "final_weights.pt", weights_only=True)
 
 
-@pytest.mark.parametrize("node_sets", [(), ('nodes.fast.gpus={"cpu"=2}', 'nodes.fast.sharding="fsdp"')],
-                         ids=["one-process-nodes", "sharded-fast"])
+@pytest.mark.parametrize("node_sets", [(), ('nodes.fast.gpus={"cpu"=2}', 'nodes.fast.sharding="fsdp"'),
+                                       ("diloco.fragments=2",)],
+                         ids=["one-process-nodes", "sharded-fast", "streaming"])
 def test_a_stopped_continue_run_resumes_bitwise(tmp_path, capfd, node_sets):
     """Stopped after round 3 and resumed, a continue run ends with the final weights of the same run
     straight through, bit for bit (each node's optimizer, data position and RNG come back), and its
     trace has every node's every round. With fast's model sharded over two processes too: its sets hold
-    the canonical (whole) state, loaded whole before the first epoch and sharded in it."""
+    the canonical (whole) state, loaded whole before the first epoch and sharded in it. Streaming DiLoCo
+    too: its round's own state (the model's weights, the fragment rows) is held from the load before the
+    first epoch until the round built in it takes it (NodeState.take_round_state)."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     sets = [arg for item in node_sets for arg in ("--set", item)]
     code, said = _run(straight, capfd, *sets)

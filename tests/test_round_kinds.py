@@ -8,14 +8,25 @@ from __future__ import annotations
 import ast
 import fnmatch
 import re
+from dataclasses import FrozenInstanceError
 from pathlib import Path
 from pkgutil import resolve_name
+from types import SimpleNamespace
 
 import pytest
 from round_kind_branches import branches, count
 
-from formats.plan import NodePlan, Plan, PlanError
-from formats.rounds import CAPABILITIES, KINDS, SYNC_MODES, RoundKind, is_streaming, kinds_table, round_kind
+from formats.plan import REQUIRED_COLUMNS, NodePlan, Plan, PlanError, QuorumSettings, load_plan
+from formats.rounds import (
+    CAPABILITIES,
+    KINDS,
+    SYNC_MODES,
+    RoundKind,
+    is_streaming,
+    kinds_table,
+    round_kind,
+    runs_in_fragments,
+)
 from simulator.engines.frames import RoundEngine
 from simulator.strategies import BARRIERLESS, STRATEGIES
 
@@ -23,13 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 NODES = (NodePlan(node="a", gpus=1, batch_size=1, local_steps=4, step_s=1.0),
          NodePlan(node="b", gpus=1, batch_size=1, local_steps=4, step_s=2.0))
 DESIGN = ROOT / "docs" / "DESIGN.md"
-# The branches left, each a node's streaming round's own state (the node-state move's: real/checkpoint,
-# real/membership, real/process) or the executor's forced streaming loop (ExecOptions.streaming, which
-# run_kind and the launch check read): a new branch anywhere fails here.
-# A node's Streaming DiLoCo round state (NodeState.streaming: checkpointed, carried by a joiner) and the
-# executor's forced-streaming option: what is left to move into the registry.
-RESIDUE = {"real/checkpoint/checkpoint.py": 1, "real/membership/members.py": 4, "real/process/worker.py": 1,
-           "real/core/options.py": 1, "real/process/launch.py": 1, "real/rounds/state.py": 3}
+# The branches left outside the registry: none (the last, a node's streaming round's state and the executor's
+# forced streaming loop, ask NodeState.kind, `kind.state_key` and `runs_in_fragments`): a new one fails here.
+RESIDUE = {}
 
 
 def _file(path: str) -> Path:
@@ -100,20 +107,67 @@ def test_the_look_ups_answer_as_the_branches_did():
     assert [k.name for k in kinds if k.supports("outer_on_cpu")] == ["diloco", "async", "quorum"]
     assert [k.name for k in kinds if k.supports("torchft")] == ["diloco", "streaming"]
     assert [k.name for k in kinds if k.settings] == ["quorum"]
+    # node.pt's entry of a round's own state: the kinds whose round class keeps state across rounds
+    assert {k.name: k.state_key for k in kinds if k.state_key} == {"streaming": "streaming", "async": "async",
+                                                                    "quorum": "quorum"}
+
+
+@pytest.mark.parametrize("settings, forced, expected", [
+    ((1, 0, 0.0), None, False), ((2, 0, 0.0), None, True), ((1, 1, 0.0), None, True),
+    ((1, 0, 0.5), None, True),   # α alone: the executor's streaming loop (the plan's kind stays diloco)
+    ((1, 0, 0.0), (1, 0, 0.0), True),  # forced classic settings: the loop checked against the classic one
+    (None, None, False), (None, (2, 1, 0.0), True),
+])
+def test_the_executor_runs_in_fragments_as_its_branch_did(settings, forced, expected):
+    """real/core/options.py's `forced is not None or not spec.classic`, the launch check's `forced is not None`."""
+    def spec(values):
+        keys = ("fragments", "sync_delay_steps", "fragment_alpha")
+        return None if values is None else SimpleNamespace(**dict(zip(keys, values)))
+    assert runs_in_fragments(spec(settings), spec(forced)) is expected
 
 
 @pytest.mark.parametrize("overrides, key, expected", [
     ({"sync": "gradients", "fragments": 2}, "fragments",
      "sync = gradients syncs every step; expected fragments 1 and sync_delay_steps 0, got 2 and 0"),
     ({"sync": "async", "adapt": "rebalance"}, "sync", "sync = async runs whole rounds without a barrier"),
-    ({"sync": "quorum", "quorum": 0.5, "grace_s": 0.0, "sync_delay_steps": 1}, "sync", "sync = quorum runs whole"),
+    ({"sync": "quorum", "quorum": QuorumSettings(0.5, 0.0), "sync_delay_steps": 1}, "sync", "sync = quorum runs whole"),
     ({"fragments": 2, "adapt": "deadline"}, "adapt", "adapt = deadline re-plans whole DiLoCo rounds"),
-    ({"quorum": 0.5}, "quorum", "quorum and grace_s belong to sync = quorum; got sync diloco"),
+    ({"quorum": QuorumSettings(0.5, 0.0)}, "quorum", "quorum and grace_s belong to sync = quorum; got sync diloco"),
 ])
 def test_a_plan_asking_its_kind_for_what_it_lacks_is_refused(overrides, key, expected):
     with pytest.raises(PlanError) as info:
         Plan("t", NODES, comm_s=1.0, seq_len=8, **overrides)
     assert info.value.key == key and expected in str(info.value)
+
+
+@pytest.mark.parametrize("sync, quorum, grace_s, key, expected", [
+    ("diloco", "0.5", "", "quorum", "quorum and grace_s belong to sync = quorum; got sync diloco"),
+    ("diloco", "2", "1", "quorum", "belong to sync = quorum"),  # another kind's settings, whatever their values
+    ("quorum", "0.5", "", "grace_s", "expected a finite non-negative number, got None"),
+    ("quorum", "", "", "quorum", "expected a share of the nodes in (0, 1], got None"),
+    ("quorum", "1.5", "0", "quorum", "expected a share of the nodes in (0, 1], got 1.5"),
+])
+def test_a_kinds_settings_from_plan_csv_are_checked_with_the_kind(tmp_path, sync, quorum, grace_s, key, expected):
+    (tmp_path / "plan.csv").write_text(f"{','.join(REQUIRED_COLUMNS)},sync,quorum,grace_s\n"
+                                       f"t,a,1,1,4,1.0,32,1.0,{sync},{quorum},{grace_s}\n")
+    with pytest.raises(PlanError) as info:
+        load_plan(tmp_path / "plan.csv")
+    assert info.value.key == f"{tmp_path / 'plan.csv'}: {key}" and expected in info.value.expected
+
+
+def test_a_kinds_settings_are_one_frozen_value_on_the_plan_and_keep_their_columns(tmp_path):
+    """sync = quorum's settings are the plan's `quorum` (QuorumSettings), plan.csv's quorum and grace_s on disk."""
+    (tmp_path / "plan.csv").write_text(f"{','.join(REQUIRED_COLUMNS)},sync,quorum,grace_s\n"
+                                       "t,a,1,1,4,1.0,32,1.0,quorum,0.5,1.5\nt,b,1,1,4,2.0,32,1.0,quorum,0.5,1.5\n")
+    plan = load_plan(tmp_path / "plan.csv")
+    assert plan.quorum == QuorumSettings(0.5, 1.5) and isinstance(plan.quorum.share, float)
+    with pytest.raises(FrozenInstanceError):
+        plan.quorum.share = 1.0
+    assert [(row["quorum"], row["grace_s"]) for row in plan.rows()] == [(0.5, 1.5)] * 2
+    classic = Plan("t", NODES, comm_s=1.0, seq_len=8)
+    assert classic.quorum is None and {(row["quorum"], row["grace_s"]) for row in classic.rows()} == {("", "")}
+    with pytest.raises(PlanError, match="expected QuorumSettings"):  # the flat share of before
+        Plan("t", NODES, comm_s=1.0, seq_len=8, sync="quorum", quorum=0.5)
 
 
 def test_a_strategy_lands_by_its_kind_of_round():

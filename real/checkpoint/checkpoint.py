@@ -95,7 +95,7 @@ def probe_cost_s(state: NodeState) -> float:
     folder = ckpt_set.node_dir(state.opts.out_dir, state.index)
     folder.mkdir(parents=True, exist_ok=True)
     snapshots, writes = time_checkpoint(probe, 1, state.device, folder)
-    return (snapshots[0] + writes[0]) * set_bytes(params, state.streaming is not None) / set_bytes(probe, False)
+    return (snapshots[0] + writes[0]) * set_bytes(params, state.kind.supports("fragments")) / set_bytes(probe, False)
 
 
 def remove_stale(out_dir, index: int) -> list[Path]:

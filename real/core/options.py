@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from formats.limits import check_threads
 from formats.plan import Plan
-from formats.rounds import RoundKind, round_kind
+from formats.rounds import RoundKind, round_kind, runs_in_fragments
 from formats.sections import NODE_LOSS_POLICIES
 from real.core.config import RunSpec
 from real.core.streaming import StreamingSpec
@@ -133,10 +133,9 @@ def run_collective(fn, *args, **kwargs):
 
 def run_kind(plan: Plan, opts: ExecOptions) -> RoundKind:
     """The kind of round the executor runs the plan as (formats/rounds.py): its sync's, in fragments where
-    its Streaming DiLoCo settings are not classic DiLoCo's (fragment_alpha too) or ExecOptions.streaming
-    forces the streaming loop."""
-    spec = opts.streaming or StreamingSpec.from_plan(plan)
-    return round_kind(plan.sync, opts.streaming is not None or not spec.classic)
+    the registry says it runs them so (`runs_in_fragments`: the plan's Streaming DiLoCo settings, or
+    ExecOptions.streaming forcing the streaming loop)."""
+    return round_kind(plan.sync, runs_in_fragments(StreamingSpec.from_plan(plan), opts.streaming))
 
 
 def run_config(spec: RunSpec, plan: Plan, opts: ExecOptions) -> dict:

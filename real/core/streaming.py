@@ -52,6 +52,7 @@ import pandas as pd
 import torch
 
 from formats.plan import FRAGMENT_PATTERNS, fragment_problem, merge_steps
+from formats.rounds import runs_in_fragments
 from formats.timeline import SYNC_COLUMNS as SIM_SYNC_COLUMNS
 from real.core.diloco import OuterState
 
@@ -91,7 +92,8 @@ class StreamingSpec:
 
     @property
     def classic(self) -> bool:
-        return self.fragments == 1 and self.sync_delay_steps == 0 and self.fragment_alpha == 0.0
+        """Whether these settings are classic DiLoCo's (P = 1, τ = 0, α = 0: formats/rounds.py runs_in_fragments)."""
+        return not runs_in_fragments(self)
 
     def check(self, nodes, layers: int) -> None:
         """Every node can hold the schedule (formats.plan.fragment_problem: P ≤ H_i and

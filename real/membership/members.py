@@ -143,9 +143,7 @@ class Elastic:
             if state.groups.is_leader:
                 self.ckpt.start_afresh()
             return
-        saved = self.ckpt.resume_own()
-        if saved is not None and saved["streaming"] is not None:  # the round it belongs to is built at bind
-            state.held_round = (None, saved["streaming"])
+        self.ckpt.resume_own()  # a round's own state is held for the round built at bind (NodeState.take_round_state)
 
     def start(self) -> Origin:
         """Enter the first epoch (0, or the one a joiner is admitted to); the run's time axis (a
@@ -166,8 +164,8 @@ class Elastic:
         self._enter_first(number)
         if state.is_leader:  # its lost process's rows, so that the sets it writes hold the node's whole trace
             state.trace = stored_rows(self.store, state.index, state.rounds_done)
-            if state.streaming is not None:
-                state.streaming.rows = stored_syncs(self.store, state, state.rounds_done)
+            if state.kind.supports("fragments"):  # and its fragment rows (syncs.csv)
+                state.round.rows = stored_syncs(self.store, state, state.rounds_done)
         return rejoined(self.store, state.index, f"node {state.me.node} (rank {state.rank})", state.rounds_done,
                         ready, say=state.is_leader)
 
@@ -252,7 +250,7 @@ class Elastic:
         self.epoch.barrier()
         if self._coordinates():
             write_outputs(self.store, state.plan, state.plan.rounds, state.opts, self.epoch.members, weights,
-                          streaming=state.streaming is not None)
+                          streaming=state.kind.supports("fragments"))
         self.epoch.barrier()  # nobody leaves before the writer is done (gloo's pending work)
 
     def _coordinates(self) -> bool:
@@ -265,13 +263,14 @@ class Elastic:
         state = self.state
         if not state.is_leader:
             return
+        fragments = state.kind.supports("fragments")  # a streaming round's fragment rows (syncs.csv) go too
         syncs: dict[int, list] = {}  # the fragment rows by round, grouped once
-        for s in state.streaming.rows if state.streaming is not None else ():
+        for s in state.round.rows if fragments else ():
             syncs.setdefault(int(s["round"]), []).append([float(s[c]) for c in SYNC_NUMERIC])
         for row in state.trace if rows is None else rows:
             r = int(row["round"])
             self.store.set(f"geodt/row/{state.index}/{r}", json.dumps({k: row[k] for k in ROW_KEYS}))
-            if state.streaming is not None:
+            if fragments:
                 self.store.set(f"geodt/syncs/{state.index}/{r}", json.dumps(syncs.get(r, [])))
 
     # --- epochs --------------------------------------------------------------------------
@@ -331,13 +330,11 @@ class Elastic:
 
 def node_restore(state: NodeState, held: dict) -> None:
     """Back to `held` (checkpoint.snapshot's), the run's time axis and trace kept; the node is between
-    epochs (Node.unbind), so its round's state is the one it holds for the next."""
+    epochs (Node.unbind), so its round's state is held for the next (NodeState.take_round_state)."""
     offset, trace = state.time_offset_s, state.trace
     saved = {**held["node.pt"], "outer": held["global.pt"]["outer"]}
     state.load_state_dict(saved)
     state.time_offset_s, state.trace = offset, trace
-    if state.held_round is not None and saved["streaming"] is not None:
-        state.held_round = (state.held_round[0], saved["streaming"])
 
 
 def share_state(groups: Groups, layout, outer, small: list[torch.Tensor], source: int) -> list[torch.Tensor]:

@@ -52,7 +52,7 @@ import torch.multiprocessing as mp
 
 from facts.presets import PresetError, load_arch
 from formats.plan import Plan
-from formats.rounds import RoundKind
+from formats.rounds import RoundKind, runs_in_fragments
 from real.checkpoint.ckpt_set import unresumable
 from real.core.config import ConfigError, RunSpec, load_plan, load_run_spec
 from real.core.data import ArrayShard, load_tokens
@@ -133,7 +133,8 @@ def check_async(plan: Plan, plan_path, opts: ExecOptions, kind: RoundKind) -> No
         return
     asked = {"sharding": (any(node.sharding not in (None, "none") and node.gpus > 1 for node in plan.nodes),
                           f"{plan_path}: sharding: ", "; expected none"),
-             "fragments": (opts.streaming is not None, "Streaming DiLoCo's fragments: ", ""),
+             # the streaming loop forced (ExecOptions.streaming): a plan's own are refused as it loads (kind_problem)
+             "fragments": (runs_in_fragments(forced=opts.streaming), "Streaming DiLoCo's fragments: ", ""),
              "continue": (opts.on_node_loss == "continue", "--on-node-loss continue: ", "")}
     for capability, (wanted, where, tail) in asked.items():
         if wanted and not kind.supports(capability):

@@ -307,8 +307,8 @@ class Node:
         n = len(plan.nodes)
         extra = list(state.round.extra_columns)
         tables = gather_tables(state.groups, n, state.trace, [*NUMERIC_COLUMNS, *extra])
-        sync_tables = (gather_tables(state.groups, n, state.streaming.rows, SYNC_NUMERIC)
-                       if state.streaming is not None else None)
+        sync_tables = (gather_tables(state.groups, n, state.round.rows, SYNC_NUMERIC)
+                       if state.kind.supports("fragments") else None)
         if tables is not None:  # rank 0
             if sync_tables is not None:
                 write_syncs(plan, sync_tables, os.path.join(out_dir, "syncs.csv"))

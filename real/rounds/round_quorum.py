@@ -4,7 +4,7 @@ window, not on everyone; a parameter server on rank 0 holds the global model.
 The rule is simulator/engines/engine_async.py's Quorum, run for real. Node i runs its H_i inner steps and
 pushes its pseudo-gradient. A node that pulled the model now standing is on time: it waits for the
 round's close. Once `need` nodes (fewer where fewer can still come) have pushes in, the grace window
-opens (plan.grace_s); its end, or nobody left to come, closes the round: the server averages every
+opens (plan.quorum.grace_s); its end, or nobody left to come, closes the round: the server averages every
 push in (each weighted as the synchronous average weighs it, renormalised over the nodes in),
 applies DiLoCo's outer step (Nesterov SGD, real/core/diloco.py OuterState) and sends the new weights to
 the nodes that waited. A node whose round closed without it is late: it does not wait; its push goes
@@ -17,7 +17,7 @@ node 0's own, in arrival order, opens and closes rounds on their arrivals and it
 sends each reply when it is due. Under --emulate a close holds the server's link for the plan's
 comm_s × time_scale (a later close and a late pull begin after it, as the simulator's all-reduces
 queue), each node pads its sync after the wait to comm_s × time_scale (the transfers inside it, as
-every emulated sync is padded), and the grace window is plan.grace_s × time_scale.
+every emulated sync is padded), and the grace window is plan.quorum.grace_s × time_scale.
 
 The wire on the server group, per push of node j: a header (the round, j, 0), j's pseudo-gradient in
 the plan's payload dtype (real/core/sync.py encode), then from the server the fp32 global weights and five
@@ -108,7 +108,7 @@ class QuorumServer:
         plan = parts.plan
         self.parts, self.rounds, self.group, self.grace_s, self.pad_s = parts, rounds, group, grace_s, pad_s
         self.n = len(plan.nodes)
-        self.need = quorum_need(plan.quorum, self.n)
+        self.need = quorum_need(plan.quorum.share, self.n)
         self.shares = node_shares(plan, parts.diloco.averaging)
         self.state = OuterState([parts.outer.global_flat.detach().to("cpu", copy=True)])
         self.standing = self.state.global_flat.clone()  # the model a pull gets
@@ -313,7 +313,7 @@ class QuorumRound(ServerRound):
         scale = opts.time_scale if opts.emulate else 1.0
         self.pad_s = plan.comm_s * opts.time_scale if opts.emulate else 0.0
         if parts.groups.rank == self.server_rank:
-            self.server = QuorumServer(parts, rounds, self.group, plan.grace_s * scale, self.pad_s)
+            self.server = QuorumServer(parts, rounds, self.group, plan.quorum.grace_s * scale, self.pad_s)
         self.pushes = 0  # the pushes it has made
 
     def stopped(self) -> bool:

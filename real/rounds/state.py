@@ -16,10 +16,25 @@ from dataclasses import dataclass, field
 import torch
 
 from formats.plan import Plan
+from formats.rounds import RoundKind
 from real.core.config import RunSpec
-from real.core.options import ExecOptions
-from real.rounds.round_streaming import StreamingRound
+from real.core.options import ExecOptions, run_kind
 from real.rounds.rounds import NodeParts, Round
+
+
+def _in_parts(path: str, doc: str, settable: bool = False) -> property:
+    """A NodeState property reading (and, settable, setting) what its parts hold at `path` ("groups.me"):
+    the worker rebuilds the parts at each bind, so the state holds none of them itself."""
+    *owners, name = path.split(".")
+
+    def owner(state):
+        obj = state.parts
+        for attr in owners:
+            obj = getattr(obj, attr)
+        return obj
+
+    setter = (lambda self, value: setattr(owner(self), name, value)) if settable else None
+    return property(lambda self: getattr(owner(self), name), setter, doc=doc)
 
 
 @dataclass(eq=False)
@@ -42,72 +57,45 @@ class NodeState:
     held_round: tuple | None = None
 
     # --- the process's place and the model's handles, as the parts hold them ---------------
-    @property
-    def groups(self):
-        return self.parts.groups
+    groups = _in_parts("groups", "The process's groups (real/core/groups.py).")
+    index = _in_parts("groups.index", "The node's index in the plan.")
+    me = _in_parts("groups.me", "The node's row of the plan (NodePlan).")
+    is_leader = _in_parts("groups.is_leader", "Whether this process is its node's leader.")
+    members = _in_parts("members", "The plan indices of the nodes in the run-wide group now.")
+    batch = _in_parts("groups.me.batch_size", "The node's batch, per device.")
+    model = _in_parts("model", "The node's model (torch.nn.Module).")
+    layout = _in_parts("layout", "The node's sharding (real/core/sharding.py ShardLayout), or None.")
+    outer = _in_parts("outer", "θ_g and the outer momentum (real/core/diloco.py OuterState).")
+    optimizer = _in_parts("steps.optimizer", "The inner optimizer.")
+    scaler = _in_parts("steps.scaler", "The AMP grad scaler, or None.")
 
     @property
-    def index(self) -> int:
-        return self.parts.groups.index
-
-    @property
-    def me(self):
-        return self.parts.groups.me
-
-    @property
-    def is_leader(self) -> bool:
-        return self.parts.groups.is_leader
-
-    @property
-    def members(self) -> tuple[int, ...]:
-        """The plan indices of the nodes in the run-wide group now."""
-        return self.parts.members
-
-    @property
-    def batch(self) -> int:
-        return self.me.batch_size  # per device
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.parts.model
-
-    @property
-    def layout(self):
-        return self.parts.layout
-
-    @property
-    def outer(self):
-        return self.parts.outer
-
-    @property
-    def optimizer(self) -> torch.optim.Optimizer:
-        return self.parts.steps.optimizer
-
-    @property
-    def scaler(self):
-        return self.parts.steps.scaler
-
-    @property
-    def streaming(self) -> StreamingRound | None:
-        """The round when it is Streaming DiLoCo's (its state is checkpointed), else None."""
-        return self.round if isinstance(self.round, StreamingRound) else None
+    def kind(self) -> RoundKind:
+        """The kind of round the node runs (real/core/options.py run_kind: the plan's, in fragments where the
+        executor runs its streaming loop); what differs by kind asks it (formats/rounds.py)."""
+        return run_kind(self.plan, self.opts)
 
     # The inner-step loop's position, which checkpoints save and restore.
-    @property
-    def inner_step(self) -> int:
-        return self.parts.steps.inner_step
+    inner_step = _in_parts("steps.inner_step", "Inner steps done in the run (the learning-rate schedule's position).",
+                           settable=True)
+    data_position = _in_parts("steps.data_position", "Samples of the node's shard consumed (all its devices).",
+                              settable=True)
 
-    @inner_step.setter
-    def inner_step(self, value: int) -> None:
-        self.parts.steps.inner_step = value
+    # --- the round's own state: in the bound round, or held between a continue run's epochs ---
+    def round_state(self) -> dict | None:
+        """The state the node's round keeps across rounds (Round.state_dict): the bound round's, else the
+        one held for the next bind (None before any)."""
+        if self.round is not None:
+            return self.round.state_dict()
+        return self.held_round[1] if self.held_round is not None else None
 
-    @property
-    def data_position(self) -> int:
-        return self.parts.steps.data_position
-
-    @data_position.setter
-    def data_position(self, value: int) -> None:
-        self.parts.steps.data_position = value
+    def take_round_state(self, held: dict) -> None:
+        """Give the round back a round_state(): to the bound round, else held for the next bind's round
+        (real/process/worker.py Node.bind), the progress held with it kept."""
+        if self.round is not None:
+            self.round.load_state_dict(held)
+        else:
+            self.held_round = (self.held_round[0] if self.held_round is not None else None, held)
 
     # --- Stateful ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -128,9 +116,10 @@ class NodeState:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "trace": self.trace, "time_offset_s": self.time_offset_s,
-            "streaming": self.streaming.state_dict() if self.streaming is not None else None,
-            # a cut's round ("async" or "quorum")
-            **({self.plan.sync: self.round.state_dict()} if self.plan.round_kind.checkpoints == "cut" else {}),
+            # format 4 holds a "streaming" entry in every set (None but a streaming round's), and the
+            # round's own state under its kind's key (formats/rounds.py state_key: streaming, async, quorum)
+            "streaming": None,
+            **({key: self.round_state()} if (key := self.kind.state_key) is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -145,12 +134,10 @@ class NodeState:
             self.outer.load_state_dict(outer)
             self.optimizer.load_state_dict(state["inner_optimizer"])
         self.outer.load_into_model()
-        if self.plan.round_kind.checkpoints == "cut":  # its last pull; on node 0 the server as the cut recorded it
-            self.round.load_state_dict(state[self.plan.sync])
-            if self.round.server is not None:
-                self.round.server.load_state_dict(state["server"])
-        if self.streaming is not None:  # the model's own weights, which streaming keeps apart from θ_g
-            self.streaming.load_state_dict(state["streaming"])
+        if (key := self.kind.state_key) is not None:  # a streaming round's model weights, a cut's last pull
+            self.take_round_state(state[key])
+        if self.kind.checkpoints == "cut" and self.round.server is not None:  # node 0: the server as the cut had it
+            self.round.server.load_state_dict(state["server"])
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.rounds_done = int(state["rounds_done"])

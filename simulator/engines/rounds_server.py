@@ -54,4 +54,5 @@ class QuorumRounds(ServerRounds):
     """Rounds closed by ⌈quorum·n⌉ arrivals plus a grace window: SimPy only."""
 
     def arrays(self, scenario: Scenario, plan: Plan, compute: np.ndarray, engine: str) -> dict:
-        return run_quorum_simpy(compute, quorum_need(plan.quorum, len(plan.nodes)), plan.grace_s, plan.comm_s)
+        quorum = plan.quorum  # the kind's own settings (formats/plan.py QuorumSettings)
+        return run_quorum_simpy(compute, quorum_need(quorum.share, len(plan.nodes)), quorum.grace_s, plan.comm_s)

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from formats.errors import FieldError, InputError, did_you_mean
-from formats.plan import NodePlan, Plan, PlanError
+from formats.plan import NodePlan, Plan, PlanError, QuorumSettings
 from simulator.models.network import sync_s
 from simulator.models.timing import NodeTiming, node_timings
 from simulator.scenario import Scenario
@@ -118,8 +118,8 @@ def make_plan(scenario: Scenario, strategy: str) -> Plan:
                     fragments=int(first(d["fragments"])),
                     sync_delay_steps=int(first(d["delay"])), fragment_alpha=scenario.diloco.fragment_alpha,
                     fragment_pattern=scenario.diloco.fragment_pattern, adapt=raw.get("adapt"),
-                    quorum=raw.get("quorum"),
-                    grace_s=None if raw.get("grace_s") is None else float(first(raw["grace_s"])))
+                    quorum=QuorumSettings.from_columns(
+                        raw.get("quorum"), None if raw.get("grace_s") is None else float(first(raw["grace_s"]))))
     except PlanError as exc:  # the scenario's fragments do not fit this strategy's local steps
         raise FieldError(f"diloco.{exc.key}", f"strategy {strategy}: {exc.expected}") from None
 
