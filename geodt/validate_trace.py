@@ -48,19 +48,22 @@ def wants_trace(argv: list[str]) -> bool:
 
 def _parser():
     parser = OneLineParser(prog="geodt validate --trace", description=__doc__.splitlines()[0])
-    parser.add_argument("--trace", required=True, metavar="RUN_DIR",
-                        help="a real run's directory: trace.csv, plan.csv and scenario.toml")
-    parser.add_argument("--out", help="where validation.csv and the rest go (default RUN_DIR/validation)")
-    parser.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
-                        help="simulator engine for the prediction")
-    parser.add_argument("--emulate", action="store_true",
-                        help="the run was emulated (--emulate): a schedule check; only for a trace that does not "
-                             "record it (trace.csv's mode column, written by runs since it exists)")
-    parser.add_argument("--time-scale", type=float, default=None, metavar="X",
-                        help="the emulated run's --time-scale (its times are divided by X); only for a trace that "
-                             "does not record it (trace.csv's time_scale column)")
-    parser.add_argument("--wide", action="store_true", help="print every column of validation.csv")
-    add_force_argument(parser)
+    run = parser.add_argument_group("the run and its prediction")
+    run.add_argument("--trace", required=True, metavar="RUN_DIR",
+                     help="a real run's directory: trace.csv, plan.csv and scenario.toml")
+    run.add_argument("--engine", choices=("analytic", "simpy"), default="analytic",
+                     help="simulator engine for the prediction")
+    old = parser.add_argument_group("for a trace that does not record how it ran (older runs)")
+    old.add_argument("--emulate", action="store_true",
+                     help="the run was emulated (--emulate): a schedule check; only for a trace that does not "
+                          "record it (trace.csv's mode column, written by runs since it exists)")
+    old.add_argument("--time-scale", type=float, default=None, metavar="X",
+                     help="the emulated run's --time-scale (its times are divided by X); only for a trace that "
+                          "does not record it (trace.csv's time_scale column)")
+    outputs = parser.add_argument_group("where outputs go")
+    outputs.add_argument("--out", help="where validation.csv and the rest go (default RUN_DIR/validation)")
+    outputs.add_argument("--wide", action="store_true", help="print every column of validation.csv")
+    add_force_argument(outputs)
     return parser
 
 

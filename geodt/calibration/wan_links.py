@@ -71,27 +71,31 @@ def _choices(allowed):
 def parser() -> OneLineParser:
     p = OneLineParser(prog="geodt calibrate network --wan shaped", description=__doc__.splitlines()[0])
     p.add_argument("--network", action="store_true", help=argparse.SUPPRESS)  # the spelling before subcommands
-    p.add_argument("--wan", choices=("shaped",), required=True, help="shaped: the scenario's links (root)")
-    p.add_argument("--scenario", required=True, help="a scenario TOML file or a built-in name")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a scenario key, e.g. network.bandwidth_gbps=0.02 (repeatable)")
-    p.add_argument("--payload-dtypes", type=_choices(tuple(PAYLOAD_BYTES)), default=list(PAYLOAD_BYTES),
-                   help="comma-separated (default fp32,fp16,int8)")
-    p.add_argument("--collectives", type=_choices(COLLECTIVES), default=list(COLLECTIVES),
-                   help="comma-separated (default ring,partitioned)")
-    p.add_argument("--max-mib", type=bounded_int(1, 1024), default=4,
-                   help="largest fp32 payload in MiB (default 4)")
-    p.add_argument("--repeats", type=bounded_int(1, 100), default=3, help="timed repeats per size (default 3)")
-    p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
-                   help="torch threads per process; 0 = cores / processes, as the executor")
-    p.add_argument("--out", required=True, help="network profile CSV to write")
-    add_force_argument(p)
-    p.add_argument("--plan", metavar="PLAN.csv",
-                   help="between averages each node runs this plan's batch, local steps and fragment schedule "
-                        "(default: the scenario's): a plan's own neighbourhood for --profiles-out")
-    p.add_argument("--profiles-out", metavar="DIR",
-                   help="also write each CPU node's inner steps, timed between the averages of the size "
-                        "nearest its model's payload, as a profile DIR/<node>-0.csv at its batch")
+    links = p.add_argument_group("the links")
+    links.add_argument("--wan", choices=("shaped",), required=True, help="shaped: the scenario's links (root)")
+    links.add_argument("--scenario", required=True, help="a scenario TOML file or a built-in name")
+    links.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a scenario key, e.g. network.bandwidth_gbps=0.02 (repeatable)")
+    measured = p.add_argument_group("what is measured")
+    measured.add_argument("--payload-dtypes", type=_choices(tuple(PAYLOAD_BYTES)), default=list(PAYLOAD_BYTES),
+                          help="comma-separated (default fp32,fp16,int8)")
+    measured.add_argument("--collectives", type=_choices(COLLECTIVES), default=list(COLLECTIVES),
+                          help="comma-separated (default ring,partitioned)")
+    measured.add_argument("--max-mib", type=bounded_int(1, 1024), default=4,
+                          help="largest fp32 payload in MiB (default 4)")
+    measured.add_argument("--repeats", type=bounded_int(1, 100), default=3, help="timed repeats per size (default 3)")
+    measured.add_argument("--threads", type=bounded_int(0, 1024), default=0,
+                          help="torch threads per process; 0 = cores / processes, as the executor")
+    steps = p.add_argument_group("the nodes' own steps between the averages")
+    steps.add_argument("--plan", metavar="PLAN.csv",
+                       help="between averages each node runs this plan's batch, local steps and fragment schedule "
+                            "(default: the scenario's): a plan's own neighbourhood for --profiles-out")
+    steps.add_argument("--profiles-out", metavar="DIR",
+                       help="also write each CPU node's inner steps, timed between the averages of the size "
+                            "nearest its model's payload, as a profile DIR/<node>-0.csv at its batch")
+    outputs = p.add_argument_group("where the profile goes")
+    outputs.add_argument("--out", required=True, help="network profile CSV to write")
+    add_force_argument(outputs)
     return p
 
 
