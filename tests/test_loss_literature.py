@@ -9,6 +9,7 @@ import pytest
 
 from simulator.engines.engine import simulate
 from simulator.models import loss_literature as lit
+from simulator.models import loss_prediction
 from simulator.models.convergence_prior import diloco_factor
 from simulator.models.loss_prediction import describe, loss_setup, plan_rounds, predict
 from simulator.outputs.report import recommend_by_target
@@ -223,3 +224,16 @@ def test_an_effect_too_small_to_print_is_left_out_of_the_notes():
     assert not _shown(-0.004, 1.0) and _shown(-0.005, 1.0) and _shown(0.0, 0.999) and not _shown(0.0, 0.9999)
     assert _effect_text("overtraining", -0.18, 1.0) == "overtraining -0.18%"
     assert _effect_text("batch", 0.001, 0.962) == "batch η 0.962"
+
+
+def test_a_scenario_of_another_model_never_fits_the_profile(monkeypatch):
+    """The literature path uses none of the built-in profile's coefficients, so its fit (most of a small simulate's
+    loss setup) is not made; the profile's own model still fits it (and gets its coefficients)."""
+    fitted = []
+    real_fit = loss_prediction.fit_model
+    monkeypatch.setattr(loss_prediction, "fit_model", lambda *a: fitted.append(a) or real_fit(*a))
+    loss_prediction._fitted.cache_clear()
+    setup = loss_setup(load_scenario("paper"))
+    assert setup.literature and not setup.model.coefficients and fitted == []
+    tiny = loss_setup(load_scenario("hetero-cpu"))
+    assert not tiny.literature and tiny.model.coefficients and len(fitted) == 1
