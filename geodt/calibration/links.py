@@ -48,7 +48,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def bounded_int(low: int, high: int):
-    """argparse type: an integer in [low, high] (shared with geodt/calibration/wan_links.py)."""
+    """argparse type: an integer in [low, high]."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -60,16 +60,29 @@ def bounded_int(low: int, high: int):
     return parse
 
 
+def add_measure_arguments(group, max_mib: tuple[int, int], repeats: tuple[int, int], payload: str = "payload") -> None:
+    """--max-mib, --repeats and --threads of both network calibrations (loopback, shaped WAN): (limit,
+    default) of the first two, each its own."""
+    group.add_argument("--max-mib", type=bounded_int(1, max_mib[0]), default=max_mib[1],
+                       help=f"largest {payload} in MiB (default {max_mib[1]})")
+    group.add_argument("--repeats", type=bounded_int(1, repeats[0]), default=repeats[1],
+                       help=f"timed repeats per size (default {repeats[1]})")
+    group.add_argument("--threads", type=bounded_int(0, 1024), default=0,
+                       help="torch threads per process; 0 = cores / processes, as the executor")
+
+
+def add_profile_out(group) -> None:
+    """--out (the network profile, required) and --force, of both network calibrations."""
+    group.add_argument("--out", required=True, help="network profile CSV to write")
+    add_force_argument(group)
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="geodt calibrate network", description=__doc__.splitlines()[0])
     p.add_argument("--network", action="store_true", help=argparse.SUPPRESS)  # the spelling before subcommands
     p.add_argument("--processes", type=_int_list, default=[2], help="process counts, e.g. 2,3,4 (default 2)")
-    p.add_argument("--max-mib", type=bounded_int(1, 4096), default=64, help="largest payload in MiB (default 64)")
-    p.add_argument("--repeats", type=bounded_int(1, 1000), default=5, help="timed repeats per size (default 5)")
-    p.add_argument("--threads", type=bounded_int(0, 1024), default=0,
-                   help="torch threads per process; 0 = cores / processes, as the executor")
-    p.add_argument("--out", required=True, help="network profile CSV to write")
-    add_force_argument(p)
+    add_measure_arguments(p, max_mib=(4096, 64), repeats=(1000, 5))
+    add_profile_out(p)
     return p
 
 

@@ -46,10 +46,15 @@ from formats.cli import OneLineParser
 from formats.errors import InputError
 from formats.files import child_path
 from formats.netprofile import SHAPED_BACKEND
-from formats.owners import add_force_argument
 from formats.plan import PlanError, load_plan, merge_steps
 from formats.wire import COLLECTIVES, PAYLOAD_BYTES
-from geodt.calibration.links import bounded_int, check_network_out, codec_summary, sizes_bytes
+from geodt.calibration.links import (
+    add_measure_arguments,
+    add_profile_out,
+    check_network_out,
+    codec_summary,
+    sizes_bytes,
+)
 from real.wan.wan import WanError
 from simulator.models.netfit import read_network_profile
 from simulator.models.network import CodecCost, WireCost, bytes_s, link_gbps, wire_cost
@@ -81,11 +86,7 @@ def parser() -> OneLineParser:
                           help="comma-separated (default fp32,fp16,int8)")
     measured.add_argument("--collectives", type=_choices(COLLECTIVES), default=list(COLLECTIVES),
                           help="comma-separated (default ring,partitioned)")
-    measured.add_argument("--max-mib", type=bounded_int(1, 1024), default=4,
-                          help="largest fp32 payload in MiB (default 4)")
-    measured.add_argument("--repeats", type=bounded_int(1, 100), default=3, help="timed repeats per size (default 3)")
-    measured.add_argument("--threads", type=bounded_int(0, 1024), default=0,
-                          help="torch threads per process; 0 = cores / processes, as the executor")
+    add_measure_arguments(measured, max_mib=(1024, 4), repeats=(100, 3), payload="fp32 payload")
     steps = p.add_argument_group("the nodes' own steps between the averages")
     steps.add_argument("--plan", metavar="PLAN.csv",
                        help="between averages each node runs this plan's batch, local steps and fragment schedule "
@@ -93,9 +94,7 @@ def parser() -> OneLineParser:
     steps.add_argument("--profiles-out", metavar="DIR",
                        help="also write each CPU node's inner steps, timed between the averages of the size "
                             "nearest its model's payload, as a profile DIR/<node>-0.csv at its batch")
-    outputs = p.add_argument_group("where the profile goes")
-    outputs.add_argument("--out", required=True, help="network profile CSV to write")
-    add_force_argument(outputs)
+    add_profile_out(p.add_argument_group("where the profile goes"))
     return p
 
 
