@@ -280,6 +280,9 @@ def _check_same_state(state: NodeState, digest: int, path: Path, round_: int) ->
                          f"a checkpoint was altered or mixed from another run; refusing to resume")
 
 
+REFUSED = 2  # _loaded's all-gathered flag: 0 loaded, 1 did not load (skipped), 2 refused (other settings or run)
+
+
 def _skipped(directory: Path, exc: Exception) -> None:
     """Say that a set which passes its digests does not load, and that the previous one is tried."""
     reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -471,12 +474,14 @@ class Checkpointer:
         """Load the set into the node; its digest (`load`) when every process of the run did (an
         all-gather), else None. A set that passes its digests but will not load (torch.load refuses
         it, or a tensor does not fit the model) is named in one line and skipped; other settings or
-        another run still refuse."""
+        another run refuse, on every process at once: the refusal travels in the same all-gather, so a
+        peer (on another machine, under torchrun) stops now instead of at its collective timeout."""
+        refusal = None
         try:
             saved = ckpt_set.load_set(directory)
             check_settings(self.state, saved, str(directory), manifest)
-        except ValueError:
-            raise
+        except ValueError as exc:
+            saved = refusal = exc
         except Exception as exc:
             saved = exc
         digest = None
@@ -485,11 +490,18 @@ class Checkpointer:
                 digest = self.load(saved, manifest)
             except Exception as exc:
                 saved = exc
-        failed = isinstance(saved, Exception)
+        failed = isinstance(saved, Exception) and refusal is None
         if failed:
             _skipped(directory, saved)
-        everyone = not any(flag for (flag,) in self.state.groups.all_gather_ints([int(failed)]))
-        return digest if everyone else None
+        flags = [flag for (flag,) in self.state.groups.all_gather_ints([REFUSED if refusal else int(failed)])]
+        if refusal is not None:
+            raise refusal
+        refused = sorted({self.state.plan.nodes[self.state.plan.node_of_rank(r)].node
+                          for r, flag in enumerate(flags) if flag == REFUSED})
+        if refused:
+            raise ValueError(f"{directory}: node {', '.join(refused)} refused to resume from its set (its own "
+                             "line says why); refusing with it")
+        return digest if not any(flags) else None
 
     def resume(self) -> None:
         """Load the newest round whose sets verify on every node, then check that every node
