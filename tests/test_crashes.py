@@ -172,9 +172,12 @@ def test_simulate_parquet_failure_prints_nothing_more(tmp_path, capsys, monkeypa
 
 def test_sweep_on_a_full_disk(tmp_path, capsys, monkeypatch):
     import simulator.outputs.outputs as outputs
+    import simulator.sweep.sweep_cli as sweep_cli
     from simulator.sweep.sweep_cli import main
 
+    # the chunks' writes (sweep_cli binds write_bytes at import) and every later one
     monkeypatch.setattr(outputs, "write_bytes", _enospc)
+    monkeypatch.setattr(sweep_cli, "write_bytes", _enospc)
     out = tmp_path / "sweep"
     code = main(["--out", str(out), "--samples", "4", "--bandwidth-gbps", "1", "--strategy", "baseline",
                  "--workers", "1", "--no-figures"])
