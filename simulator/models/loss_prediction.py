@@ -65,17 +65,16 @@ class LossSetup:
         return self.model.curve.floor
 
 
-def _profile(path: Path, shown: str, fit: bool) -> tuple[ConvergenceModel | None, pd.DataFrame]:
-    """The profile's rows, and its fitted model where `fit` (None otherwise: a scenario of another model
-    uses none of its coefficients, and the fit is most of a small simulate's loss setup)."""
+def _profile(load, path: Path, *args):
+    """load(path, *args, the file's version) (`_read` or `_fitted`): a file as it is now (its size and time),
+    read and fitted once per process; its errors one InputError line."""
     try:
         stat = path.stat()
+        version = (stat.st_size, stat.st_mtime_ns)
     except OSError:
-        stat = None
-    version = None if stat is None else (stat.st_size, stat.st_mtime_ns)
-    try:  # a file as it is now (its size and time), read and fitted once per process
-        frame = _read(str(path), version)
-        return (_fitted(str(path), shown, version) if fit else None), frame
+        version = None
+    try:
+        return load(str(path), *args, version)
     except (ConvergenceProfileError, ValueError) as exc:
         raise InputError(f"training.convergence_profile: {exc}") from None
 
@@ -97,7 +96,7 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
     named = scenario.training.convergence_profile
     path = scenario.resolve_path(named) if named else BUILT_IN_PROFILE
     shown = named or "built-in hetero-cpu profile"
-    _, frame = _profile(path, shown, fit=False)
+    frame = _profile(_read, path)
     first = frame.iloc[0]
     params, nodes = scenario.model.param_count, nodes or len(scenario.nodes)
     claimed = claimed_params(first)
@@ -115,9 +114,9 @@ def loss_setup(scenario, target: float | None = None, nodes: int | None = None) 
                          f"{first['model']}, the scenario trains {scenario.model.preset or 'params'}); expected a "
                          "profile of this model (geodt calibrate convergence SCENARIO), or no key: the literature "
                          "prior with the built-in profile's effects")
-    # another model: the prior, none of the profile's coefficients; another node count: the profile's own
-    # measured effect where it has one, else the prior's factor
-    model = _profile(path, shown, fit=True)[0] if same else ConvergenceModel(prior_curve(params, nodes))
+    # another model: the prior, none of the profile's coefficients (so no fit: most of a small simulate's loss
+    # setup); another node count: the profile's own measured effect where it has one, else the prior's factor
+    model = _profile(_fitted, path, shown) if same else ConvergenceModel(prior_curve(params, nodes))
     curve = (model.curve if not same or "replicas_log2" in model.coefficients
              else replica_move(model.curve, params, model.ref_nodes, nodes))
     tpp = frame.groupby("run")["tokens"].sum() / float(first["params"])
