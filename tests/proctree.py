@@ -33,16 +33,28 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def spawned_children(pid: int) -> list[int]:
-    """The multiprocessing-spawned children of `pid` (not its resource tracker)."""
+def _children(pid: int) -> list[tuple[int, bytes]]:
+    """`pid`'s child processes and their command lines."""
     found = []
     for entry in Path("/proc").iterdir():
         fields = _stat(int(entry.name)) if entry.name.isdigit() else None
         try:
-            if fields and int(fields[1]) == pid and b"spawn_main" in (entry / "cmdline").read_bytes():
-                found.append(int(entry.name))
+            if fields and int(fields[1]) == pid:
+                found.append((int(entry.name), (entry / "cmdline").read_bytes()))
         except OSError:
             continue
+    return found
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The multiprocessing-started children of `pid` (not its resource tracker): spawned ones, and those
+    its forkserver forked for it (a local run's workers, real/process/launch.py), not the server itself."""
+    found = []
+    for child, cmdline in _children(pid):
+        if b"spawn_main" in cmdline:
+            found.append(child)
+        elif b"multiprocessing.forkserver" in cmdline:
+            found += [worker for worker, _ in _children(child)]
     return found
 
 

@@ -58,3 +58,31 @@ def test_a_set_that_does_not_load_anywhere_is_still_skipped_not_refused(monkeypa
     groups = Groups({1: 0, 2: 1})
     assert _checkpointer(groups)._loaded(tmp_path, {}) is None
     assert groups.sent == [[1]] and "skipped: passes its digests but does not load" in capsys.readouterr().err
+
+
+def _resuming(groups: Groups, out_dir, index: int) -> checkpoint.Checkpointer:
+    ckpt = _checkpointer(groups)
+    ckpt.state.opts = SimpleNamespace(out_dir=str(out_dir))
+    ckpt.state.groups.index, ckpt.state.groups.is_leader = index, index == 0
+    return ckpt
+
+
+def test_a_peer_holding_an_earlier_geodts_checkpoint_stops_this_process_naming_it(monkeypatch, tmp_path):
+    """The old-format refusal was raised on the holding process alone: its peers waited in the next
+    collective until their timeout."""
+    monkeypatch.setattr(checkpoint, "verified_sets", lambda *a, **k: {})
+    monkeypatch.setattr(checkpoint, "_common_round", lambda state, mine: pytest.fail("went on to the next collective"))
+    groups = Groups({1: checkpoint.REFUSED, 2: 0})
+    with pytest.raises(ValueError, match="node b holds a checkpoint of an earlier geodt"):
+        _resuming(groups, tmp_path, 0).resume()
+    assert groups.sent == [[0]]
+
+
+def test_the_process_holding_an_earlier_geodts_checkpoint_joins_the_gather_then_says_which_file(monkeypatch, tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "node1.pt").write_bytes(b"old")
+    monkeypatch.setattr(checkpoint, "verified_sets", lambda *a, **k: {})
+    groups = Groups({0: 0, 2: 0}, rank=1)
+    with pytest.raises(ValueError, match=r"node1\.pt: a checkpoint of an earlier geodt"):
+        _resuming(groups, tmp_path, 1).resume()
+    assert groups.sent == [[checkpoint.REFUSED]]

@@ -9,7 +9,9 @@ children, and they then ignore it: killed (SIGKILL, or SIGTERM, which Python doe
 an exception), the parent left them running, the device processes spinning for good, the
 workers training until their collectives timed out. Each of them calls
 `die_with_parent(parent_pid)` first: the kernel then sends it SIGKILL when its parent goes
-(prctl PR_SET_PDEATHSIG), and it exits at once if the parent is already gone. A CPU cgroup or
+(prctl PR_SET_PDEATHSIG), and it exits at once if the parent is already gone. A local run's
+workers are forked by a forkserver, their parent, so they call `die_with(launcher_pid)`: the
+same end, watched through a pidfd of the launcher. A CPU cgroup or
 network namespace left behind that way is removed the next time one is made
 (train/cpulimit.py, real/wan/wan.py). Elsewhere than Linux this does nothing. Standard library
 only.
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -33,6 +37,25 @@ def die_with_parent(parent_pid: int) -> None:
         raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
     if os.getppid() != parent_pid:  # it went before the request was made
         os._exit(1)
+
+
+def die_with(pid: int) -> None:
+    """Have this process killed when process `pid` exits, whether or not it is this one's parent: a
+    forkserver's child (real/process/launch.py) has the server for its parent, and the server outlives
+    a killed launcher while its children hold its pipe. A daemon thread waits on a pidfd of `pid`
+    (Linux 5.3+; readable once `pid` has exited, reaped or not); `pid` already gone: exit at once."""
+    if not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)
+
+    def watch() -> None:
+        select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-launcher", daemon=True).start()
 
 
 def leave(status: int, queue=None) -> None:

@@ -496,12 +496,19 @@ class Checkpointer:
         flags = [flag for (flag,) in self.state.groups.all_gather_ints([REFUSED if refusal else int(failed)])]
         if refusal is not None:
             raise refusal
-        refused = sorted({self.state.plan.nodes[self.state.plan.node_of_rank(r)].node
-                          for r, flag in enumerate(flags) if flag == REFUSED})
+        refused = self._named(flags)
         if refused:
             raise ValueError(f"{directory}: node {', '.join(refused)} refused to resume from its set (its own "
                              "line says why); refusing with it")
         return digest if not any(flags) else None
+
+    def _named(self, flags: list[int]) -> list[str]:
+        """The nodes whose processes' all-gathered flag is REFUSED."""
+        plan = self.state.plan
+        return sorted({plan.nodes[plan.node_of_rank(r)].node for r, flag in enumerate(flags) if flag == REFUSED})
+
+    def _refusing_nodes(self, mine: list[int]) -> list[str]:
+        return self._named([flag for (flag,) in self.state.groups.all_gather_ints(mine)])
 
     def resume(self) -> None:
         """Load the newest round whose sets verify on every node, then check that every node
@@ -509,9 +516,15 @@ class Checkpointer:
         state = self.state
         mine = verified_sets(state.opts.out_dir, state.groups.index, report=state.groups.is_leader)
         legacy = Path(state.opts.out_dir) / "checkpoints" / f"node{state.groups.index}.pt"
-        if not mine and legacy.exists():
+        old = not mine and legacy.exists()
+        # every process learns at once (as _loaded's refusals): a peer would otherwise wait at its timeout
+        holders = self._refusing_nodes([REFUSED if old else 0])
+        if old:
             raise ValueError(f"{legacy}: a checkpoint of an earlier geodt (one file per node, without digests); "
                              f"this version resumes only checkpoint sets (format {ckpt_set.FORMAT}): rerun the run")
+        if holders:
+            raise ValueError(f"{state.opts.out_dir}: node {', '.join(holders)} holds a checkpoint of an earlier "
+                             "geodt (its own line says which); refusing with it")
         unloadable = []
         while True:
             round_ = _common_round(state, mine)

@@ -1,10 +1,13 @@
-"""Start the processes of a plan: spawned locally, or this process is one rank under torchrun.
+"""Start the processes of a plan: forked locally from a forkserver, or this process is one rank under torchrun.
 
 Processes: a node with G devices runs G processes (real/process/worker.py); ranks go to nodes in
 plan order, G_i consecutive ranks each, so a plan of nodes (2, 1, 3 devices) is ranks
 0-1 | 2 | 3-5, and rank 0 (the first node's leader) writes trace.csv.
 
-Locally, all Σ G_i processes are spawned here (torch.multiprocessing, start method spawn).
+Locally, all Σ G_i processes are started here (torch.multiprocessing, start method forkserver:
+each is forked from a server that imported the executor and torch once, so a process starts in
+a fraction of a second instead of the seconds a fresh interpreter takes to import torch; it takes
+the launcher's environment and folder at its start, as a spawned one would: worker_start).
 With a loopback `host` (the default) they rendezvous through a FileStore in a temporary
 directory and gloo is pinned to the loopback interface, so nothing listens on the network.
 With another `host` (an address of this machine, or a name resolving to one) this process
@@ -42,9 +45,12 @@ import signal
 import socket
 import struct
 import sys
+import tempfile
 import threading
 from dataclasses import replace
 from datetime import timedelta
+from multiprocessing import reduction
+from multiprocessing import util as mp_util
 from pathlib import Path
 
 import torch.distributed as dist
@@ -64,9 +70,10 @@ from real.process.process import worker_main
 from real.process.respawn import Respawner
 from real.process.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
 from real.wan.wan import enter, shaped_run
-from train.children import die_with_parent
+from train.children import die_with
 from train.cpulimit import cpu_quota_supported
 
+SOCKET_PATH_BYTES = 100  # a unix socket's path: 107 bytes on Linux, less a margin for the names' lengths
 LIVENESS_GRACE_S = 6.0  # > real.wan.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
 # After a worker lost contact, how long its peers get to time out too before the processes still
 # running are named as the ones that stopped answering (peers wait in the same collective, so
@@ -256,16 +263,67 @@ def _copy_inputs(plan_path: str | Path, scenario_path: str | Path, out_dir: Path
         os.replace(tmp, dst)
 
 
+class _Streams:
+    """The launcher's stdout and stderr as they are now, for a forkserver's child (which otherwise
+    writes where they went when the server started): their descriptors travel with the process."""
+
+    def __reduce__(self):
+        return _streams, (reduction.DupFd(1), reduction.DupFd(2))
+
+
+def _streams(out, err) -> tuple[int, int]:
+    return out.detach(), err.detach()
+
+
+def worker_start() -> tuple:
+    """What a worker takes from its launcher at its start (_spawn_entry): the launcher's pid, folder,
+    environment and output streams now (the forkserver may have been started by an earlier run)."""
+    return os.getpid(), os.getcwd(), dict(os.environ), _Streams()
+
+
+def workers() -> mp.context.BaseContext:
+    """The start method of a local run's processes: a forkserver whose server has imported what a
+    worker runs (real/process/forkserver_preload.py) before it forks any."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["real.process.forkserver_preload"])
+    _short_socket_folder()
+    return context
+
+
+def _short_socket_folder() -> None:
+    """The forkserver listens on a unix socket in multiprocessing's temporary folder (made once per
+    process, under $TMPDIR): a path longer than a socket's 107 bytes would fail to start it, so under a
+    long $TMPDIR that folder goes to the first short one of /tmp, /var/tmp, /dev/shm that is writable."""
+    base = tempfile.gettempdir()
+    if len(os.path.join(base, "pymp-xxxxxxxx", "listener-xxxxxxxx")) <= SOCKET_PATH_BYTES:
+        return
+    short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.access(d, os.W_OK | os.X_OK)), None)
+    if short is None:
+        return
+    saved, tempfile.tempdir = tempfile.tempdir, short
+    try:
+        mp_util.get_temp_dir()  # made now and kept for this process's life
+    finally:
+        tempfile.tempdir = saved
+
+
 def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
-                 links: tuple | None, parent_pid: int, joining: bool = False) -> None:
+                 links: tuple | None, start: tuple, joining: bool = False) -> None:
+    launcher_pid, cwd, environ, (out_fd, err_fd) = start
     # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
     # children), so no child prints a traceback or a lost-peer message on the way down. That
     # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
-    # ran on until their collectives timed out (--timeout-s, 300 s); now the kernel kills them.
+    # ran on until their collectives timed out (--timeout-s, 300 s); now they go with it (die_with).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # SIGTERM to the whole group (a scheduler, systemd) likewise: the launcher ends the run (real/process/supervise.py).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    die_with_parent(parent_pid)
+    die_with(launcher_pid)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(environ)
+    for fd, std in ((out_fd, 1), (err_fd, 2)):
+        os.dup2(fd, std)
+        os.close(fd)
     if links is not None:  # --wan shaped: into the node's namespace before any socket exists
         enter(links[plan.node_of_rank(rank)])
     worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links,
@@ -433,8 +491,9 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                     store = open_store(store_spec[1], opts.timeout_s)  # the launcher's handle outlives the workers
                     context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
                     return context.run()
-                context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, os.getpid()),
-                                             nprocs=plan.world_size, join=False, start_method="spawn")
+                workers()
+                context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, worker_start()),
+                                             nprocs=plan.world_size, join=False, start_method="forkserver")
                 # On the shaped WAN a node that loses a peer finds out whom (real/wan/wan.py) before it
                 # stops: the others get that long to say so themselves before they are stopped.
                 grace_s = HUNG_GRACE_S if links is None else LIVENESS_GRACE_S
@@ -466,11 +525,11 @@ def _serve_store(ip: str, listener: socket.socket, plan: Plan, opts: ExecOptions
 
 def _respawner(spec: RunSpec, plan: Plan, opts: ExecOptions, store, store_spec: tuple, links):
     """--on-node-loss continue: the node processes under a Respawner, which restarts a lost one."""
-    spawn = mp.get_context("spawn")
+    context = workers()
 
     def start(rank: int, joining: bool):
-        proc = spawn.Process(target=_spawn_entry, args=(rank, spec, plan, opts, store_spec, links,
-                                                        os.getpid(), joining))
+        proc = context.Process(target=_spawn_entry, args=(rank, spec, plan, opts, store_spec, links,
+                                                          worker_start(), joining))
         proc.start()
         return proc
 
