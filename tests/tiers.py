@@ -26,7 +26,7 @@ SLOW_MODULES: frozenset[str] = frozenset({
     "test_real_cpulimit.py", "test_real_diloco.py", "test_real_failures.py", "test_real_membership_faults.py",
     "test_real_nodeloss.py", "test_real_nodes.py", "test_real_runs.py", "test_real_sharding.py",
     "test_real_sync.py", "test_real_wan.py", "test_real_wan_failures.py", "test_real_wan_liveness.py",
-    "test_streaming.py", "test_streaming_torchft.py", "test_validate.py",
+    "test_streaming.py", "test_streaming_torchft.py", "test_validate.py", "test_forkserver_workers.py",
     # calibration: timed training steps, device and link processes
     "test_calibrate_cli.py", "test_calibrate_step.py", "test_calibrate_scenario.py", "test_calibration_journey.py",
     "test_step_compile.py",

@@ -307,16 +307,10 @@ def _short_socket_folder() -> None:
         tempfile.tempdir = saved
 
 
-def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
-                 links: tuple | None, start: tuple, joining: bool = False) -> None:
+def take_launchers_place(start: tuple) -> None:
+    """In a worker: end with the launcher, and take its folder, environment and output streams as
+    worker_start found them."""
     launcher_pid, cwd, environ, (out_fd, err_fd) = start
-    # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
-    # children), so no child prints a traceback or a lost-peer message on the way down. That
-    # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
-    # ran on until their collectives timed out (--timeout-s, 300 s); now they go with it (die_with).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # SIGTERM to the whole group (a scheduler, systemd) likewise: the launcher ends the run (real/process/supervise.py).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     die_with(launcher_pid)
     os.chdir(cwd)
     os.environ.clear()
@@ -324,6 +318,18 @@ def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_
     for fd, std in ((out_fd, 1), (err_fd, 2)):
         os.dup2(fd, std)
         os.close(fd)
+
+
+def _spawn_entry(rank: int, spec: RunSpec, plan: Plan, opts: ExecOptions, store_spec: tuple,
+                 links: tuple | None, start: tuple, joining: bool = False) -> None:
+    # Ctrl-C reaches the whole process group: the launcher alone handles it (stops the
+    # children), so no child prints a traceback or a lost-peer message on the way down. That
+    # also drops the SIGINT torch asks for when the launcher dies: a killed launcher's workers
+    # ran on until their collectives timed out (--timeout-s, 300 s); now they go with it (die_with).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # SIGTERM to the whole group (a scheduler, systemd) likewise: the launcher ends the run (real/process/supervise.py).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    take_launchers_place(start)
     if links is not None:  # --wan shaped: into the node's namespace before any socket exists
         enter(links[plan.node_of_rank(rank)])
     worker_main(rank, plan.world_size, rank, plan.world_size, spec, plan, opts, store_spec, links=links,
