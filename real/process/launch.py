@@ -7,7 +7,7 @@ plan order, G_i consecutive ranks each, so a plan of nodes (2, 1, 3 devices) is 
 Locally, all Σ G_i processes are started here (torch.multiprocessing, start method forkserver:
 each is forked from a server that imported the executor and torch once, so a process starts in
 a fraction of a second instead of the seconds a fresh interpreter takes to import torch; it takes
-the launcher's environment and folder at its start, as a spawned one would: worker_start).
+the launcher's environment, folder and output streams at its start, as a spawned one would: worker_start).
 With a loopback `host` (the default) they rendezvous through a FileStore in a temporary
 directory and gloo is pinned to the loopback interface, so nothing listens on the network.
 With another `host` (an address of this machine, or a name resolving to one) this process
