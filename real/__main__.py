@@ -10,4 +10,7 @@ if __name__ == "__main__":
     # run has ended and said so): every output is written and every child joined by now.
     sys.stdout.flush()
     sys.stderr.flush()
+    launcher = sys.modules.get("real.process.launch")  # imported only where a run was launched
+    if launcher is not None:
+        launcher.remove_server_folder()  # what its atexit handler would have removed
     os._exit(code)

@@ -336,6 +336,8 @@ def test_a_killed_worker_is_named_by_its_signal_and_a_killed_launchers_rendezvou
     err = _finish(again, 300)
     assert again.returncode == 0, err
     assert not left[0].exists()
+    # and its forkserver's folder (a $TMPDIR this long puts it in /tmp: real/process/launch.py _server_folder)
+    assert not list(Path("/tmp").glob(f"geodt-rdzv-{proc.pid}-*"))
 
 
 # --- one run per --out ---------------------------------------------------------------------------

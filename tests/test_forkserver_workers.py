@@ -6,8 +6,10 @@ the launcher although its parent is the server."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -15,7 +17,9 @@ import pytest
 pytest.importorskip("torch")
 
 from real.process.launch import take_launchers_place, worker_start, workers
+from real.process.outdir import remove_orphan_rendezvous
 from tests.proctree import launcher_env, running
+from tests.test_real_runs import plan_text, scenario_text
 
 
 def _report(start, queue) -> None:
@@ -49,6 +53,7 @@ def test_a_worker_takes_the_launchers_folder_environment_and_stderr_as_they_are_
 KILLED_LAUNCHER = """
 import sys, time
 from real.process.launch import take_launchers_place, worker_start, workers
+from real.process.outdir import remove_orphan_rendezvous
 
 def sleep(start):
     take_launchers_place(start)
@@ -65,7 +70,9 @@ if __name__ == "__main__":
 def test_a_worker_ends_with_its_launcher_though_the_server_is_its_parent(tmp_path):
     script = tmp_path / "launcher.py"
     script.write_text(KILLED_LAUNCHER)
-    launcher = subprocess.Popen([sys.executable, str(script)], env=launcher_env(), stdout=subprocess.PIPE, text=True)
+    tmp = tempfile.mkdtemp(prefix="geodt-test-", dir="/tmp")  # short: the socket's folder goes here
+    launcher = subprocess.Popen([sys.executable, str(script)], env={**launcher_env(), "TMPDIR": tmp},
+                                stdout=subprocess.PIPE, text=True)
     worker = int(launcher.stdout.readline())
     try:
         assert running(worker)
@@ -75,7 +82,30 @@ def test_a_worker_ends_with_its_launcher_though_the_server_is_its_parent(tmp_pat
         while running(worker) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not running(worker)
+        left = os.listdir(tmp)  # the killed launcher's forkserver folder: the next launch removes it
+        assert [name.startswith(f"geodt-rdzv-{launcher.pid}-") for name in left] == [True]
+        remove_orphan_rendezvous(tmp)
+        assert os.listdir(tmp) == []
     finally:
         launcher.kill()
         if running(worker):
             os.kill(worker, 9)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_run_that_ends_with_os_exit_leaves_nothing_in_tmpdir(tmp_path):
+    """`python -m real` leaves without Python's teardown, which is what removes multiprocessing's
+    folder (the forkserver's socket): every run left a pymp-* folder in $TMPDIR. (torch's compile
+    cache, torchinductor_<user>, stays there by design: later runs reuse it.)"""
+    (tmp_path / "plan.csv").write_text(plan_text([("a", 2, 2), ("b", 2, 2)]))
+    (tmp_path / "scenario.toml").write_text(scenario_text(rounds=1))
+    tmp = tempfile.mkdtemp(prefix="geodt-test-", dir="/tmp")  # short: the socket's folder goes here
+    try:
+        done = subprocess.run([sys.executable, "-m", "real", "--plan", str(tmp_path / "plan.csv"), "--scenario",
+                               str(tmp_path / "scenario.toml"), "--out", str(tmp_path / "out"), "--threads", "1",
+                               "--no-progress"], env={**launcher_env(), "TMPDIR": tmp}, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert [name for name in os.listdir(tmp) if name.startswith(("pymp-", "geodt-"))] == []
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

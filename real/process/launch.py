@@ -65,7 +65,15 @@ from real.core.data import ArrayShard, load_tokens
 from real.core.options import ExecOptions, run_kind
 from real.core.streaming import StreamingSpec
 from real.membership.membership import open_store
-from real.process.outdir import OutDirError, check_space, remove_stale_outputs, rendezvous_dir, take_lock
+from real.process.outdir import (
+    RDZV_PREFIX,
+    OutDirError,
+    check_space,
+    remove_orphan_rendezvous,
+    remove_stale_outputs,
+    rendezvous_dir,
+    take_lock,
+)
 from real.process.process import worker_main
 from real.process.respawn import Respawner
 from real.process.supervise import INTERRUPTED, SIGNALLED, Terminated, on_sigterm, stop, supervise
@@ -73,7 +81,7 @@ from real.wan.wan import enter, shaped_run
 from train.children import die_with
 from train.cpulimit import cpu_quota_supported
 
-SOCKET_PATH_BYTES = 100  # a unix socket's path: 107 bytes on Linux, less a margin for the names' lengths
+SOCKET_PATH_BYTES = 107  # a unix socket's path on Linux (sun_path, less its terminating NUL)
 LIVENESS_GRACE_S = 6.0  # > real.wan.wan.LIVENESS_TIMEOUT_S, plus the time to print and exit
 # After a worker lost contact, how long its peers get to time out too before the processes still
 # running are named as the ones that stopped answering (peers wait in the same collective, so
@@ -286,25 +294,42 @@ def workers() -> mp.context.BaseContext:
     worker runs (real/process/forkserver_preload.py) before it forks any."""
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(["real.process.forkserver_preload"])
-    _short_socket_folder()
+    _server_folder()
     return context
 
 
-def _short_socket_folder() -> None:
-    """The forkserver listens on a unix socket in multiprocessing's temporary folder (made once per
-    process, under $TMPDIR): a path longer than a socket's 107 bytes would fail to start it, so under a
-    long $TMPDIR that folder goes to the first short one of /tmp, /var/tmp, /dev/shm that is writable."""
+_SERVER_FOLDER: dict[str, str] = {}  # this process's folder for the forkserver's socket, once made
+
+
+def _server_folder() -> None:
+    """The forkserver listens on a unix socket in multiprocessing's temporary folder, made once per
+    process: it is made here inside a rendezvous folder of this launcher's, so that a launcher that
+    leaves without Python's teardown (`python -m real`'s os._exit) or is killed leaves nothing
+    (remove_server_folder; the next launch's remove_orphan_rendezvous). Under a $TMPDIR too long for
+    a socket's path (107 bytes) it goes to the first writable of /tmp, /var/tmp, /dev/shm."""
+    if _SERVER_FOLDER:
+        return
     base = tempfile.gettempdir()
-    if len(os.path.join(base, "pymp-xxxxxxxx", "listener-xxxxxxxx")) <= SOCKET_PATH_BYTES:
-        return
-    short = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.access(d, os.W_OK | os.X_OK)), None)
-    if short is None:
-        return
-    saved, tempfile.tempdir = tempfile.tempdir, short
+    if len(base) + len("/geodt-rdzv-4194304-xxxxxxxx/pymp-xxxxxxxx/listener-xxxxxxxx") > SOCKET_PATH_BYTES:
+        base = next((d for d in ("/tmp", "/var/tmp", "/dev/shm") if os.access(d, os.W_OK | os.X_OK)), base)
+        remove_orphan_rendezvous(base)
+    folder = tempfile.mkdtemp(prefix=f"{RDZV_PREFIX}{os.getpid()}-", dir=base)
+    saved, tempfile.tempdir = tempfile.tempdir, folder
     try:
-        mp_util.get_temp_dir()  # made now and kept for this process's life
+        mp_util.get_temp_dir()  # multiprocessing's, inside ours, kept for this process's life
     finally:
         tempfile.tempdir = saved
+    _SERVER_FOLDER["path"] = folder
+    # at exit after multiprocessing's own folder inside it (its finalizer, exit priority -100)
+    mp_util.Finalize(None, remove_server_folder, exitpriority=-101)
+
+
+def remove_server_folder() -> None:
+    """Remove this process's forkserver folder (its socket), if it made one: at exit, or right before an
+    os._exit (which skips multiprocessing's own finalizers)."""
+    folder = _SERVER_FOLDER.pop("path", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def take_launchers_place(start: tuple) -> None:
