@@ -12,5 +12,5 @@ if __name__ == "__main__":
     sys.stderr.flush()
     launcher = sys.modules.get("real.process.launch")  # imported only where a run was launched
     if launcher is not None:
-        launcher.remove_server_folder()  # what its atexit handler would have removed
+        launcher.remove_server_folder()  # what its exit finalizer would have removed
     os._exit(code)

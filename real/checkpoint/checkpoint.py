@@ -507,9 +507,6 @@ class Checkpointer:
         plan = self.state.plan
         return sorted({plan.nodes[plan.node_of_rank(r)].node for r, flag in enumerate(flags) if flag == REFUSED})
 
-    def _refusing_nodes(self, mine: list[int]) -> list[str]:
-        return self._named([flag for (flag,) in self.state.groups.all_gather_ints(mine)])
-
     def resume(self) -> None:
         """Load the newest round whose sets verify on every node, then check that every node
         loaded the same global weights, outer momentum and round."""
@@ -518,7 +515,7 @@ class Checkpointer:
         legacy = Path(state.opts.out_dir) / "checkpoints" / f"node{state.groups.index}.pt"
         old = not mine and legacy.exists()
         # every process learns at once (as _loaded's refusals): a peer would otherwise wait at its timeout
-        holders = self._refusing_nodes([REFUSED if old else 0])
+        holders = self._named([flag for (flag,) in state.groups.all_gather_ints([REFUSED if old else 0])])
         if old:
             raise ValueError(f"{legacy}: a checkpoint of an earlier geodt (one file per node, without digests); "
                              f"this version resumes only checkpoint sets (format {ckpt_set.FORMAT}): rerun the run")

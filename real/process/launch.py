@@ -522,7 +522,7 @@ def _run_spawned(spec: RunSpec, plan: Plan, opts: ExecOptions, ip: str, listener
                     store = open_store(store_spec[1], opts.timeout_s)  # the launcher's handle outlives the workers
                     context = _respawner(spec, plan, opts, store, store_spec, links)  # its .processes for Ctrl-C
                     return context.run()
-                workers()
+                workers()  # sets up the forkserver start_processes uses
                 context = mp.start_processes(_spawn_entry, args=(spec, plan, opts, store_spec, links, worker_start()),
                                              nprocs=plan.world_size, join=False, start_method="forkserver")
                 # On the shaped WAN a node that loses a peer finds out whom (real/wan/wan.py) before it
