@@ -11,7 +11,7 @@ subprocess and is measured from outside:
     whole command wall   from start to exit (start-up, training, teardown)
     training wall        geodt: the trace's last round end (from the barrier before round 0);
                          torchft: each replica's loop, from the same warm-up on, the longest
-    CPU-seconds          user + sys of the command's process tree (RUSAGE_CHILDREN)
+    CPU-seconds          user + sys of every process of the command's tree (psutil, sampled)
     peak memory          the largest sum of RSS over the process tree (psutil, sampled 20 times a second)
 
 and the ratios geodt/torchft are printed with their goals (whole command, training wall and CPU
@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -72,26 +71,38 @@ def plan_text(batch: int, steps: int, seq_len: int) -> str:
 
 
 def measured(cmd: list[str], env: dict) -> dict:
-    """Run `cmd` to its end; its wall seconds, CPU-seconds of its process tree and peak summed RSS."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Run `cmd` to its end; its wall seconds, CPU-seconds of its process tree and peak summed RSS.
+
+    CPU is each process's own user + system time as last sampled (20 times a second), summed over every
+    process the tree held: RUSAGE_CHILDREN counts only descendants their parents reaped, and a forkserver
+    (geodt's workers' parent, real/process/launch.py) outlives a `python -m real` that leaves by os._exit,
+    so its workers' time was never counted (geodt 1.7 CPU-s for a 77 s run). What a process uses after
+    its last sample (at most 50 ms) is not counted, on either side."""
     log = tempfile.TemporaryFile("w+")  # not a pipe: a chatty child must never block on a full one
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
-    peak, root = 0, psutil.Process(proc.pid)
+    peak, root, cpu_by_process = 0, psutil.Process(proc.pid), {}
     while proc.poll() is None:
         try:
             tree = [root, *root.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
         except psutil.Error:
-            pass
+            tree = []
+        rss = 0
+        for process in tree:
+            try:
+                with process.oneshot():
+                    times, rss = process.cpu_times(), rss + process.memory_info().rss
+                cpu_by_process[(process.pid, process.create_time())] = times.user + times.system
+            except psutil.Error:
+                continue
+        peak = max(peak, rss)
         time.sleep(0.05)
     wall = time.perf_counter() - start
     log.seek(0)
     output = log.read()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         raise SystemExit(f"bench_peer: {' '.join(cmd[:4])}... exited {proc.returncode}:\n{output[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = sum(cpu_by_process.values())
     return {"whole_wall": wall, "cpu_s": cpu, "peak_rss": peak, "output": output}
 
 
